@@ -1,0 +1,89 @@
+"""What every public op shares: backend choice and argument checks that name the argument."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import torch
+
+BACKENDS = ("auto", "cuda", "triton", "reference")
+ENV_BACKEND = "DSPARK_BACKEND"
+
+
+def resolve_backend(backend: Optional[str], device: torch.device) -> str:
+    """The concrete backend for an op whose tensors live on ``device``.
+
+    ``backend`` (or, when it is None or "auto", the environment variable ``DSPARK_BACKEND``) is one of
+    "auto", "cuda", "triton", "reference". "auto" picks "cuda" where the CUDA extension loads and the tensors are
+    on a GPU, else "triton" on a GPU, else "reference". Asking for "cuda" or "triton" where they cannot run raises.
+    """
+    if backend is None or backend == "auto":
+        backend = os.environ.get(ENV_BACKEND, "auto") or "auto"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        if device.type != "cuda":
+            return "reference"
+        from .. import _ext
+        return "cuda" if _ext.is_available() else "triton"
+    if backend == "cuda":
+        if device.type != "cuda":
+            raise ValueError(f"backend='cuda' needs tensors on a CUDA device, got {device}")
+        from .. import _ext
+        _ext.load()  # raises with the build error if it cannot be built
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"backend='triton' needs tensors on a GPU, or TRITON_INTERPRET=1 for CPU tensors; got {device}")
+    return backend
+
+
+def check_tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[Sequence[torch.dtype]] = None,
+                 device: Optional[torch.device] = None, shape: Optional[Sequence[Optional[int]]] = None,
+                 optional: bool = False) -> None:
+    """Raise a ValueError naming ``name`` unless ``t`` is a tensor of the given rank, dtype, device and shape.
+
+    ``shape`` entries that are None match any size.
+    """
+    if t is None:
+        if optional:
+            return
+        raise ValueError(f"{name} is required")
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if shape is not None:
+        ndim = len(shape)
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions{_fmt(shape)}, got shape {tuple(t.shape)}")
+    if shape is not None and any(s is not None and s != d for s, d in zip(shape, t.shape)):
+        raise ValueError(f"{name} must have shape {_fmt(shape)[1:]}, got {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} (the device of the other inputs), got {t.device}")
+
+
+def _fmt(shape) -> str:
+    if shape is None:
+        return ""
+    return " [" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INT_DTYPES = (torch.int32, torch.int64)
+
+
+def temperature_tensor(temperature, n: int, device: torch.device) -> torch.Tensor:
+    """float32 ``[n]`` per-request temperatures from a float or a tensor ``[n]`` (0 = greedy for that request).
+
+    Negative or NaN temperatures inside a tensor cannot be checked without a sync; they count as greedy.
+    """
+    if isinstance(temperature, torch.Tensor):
+        check_tensor("temperature", temperature, shape=(n,), dtypes=FLOAT_DTYPES, device=device)
+        t = temperature.to(torch.float32)
+    else:
+        temperature = float(temperature)
+        if not temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        t = torch.full((n,), temperature, dtype=torch.float32, device=device)
+    return t

@@ -1,0 +1,168 @@
+"""``dk.draft_block``: the sequential Markov head over a parallel drafter's block, in one launch per block."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Union
+
+import torch
+
+from .. import reference
+from ..rng import make_rng_key
+from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
+
+HEAD_KINDS = ("vanilla", "gated", "rnn")
+
+
+@dataclass
+class MarkovHead:
+    """Weights of the sequential Markov head (layouts of the DeepSpec checkpoints; any float dtype).
+
+    kind: "vanilla" | "gated" | "rnn".
+    w1: ``[V, r]`` embedding of the previous token. w2: ``[V, r]`` (an ``nn.Linear(r, V)`` weight).
+    wg ``[r, d + r]``, bg ``[r]``: the gate (gated only). wj ``[3r, 2r + d]``, bj ``[3r]``: the joint map (rnn only).
+    """
+
+    kind: str
+    w1: torch.Tensor
+    w2: torch.Tensor
+    wg: Optional[torch.Tensor] = None
+    bg: Optional[torch.Tensor] = None
+    wj: Optional[torch.Tensor] = None
+    bj: Optional[torch.Tensor] = None
+
+
+@dataclass
+class ConfidenceHead:
+    """Confidence head ``z_k = weight . [h_k; W1[x_{k-1}]] + bias`` and its per-position STS temperatures.
+
+    weight: ``[d + r]`` or ``[1, d + r]`` (an ``nn.Linear(d + r, 1)``); bias: a float or a one-element tensor;
+    sts_temperatures: float ``[K]`` or None (all 1): ``c_k = sigmoid(z_k / T_k)``.
+    """
+
+    weight: torch.Tensor
+    bias: Union[float, torch.Tensor] = 0.0
+    sts_temperatures: Optional[torch.Tensor] = None
+
+
+class DraftBlockOutput(NamedTuple):
+    tokens: torch.Tensor                   # int64 [N, K]
+    logits: Optional[torch.Tensor]         # float32 [N, K, V] (return_logits=True)
+    conf_logits: Optional[torch.Tensor]    # float32 [N, K] (with a confidence head)
+    survival: Optional[torch.Tensor]       # float32 [N, K] (with a confidence head)
+
+
+@torch.library.custom_op("dspark::draft_block", mutates_args=())
+def _draft_block_op(
+    base_logits: torch.Tensor, anchor_tokens: torch.Tensor, head_kind: str, w1: torch.Tensor, w2: torch.Tensor,
+    wg: Optional[torch.Tensor], bg: Optional[torch.Tensor], wj: Optional[torch.Tensor], bj: Optional[torch.Tensor],
+    hidden: Optional[torch.Tensor], conf_weight: Optional[torch.Tensor], conf_bias: Optional[torch.Tensor],
+    sts_temperatures: Optional[torch.Tensor], temperature: torch.Tensor, rng_key: torch.Tensor, return_logits: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    args = (base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
+            sts_temperatures, temperature, rng_key, return_logits)
+    if backend != "reference":
+        raise NotImplementedError(f"draft_block has no {backend} backend yet; use backend='reference'")
+    return reference.draft_block(*args)
+
+
+@_draft_block_op.register_fake
+def _(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, *rest):
+    n, k, v = base_logits.shape
+    return_logits = rest[-2]
+    new = base_logits.new_empty
+    conf_shape = (n, k) if conf_weight is not None else (0,)
+    return (new((n, k), dtype=torch.int64), new((n, k, v) if return_logits else (0,), dtype=torch.float32),
+            new(conf_shape, dtype=torch.float32), new(conf_shape, dtype=torch.float32))
+
+
+def draft_block(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    head: MarkovHead,
+    *,
+    hidden: Optional[torch.Tensor] = None,
+    confidence: Optional[ConfidenceHead] = None,
+    temperature: Union[float, torch.Tensor] = 0.0,
+    seed=0,
+    offset=0,
+    return_logits: bool = False,
+    backend: Optional[str] = "auto",
+) -> DraftBlockOutput:
+    """Draft a block of K tokens per request with the Markov head, plus confidence logits and survival.
+
+    Args:
+        base_logits: float32/bf16/fp16 ``[N, K, V]``, the parallel backbone's logits ``U`` for the K block positions.
+        anchor_tokens: int32/int64 ``[N]``, the last committed token of each request (``x_0``).
+        head: a ``MarkovHead`` (vanilla / gated / rnn weights, see its docstring).
+        hidden: float ``[N, K, d]``, the backbone's hidden states; required by the gated and rnn heads and by the
+            confidence head.
+        confidence: a ``ConfidenceHead`` or None.
+        temperature: a float, or float ``[N]`` per request; 0 means greedy (argmax, ties to the lowest index).
+            Negative or NaN entries of a tensor count as greedy.
+        seed, offset: the random key (Python ints or one-element int tensors, device tensors allowed).
+        return_logits: also return the corrected logits, which ``verify_chain`` needs for lossless sampling.
+        backend: "auto" | "cuda" | "triton" | "reference".
+
+    Returns:
+        ``DraftBlockOutput(tokens int64 [N, K], logits float32 [N, K, V] | None, conf_logits float32 [N, K] | None,
+        survival float32 [N, K] | None)``. ``logits_k = U_k + B(x_{k-1})`` in float32 (sampling used exactly these);
+        ``conf_logits`` are the raw ``z_k``; ``survival_k = prod_{i<=k} sigmoid(z_i / T_i)``. An anchor outside
+        [0, V) reads a zero Markov embedding; NaN logits never yield a token outside [0, V).
+    """
+    check_tensor("base_logits", base_logits, ndim=3, dtypes=FLOAT_DTYPES)
+    n, k_len, vocab = base_logits.shape
+    dev = base_logits.device
+    if k_len < 1 or vocab < 1:
+        raise ValueError(f"base_logits must have K >= 1 and V >= 1, got shape {tuple(base_logits.shape)}")
+    check_tensor("anchor_tokens", anchor_tokens, shape=(n,), dtypes=INT_DTYPES, device=dev)
+    if head.kind not in HEAD_KINDS:
+        raise ValueError(f"head.kind must be one of {HEAD_KINDS}, got {head.kind!r}")
+    check_tensor("head.w1", head.w1, shape=(vocab, None), dtypes=FLOAT_DTYPES, device=dev)
+    rank = head.w1.shape[1]
+    check_tensor("head.w2", head.w2, shape=(vocab, rank), dtypes=FLOAT_DTYPES, device=dev)
+    needs_hidden = head.kind != "vanilla" or confidence is not None
+    if needs_hidden and hidden is None:
+        raise ValueError(f"hidden [N, K, d] is required by the {head.kind} head"
+                         + (" and the confidence head" if confidence is not None else ""))
+    check_tensor("hidden", hidden, shape=(n, k_len, None), dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    d = hidden.shape[2] if hidden is not None else 0
+    wg = bg = wj = bj = None
+    if head.kind == "gated":
+        wg, bg = head.wg, head.bg
+        check_tensor("head.wg", wg, shape=(rank, d + rank), dtypes=FLOAT_DTYPES, device=dev)
+        check_tensor("head.bg", bg, shape=(rank,), dtypes=FLOAT_DTYPES, device=dev)
+    elif head.kind == "rnn":
+        wj, bj = head.wj, head.bj
+        check_tensor("head.wj", wj, shape=(3 * rank, 2 * rank + d), dtypes=FLOAT_DTYPES, device=dev)
+        check_tensor("head.bj", bj, shape=(3 * rank,), dtypes=FLOAT_DTYPES, device=dev)
+
+    conf_weight = conf_bias = sts = None
+    if confidence is not None:
+        conf_weight = confidence.weight
+        check_tensor("confidence.weight", conf_weight, dtypes=FLOAT_DTYPES, device=dev)
+        conf_weight = conf_weight.reshape(-1)
+        if conf_weight.numel() != d + rank:
+            raise ValueError(f"confidence.weight must have d + r = {d + rank} elements ([d + r] or [1, d + r]), "
+                             f"got shape {tuple(confidence.weight.shape)}")
+        conf_bias = confidence.bias
+        if isinstance(conf_bias, torch.Tensor):
+            check_tensor("confidence.bias", conf_bias, dtypes=FLOAT_DTYPES, device=dev)
+            if conf_bias.numel() != 1:
+                raise ValueError(f"confidence.bias must have one element, got shape {tuple(conf_bias.shape)}")
+            conf_bias = conf_bias.reshape(())
+        else:
+            conf_bias = torch.full((), float(conf_bias), dtype=torch.float32, device=dev)
+        sts = confidence.sts_temperatures
+        check_tensor("confidence.sts_temperatures", sts, shape=(k_len,), dtypes=FLOAT_DTYPES, device=dev,
+                     optional=True)
+
+    temps = temperature_tensor(temperature, n, dev)
+    rng_key = make_rng_key(seed, offset, dev)
+    tokens, logits, conf, survival = _draft_block_op(
+        base_logits, anchor_tokens, head.kind, head.w1, head.w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
+        sts, temps, rng_key, bool(return_logits), resolve_backend(backend, dev))
+    has_conf = confidence is not None
+    return DraftBlockOutput(tokens, logits if return_logits else None, conf if has_conf else None,
+                            survival if has_conf else None)

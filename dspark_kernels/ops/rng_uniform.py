@@ -1,0 +1,62 @@
+"""``dk.rng_uniform``: the package's random numbers, for engines that want the same noise as the kernels."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .. import reference
+from ..rng import make_rng_key
+from ._common import check_tensor, resolve_backend
+
+
+@torch.library.custom_op("dspark::rng_uniform_", mutates_args=("out",))
+def _rng_uniform_op(out: torch.Tensor, rng_key: torch.Tensor, stream: int, backend: str) -> None:
+    if backend == "cuda":
+        from .. import _ext
+        _ext.load().rng_uniform_(out, rng_key, stream)
+    elif backend == "triton":
+        from ..triton.rng_uniform import rng_uniform as triton_rng_uniform
+        triton_rng_uniform(out, rng_key, stream)
+    else:
+        reference.rng_uniform(out, rng_key, stream)
+
+
+@_rng_uniform_op.register_fake
+def _(out, rng_key, stream, backend):
+    return None
+
+
+def rng_uniform(shape_or_out: Union[Sequence[int], torch.Tensor], seed=0, offset=0, stream: int = 0, *,
+                device: Optional[Union[str, torch.device]] = None, backend: Optional[str] = "auto") -> torch.Tensor:
+    """Uniforms in (0, 1) from the package's counter-based generator (see ``dspark_kernels.rng``).
+
+    Args:
+        shape_or_out: ``(N, K, V)``, or a float32 tensor ``[N, K, V]`` to fill in place (contiguous).
+        seed, offset: Python ints or one-element int32/int64 tensors (device tensors allowed: no sync).
+        stream: 0 <= stream < 256; streams 0-15 are the ones the ops use (``rng.STREAM_*``).
+        device: where to allocate when a shape is given (default: the CPU).
+        backend: "auto" | "cuda" | "triton" | "reference".
+
+    Returns:
+        float32 ``[N, K, V]``: ``out[n, k, v] = uniform(seed, offset, request=n, position=k, stream, token=v)``,
+        bit-identical on every backend.
+    """
+    if isinstance(shape_or_out, torch.Tensor):
+        out = shape_or_out
+        check_tensor("out", out, ndim=3, dtypes=(torch.float32,))
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+    else:
+        shape = tuple(int(s) for s in shape_or_out)
+        if len(shape) != 3 or min(shape, default=0) < 0:
+            raise ValueError(f"shape_or_out must be (N, K, V) with non-negative sizes, got {shape}")
+        out = torch.empty(shape, dtype=torch.float32, device=device)
+    if not (isinstance(stream, int) and 0 <= stream < 256):
+        raise ValueError(f"stream must be an int in [0, 256), got {stream!r}")
+    if out.shape[1] >= 2 ** 24:
+        raise ValueError(f"positions must be < 2**24, got K={out.shape[1]}")
+    rng_key = make_rng_key(seed, offset, out.device)
+    _rng_uniform_op(out, rng_key, stream, resolve_backend(backend, out.device))
+    return out

@@ -1,0 +1,121 @@
+"""``dk.schedule_verify_lens``: the confidence scheduler (the DSpark paper's Algorithm 1, and a production form)."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+
+from .. import reference
+from ..calibration import CostTable
+from ._common import FLOAT_DTYPES, check_tensor, resolve_backend
+
+MODES = ("exact", "argmax")
+
+
+class ScheduleOutput(NamedTuple):
+    """Result of :func:`schedule_verify_lens` for N requests.
+
+    Attributes:
+        verify_lens: int32 ``[N]``, drafts to verify per request (``min_len <= L_r <= max_len``).
+        cu_seqlens: int32 ``[N+1]``, exclusive prefix sum of ``1 + verify_lens`` (rows of the packed verify
+            batch ``[anchor, d_1..d_L]``).
+        theta: float32 ``[]``, predicted expected accepted tokens per second of this schedule.
+    """
+
+    verify_lens: torch.Tensor
+    cu_seqlens: torch.Tensor
+    theta: torch.Tensor
+
+
+@torch.library.custom_op("dspark::schedule_verify_lens", mutates_args=())
+def _schedule_verify_lens_op(survival: Optional[torch.Tensor], conf_logits: Optional[torch.Tensor],
+                             sts_temperatures: Optional[torch.Tensor], token_counts: torch.Tensor,
+                             step_time_ms: torch.Tensor, fixed_overhead_ms: float, min_len: int, max_len: int,
+                             mode: str, budget_survival: Optional[torch.Tensor], min_gain: float,
+                             backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if backend in ("cuda", "triton"):
+        raise NotImplementedError(f"schedule_verify_lens has no {backend} backend yet")
+    return reference.schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, step_time_ms,
+                                          fixed_overhead_ms, min_len, max_len, mode, budget_survival, min_gain)
+
+
+@_schedule_verify_lens_op.register_fake
+def _(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
+      mode, budget_survival, min_gain, backend):
+    x = survival if survival is not None else conf_logits
+    n = x.shape[0]
+    return (x.new_empty((n,), dtype=torch.int32), x.new_empty((n + 1,), dtype=torch.int32),
+            x.new_empty((), dtype=torch.float32))
+
+
+def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits: Optional[torch.Tensor] = None,
+                         sts_temperatures: Optional[torch.Tensor] = None, cost_table: CostTable,
+                         min_len: int = 0, max_len: Optional[int] = None, mode: str = "exact",
+                         budget_survival: Optional[torch.Tensor] = None, min_gain: float = 0.0,
+                         backend: Optional[str] = "auto") -> ScheduleOutput:
+    """Choose each request's verify length ``L_r`` to maximise ``Theta = tau * SPS(B)``. Never synchronises.
+
+    ``B = sum_r (1 + L_r)`` target tokens, ``tau = sum_r (1 + sum_{j<=L_r} a'[r, j])`` expected tokens, with
+    ``a'`` the survival made non-increasing along K (running minimum), clamped to [0, 1], NaN -> 0. Requests
+    start at ``L_r = min_len``; candidates (r, j), ``min_len < j <= max_len``, are admitted in descending
+    ``a'`` (ties by r, then j).
+
+    * ``mode="exact"``: the paper's Algorithm 1, admit while each admission strictly raises Theta (early stop).
+    * ``mode="argmax"``: admit the first ``argmax_m Theta_m`` candidates. ``budget_survival`` (an earlier step's
+      survival, any ``[N', K']``) sets that count instead (found by the same argmax with ``max_len`` clamped to
+      K'), applied to this step's order. Then, unless the schedule's Theta is at least ``(1 + min_gain)`` times
+      the Theta of verifying everything (``L_r = max_len``), verify everything.
+
+    Args:
+        survival: float ``[N, K]`` (fp32/bf16/fp16), ``a[r, j-1]`` = P(first j drafts accepted); or
+        conf_logits: float ``[N, K]`` confidence logits, with survival ``= dk.survival_from_conf(conf_logits,
+            sts_temperatures)``. Exactly one of the two.
+        sts_temperatures: float ``[K]`` STS temperatures (only with ``conf_logits``; default 1).
+        cost_table: :class:`dk.CostTable`, the target's step time vs tokens (its device tensors are cached).
+        min_len, max_len: ints, ``0 <= min_len <= max_len <= K`` (``max_len`` defaults to K).
+        mode: "exact" or "argmax".
+        budget_survival: float ``[N', K']`` (argmax mode only).
+        min_gain: float >= 0 (argmax mode only).
+        backend: "auto" | "cuda" | "triton" | "reference".
+
+    Returns:
+        :class:`ScheduleOutput`: ``verify_lens`` int32 ``[N]``, ``cu_seqlens`` int32 ``[N+1]``,
+        ``theta`` float32 ``[]`` (predicted Theta of the returned schedule).
+    """
+    if (survival is None) == (conf_logits is None):
+        raise ValueError("exactly one of survival and conf_logits must be given")
+    x_name, x = ("survival", survival) if survival is not None else ("conf_logits", conf_logits)
+    check_tensor(x_name, x, ndim=2, dtypes=FLOAT_DTYPES)
+    n, k = x.shape
+    dev = x.device
+    if sts_temperatures is not None and conf_logits is None:
+        raise ValueError("sts_temperatures is only used with conf_logits (survival is already calibrated)")
+    check_tensor("sts_temperatures", sts_temperatures, shape=(k,), dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    if not isinstance(cost_table, CostTable):
+        raise TypeError(f"cost_table must be a dk.CostTable, got {type(cost_table).__name__}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if max_len is None:
+        max_len = k
+    for name, v in (("min_len", min_len), ("max_len", max_len)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an int, got {v!r}")
+    if not 0 <= min_len <= max_len <= k:
+        raise ValueError(f"need 0 <= min_len <= max_len <= K={k}, got min_len={min_len}, max_len={max_len}")
+    check_tensor("budget_survival", budget_survival, ndim=2, dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    try:
+        min_gain = float(min_gain)
+    except (TypeError, ValueError):
+        raise ValueError(f"min_gain must be a number, got {min_gain!r}") from None
+    if not (math.isfinite(min_gain) and min_gain >= 0.0):
+        raise ValueError(f"min_gain must be finite and >= 0, got {min_gain}")
+    if mode == "exact" and (budget_survival is not None or min_gain != 0.0):
+        raise ValueError("budget_survival and min_gain apply to mode='argmax' only")
+
+    token_counts, step_time_ms = cost_table.tensors(dev)
+    verify_lens, cu_seqlens, theta = _schedule_verify_lens_op(
+        survival, conf_logits, sts_temperatures, token_counts, step_time_ms, cost_table.fixed_overhead_ms,
+        min_len, max_len, mode, budget_survival, min_gain, resolve_backend(backend, dev))
+    return ScheduleOutput(verify_lens, cu_seqlens, theta)

@@ -1,0 +1,111 @@
+"""``dk.verify_chain``: fused chain verification (greedy, lossless token-level or block rejection sampling)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Union
+
+import torch
+
+from .. import reference
+from ..rng import make_rng_key
+from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
+
+METHODS = ("token", "block")
+
+
+class VerifyOutput(NamedTuple):
+    tokens: torch.Tensor        # int64 [N, K+1]: accepted drafts, then the bonus/correction token, -1 after
+    num_accepted: torch.Tensor  # int32 [N]
+    accept_mask: torch.Tensor   # bool [N, K]
+
+
+@torch.library.custom_op("dspark::verify_chain", mutates_args=())
+def _verify_chain_op(
+    target_logits: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
+    draft_logits: Optional[torch.Tensor], verify_lens: Optional[torch.Tensor], survival: Optional[torch.Tensor],
+    thresholds: Optional[torch.Tensor], temperature: torch.Tensor, rng_key: torch.Tensor,
+    stop_token_ids: Optional[torch.Tensor], method: str, backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    args = (target_logits, cu_seqlens, draft_tokens, draft_logits, verify_lens, survival, thresholds, temperature,
+            rng_key, stop_token_ids, method)
+    if backend != "reference":
+        raise NotImplementedError(f"verify_chain has no {backend} backend yet; use backend='reference'")
+    return reference.verify_chain(*args)
+
+
+@_verify_chain_op.register_fake
+def _(target_logits, cu_seqlens, draft_tokens, *rest):
+    n, k = draft_tokens.shape
+    new = draft_tokens.new_empty
+    return new((n, k + 1), dtype=torch.int64), new((n,), dtype=torch.int32), new((n, k), dtype=torch.bool)
+
+
+def verify_chain(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    *,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    draft_logits: Optional[torch.Tensor] = None,
+    verify_lens: Optional[torch.Tensor] = None,
+    survival: Optional[torch.Tensor] = None,
+    thresholds: Optional[torch.Tensor] = None,
+    temperature: Union[float, torch.Tensor] = 0.0,
+    seed=0,
+    offset=0,
+    stop_token_ids: Optional[torch.Tensor] = None,
+    method: str = "token",
+    backend: Optional[str] = "auto",
+) -> VerifyOutput:
+    """Verify each request's draft chain ``[anchor, d_1..d_L]`` against one target forward.
+
+    Args:
+        target_logits: float32/bf16/fp16, dense ``[N, K+1, V]`` or packed ``[R, V]`` with ``cu_seqlens``; row j of
+            a request scores draft ``d_{j+1}`` and row L the bonus token.
+        draft_tokens: int32/int64 ``[N, K]``.
+        cu_seqlens: int32/int64 ``[N+1]``, the packed layout's row offsets (request r owns rows
+            ``cu[r]..cu[r+1]-1``, so its verify length is ``cu[r+1] - cu[r] - 1``).
+        draft_logits: float ``[N, K, V]``, the logits the drafts were sampled from (``draft_block(...,
+            return_logits=True)``); None means one-hot drafts (``q(d_j) = 1``).
+        verify_lens: int ``[N]``, verify at most this many drafts (clamped to [0, K]).
+        survival, thresholds: float ``[N, K]`` and ``[K]``: verify the leading positions with
+            ``survival[r, j] >= thresholds[j]``. Combined lengths take the minimum.
+        temperature: float or float ``[N]``; 0 (or negative / NaN in a tensor) = greedy for that request.
+        seed, offset: the random key (ints or one-element int tensors, device tensors allowed).
+        stop_token_ids: int ``[S]``; an accepted stop token ends acceptance right after it, with no bonus token.
+        method: "token" (standard rejection sampling) or "block" (Sun et al., 2024); both lossless.
+        backend: "auto" | "cuda" | "triton" | "reference".
+
+    Returns:
+        ``VerifyOutput(tokens int64 [N, K+1], num_accepted int32 [N], accept_mask bool [N, K])``: ``tokens`` holds
+        the accepted drafts, then the bonus/correction token, then -1. Defined results for values that are not
+        checked: a draft outside [0, V) is rejected at its position; NaN logits never yield a token outside
+        [0, V); packed rows outside ``[0, R)`` are never read, and a request with no rows emits nothing.
+    """
+    check_tensor("draft_tokens", draft_tokens, ndim=2, dtypes=INT_DTYPES)
+    n, k_len = draft_tokens.shape
+    dev = draft_tokens.device
+    if k_len < 1:
+        raise ValueError(f"draft_tokens must have K >= 1 columns, got shape {tuple(draft_tokens.shape)}")
+    if cu_seqlens is None:
+        check_tensor("target_logits", target_logits, shape=(n, k_len + 1, None), dtypes=FLOAT_DTYPES, device=dev)
+    else:
+        check_tensor("target_logits", target_logits, ndim=2, dtypes=FLOAT_DTYPES, device=dev)
+        check_tensor("cu_seqlens", cu_seqlens, shape=(n + 1,), dtypes=INT_DTYPES, device=dev)
+    vocab = target_logits.shape[-1]
+    if vocab < 1:
+        raise ValueError("target_logits must have V >= 1")
+    check_tensor("draft_logits", draft_logits, shape=(n, k_len, vocab), dtypes=FLOAT_DTYPES, device=dev,
+                 optional=True)
+    check_tensor("verify_lens", verify_lens, shape=(n,), dtypes=INT_DTYPES, device=dev, optional=True)
+    if (survival is None) != (thresholds is None):
+        raise ValueError("survival and thresholds must be given together")
+    check_tensor("survival", survival, shape=(n, k_len), dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    check_tensor("thresholds", thresholds, shape=(k_len,), dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    check_tensor("stop_token_ids", stop_token_ids, ndim=1, dtypes=INT_DTYPES, device=dev, optional=True)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    temps = temperature_tensor(temperature, n, dev)
+    rng_key = make_rng_key(seed, offset, dev)
+    return VerifyOutput(*_verify_chain_op(
+        target_logits, cu_seqlens, draft_tokens, draft_logits, verify_lens, survival, thresholds, temps, rng_key,
+        stop_token_ids, method, resolve_backend(backend, dev)))

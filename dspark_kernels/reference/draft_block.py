@@ -1,0 +1,102 @@
+"""Reference draft_block: the sequential Markov head over a parallel drafter's block, plus confidence and survival.
+
+Position k (0-based) of request n reads the token x_k that precedes it (x_0 = the anchor, x_k = the draft of
+position k-1) through the Markov head's embedding ``e = W1[x_k]`` and corrects the backbone's base logits:
+
+    vanilla:  B = W2 @ e
+    gated:    g = sigmoid(Wg [h_k; e] + bg),                  B = W2 @ (g * e)
+    rnn:      [g, c, o] = chunk(Wj [s; e; h_k] + bj, 3),
+              s = sigmoid(g) * s + (1 - sigmoid(g)) * tanh(c),  B = W2 @ tanh(o)     (s starts at 0)
+
+    logits_k = U_k + B
+    draft_k  = argmax(logits_k)                                 temperature 0 (ties: lowest index)
+             = argmax(logits_k / T - log(-log(u)))              temperature T > 0 (Gumbel-max / exponential race)
+    conf_k   = w . [h_k; e] + b,   survival_k = prod_{i<=k} sigmoid(conf_i / T_i)
+
+Everything is computed in float32 whatever the input dtypes. An anchor outside [0, V) reads a zero embedding.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..rng import STREAM_DRAFT, gumbel_argmax, uniform_rows
+
+
+def markov_embed(w1: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """float32 ``[N, r]`` rows ``W1[tokens]``; zero rows for tokens outside [0, V)."""
+    valid = (tokens >= 0) & (tokens < w1.shape[0])
+    rows = w1[torch.where(valid, tokens, 0)].float()
+    return rows * valid.unsqueeze(-1)
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """int64 argmax over the last dim; NaN counts as -inf, ties go to the lowest index."""
+    return torch.nan_to_num(logits, nan=float("-inf")).argmax(dim=-1)
+
+
+def draft_block(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    head_kind: str,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    wg: Optional[torch.Tensor],
+    bg: Optional[torch.Tensor],
+    wj: Optional[torch.Tensor],
+    bj: Optional[torch.Tensor],
+    hidden: Optional[torch.Tensor],
+    conf_weight: Optional[torch.Tensor],
+    conf_bias: Optional[torch.Tensor],
+    sts_temperatures: Optional[torch.Tensor],
+    temperature: torch.Tensor,
+    rng_key: torch.Tensor,
+    return_logits: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See ``dspark_kernels.ops.draft_block`` for shapes; returns (tokens, logits, conf_logits, survival), with
+    empty tensors for the outputs that were not asked for."""
+    n, k_len, vocab = base_logits.shape
+    dev = base_logits.device
+    w2f = w2.float()
+    requests = torch.arange(n, device=dev)
+    sampled = temperature > 0
+    safe_t = torch.where(sampled, temperature, 1.0).unsqueeze(-1)
+
+    tokens = torch.empty(n, k_len, dtype=torch.int64, device=dev)
+    logits_out = torch.empty(n, k_len, vocab, dtype=torch.float32, device=dev) if return_logits else None
+    conf = torch.empty(n, k_len, dtype=torch.float32, device=dev) if conf_weight is not None else None
+    state = torch.zeros(n, w1.shape[1], dtype=torch.float32, device=dev)  # rnn head state s_k
+    prev = anchor_tokens.to(torch.int64)
+    for k in range(k_len):
+        e = markov_embed(w1, prev)
+        h = hidden[:, k].float() if hidden is not None else None
+        if head_kind == "vanilla":
+            v = e
+        elif head_kind == "gated":
+            g = torch.sigmoid(torch.cat([h, e], dim=-1) @ wg.float().T + bg.float())
+            v = g * e
+        else:  # rnn
+            gate, cand, out = (torch.cat([state, e, h], dim=-1) @ wj.float().T + bj.float()).chunk(3, dim=-1)
+            state = torch.sigmoid(gate) * state + (1 - torch.sigmoid(gate)) * torch.tanh(cand)
+            v = torch.tanh(out)
+        logits = base_logits[:, k].float() + v @ w2f.T
+        if conf is not None:
+            conf[:, k] = torch.cat([h, e], dim=-1) @ conf_weight.float() + conf_bias.float()
+        u = uniform_rows(rng_key, requests, k, STREAM_DRAFT, vocab)
+        drawn = gumbel_argmax(logits / safe_t, u)
+        prev = torch.where(sampled, drawn, greedy_argmax(logits))
+        tokens[:, k] = prev
+        if logits_out is not None:
+            logits_out[:, k] = logits
+
+    def empty() -> torch.Tensor:  # outputs that were not asked for (distinct tensors: outputs may not alias)
+        return torch.empty(0, dtype=torch.float32, device=dev)
+
+    logits_out = logits_out if logits_out is not None else empty()
+    if conf is None:
+        return tokens, logits_out, empty(), empty()
+    temps = sts_temperatures.float() if sts_temperatures is not None else torch.ones(k_len, device=dev)
+    survival = torch.cumprod(torch.sigmoid(conf / temps), dim=-1)
+    return tokens, logits_out, conf, survival

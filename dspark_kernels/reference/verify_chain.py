@@ -1,0 +1,166 @@
+"""Reference verify_chain: chain verification of a draft block against the target's logits.
+
+Row j of request r's target logits scores draft ``d_{j+1}`` (0-based: ``draft_tokens[r, j]``); row L scores the
+bonus token. With ``L`` the verify length of the request:
+
+greedy (temperature 0):
+    accept while ``d_j == argmax(row j-1)``; emit ``argmax`` of the first mismatching row, or of row L.
+token (lossless rejection sampling, Leviathan et al. 2023; Chen et al. 2023), ``p = softmax(row / T)``,
+``q = softmax(draft_logits / T)`` or one-hot at the draft:
+    accept ``d_j`` iff ``u_j * q(d_j) < p(d_j)``; at the first rejection emit a sample of ``max(0, p - q)``
+    (normalised; drawn from ``p`` when its mass is below ``RESIDUAL_EPS``); if all L are accepted, a sample of
+    ``p`` at row L.
+block (Sun et al. 2024, "Block verification accelerates speculative decoding"), ``rho_0 = 1``:
+    ``rho_i = min(rho_{i-1} p_i(d_i) / q_i(d_i), 1)``;
+    ``h_i = S_i / (S_i + 1 - rho_i)`` with ``S_i = sum_x max(rho_i p_{i+1}(x) - q_{i+1}(x), 0)`` for i < L, and
+    ``h_L = rho_L`` (a zero denominator gives ``h_i = 1``);
+    accept the longest prefix ``tau = max{i : eta_i <= h_i}`` (0 if none) and emit a sample of
+    ``max(0, rho_tau p - q)`` at row tau (of ``p`` at row L when tau = L).
+Then acceptance ends right after an accepted stop token, and no bonus token follows it.
+
+Randomness: ``u_j`` / ``eta_j`` is ``uniform(request=r, position=j-1, stream=ACCEPT, token=0)``; the emitted sample at
+row j uses ``uniform(r, j, RESIDUAL, v)`` through the exponential race. Everything runs in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..rng import STREAM_ACCEPT, STREAM_RESIDUAL, exponential_race, gumbel_argmax, uniform_rows
+from .draft_block import greedy_argmax
+
+RESIDUAL_EPS = 1e-6
+
+
+def gather_target_rows(target_logits: torch.Tensor, cu_seqlens: Optional[torch.Tensor], k_len: int):
+    """Dense float32 ``[N, K+1, V]`` target rows and the number of rows each request really has minus one
+    (int64 ``[N]``, -1 for none). Packed rows outside ``[0, R)`` are never read."""
+    if cu_seqlens is None:
+        n = target_logits.shape[0]
+        return target_logits.float(), torch.full((n,), k_len, dtype=torch.int64, device=target_logits.device)
+    total = target_logits.shape[0]
+    cu = cu_seqlens.to(torch.int64)
+    start, count = cu[:-1], cu[1:] - cu[:-1]
+    rows_left = torch.where(start >= 0, total - start, 0)
+    last = (torch.minimum(count, rows_left) - 1).clamp(-1, k_len)
+    idx = (start.unsqueeze(-1) + torch.arange(k_len + 1, device=cu.device)).clamp(0, max(total - 1, 0))
+    if total == 0:
+        dense = target_logits.new_zeros((cu.shape[0] - 1, k_len + 1, target_logits.shape[-1]), dtype=torch.float32)
+    else:
+        dense = target_logits[idx].float()
+    return dense, last
+
+
+def verify_chain(
+    target_logits: torch.Tensor,
+    cu_seqlens: Optional[torch.Tensor],
+    draft_tokens: torch.Tensor,
+    draft_logits: Optional[torch.Tensor],
+    verify_lens: Optional[torch.Tensor],
+    survival: Optional[torch.Tensor],
+    thresholds: Optional[torch.Tensor],
+    temperature: torch.Tensor,
+    rng_key: torch.Tensor,
+    stop_token_ids: Optional[torch.Tensor],
+    method: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See ``dspark_kernels.ops.verify_chain`` for shapes; returns (tokens, num_accepted, accept_mask)."""
+    n, k_len = draft_tokens.shape
+    vocab = target_logits.shape[-1]
+    dev = draft_tokens.device
+    pos = torch.arange(k_len + 1, device=dev)
+    requests = torch.arange(n, device=dev)
+
+    # Verify length per request: rows available, verify_lens, survival thresholds; -1 marks "no target rows".
+    target, last_row = gather_target_rows(target_logits, cu_seqlens, k_len)
+    has_rows = last_row >= 0
+    length = last_row.clamp(min=0)
+    if verify_lens is not None:
+        length = torch.minimum(length, verify_lens.to(torch.int64).clamp(0, k_len))
+    if survival is not None and thresholds is not None:
+        passes = (survival.float() >= thresholds.float()).to(torch.int64)
+        length = torch.minimum(length, passes.cumprod(dim=-1).sum(dim=-1))
+    in_block = pos[:k_len] < length.unsqueeze(-1)                                  # [N, K]
+
+    drafts = draft_tokens.to(torch.int64)
+    valid = (drafts >= 0) & (drafts < vocab)
+    safe_drafts = torch.where(valid, drafts, 0).unsqueeze(-1)
+
+    # Greedy rule.
+    target_argmax = greedy_argmax(target)                                         # [N, K+1]
+    greedy_ok = (drafts == target_argmax[:, :k_len]) & valid & in_block
+
+    # Sampling rules, at the request's temperature.
+    sampled = temperature > 0
+    t = torch.where(sampled, temperature, 1.0).view(n, 1, 1)
+    p = torch.softmax(target / t, dim=-1)                                         # [N, K+1, V]
+    if draft_logits is not None:
+        q = torch.softmax(draft_logits.float() / t, dim=-1)                       # [N, K, V]
+    else:
+        q = torch.zeros(n, k_len, vocab, device=dev).scatter_(-1, safe_drafts, 1.0)
+    p_d = p[:, :k_len].gather(-1, safe_drafts).squeeze(-1) * valid
+    q_d = q.gather(-1, safe_drafts).squeeze(-1)
+    u_accept = uniform_rows(rng_key, requests.unsqueeze(-1), pos[:k_len], STREAM_ACCEPT, 1).squeeze(-1)  # [N, K]
+
+    if method == "token":
+        sample_ok = (u_accept * q_d < p_d) & in_block
+        n_sampled = _leading_true(sample_ok)
+        rho = torch.ones(n, device=dev)
+    else:
+        n_sampled, rho = _block_accept(p, q, p_d, q_d, u_accept, length, in_block)
+
+    n_acc = torch.where(sampled, n_sampled, _leading_true(greedy_ok))
+    # An accepted stop token ends acceptance right after it, with no bonus token.
+    stopped = torch.zeros_like(n_acc, dtype=torch.bool)
+    if stop_token_ids is not None and stop_token_ids.numel() > 0:
+        is_stop = (drafts.unsqueeze(-1) == stop_token_ids.to(torch.int64)).any(-1) & (pos[:k_len] < n_acc.unsqueeze(-1))
+        first_stop = torch.where(is_stop, pos[:k_len], k_len).min(dim=-1).values if k_len > 0 else n_acc
+        stopped = first_stop < n_acc
+        n_acc = torch.where(stopped, first_stop + 1, n_acc)
+
+    # The token emitted at row n_acc: a correction after a rejection, or the bonus after full acceptance.
+    row = n_acc.view(n, 1, 1)
+    p_row = p.gather(1, row.expand(n, 1, vocab)).squeeze(1)
+    q_row = q.gather(1, row.clamp(max=max(k_len - 1, 0)).expand(n, 1, vocab)).squeeze(1)
+    full = n_acc >= length
+    residual = torch.where(full.unsqueeze(-1), 0.0, (rho.unsqueeze(-1) * p_row - q_row).clamp(min=0))
+    u_emit = uniform_rows(rng_key, requests, n_acc, STREAM_RESIDUAL, vocab)
+    from_p = gumbel_argmax(target.gather(1, row.expand(n, 1, vocab)).squeeze(1) / t.view(n, 1), u_emit)
+    from_residual = exponential_race(residual, u_emit)
+    use_p = full | ~(residual.sum(-1) >= RESIDUAL_EPS)
+    emitted = torch.where(sampled, torch.where(use_p, from_p, from_residual), target_argmax.gather(1, n_acc.view(n, 1)).squeeze(1))
+
+    n_acc = torch.where(has_rows, n_acc, 0)
+    accept_mask = pos[:k_len] < n_acc.unsqueeze(-1)
+    tokens = torch.full((n, k_len + 1), -1, dtype=torch.int64, device=dev)
+    tokens[:, :k_len] = torch.where(accept_mask, drafts, -1)
+    emit_here = (pos == n_acc.unsqueeze(-1)) & (has_rows & ~stopped).unsqueeze(-1)
+    tokens = torch.where(emit_here, emitted.unsqueeze(-1), tokens)
+    return tokens, n_acc.to(torch.int32), accept_mask
+
+
+def _leading_true(mask: torch.Tensor) -> torch.Tensor:
+    """int64 ``[N]`` number of leading True entries of each row of ``[N, K]``."""
+    return mask.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+
+
+def _block_accept(p, q, p_d, q_d, eta, length, in_block):
+    """Block verification: accepted length tau ``[N]`` and ``rho_tau`` ``[N]`` (see the module docstring)."""
+    n, k_len = p_d.shape
+    dev = p_d.device
+    ratio = torch.nan_to_num(p_d / q_d, nan=0.0, posinf=float("inf"))
+    rho = torch.ones(n, k_len + 1, device=dev)                                   # rho_0 .. rho_K
+    for i in range(1, k_len + 1):
+        rho[:, i] = torch.nan_to_num(torch.minimum(rho[:, i - 1] * ratio[:, i - 1], torch.ones(n, device=dev)), nan=0.0)
+    idx = torch.arange(1, k_len + 1, device=dev)
+    # S_i for i = 1..K-1 uses row i (the distributions of the token after d_i).
+    res_mass = (rho[:, 1:k_len].unsqueeze(-1) * p[:, 1:k_len] - q[:, 1:k_len]).clamp(min=0).sum(-1)  # [N, K-1]
+    denom = res_mass + 1 - rho[:, 1:k_len]
+    h_mid = torch.where(denom > 0, res_mass / denom, 1.0)
+    h = torch.cat([h_mid, torch.zeros(n, 1, device=dev)], dim=-1)                 # h_1 .. h_K
+    h = torch.where(idx == length.unsqueeze(-1), rho[:, 1:], h)                   # h_L = rho_L
+    ok = (eta <= h) & in_block
+    tau = torch.where(ok, idx, 0).max(dim=-1).values if k_len > 0 else torch.zeros(n, dtype=torch.int64, device=dev)
+    return tau, rho.gather(1, tau.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,329 @@
+"""dk.accept_prefix_scan: hand-worked cases, defined results for bad values, argument checks, opcheck."""
+
+import pytest
+import torch
+
+import dspark_kernels as dk
+
+I64 = torch.int64
+I32 = torch.int32
+
+
+def t(x, dtype=I64):
+    return torch.tensor(x, dtype=dtype)
+
+
+# Four requests, K = 3 (tokens [N, K+1]):
+#   r0 accepts all 3 drafts + bonus 14           -> e = 4
+#   r1 accepts 1 draft + correction 22           -> e = 2 (13 after the -1 cut is never emitted)
+#   r2 accepts nothing, correction 31            -> e = 1
+#   r3 accepts 2 drafts, the 2nd a stop token, no bonus (-1) -> e = 2
+TOKENS = [[11, 12, 13, 14],
+          [21, 22, 13, -1],
+          [31, -1, -1, -1],
+          [41, 42, -1, -1]]
+NUM_ACCEPTED = [3, 1, 0, 2]
+# only the leading run of True counts: the trailing Trues must be ignored
+ACCEPT_MASK = [[True, True, True],
+               [True, False, True],
+               [False, True, True],
+               [True, True, False]]
+SEQ_LENS = [10, 5, 1, 7]
+PAD7 = [-1] * 7
+
+
+def _scan(**kw):
+    kw.setdefault("num_accepted", t(NUM_ACCEPTED))
+    return dk.accept_prefix_scan(t(TOKENS), t(SEQ_LENS, I32), **kw)
+
+
+def _eq(a, b, dtype):
+    assert a.dtype == dtype, (a.dtype, dtype)
+    assert a.tolist() == b, (a.tolist(), b)
+
+
+def test_basic_dense():
+    o = _scan()
+    _eq(o.cu_out, [0, 4, 6, 7, 9], I32)
+    _eq(o.out_tokens, [11, 12, 13, 14, 21, 22, 31, 41, 42] + PAD7, I64)
+    _eq(o.new_seq_lens, [14, 7, 2, 9], I32)
+    _eq(o.next_anchor, [14, 22, 31, 42], I64)
+    # dense verify rows: request r owns rows 4r .. 4r+3
+    _eq(o.hidden_rows, [0, 1, 2, 3, 4, 5, 8, 12, 13] + PAD7, I32)
+    assert o.kv_slots is None
+    _eq(o.finished, [False, False, False, False], torch.bool)
+
+
+def test_accept_mask_equals_num_accepted():
+    a = _scan()
+    b = dk.accept_prefix_scan(t(TOKENS), t(SEQ_LENS, I32), accept_mask=torch.tensor(ACCEPT_MASK))
+    for x, y in zip(a, b):
+        if x is None:
+            assert y is None
+        else:
+            assert torch.equal(x, y)
+
+
+def test_num_accepted_clamped():
+    # 7 -> K = 3, -2 -> 0
+    o = dk.accept_prefix_scan(t([[1, 2, 3, 4], [5, 6, 7, 8]]), t([0, 0]), num_accepted=t([7, -2], I32))
+    _eq(o.cu_out, [0, 4, 5], I32)
+    _eq(o.out_tokens, [1, 2, 3, 4, 5, -1, -1, -1], I64)
+    _eq(o.next_anchor, [4, 5], I64)
+
+
+def test_no_bonus_and_empty_emission():
+    # r0: one accepted draft, no bonus -> e = 1; r1: nothing at all (no target rows) -> e = 0
+    o = dk.accept_prefix_scan(t([[7, -1], [-1, -1]]), t([3, 9]), num_accepted=t([1, 0]))
+    _eq(o.cu_out, [0, 1, 1], I32)
+    _eq(o.out_tokens, [7, -1, -1, -1], I64)
+    _eq(o.new_seq_lens, [4, 9], I32)
+    _eq(o.next_anchor, [7, -1], I64)
+    _eq(o.hidden_rows, [0, -1, -1, -1], I32)
+
+
+def test_ragged_verify_cu_seqlens():
+    # verify lengths L = 3, 1, 0, 2 -> rows [0,4), [4,6), [6,7), [7,10)
+    o = _scan(verify_cu_seqlens=t([0, 4, 6, 7, 10], I32))
+    _eq(o.hidden_rows, [0, 1, 2, 3, 4, 5, 6, 7, 8] + PAD7, I32)
+    _eq(o.out_tokens, [11, 12, 13, 14, 21, 22, 31, 41, 42] + PAD7, I64)
+
+
+def test_hidden_rows_outside_own_rows_are_minus_one():
+    # inconsistent input: r0 emits 4 tokens but owns only rows [0, 2) -> rows 2, 3 are not r0's
+    o = _scan(verify_cu_seqlens=t([0, 2, 4, 5, 8]))
+    _eq(o.hidden_rows, [0, 1, -1, -1, 2, 3, 4, 5, 6] + PAD7, I32)
+
+
+def test_paged_kv_slots_permuted_table():
+    # block_size 4, 3 blocks per request, a permuted table
+    table = t([[2, 0, 5],
+               [1, 4, 3],
+               [3, 1, 0],
+               [5, 2, 4]], I32)
+    o = _scan(block_table=table, block_size=4)
+    # r0: S=10, positions 9..12 -> blocks 2,2,2,3: 5*4+1, 5*4+2, 5*4+3, then block 3 >= max_blocks -> -1
+    # r1: S=5,  positions 4, 5  -> block 1 = 4: 16, 17
+    # r2: S=1,  position 0      -> block 0 = 3: 12
+    # r3: S=7,  positions 6, 7  -> block 1 = 2: 10, 11
+    _eq(o.kv_slots, [21, 22, 23, -1, 16, 17, 12, 10, 11] + PAD7, I64)
+
+
+def test_kv_slots_bad_positions_and_blocks():
+    # r0: S=0 -> position -1 is invalid; position 0 -> block 0 = 1 -> 2
+    # r1: block id -1 (unallocated) -> -1; position 2 -> block 1 = 0 -> 0
+    # r2: S far past the table -> -1 (never read out of bounds)
+    table = t([[1, 0], [-1, 0], [0, 1]], I32)
+    o = dk.accept_prefix_scan(t([[5, 6], [7, 8], [9, 10]]), t([0, 2, 1000]), num_accepted=t([1, 1, 1]),
+                              block_table=table, block_size=2)
+    _eq(o.kv_slots, [-1, 2, -1, 0, -1, -1], I64)
+
+
+def test_max_seq_lens_truncation():
+    # room = max - S = 2, 95, 0, 1 -> e = 2, 2, 0, 1
+    o = _scan(max_seq_lens=t([12, 100, 1, 8]), block_table=t([[2, 0, 5], [1, 4, 3], [3, 1, 0], [5, 2, 4]], I32),
+              block_size=4)
+    _eq(o.cu_out, [0, 2, 4, 4, 5], I32)
+    _eq(o.out_tokens, [11, 12, 21, 22, 41] + [-1] * 11, I64)
+    _eq(o.new_seq_lens, [12, 7, 1, 8], I32)
+    _eq(o.next_anchor, [12, 22, -1, 41], I64)
+    _eq(o.hidden_rows, [0, 1, 4, 5, 12] + [-1] * 11, I32)
+    _eq(o.kv_slots, [21, 22, 16, 17, 10] + [-1] * 11, I64)
+    _eq(o.finished, [True, False, True, True], torch.bool)
+
+
+def test_seq_len_past_limit_emits_nothing():
+    o = dk.accept_prefix_scan(t([[1, 2]]), t([9]), num_accepted=t([1]), max_seq_lens=t([5]))
+    _eq(o.cu_out, [0, 0], I32)
+    _eq(o.new_seq_lens, [9], I32)
+    _eq(o.next_anchor, [-1], I64)
+    _eq(o.finished, [True], torch.bool)
+
+
+def test_stop_tokens_finish():
+    # 13 is emitted by r0 (finished) but sits past r1's emission (not finished); 42 is emitted by r3
+    o = _scan(stop_token_ids=t([42, 13], I32))
+    _eq(o.finished, [True, False, False, True], torch.bool)
+    # the bonus token itself can be the stop token
+    o = _scan(stop_token_ids=t([14]))
+    _eq(o.finished, [True, False, False, False], torch.bool)
+    o = _scan(stop_token_ids=t([], I64))
+    _eq(o.finished, [False] * 4, torch.bool)
+
+
+def test_n_zero():
+    o = dk.accept_prefix_scan(torch.zeros(0, 4, dtype=I64), torch.zeros(0, dtype=I32),
+                              accept_mask=torch.zeros(0, 3, dtype=torch.bool),
+                              block_table=torch.zeros(0, 2, dtype=I32), block_size=4,
+                              max_seq_lens=torch.zeros(0, dtype=I64), stop_token_ids=t([1]))
+    _eq(o.cu_out, [0], I32)
+    for x, dtype in ((o.out_tokens, I64), (o.new_seq_lens, I32), (o.next_anchor, I64), (o.hidden_rows, I32),
+                     (o.kv_slots, I64), (o.finished, torch.bool)):
+        _eq(x, [], dtype)
+
+
+def test_k_one():
+    # K = 1: tokens [N, 2]
+    o = dk.accept_prefix_scan(t([[3, 4], [5, 6], [7, -1]]), t([1, 2, 3]),
+                              accept_mask=torch.tensor([[True], [False], [True]]),
+                              block_table=t([[1], [0], [2]], I32), block_size=4)
+    _eq(o.cu_out, [0, 2, 3, 4], I32)
+    _eq(o.out_tokens, [3, 4, 5, 7, -1, -1], I64)
+    _eq(o.new_seq_lens, [3, 3, 4], I32)
+    _eq(o.next_anchor, [4, 5, 7], I64)
+    _eq(o.hidden_rows, [0, 1, 2, 4, -1, -1], I32)
+    # positions: r0 0,1 -> block 1: 4,5; r1 1 -> block 0: 1; r2 2 -> block 2: 10
+    _eq(o.kv_slots, [4, 5, 1, 10, -1, -1], I64)
+
+
+def test_random_against_loop():
+    """The vectorised reference against a per-request loop over the documented formulas."""
+    g = torch.Generator().manual_seed(0)
+    for n, k, bs in ((1, 1, 1), (3, 5, 4), (7, 7, 3), (5, 16, 16)):
+        mb = (k + 40) // bs + 1
+        tokens = torch.randint(0, 50, (n, k + 1), generator=g)
+        n_acc = torch.randint(-1, k + 2, (n,), generator=g)
+        nc = n_acc.clamp(0, k)
+        no_bonus = torch.rand(n, generator=g) < 0.3
+        tokens[torch.arange(n), nc] = torch.where(no_bonus, -1, tokens[torch.arange(n), nc])
+        seq = torch.randint(0, 40, (n,), generator=g)
+        maxl = seq + torch.randint(-2, k + 3, (n,), generator=g)
+        table = torch.randperm(n * mb, generator=g).view(n, mb).to(I32)
+        table[0, 0] = -1
+        stops = t([3, 17])
+        o = dk.accept_prefix_scan(tokens, seq, num_accepted=n_acc, block_table=table, block_size=bs,
+                                  max_seq_lens=maxl, stop_token_ids=stops)
+        cu, out, rows, slots = [0], [], [], []
+        for r in range(n):
+            nr = int(nc[r])
+            e = nr + int(tokens[r, nr] >= 0)
+            e = min(e, max(int(maxl[r] - seq[r]), 0))
+            cu.append(cu[-1] + e)
+            for i in range(e):
+                out.append(int(tokens[r, i]))
+                rows.append(r * (k + 1) + i)
+                p = int(seq[r]) - 1 + i
+                b = p // bs if p >= 0 else -1
+                slots.append(int(table[r, b]) * bs + p % bs if 0 <= b < mb and table[r, b] >= 0 else -1)
+            assert int(o.new_seq_lens[r]) == int(seq[r]) + e
+            assert int(o.next_anchor[r]) == (int(tokens[r, e - 1]) if e > 0 else -1)
+            fin = any(int(tokens[r, i]) in (3, 17) for i in range(e)) or int(seq[r]) + e >= int(maxl[r])
+            assert bool(o.finished[r]) == fin
+        pad = [-1] * (n * (k + 1) - cu[-1])
+        assert o.cu_out.tolist() == cu
+        assert o.out_tokens.tolist() == out + pad
+        assert o.hidden_rows.tolist() == rows + pad
+        assert o.kv_slots.tolist() == slots + pad
+
+
+# --- argument checks --------------------------------------------------------------------------------------------
+
+def _args():
+    return dict(tokens=t(TOKENS), seq_lens=t(SEQ_LENS), num_accepted=t(NUM_ACCEPTED))
+
+
+META = torch.device("meta")
+
+
+@pytest.mark.parametrize("name,value", [
+    ("tokens", t([1, 2, 3])),
+    ("tokens", torch.zeros(4, 4)),
+    ("tokens", torch.zeros(4, 0, dtype=I64)),
+    ("seq_lens", t([1, 2, 3])),
+    ("seq_lens", torch.zeros(4)),
+    ("seq_lens", torch.zeros(4, dtype=I64, device=META)),
+    ("num_accepted", t([1, 2])),
+    ("num_accepted", torch.zeros(4)),
+    ("num_accepted", torch.zeros(4, dtype=I64, device=META)),
+    ("accept_mask", torch.zeros(4, 3, dtype=I64)),
+    ("accept_mask", torch.zeros(4, 4, dtype=torch.bool)),
+    ("accept_mask", torch.zeros(4, 3, dtype=torch.bool, device=META)),
+    ("verify_cu_seqlens", t([0, 1, 2, 3])),
+    ("verify_cu_seqlens", torch.zeros(5)),
+    ("verify_cu_seqlens", torch.zeros(5, dtype=I32, device=META)),
+    ("block_table", torch.zeros(3, 2, dtype=I32)),
+    ("block_table", torch.zeros(4, 2)),
+    ("block_table", torch.zeros(4, dtype=I32)),
+    ("block_table", torch.zeros(4, 2, dtype=I32, device=META)),
+    ("max_seq_lens", t([1])),
+    ("max_seq_lens", torch.zeros(4)),
+    ("max_seq_lens", torch.zeros(4, dtype=I64, device=META)),
+    ("stop_token_ids", t([[1]])),
+    ("stop_token_ids", torch.zeros(2)),
+    ("stop_token_ids", torch.zeros(2, dtype=I64, device=META)),
+])
+def test_bad_argument_named(name, value):
+    kw = _args()
+    if name == "accept_mask":
+        kw.pop("num_accepted")
+    if name == "block_table":
+        kw["block_size"] = 4
+    kw[name] = value
+    tokens, seq_lens = kw.pop("tokens"), kw.pop("seq_lens")
+    with pytest.raises(ValueError, match=name):
+        dk.accept_prefix_scan(tokens, seq_lens, **kw)
+
+
+def test_bad_accept_arguments():
+    with pytest.raises(ValueError, match="num_accepted and accept_mask"):
+        dk.accept_prefix_scan(t(TOKENS), t(SEQ_LENS))
+    with pytest.raises(ValueError, match="num_accepted and accept_mask"):
+        dk.accept_prefix_scan(t(TOKENS), t(SEQ_LENS), num_accepted=t(NUM_ACCEPTED),
+                              accept_mask=torch.tensor(ACCEPT_MASK))
+    for bs in (None, 0, -4, 2.0, True):
+        with pytest.raises(ValueError, match="block_size"):
+            dk.accept_prefix_scan(t(TOKENS), t(SEQ_LENS), num_accepted=t(NUM_ACCEPTED),
+                                  block_table=torch.zeros(4, 2, dtype=I32), block_size=bs)
+    with pytest.raises(TypeError, match="tokens"):
+        dk.accept_prefix_scan(TOKENS, t(SEQ_LENS), num_accepted=t(NUM_ACCEPTED))
+    with pytest.raises(ValueError, match="backend"):
+        dk.accept_prefix_scan(t(TOKENS), t(SEQ_LENS), num_accepted=t(NUM_ACCEPTED), backend="nope")
+
+
+def test_int32_inputs_same_result():
+    a = _scan(block_table=t([[2, 0, 5], [1, 4, 3], [3, 1, 0], [5, 2, 4]], I32), block_size=4,
+              max_seq_lens=t([12, 100, 1, 8]), stop_token_ids=t([42]))
+    b = dk.accept_prefix_scan(t(TOKENS, I32), t(SEQ_LENS, I32), num_accepted=t(NUM_ACCEPTED, I32),
+                              block_table=t([[2, 0, 5], [1, 4, 3], [3, 1, 0], [5, 2, 4]], I64), block_size=4,
+                              max_seq_lens=t([12, 100, 1, 8], I32), stop_token_ids=t([42], I32))
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+# --- torch.library ----------------------------------------------------------------------------------------------
+
+def test_opcheck():
+    op = torch.ops.dspark.accept_prefix_scan.default
+    table = t([[2, 0, 5], [1, 4, 3], [3, 1, 0], [5, 2, 4]], I32)
+    samples = [
+        (t(TOKENS), t(SEQ_LENS, I32), t(NUM_ACCEPTED), None, None, None, 1, None, None, "reference"),
+        (t(TOKENS), t(SEQ_LENS), None, torch.tensor(ACCEPT_MASK), t([0, 4, 6, 7, 10], I32), table, 4,
+         t([12, 100, 1, 8]), t([42, 13]), "reference"),
+        (torch.zeros(0, 2, dtype=I64), torch.zeros(0, dtype=I64), torch.zeros(0, dtype=I32), None, None,
+         torch.zeros(0, 1, dtype=I32), 2, None, None, "reference"),
+    ]
+    for args in samples:
+        torch.library.opcheck(op, args)
+
+
+def test_torch_compile_fullgraph():
+    def f(tokens, seq_lens, n_acc):
+        o = dk.accept_prefix_scan(tokens, seq_lens, num_accepted=n_acc, backend="reference")
+        return o.cu_out, o.out_tokens
+
+    cf = torch.compile(f, fullgraph=True, backend="eager")
+    a = cf(t(TOKENS), t(SEQ_LENS), t(NUM_ACCEPTED))
+    b = f(t(TOKENS), t(SEQ_LENS), t(NUM_ACCEPTED))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_reference_never_syncs():
+    """The reference runs on meta tensors, which have no data: any .item(), nonzero() or bool(tensor) would raise."""
+    from dspark_kernels import reference
+    m = torch.device("meta")
+    z = lambda *s, dtype=I64: torch.zeros(*s, dtype=dtype, device=m)  # noqa: E731
+    out = reference.accept_prefix_scan(z(4, 4), z(4), None, z(4, 3, dtype=torch.bool), z(5, dtype=I32),
+                                       z(4, 3, dtype=I32), 4, z(4), z(2))
+    assert [tuple(o.shape) for o in out] == [(5,), (16,), (4,), (4,), (16,), (16,), (4,)]
+    out = reference.accept_prefix_scan(z(4, 4), z(4), z(4), None, None, None, 1, None, None)
+    assert all(o.device == m for o in out)

@@ -1,0 +1,359 @@
+"""dk.schedule_verify_lens: the paper's Appendix A case, Algorithm 1 against a loop, argmax/budget/min_gain by hand."""
+
+import math
+
+import pytest
+import torch
+
+import dspark_kernels as dk
+
+F32 = torch.float32
+
+# The paper's Appendix A cost table: SPS(1) = 1.0, SPS(2) = 0.5, SPS(3) = 0.45
+APPENDIX_TABLE = dk.CostTable([1, 2, 3], [1000.0, 2000.0, 1000.0 / 0.45])
+# time(B) = 9 + B ms: SPS(B) = 1000 / (9 + B); admitting survival a raises Theta iff a > tau / (B + 9)
+LINEAR_TABLE = dk.CostTable([1, 100], [10.0, 109.0])
+
+
+def sched(survival, table=APPENDIX_TABLE, **kw):
+    return dk.schedule_verify_lens(torch.tensor(survival, dtype=F32), cost_table=table, **kw)
+
+
+# --- the paper's Appendix A -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("survival,exact_len,argmax_len,argmax_theta", [
+    ([[0.8, 0.72]], 0, 2, 2.52 * 0.45),  # first draft A: second confidence 0.9
+    ([[0.8, 0.0]], 0, 0, 1.0),           # first draft B: second confidence 0
+])
+def test_appendix_a(survival, exact_len, argmax_len, argmax_theta):
+    o = sched(survival, mode="exact")
+    assert o.verify_lens.dtype == torch.int32 and o.cu_seqlens.dtype == torch.int32
+    assert o.theta.dtype == F32 and o.theta.shape == ()
+    assert o.verify_lens.tolist() == [exact_len]
+    assert o.cu_seqlens.tolist() == [0, 1 + exact_len]
+    assert o.theta.item() == pytest.approx(1.0)  # verify nothing: tau = 1, SPS(1) = 1
+    o = sched(survival, mode="argmax")
+    assert o.verify_lens.tolist() == [argmax_len]
+    assert o.cu_seqlens.tolist() == [0, 1 + argmax_len]
+    assert o.theta.item() == pytest.approx(argmax_theta, rel=1e-6)
+
+
+def _first_token_counts(mode, n=20000, seed=1234):
+    """Draft d1, d2 ~ (0.5, 0.5); the schedule sees survival [0.8, 0.72] after A = 0, [0.8, 0] after B = 1."""
+    g = torch.Generator().manual_seed(seed)
+    draft = torch.randint(0, 2, (n, 2), generator=g)
+    lens = {}
+    for tok, surv in ((0, [[0.8, 0.72]]), (1, [[0.8, 0.0]])):
+        lens[tok] = sched(surv, mode=mode).verify_lens  # [1], one schedule per first-draft value
+    verify_lens = torch.where(draft[:, 0] == 0, lens[0].expand(n), lens[1].expand(n))
+    target = torch.log(torch.tensor([0.7, 0.3])).expand(n, 3, 2).contiguous()
+    draft_logits = torch.log(torch.tensor([0.5, 0.5])).expand(n, 2, 2).contiguous()
+    out = dk.verify_chain(target, draft, draft_logits=draft_logits, verify_lens=verify_lens, temperature=1.0,
+                          seed=seed, method="token")
+    first = out.tokens[:, 0]
+    assert bool(((first == 0) | (first == 1)).all())
+    return int((first == 0).sum()), n
+
+
+@pytest.mark.parametrize("mode,p_a", [("exact", 0.7), ("argmax", 0.85)])
+def test_appendix_a_monte_carlo(mode, p_a):
+    """Exact mode is lossless (the first token follows the target, (0.7, 0.3)); argmax is not ((0.85, 0.15))."""
+    count_a, n = _first_token_counts(mode)
+    z = (count_a - n * p_a) / math.sqrt(n * p_a * (1 - p_a))
+    assert abs(z) < 4.5, (mode, count_a / n, p_a, z)
+    other = 0.85 if p_a == 0.7 else 0.7  # and the other distribution is clearly rejected
+    z_other = (count_a - n * other) / math.sqrt(n * other * (1 - other))
+    assert abs(z_other) > 10
+
+
+# --- Algorithm 1 against a loop ---------------------------------------------------------------------------------
+
+def brute_force(survival, table, min_len, max_len, mode):
+    """Algorithm 1 (and the argmax form) written as plain loops over Python floats."""
+    n = len(survival)
+    a = []
+    for row in survival:
+        run, out = 1.0, []
+        for x in row:
+            x = 0.0 if math.isnan(x) else min(max(x, 0.0), 1.0)
+            run = min(run, x)
+            out.append(run)
+        a.append(out)
+    lens = [min_len] * n
+    b = n * (1 + min_len)
+    tau = sum(1.0 + sum(a[r][:min_len]) for r in range(n))
+    cands = [(r, j) for r in range(n) for j in range(min_len + 1, max_len + 1)]
+    cands.sort(key=lambda c: (-a[c[0]][c[1] - 1], c[0], c[1]))
+    theta = tau * table.sps(b)
+    if mode == "exact":
+        for r, j in cands:
+            new = (tau + a[r][j - 1]) * table.sps(b + 1)
+            if not new > theta:
+                break
+            lens[r], b, tau, theta = j, b + 1, tau + a[r][j - 1], new
+        return lens, theta
+    thetas = [theta]
+    for r, j in cands:
+        b, tau = b + 1, tau + a[r][j - 1]
+        thetas.append(tau * table.sps(b))
+    best = max(range(len(thetas)), key=lambda m: (thetas[m], -m))
+    for r, j in cands[:best]:
+        lens[r] = max(lens[r], j)
+    return lens, thetas[best]
+
+
+TABLES = [
+    dk.CostTable([1, 8, 32, 128], [10.0, 10.5, 14.0, 40.0]),
+    dk.CostTable([1, 4, 16], [5.0, 9.0, 30.0], fixed_overhead_ms=3.0),
+    LINEAR_TABLE,
+    dk.CostTable([1], [10.0]),  # constant cost: zero-survival admissions tie (exact mode must not take them)
+]
+
+
+@pytest.mark.parametrize("mode", ["exact", "argmax"])
+@pytest.mark.parametrize("seed", range(6))
+def test_against_brute_force(mode, seed):
+    g = torch.Generator().manual_seed(seed)
+    for n, k in ((1, 1), (3, 5), (7, 7), (13, 16)):
+        for table in TABLES:
+            for quantised in (False, True):
+                conf = torch.rand(n, k, generator=g) * 0.8 + 0.2
+                surv = torch.cumprod(conf, dim=1)
+                if quantised:  # many exact ties: checks the (r, j) tie order
+                    surv = (torch.rand(n, k, generator=g) * 4).round() / 4
+                if seed % 2:  # a non-monotone, out-of-range survival with NaN
+                    surv[0, -1] = float("nan")
+                    surv[-1, 0] = 1.5
+                min_len = int(torch.randint(0, k + 1, (1,), generator=g))
+                max_len = int(torch.randint(min_len, k + 1, (1,), generator=g))
+                o = dk.schedule_verify_lens(surv, cost_table=table, min_len=min_len, max_len=max_len, mode=mode)
+                lens, theta = brute_force(surv.double().tolist(), table, min_len, max_len, mode)
+                assert o.verify_lens.tolist() == lens, (n, k, min_len, max_len, quantised)
+                assert o.theta.item() == pytest.approx(theta, rel=1e-5)
+                cu = [0]
+                for x in lens:
+                    cu.append(cu[-1] + 1 + x)
+                assert o.cu_seqlens.tolist() == cu
+
+
+def test_exact_stops_at_first_non_improvement():
+    # LINEAR_TABLE, B0 = 2, tau0 = 2; order 1.0 (r1 j1), 1.0 (r1 j2), 0.05 (r0 j1), 0.05 (r0 j2):
+    # Theta_m = 1000 * tau / (9 + B) = 2/11, 3/12, 4/13 (max), 4.05/14, 4.1/15
+    # (the Appendix A case above is the one where the exact early stop and the argmax differ)
+    o = sched([[0.05, 0.05], [1.0, 1.0]], table=LINEAR_TABLE, mode="exact")
+    assert o.verify_lens.tolist() == [0, 2]
+    assert o.theta.item() == pytest.approx(4000 / 13, rel=1e-6)
+    o = sched([[0.05, 0.05], [1.0, 1.0]], table=LINEAR_TABLE, mode="argmax")
+    assert o.verify_lens.tolist() == [0, 2]
+
+
+def test_exact_needs_strict_improvement():
+    # constant cost: admitting 0.9 raises Theta, admitting 0.0 leaves it equal -> stop before it
+    flat = dk.CostTable([1], [10.0])
+    o = sched([[0.9, 0.0]], table=flat, mode="exact")
+    assert o.verify_lens.tolist() == [1]
+    assert o.theta.item() == pytest.approx(190.0, rel=1e-6)
+    # argmax: the first maximum is also at 1 admission
+    o = sched([[0.9, 0.0]], table=flat, mode="argmax")
+    assert o.verify_lens.tolist() == [1]
+
+
+def test_running_min_and_nan():
+    # [0.2, 0.9] behaves as [0.2, 0.2]; NaN behaves as 0
+    a = sched([[0.2, 0.9], [float("nan"), 0.9]], table=LINEAR_TABLE, mode="argmax")
+    b = sched([[0.2, 0.2], [0.0, 0.0]], table=LINEAR_TABLE, mode="argmax")
+    assert torch.equal(a.verify_lens, b.verify_lens) and torch.equal(a.theta, b.theta)
+
+
+def test_conf_logits_path():
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(5, 6, generator=g) * 2
+    temps = torch.rand(6, generator=g) + 0.5
+    a = dk.schedule_verify_lens(conf_logits=z, sts_temperatures=temps, cost_table=TABLES[0], mode="argmax")
+    b = dk.schedule_verify_lens(dk.survival_from_conf(z, temps), cost_table=TABLES[0], mode="argmax")
+    assert torch.equal(a.verify_lens, b.verify_lens) and torch.equal(a.theta, b.theta)
+    c = dk.schedule_verify_lens(conf_logits=z, cost_table=TABLES[0], mode="argmax")
+    d = dk.schedule_verify_lens(torch.sigmoid(z).cumprod(1), cost_table=TABLES[0], mode="argmax")
+    assert torch.equal(c.verify_lens, d.verify_lens)
+
+
+def test_min_max_len():
+    # everything admitted under a constant cost, but max_len caps and min_len floors
+    flat = dk.CostTable([1], [10.0])
+    o = sched([[0.9, 0.8, 0.7], [0.0, 0.0, 0.0]], table=flat, mode="argmax", min_len=1, max_len=2)
+    assert o.verify_lens.tolist() == [2, 1]
+    assert o.theta.item() == pytest.approx((1.9 + 1.8) * 100, rel=1e-6)
+    o = sched([[0.9, 0.8, 0.7]], table=flat, mode="exact", min_len=3)
+    assert o.verify_lens.tolist() == [3]
+
+
+# --- argmax production form: budget_survival and min_gain, by hand ----------------------------------------------
+
+CURRENT = [[0.5, 0.4], [0.9, 0.1], [0.3, 0.2]]
+# LINEAR_TABLE, current: order 0.9 (r1), 0.5 (r0), 0.4 (r0), 0.3 (r2), 0.2 (r2), 0.1 (r1)
+#   Theta_m = 1000 * tau / (9 + B): 3/12, 3.9/13, 4.4/14, 4.8/15 = 320 (max), 5.1/16, 5.3/17, 5.4/18 = 300 (all)
+
+
+def test_argmax_by_hand():
+    o = sched(CURRENT, table=LINEAR_TABLE, mode="argmax")
+    assert o.verify_lens.tolist() == [2, 1, 0]
+    assert o.cu_seqlens.tolist() == [0, 3, 5, 6]
+    assert o.theta.item() == pytest.approx(320.0, rel=1e-6)
+    o = sched(CURRENT, table=LINEAR_TABLE, mode="exact")
+    assert o.verify_lens.tolist() == [2, 1, 0]
+
+
+def test_budget_survival_other_n():
+    # budget: N' = 2, order 0.9, 0.8, 0.5, 0.05 -> Theta*(9+B)/1000 = 2/11, 2.9/12, 3.7/13, 4.2/14 (max), 4.25/15
+    # -> budget 3, applied to the current order: r1 j1, r0 j1, r0 j2
+    budget = torch.tensor([[0.9, 0.8], [0.5, 0.05]])
+    o = sched(CURRENT, table=LINEAR_TABLE, mode="argmax", budget_survival=budget)
+    assert o.verify_lens.tolist() == [2, 1, 0]
+    assert o.theta.item() == pytest.approx(320.0, rel=1e-6)
+    # a budget of 0 from a hopeless earlier step, N' = 1 and K' = 1
+    o = sched(CURRENT, table=LINEAR_TABLE, mode="argmax", budget_survival=torch.tensor([[0.0]]))
+    # Theta(0 admitted) = 250 < Theta(all) = 300 -> verify everything
+    assert o.verify_lens.tolist() == [2, 2, 2]
+    assert o.theta.item() == pytest.approx(300.0, rel=1e-6)
+
+
+def test_budget_clamped_to_candidates():
+    # budget 3 (above) but the current step has only 2 candidates -> admit both
+    o = sched([[0.6, 0.5]], table=LINEAR_TABLE, mode="argmax", budget_survival=torch.tensor([[0.9, 0.8], [0.5, 0.05]]))
+    assert o.verify_lens.tolist() == [2]
+    assert o.theta.item() == pytest.approx(2100 / 12, rel=1e-6)
+
+
+def test_budget_appendix_a():
+    # budget from [0.8, 0] is 0; on [0.8, 0.72] Theta(0) = 1.0 < Theta(all) = 1.134 -> verify everything
+    o = sched([[0.8, 0.72]], mode="argmax", budget_survival=torch.tensor([[0.8, 0.0]]))
+    assert o.verify_lens.tolist() == [2]
+    assert o.theta.item() == pytest.approx(1.134, rel=1e-6)
+    # budget from [0.8, 0.72] is 2; applied to [0.8, 0]: Theta = 1.8 * 0.45 = 0.81 = Theta(all)
+    o = sched([[0.8, 0.0]], mode="argmax", budget_survival=torch.tensor([[0.8, 0.72]]))
+    assert o.verify_lens.tolist() == [2]
+    assert o.theta.item() == pytest.approx(0.81, rel=1e-6)
+
+
+@pytest.mark.parametrize("min_gain,lens,theta", [
+    (0.0, [2, 1, 0], 320.0),
+    (0.05, [2, 1, 0], 320.0),   # 320 >= 1.05 * 300 = 315
+    (0.1, [2, 2, 2], 300.0),    # 320 < 1.10 * 300 = 330 -> verify everything
+])
+def test_min_gain(min_gain, lens, theta):
+    o = sched(CURRENT, table=LINEAR_TABLE, mode="argmax", min_gain=min_gain)
+    assert o.verify_lens.tolist() == lens
+    assert o.theta.item() == pytest.approx(theta, rel=1e-6)
+
+
+def test_n_zero_and_k_one():
+    o = dk.schedule_verify_lens(torch.zeros(0, 4), cost_table=LINEAR_TABLE, mode="argmax")
+    assert o.verify_lens.tolist() == [] and o.cu_seqlens.tolist() == [0] and o.theta.item() == 0.0
+    o = dk.schedule_verify_lens(torch.zeros(0, 4), cost_table=LINEAR_TABLE, mode="exact")
+    assert o.verify_lens.tolist() == [] and o.cu_seqlens.tolist() == [0]
+    o = sched([[0.9], [0.01]], table=LINEAR_TABLE, mode="exact")
+    # 2/11 -> +0.9: 2.9/12 rises -> +0.01: 2.91/13 falls
+    assert o.verify_lens.tolist() == [1, 0]
+    assert o.cu_seqlens.tolist() == [0, 2, 3]
+
+
+def test_half_precision_inputs():
+    s = torch.tensor(CURRENT)
+    for dtype in (torch.float16, torch.bfloat16):
+        o = dk.schedule_verify_lens(s.to(dtype), cost_table=LINEAR_TABLE, mode="argmax")
+        assert o.verify_lens.tolist() == [2, 1, 0]
+
+
+# --- argument checks --------------------------------------------------------------------------------------------
+
+META = torch.device("meta")
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(survival=torch.rand(3)), "survival"),
+    (dict(survival=torch.zeros(3, 2, dtype=torch.int64)), "survival"),
+    (dict(survival=None, conf_logits=torch.rand(3)), "conf_logits"),
+    (dict(survival=None, conf_logits=torch.zeros(3, 2, dtype=torch.int32)), "conf_logits"),
+    (dict(survival=None, conf_logits=torch.rand(3, 2), sts_temperatures=torch.rand(3)), "sts_temperatures"),
+    (dict(survival=None, conf_logits=torch.rand(3, 2), sts_temperatures=torch.zeros(2, dtype=torch.int64)),
+     "sts_temperatures"),
+    (dict(survival=None, conf_logits=torch.rand(3, 2), sts_temperatures=torch.rand(2, device=META)),
+     "sts_temperatures"),
+    (dict(sts_temperatures=torch.rand(2)), "sts_temperatures"),
+    (dict(conf_logits=torch.rand(3, 2)), "survival and conf_logits"),
+    (dict(survival=None), "survival and conf_logits"),
+    (dict(mode="argmax", budget_survival=torch.rand(3)), "budget_survival"),
+    (dict(mode="argmax", budget_survival=torch.zeros(3, 2, dtype=torch.int32)), "budget_survival"),
+    (dict(mode="argmax", budget_survival=torch.rand(3, 2, device=META)), "budget_survival"),
+    (dict(budget_survival=torch.rand(3, 2)), "budget_survival"),
+    (dict(min_gain=0.1), "min_gain"),
+    (dict(mode="argmax", min_gain=-0.1), "min_gain"),
+    (dict(mode="argmax", min_gain=float("nan")), "min_gain"),
+    (dict(mode="greedy"), "mode"),
+    (dict(min_len=-1), "min_len"),
+    (dict(min_len=2, max_len=1), "min_len"),
+    (dict(max_len=3), "max_len"),
+    (dict(max_len=1.5), "max_len"),
+    (dict(backend="nope"), "backend"),
+])
+def test_bad_arguments(kw, match):
+    args = dict(survival=torch.rand(3, 2), cost_table=LINEAR_TABLE)
+    args.update(kw)
+    survival = args.pop("survival")
+    with pytest.raises(ValueError, match=match):
+        dk.schedule_verify_lens(survival, **args)
+
+
+def test_bad_cost_table():
+    with pytest.raises(TypeError, match="cost_table"):
+        dk.schedule_verify_lens(torch.rand(3, 2), cost_table={"token_counts": [1], "step_time_ms": [1.0]})
+
+
+def test_cost_table_tensors_cached():
+    a = LINEAR_TABLE.tensors("cpu")
+    b = LINEAR_TABLE.tensors(torch.device("cpu"))
+    assert a[0] is b[0] and a[1] is b[1]
+
+
+# --- torch.library ----------------------------------------------------------------------------------------------
+
+def test_opcheck():
+    op = torch.ops.dspark.schedule_verify_lens.default
+    c, s = LINEAR_TABLE.tensors("cpu")
+    c2, s2 = TABLES[1].tensors("cpu")
+    g = torch.Generator().manual_seed(0)
+    surv = torch.rand(5, 4, generator=g).cumprod(1)
+    samples = [
+        (surv, None, None, c, s, 0.0, 0, 4, "exact", None, 0.0, "reference"),
+        (surv, None, None, c2, s2, 3.0, 1, 3, "argmax", None, 0.1, "reference"),
+        (None, torch.randn(5, 4, generator=g), torch.rand(4, generator=g) + 0.5, c, s, 0.0, 0, 4, "argmax",
+         torch.rand(2, 3, generator=g), 0.0, "reference"),
+        (torch.zeros(0, 3), None, None, c, s, 0.0, 0, 3, "exact", None, 0.0, "reference"),
+    ]
+    for args in samples:
+        torch.library.opcheck(op, args)
+
+
+def test_torch_compile_fullgraph():
+    def f(surv):
+        o = dk.schedule_verify_lens(surv, cost_table=LINEAR_TABLE, mode="argmax", backend="reference")
+        return o.verify_lens, o.cu_seqlens, o.theta
+
+    surv = torch.tensor(CURRENT)
+    a = torch.compile(f, fullgraph=True, backend="eager")(surv)
+    b = f(surv)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("mode", ["exact", "argmax"])
+def test_reference_never_syncs(mode):
+    """The reference runs on meta tensors, which have no data: any .item(), nonzero() or bool(tensor) would raise."""
+    from dspark_kernels import reference
+    m = torch.device("meta")
+    c, s = TABLES[1].tensors(m)
+    budget = torch.zeros(2, 3, device=m) if mode == "argmax" else None
+    out = reference.schedule_verify_lens(torch.zeros(4, 5, device=m), None, None, c, s, 3.0, 1, 4, mode, budget, 0.1)
+    assert [tuple(o.shape) for o in out] == [(4,), (5,), ()]
+    out = reference.schedule_verify_lens(None, torch.zeros(4, 5, device=m), torch.ones(5, device=m), c, s, 0.0, 0, 5,
+                                         mode, None, 0.0)
+    assert all(o.device == m for o in out)

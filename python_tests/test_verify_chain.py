@@ -1,0 +1,265 @@
+import math
+
+import pytest
+import torch
+
+import dspark_kernels as dk
+from dspark_kernels import rng
+from stats import counts, passes
+
+BIG = 30.0
+
+
+def logits_with_argmax(argmaxes, vocab):
+    """float32 [len, V] rows whose argmax is the given token."""
+    rows = torch.zeros(len(argmaxes), vocab)
+    rows[torch.arange(len(argmaxes)), torch.tensor(argmaxes)] = BIG
+    return rows
+
+
+# ---------------------------------------------------------------- greedy, by hand
+def test_greedy_accept_reject_bonus():
+    vocab = 7
+    target = torch.stack([logits_with_argmax([1, 2, 4, 0], vocab),    # rejects d_3 = 3, emits 4
+                          logits_with_argmax([1, 2, 3, 5], vocab),    # accepts all, bonus 5
+                          logits_with_argmax([6, 2, 3, 5], vocab)])   # rejects d_1, emits 6
+    drafts = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    out = dk.verify_chain(target, drafts)
+    assert out.tokens.tolist() == [[1, 2, 4, -1], [1, 2, 3, 5], [6, -1, -1, -1]]
+    assert out.num_accepted.tolist() == [2, 3, 0]
+    assert out.num_accepted.dtype == torch.int32 and out.tokens.dtype == torch.int64
+    assert out.accept_mask.tolist() == [[True, True, False], [True, True, True], [False, False, False]]
+
+
+def test_greedy_ties_go_to_lowest_index():
+    target = torch.zeros(1, 2, 5)
+    out = dk.verify_chain(target, torch.tensor([[3]]))
+    assert out.tokens.tolist() == [[0, -1]]
+
+
+def test_stop_token_ends_acceptance_without_bonus():
+    vocab = 7
+    target = logits_with_argmax([1, 2, 3, 5], vocab).unsqueeze(0)
+    out = dk.verify_chain(target, torch.tensor([[1, 2, 3]]), stop_token_ids=torch.tensor([2, 6]))
+    assert out.tokens.tolist() == [[1, 2, -1, -1]]
+    assert out.num_accepted.tolist() == [2]
+    # A stop token that is the correction is emitted (the request then finishes in the scan).
+    target = logits_with_argmax([1, 6, 3, 5], vocab).unsqueeze(0)
+    out = dk.verify_chain(target, torch.tensor([[1, 2, 3]]), stop_token_ids=torch.tensor([6]))
+    assert out.tokens.tolist() == [[1, 6, -1, -1]]
+
+
+def test_packed_ragged_layout():
+    vocab, k = 6, 3
+    # request 0 verifies 1 draft (2 rows), request 1 verifies 3 (4 rows), request 2 verifies 0 (1 row)
+    rows = logits_with_argmax([1, 4] + [2, 3, 4, 5] + [0], vocab)
+    cu = torch.tensor([0, 2, 6, 7], dtype=torch.int32)
+    drafts = torch.tensor([[1, 2, 3], [2, 3, 1], [5, 5, 5]])
+    out = dk.verify_chain(rows, drafts, cu_seqlens=cu)
+    assert out.tokens.tolist() == [[1, 4, -1, -1], [2, 3, 4, -1], [0, -1, -1, -1]]
+    assert out.num_accepted.tolist() == [2 - 1, 2, 0]
+    # the same as the dense layout truncated by verify_lens
+    dense = torch.stack([logits_with_argmax(a, vocab) for a in ([1, 4, 0, 0], [2, 3, 4, 5], [0, 0, 0, 0])])
+    ref = dk.verify_chain(dense, drafts, verify_lens=torch.tensor([1, 3, 0]))
+    assert torch.equal(ref.tokens, out.tokens)
+
+
+def test_packed_rows_out_of_range_are_never_read():
+    rows = logits_with_argmax([1, 2], 4)
+    drafts = torch.tensor([[1, 2], [1, 2], [1, 2]])
+    cu = torch.tensor([0, 2, 9, 50])   # request 1 runs past the end; request 2 starts past it
+    out = dk.verify_chain(rows, drafts, cu_seqlens=cu)
+    assert out.tokens.tolist() == [[1, 2, -1], [-1, -1, -1], [-1, -1, -1]]
+    assert out.num_accepted.tolist() == [1, 0, 0]
+
+
+def test_verify_lens_clamped_and_thresholds():
+    vocab = 5
+    target = logits_with_argmax([1, 2, 3, 4], vocab).unsqueeze(0).expand(4, 4, vocab)
+    drafts = torch.tensor([[1, 2, 3]]).expand(4, 3)
+    out = dk.verify_chain(target, drafts, verify_lens=torch.tensor([-3, 1, 3, 99]))
+    assert out.tokens.tolist() == [[1, -1, -1, -1], [1, 2, -1, -1], [1, 2, 3, 4], [1, 2, 3, 4]]
+    survival = torch.tensor([[0.9, 0.5, 0.2], [0.3, 0.3, 0.3], [0.9, 0.9, 0.9], [0.9, 0.1, 0.9]])
+    out = dk.verify_chain(target, drafts, survival=survival, thresholds=torch.tensor([0.4, 0.4, 0.4]))
+    assert out.num_accepted.tolist() == [2, 0, 3, 1]
+    assert out.tokens[:, -1].tolist() == [-1, -1, 4, -1]
+    out = dk.verify_chain(target, drafts, survival=survival, thresholds=torch.tensor([0.4, 0.4, 0.4]),
+                          verify_lens=torch.tensor([1, 1, 1, 1]))
+    assert out.num_accepted.tolist() == [1, 0, 1, 1]
+
+
+def test_out_of_range_draft_rejected_and_nan_logits_stay_in_range():
+    vocab = 5
+    target = logits_with_argmax([1, 2, 3], vocab).unsqueeze(0).expand(2, 3, vocab).clone()
+    drafts = torch.tensor([[1, 7], [-1, 2]])
+    for t in (0.0, 1.0):
+        for method in ("token", "block"):
+            out = dk.verify_chain(target, drafts, temperature=t, method=method, seed=4)
+            assert out.num_accepted.tolist() == [1, 0]
+    target[:] = float("nan")
+    for t in (0.0, 0.7):
+        for method in ("token", "block"):
+            for dl in (None, torch.full((2, 2, vocab), float("nan"))):
+                out = dk.verify_chain(target, torch.tensor([[1, 2], [3, 4]]), draft_logits=dl, temperature=t,
+                                      method=method)
+                emitted = out.tokens[out.tokens >= 0]
+                assert ((emitted >= 0) & (emitted < vocab)).all()
+                assert (out.tokens[torch.arange(2), out.num_accepted.long()] >= 0).all()
+
+
+def test_tiny_shapes():
+    out = dk.verify_chain(torch.zeros(0, 2, 3), torch.zeros(0, 1, dtype=torch.int64), temperature=1.0)
+    assert out.tokens.shape == (0, 2) and out.num_accepted.shape == (0,)
+    out = dk.verify_chain(torch.zeros(2, 2, 1), torch.zeros(2, 1, dtype=torch.int64), temperature=1.0)
+    assert out.tokens.tolist() == [[0, 0], [0, 0]]
+
+
+# ---------------------------------------------------------------- sampling, explicit computation
+def test_token_rule_matches_explicit_uniforms():
+    torch.manual_seed(1)
+    n, vocab, temp = 400, 6, 0.8
+    target = torch.randn(n, 2, vocab)
+    draft_logits = torch.randn(n, 1, vocab)
+    drafts = torch.randint(0, vocab, (n, 1))
+    out = dk.verify_chain(target, drafts, draft_logits=draft_logits, temperature=temp, seed=11, offset=3)
+    key = torch.tensor([11, 3])
+    u = rng.uniform(key, torch.arange(n), 0, rng.STREAM_ACCEPT, 0)
+    p = torch.softmax(target[:, 0] / temp, -1).gather(1, drafts).squeeze(1)
+    q = torch.softmax(draft_logits[:, 0] / temp, -1).gather(1, drafts).squeeze(1)
+    assert out.num_accepted.tolist() == (u * q < p).int().tolist()
+    assert 50 < int(out.num_accepted.sum()) < 350
+
+
+def test_one_hot_certain_accept_and_certain_reject():
+    vocab = 8
+    target = torch.full((64, 2, vocab), -1e9)
+    target[:, 0, 3] = 0.0            # p(3) = 1 at row 0
+    target[:, 1] = 0.0
+    drafts = torch.full((64, 1), 3)
+    out = dk.verify_chain(target, drafts, temperature=1.0, seed=2)
+    assert out.num_accepted.tolist() == [1] * 64
+    drafts = torch.full((64, 1), 5)  # p(5) = 0: always rejected, correction is the only token with mass
+    out = dk.verify_chain(target, drafts, temperature=1.0, seed=2)
+    assert out.tokens.tolist() == [[3, -1]] * 64
+
+
+def test_seed_and_offset_as_tensors_match_ints():
+    torch.manual_seed(2)
+    target = torch.randn(16, 4, 30)
+    drafts = torch.randint(0, 30, (16, 3))
+    a = dk.verify_chain(target, drafts, temperature=1.0, seed=5, offset=9)
+    b = dk.verify_chain(target, drafts, temperature=1.0, seed=torch.tensor([5]), offset=torch.tensor(9))
+    c = dk.verify_chain(target, drafts, temperature=1.0, seed=5, offset=10)
+    assert torch.equal(a.tokens, b.tokens)
+    assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_per_request_temperature_zero_is_greedy():
+    torch.manual_seed(3)
+    target = torch.randn(6, 3, 20)
+    drafts = target[:, :2].argmax(-1)
+    temps = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    out = dk.verify_chain(target, drafts, temperature=temps, seed=1)
+    greedy = dk.verify_chain(target, drafts)
+    assert torch.equal(out.tokens[0::2], greedy.tokens[0::2])
+
+
+# ---------------------------------------------------------------- losslessness, statistically
+def simulate(method, k, temp, use_draft_logits, trials=20000, length=None, vocab=50, seed=0):
+    """Generate ``length`` tokens per request by repeated draft + verify; return tokens [trials, length] and the
+    per-position target distributions. Target and draft distributions depend on the absolute position only."""
+    length = length or k + 2
+    gen = torch.Generator().manual_seed(seed)
+    table = length + k + 1
+    p_logits = torch.randn(table, vocab, generator=gen) * 1.5
+    q_logits = p_logits + torch.randn(table, vocab, generator=gen) * 2.0   # a related but wrong draft
+    out = torch.full((trials, length), -1, dtype=torch.int64)
+    made = torch.zeros(trials, dtype=torch.int64)
+    step = 0
+    while bool((made < length).any()):
+        pos = (made.unsqueeze(1) + torch.arange(k + 1)).clamp(max=table - 1)
+        draft_l = q_logits[pos[:, :k]]
+        drafts = torch.multinomial(torch.softmax(draft_l / temp, -1).view(-1, vocab), 1, generator=gen).view(trials, k)
+        res = dk.verify_chain(p_logits[pos], drafts, draft_logits=draft_l if use_draft_logits else None,
+                              temperature=temp, seed=seed + 1, offset=step, method=method)
+        emitted = res.tokens >= 0
+        slot = made.unsqueeze(1) + torch.cumsum(emitted.long(), 1) - 1
+        keep = emitted & (slot < length)
+        out[torch.nonzero(keep, as_tuple=True)[0], slot[keep]] = res.tokens[keep]
+        made += emitted.long().sum(1)
+        step += 1
+    return out, torch.softmax(p_logits[:length] / temp, -1)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("temp", [0.6, 1.0])
+@pytest.mark.parametrize("use_draft_logits", [True, False])
+def test_lossless_sampling(method, k, temp, use_draft_logits):
+    tokens, p = simulate(method, k, temp, use_draft_logits, seed=17 * k + int(10 * temp))
+    trials, vocab = tokens.shape[0], p.shape[1]
+    for m in range(tokens.shape[1]):
+        assert passes(counts(tokens[:, m], vocab), p[m] * trials), f"position {m}"
+
+
+def test_chi_square_detects_a_lossy_verifier():
+    """The losslessness check can fail: accepting every draft outputs the draft distribution, not the target's."""
+    gen = torch.Generator().manual_seed(0)
+    vocab, trials = 50, 20000
+    p_logits = torch.randn(vocab, generator=gen) * 1.5
+    q_logits = p_logits + torch.randn(vocab, generator=gen) * 1.5
+    drafts = torch.multinomial(torch.softmax(q_logits, -1), trials, replacement=True, generator=gen)
+    assert not passes(counts(drafts, vocab), torch.softmax(p_logits, -1) * trials)
+
+
+def test_block_accepts_at_least_as_much_as_token():
+    torch.manual_seed(5)
+    n, k, vocab = 4000, 5, 30
+    p_logits = torch.randn(n, k + 1, vocab)
+    q_logits = p_logits + torch.randn(n, k + 1, vocab)
+    drafts = torch.multinomial(torch.softmax(q_logits[:, :k], -1).view(-1, vocab), 1).view(n, k)
+    acc = {m: dk.verify_chain(p_logits, drafts, draft_logits=q_logits[:, :k], temperature=1.0, method=m, seed=9)
+           .num_accepted.float().mean().item() for m in ("token", "block")}
+    assert acc["block"] >= acc["token"] - 0.02
+
+
+# ---------------------------------------------------------------- bad input
+def test_bad_input_names_the_argument():
+    t = torch.zeros(2, 4, 9)
+    d = torch.zeros(2, 3, dtype=torch.int64)
+    cases = [
+        (dict(target_logits=torch.zeros(2, 3, 9)), "target_logits"),
+        (dict(target_logits=t.long()), "target_logits"),
+        (dict(draft_tokens=d.float()), "draft_tokens"),
+        (dict(draft_tokens=torch.zeros(2, dtype=torch.int64)), "draft_tokens"),
+        (dict(draft_logits=torch.zeros(2, 3, 8)), "draft_logits"),
+        (dict(draft_logits=torch.zeros(2, 3, 9, device="meta")), "draft_logits"),
+        (dict(verify_lens=torch.zeros(3, dtype=torch.int64)), "verify_lens"),
+        (dict(verify_lens=torch.zeros(2)), "verify_lens"),
+        (dict(survival=torch.zeros(2, 3), thresholds=torch.zeros(4)), "thresholds"),
+        (dict(survival=torch.zeros(2, 2), thresholds=torch.zeros(3)), "survival"),
+        (dict(survival=torch.zeros(2, 3)), "thresholds"),
+        (dict(stop_token_ids=torch.zeros(2, 2, dtype=torch.int64)), "stop_token_ids"),
+        (dict(temperature=torch.zeros(3)), "temperature"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(method="tree"), "method"),
+        (dict(backend="tpu"), "backend"),
+        (dict(seed=1.5), "seed"),
+        (dict(target_logits=torch.zeros(7, 9), cu_seqlens=torch.zeros(2, dtype=torch.int32)), "cu_seqlens"),
+    ]
+    for override, name in cases:
+        kwargs = dict(target_logits=t, draft_tokens=d)
+        kwargs.update(override)
+        with pytest.raises((ValueError, TypeError), match=name):
+            dk.verify_chain(kwargs.pop("target_logits"), kwargs.pop("draft_tokens"), **kwargs)
+
+
+def test_opcheck():
+    torch.manual_seed(0)
+    n, k, vocab = 3, 4, 13
+    args = (torch.randn(n, k + 1, vocab), None, torch.randint(0, vocab, (n, k)), torch.randn(n, k, vocab),
+            torch.tensor([4, 2, 0]), None, None, torch.tensor([0.0, 1.0, 0.7]), torch.tensor([3, 4]),
+            torch.tensor([5]), "block", "reference")
+    torch.library.opcheck(torch.ops.dspark.verify_chain.default, args)
+    packed = (torch.randn(9, vocab), torch.tensor([0, 5, 6, 9], dtype=torch.int32)) + args[2:10] + ("token", "reference")
+    torch.library.opcheck(torch.ops.dspark.verify_chain.default, packed)
