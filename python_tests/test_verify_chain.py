@@ -103,7 +103,7 @@ def test_out_of_range_draft_rejected_and_nan_logits_stay_in_range():
                 out = dk.verify_chain(target, torch.tensor([[1, 2], [3, 4]]), draft_logits=dl, temperature=t,
                                       method=method)
                 emitted = out.tokens[out.tokens >= 0]
-                assert ((emitted >= 0) & (emitted < vocab)).all()
+                assert ((emitted >= 0) & (emitted < vocab)).all() and out.num_accepted.tolist() == [0, 0]
                 assert (out.tokens[torch.arange(2), out.num_accepted.long()] >= 0).all()
 
 
@@ -263,3 +263,58 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, args)
     packed = (torch.randn(9, vocab), torch.tensor([0, 5, 6, 9], dtype=torch.int32)) + args[2:10] + ("token", "reference")
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, packed)
+
+
+# ---------------------------------------------------------------- Triton twin (interpreter on the CPU)
+TRITON_CASES = [  # N, K, V, dtype, method, with draft logits, packed
+    (1, 1, 1, torch.float32, "token", False, False),
+    (3, 5, 17, torch.bfloat16, "block", True, True),
+    (3, 7, 1000, torch.float16, "token", True, False),
+    (3, 16, 17, torch.float32, "block", False, False),
+    (64, 5, 17, torch.float32, "token", True, True),
+    (64, 4, 23, torch.float32, "block", True, False),
+    (2, 7, 32000, torch.bfloat16, "block", True, False),
+    (2, 3, 32003, torch.float32, "token", False, True),
+]
+
+
+@pytest.mark.parametrize("n,k,vocab,dtype,method,with_logits,packed", TRITON_CASES)
+def test_triton_matches_reference(triton_device, n, k, vocab, dtype, method, with_logits, packed):
+    gen = torch.Generator().manual_seed(n * 1000 + k * 10 + vocab)
+    target = (torch.randn(n, k + 1, vocab, generator=gen) * 2).to(dtype)
+    draft_logits = (target[:, :k].float() + torch.randn(n, k, vocab, generator=gen)).to(dtype)
+    drafts = torch.multinomial(torch.softmax(draft_logits.float().view(-1, vocab), -1), 1, generator=gen).view(n, k)
+    drafts[0] = target[0, :k].float().argmax(-1)             # a greedy request that accepts
+    if n > 2:
+        drafts[2, k // 2] = vocab + 3                        # an invalid draft
+    temps = torch.tensor([0.0, 1.0, 0.6, 0.0, 1.3] * n)[:n]
+    kwargs = dict(draft_logits=draft_logits if with_logits else None, temperature=temps, method=method, seed=n,
+                  offset=k, stop_token_ids=drafts[-1, :1].clone(),
+                  verify_lens=torch.randint(0, k + 2, (n,), generator=gen),
+                  survival=torch.rand(n, k, generator=gen).sort(-1, descending=True).values,
+                  thresholds=torch.full((k,), 0.2))
+    if packed:
+        counts = torch.randint(0, k + 2, (n,), generator=gen)
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        rows = torch.cat([target[r, : int(counts[r])] for r in range(n)]) if int(cu[-1]) else target[:0, 0]
+        args, kwargs["cu_seqlens"] = (rows, drafts), cu
+    else:
+        args = (target, drafts)
+    ref = dk.verify_chain(*args, backend="reference", **kwargs)
+    on_device = {key: val.to(triton_device) if isinstance(val, torch.Tensor) else val for key, val in kwargs.items()}
+    out = dk.verify_chain(*(a.to(triton_device) for a in args), backend="triton", **on_device)
+    out = type(out)(*(t.cpu() for t in out))
+    assert torch.equal(out.tokens, ref.tokens)
+    assert torch.equal(out.num_accepted, ref.num_accepted)
+    assert torch.equal(out.accept_mask, ref.accept_mask)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN inputs, on purpose
+def test_triton_nan_logits_stay_in_range(triton_device, method):
+    target = torch.full((3, 4, 9), float("nan"), device=triton_device)
+    drafts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 0]], device=triton_device)
+    for t in (0.0, 1.0):
+        out = dk.verify_chain(target, drafts, temperature=t, method=method, backend="triton")
+        emitted = out.tokens[out.tokens >= 0]
+        assert ((emitted >= 0) & (emitted < 9)).all() and out.num_accepted.tolist() == [0, 0, 0]

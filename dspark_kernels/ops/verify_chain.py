@@ -28,8 +28,11 @@ def _verify_chain_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     args = (target_logits, cu_seqlens, draft_tokens, draft_logits, verify_lens, survival, thresholds, temperature,
             rng_key, stop_token_ids, method)
-    if backend != "reference":
-        raise NotImplementedError(f"verify_chain has no {backend} backend yet; use backend='reference'")
+    if backend == "triton":
+        from ..triton.verify_chain import verify_chain as triton_verify_chain
+        return triton_verify_chain(*args)
+    if backend == "cuda":
+        raise NotImplementedError("verify_chain has no cuda backend yet; use backend='triton' or 'reference'")
     return reference.verify_chain(*args)
 
 

@@ -13,7 +13,7 @@ token (lossless rejection sampling, Leviathan et al. 2023; Chen et al. 2023), ``
 block (Sun et al. 2024, "Block verification accelerates speculative decoding"), ``rho_0 = 1``:
     ``rho_i = min(rho_{i-1} p_i(d_i) / q_i(d_i), 1)``;
     ``h_i = S_i / (S_i + 1 - rho_i)`` with ``S_i = sum_x max(rho_i p_{i+1}(x) - q_{i+1}(x), 0)`` for i < L, and
-    ``h_L = rho_L`` (a zero denominator gives ``h_i = 1``);
+    ``h_L = rho_L`` (a zero denominator gives ``h_i = 1``, a NaN one ``h_i = 0``);
     accept the longest prefix ``tau = max{i : eta_i <= h_i}`` (0 if none) and emit a sample of
     ``max(0, rho_tau p - q)`` at row tau (of ``p`` at row L when tau = L).
 Then acceptance ends right after an accepted stop token, and no bonus token follows it.
@@ -99,7 +99,7 @@ def verify_chain(
     if draft_logits is not None:
         q = torch.softmax(draft_logits.float() / t, dim=-1)                       # [N, K, V]
     else:
-        q = torch.zeros(n, k_len, vocab, device=dev).scatter_(-1, safe_drafts, 1.0)
+        q = torch.zeros(n, k_len, vocab, device=dev).scatter_(-1, safe_drafts, valid.unsqueeze(-1).float())
     p_d = p[:, :k_len].gather(-1, safe_drafts).squeeze(-1) * valid
     q_d = q.gather(-1, safe_drafts).squeeze(-1)
     u_accept = uniform_rows(rng_key, requests.unsqueeze(-1), pos[:k_len], STREAM_ACCEPT, 1).squeeze(-1)  # [N, K]
@@ -158,7 +158,7 @@ def _block_accept(p, q, p_d, q_d, eta, length, in_block):
     # S_i for i = 1..K-1 uses row i (the distributions of the token after d_i).
     res_mass = (rho[:, 1:k_len].unsqueeze(-1) * p[:, 1:k_len] - q[:, 1:k_len]).clamp(min=0).sum(-1)  # [N, K-1]
     denom = res_mass + 1 - rho[:, 1:k_len]
-    h_mid = torch.where(denom > 0, res_mass / denom, 1.0)
+    h_mid = torch.where(denom > 0, res_mass / denom, (denom == 0).float())  # 0/0 -> 1; NaN -> 0 (never accept)
     h = torch.cat([h_mid, torch.zeros(n, 1, device=dev)], dim=-1)                 # h_1 .. h_K
     h = torch.where(idx == length.unsqueeze(-1), rho[:, 1:], h)                   # h_L = rho_L
     ok = (eta <= h) & in_block

@@ -1,0 +1,185 @@
+// dspark/rng.cuh: the package's counter-based random generator (header-only, no torch).
+//
+// Philox4x32-10 keyed and counted exactly as dspark_kernels/rng.py (the spec):
+//   key     = (seed_lo, seed_hi ^ offset_hi)
+//   counter = (token >> 2, position | stream << 24, request, offset_lo)
+//   the draw of `token` is output word `token & 3`, so the four tokens of a counter block (a float4 of
+//   logits) cost one Philox evaluation;
+//   u = ((x >> 8) | 1) * 2^-24 as float32: exact, never 0, never 1.
+// Compiles as host C++ (g++, clang) and as CUDA (host and device); python_tests/data/rng_vectors.json holds
+// the vectors every implementation reproduces bit for bit.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define DSPARK_HOST_DEVICE __host__ __device__ __forceinline__
+#define DSPARK_DEVICE __device__ __forceinline__
+#else
+#define DSPARK_HOST_DEVICE inline
+#endif
+
+#include <math.h>
+#if defined(__CUDACC__)
+#include <math_constants.h>
+#endif
+
+namespace dspark {
+namespace rng {
+
+// Streams separate independent uses of the same (request, position, token) cell (rng.STREAM_*).
+enum Stream : uint32_t {
+  kStreamDraft = 0,     // draft_block: sampling a draft token
+  kStreamAccept = 1,    // verify_chain: the accept/reject uniform of a position (token 0)
+  kStreamResidual = 2,  // verify_chain: the correction or bonus sample
+  kStreamUser = 16,     // first stream free for callers of rng_uniform
+};
+
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
+constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
+constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
+constexpr float kTwoPowMinus24 = 5.9604644775390625e-08f;  // 2^-24
+
+struct U32x4 {
+  uint32_t x, y, z, w;
+};
+
+// Four float32 values; 16-byte aligned so a kernel can store it as one float4.
+struct alignas(16) F32x4 {
+  float x, y, z, w;
+};
+
+DSPARK_HOST_DEVICE void mulhilo32(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+#if defined(__CUDA_ARCH__)
+  lo = a * b;
+  hi = __umulhi(a, b);
+#else
+  const uint64_t p = static_cast<uint64_t>(a) * static_cast<uint64_t>(b);
+  hi = static_cast<uint32_t>(p >> 32);
+  lo = static_cast<uint32_t>(p);
+#endif
+}
+
+// Philox4x32-10 (Salmon et al., 2011; Random123's philox4x32 with 10 rounds).
+DSPARK_HOST_DEVICE U32x4 philox4x32_10(U32x4 c, uint32_t k0, uint32_t k1) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round) {
+    uint32_t hi0, lo0, hi1, lo1;
+    mulhilo32(kPhiloxM0, c.x, hi0, lo0);
+    mulhilo32(kPhiloxM1, c.z, hi1, lo1);
+    c = U32x4{hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0};
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  return c;
+}
+
+// The 32-bit word -> float32 uniform in (0, 1): ((x >> 8) | 1) * 2^-24 (both steps exact).
+DSPARK_HOST_DEVICE float bits_to_uniform(uint32_t x) {
+  return static_cast<float>((x >> 8) | 1u) * kTwoPowMinus24;
+}
+
+// A (seed, offset) pair turned into the Philox key and the counter's last word; cheap to build per thread.
+struct Philox {
+  uint32_t k0, k1, offset_lo;
+
+  DSPARK_HOST_DEVICE static Philox make(uint64_t seed, uint64_t offset) {
+    Philox p;
+    p.k0 = static_cast<uint32_t>(seed);
+    p.k1 = static_cast<uint32_t>(seed >> 32) ^ static_cast<uint32_t>(offset >> 32);
+    p.offset_lo = static_cast<uint32_t>(offset);
+    return p;
+  }
+
+  // The counter block holding tokens 4*quad .. 4*quad+3 (quad = token >> 2).
+  DSPARK_HOST_DEVICE U32x4 block(uint64_t request, uint64_t position, uint32_t stream, uint64_t quad) const {
+    const U32x4 ctr{static_cast<uint32_t>(quad),
+                    static_cast<uint32_t>(position) | (stream << 24),
+                    static_cast<uint32_t>(request), offset_lo};
+    return philox4x32_10(ctr, k0, k1);
+  }
+
+  // The uint32 draw of one (request, position, stream, token) cell.
+  DSPARK_HOST_DEVICE uint32_t bits(uint64_t request, uint64_t position, uint32_t stream, uint64_t token) const {
+    const U32x4 b = block(request, position, stream, token >> 2);
+    switch (static_cast<uint32_t>(token) & 3u) {
+      case 0: return b.x;
+      case 1: return b.y;
+      case 2: return b.z;
+      default: return b.w;
+    }
+  }
+
+  DSPARK_HOST_DEVICE float uniform(uint64_t request, uint64_t position, uint32_t stream, uint64_t token) const {
+    return bits_to_uniform(bits(request, position, stream, token));
+  }
+
+  // The uniforms of tokens 4*quad .. 4*quad+3, in token order (one Philox evaluation).
+  DSPARK_HOST_DEVICE F32x4 uniform4(uint64_t request, uint64_t position, uint32_t stream, uint64_t quad) const {
+    const U32x4 b = block(request, position, stream, quad);
+    return F32x4{bits_to_uniform(b.x), bits_to_uniform(b.y), bits_to_uniform(b.z), bits_to_uniform(b.w)};
+  }
+};
+
+#if defined(__CUDACC__)
+// Seed and offset from a device int64 [2] rng_key (so a CUDA graph replays with whatever the key holds then).
+__device__ __forceinline__ Philox load_philox(const int64_t* __restrict__ rng_key) {
+  return Philox::make(static_cast<uint64_t>(__ldg(rng_key)), static_cast<uint64_t>(__ldg(rng_key + 1)));
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------------------
+// Sampling helpers (exponential race / Gumbel-max).
+//
+// Categorical sampling is `argmax_v w_v / E_v` with `E_v = -log(u_v)` (weights), or in the log domain
+// `argmax_v l_v - log(-log(u_v))` (scaled logits). Ties go to the lowest index; NaN scores count as -inf.
+// Scores use the accurate logf (not __logf), to stay close to torch.log.
+// ---------------------------------------------------------------------------------------------------------
+
+DSPARK_HOST_DEVICE float neg_inf() {
+#if defined(__CUDA_ARCH__)
+  return -CUDART_INF_F;
+#else
+  return -HUGE_VALF;
+#endif
+}
+
+DSPARK_HOST_DEVICE float nan_to_neg_inf(float s) { return s != s ? neg_inf() : s; }
+
+// Exponential-race score of a non-negative weight: w / -log(u) (NaN -> -inf).
+DSPARK_HOST_DEVICE float race_score(float weight, float u) { return nan_to_neg_inf(weight / -logf(u)); }
+
+// Gumbel-max score of a scaled logit l (= logit / T): l - log(-log(u)) (NaN -> -inf).
+DSPARK_HOST_DEVICE float gumbel_score(float scaled_logit, float u) {
+  return nan_to_neg_inf(scaled_logit - logf(-logf(u)));
+}
+
+// A running argmax: ties to the lowest index, NaN as -inf. The empty state (index INT64_MAX, value -inf)
+// loses to every real candidate, so an all -inf / NaN row yields its lowest index, like torch.argmax.
+struct ArgMax {
+  float value;
+  int64_t index;
+
+  DSPARK_HOST_DEVICE static ArgMax empty() { return ArgMax{neg_inf(), INT64_MAX}; }
+
+  // true if (v, i) beats (value, index); v must already be NaN-free.
+  DSPARK_HOST_DEVICE bool beaten_by(float v, int64_t i) const {
+    return v > value || (v == value && i < index);
+  }
+  DSPARK_HOST_DEVICE void update(float v, int64_t i) {
+    v = nan_to_neg_inf(v);
+    if (beaten_by(v, i)) {
+      value = v;
+      index = i;
+    }
+  }
+  DSPARK_HOST_DEVICE void merge(const ArgMax& o) {
+    if (beaten_by(o.value, o.index)) *this = o;
+  }
+};
+
+}  // namespace rng
+}  // namespace dspark

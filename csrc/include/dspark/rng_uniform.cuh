@@ -1,0 +1,90 @@
+// dspark/rng_uniform.cuh: out[n, k, v] = uniform(seed, offset, request=n, position=k, stream, token=v)
+// for a contiguous float32 [N, K, V] tensor (header-only, no torch; used by csrc/torch and csrc/capi).
+//
+// One thread handles one counter block (4 consecutive tokens of a row, one Philox evaluation) and writes it
+// as one 16-byte store when V % 4 == 0 and `out` is 16-byte aligned (scalar stores otherwise, and for the
+// partial last block of a row). Grid-stride over the N*K*ceil(V/4) blocks; 32-bit index arithmetic when all
+// offsets fit, 64-bit otherwise. Seed and offset are read on the device from rng_key (int64 [2]) so a
+// captured CUDA graph replays with the key's current contents. Philox costs ~100 integer instructions per
+// 16 bytes written, so on H100/H200 this kernel is bound by integer throughput, not by DRAM.
+#pragma once
+
+#include <stdint.h>
+
+#include <atomic>
+
+#include <cuda_runtime.h>
+
+#include "rng.cuh"
+#include "utils.cuh"
+
+namespace dspark {
+
+template <typename Index, bool kVec>
+__global__ void __launch_bounds__(256) rng_uniform_kernel(float* __restrict__ out, Index K, Index V,
+                                                          Index quads_per_row, Index total_quads,
+                                                          const int64_t* __restrict__ rng_key, uint32_t stream) {
+  const rng::Philox ph = rng::load_philox(rng_key);
+  const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
+  for (Index q = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; q < total_quads; q += step) {
+    const Index row = q / quads_per_row;
+    const Index quad = q - row * quads_per_row;
+    const Index n = row / K;
+    const Index k = row - n * K;
+    const rng::F32x4 u = ph.uniform4(n, k, stream, quad);
+    float* p = out + (row * V + quad * 4);
+    if (kVec) {
+      store_f32x4(p, u);
+    } else {
+      const Index left = V - quad * 4;  // >= 1
+      p[0] = u.x;
+      if (left > 1) p[1] = u.y;
+      if (left > 2) p[2] = u.z;
+      if (left > 3) p[3] = u.w;
+    }
+  }
+}
+
+// Multiprocessor count of the current device (cached per device; cudaDeviceGetAttribute does not sync).
+inline int current_device_sm_count() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (dev < 0 || dev >= 64) return 132;
+  int sms = cache[dev].load(std::memory_order_relaxed);
+  if (sms <= 0) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
+    cache[dev].store(sms, std::memory_order_relaxed);
+  }
+  return sms;
+}
+
+// Launch on `s`; the caller has checked the arguments (N, K, V >= 0, K < 2^24, stream < 256, V < 2^34).
+// Returns the launch status (cudaSuccess for an empty tensor, which launches nothing).
+inline cudaError_t launch_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, const int64_t* rng_key,
+                                      int stream, cudaStream_t s) {
+  if (N <= 0 || K <= 0 || V <= 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  const uint64_t qpr = (static_cast<uint64_t>(V) + 3) / 4;
+  const uint64_t total = static_cast<uint64_t>(N) * static_cast<uint64_t>(K) * qpr;
+  const uint64_t max_blocks = static_cast<uint64_t>(current_device_sm_count()) * (2048 / kThreads) * 4;
+  uint64_t blocks = (total + kThreads - 1) / kThreads;
+  if (blocks > max_blocks) blocks = max_blocks;
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kThreads);
+  const bool vec = (V % 4 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
+  // 32-bit indices when every quad index (plus one grid step) and element offset stays below 2^32.
+  const bool small = total * 4 + blocks * kThreads < (uint64_t(1) << 32);
+  const uint32_t st = static_cast<uint32_t>(stream);
+  if (small) {
+    const uint32_t k = uint32_t(K), v = uint32_t(V), q = uint32_t(qpr), t = uint32_t(total);
+    if (vec) rng_uniform_kernel<uint32_t, true><<<grid, block, 0, s>>>(out, k, v, q, t, rng_key, st);
+    else rng_uniform_kernel<uint32_t, false><<<grid, block, 0, s>>>(out, k, v, q, t, rng_key, st);
+  } else {
+    const uint64_t k = uint64_t(K), v = uint64_t(V);
+    if (vec) rng_uniform_kernel<uint64_t, true><<<grid, block, 0, s>>>(out, k, v, qpr, total, rng_key, st);
+    else rng_uniform_kernel<uint64_t, false><<<grid, block, 0, s>>>(out, k, v, qpr, total, rng_key, st);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace dspark

@@ -1,0 +1,254 @@
+"""The CUDA extension ``torch.ops.dspark_C``: ahead-of-time module or just-in-time build.
+
+``load()`` returns ``torch.ops.dspark_C`` once the extension is loaded:
+
+1. the ahead-of-time module ``dspark_kernels._C`` (``DSPARK_BUILD_CUDA=1 pip install --no-build-isolation .``), else
+2. a just-in-time build of ``csrc/torch/*.cu`` + ``*.cpp`` with ``torch.utils.cpp_extension.load``, cached in torch's
+   extension folder (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``); the first build takes minutes.
+
+``is_available()`` says whether that works, without ever probing for a GPU (the extension builds and loads on a
+machine without one; running its ops needs one). Set ``DSPARK_NO_JIT=1`` to use only the ahead-of-time module.
+
+The CUDA toolkit is found from ``CUDA_HOME`` / ``CUDA_PATH``, else torch's guess if it holds a toolkit, else the
+``nvcc`` on ``PATH`` (following a symlink or a wrapper script that names the real one), else ``/usr/local/cuda``.
+Architectures: sm_80 (+ PTX) and sm_90a, unless ``TORCH_CUDA_ARCH_LIST`` is set.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib
+import os
+import re
+import shutil
+import sys
+import threading
+from typing import List, Optional
+
+import torch
+
+__all__ = ["load", "is_available", "cuda_home", "csrc_dir", "include_dirs", "nvcc_flags", "cxx_flags",
+           "sources", "LIBRARY"]
+
+LIBRARY = "dspark_C"  # the torch.ops namespace of the extension
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+_lock = threading.RLock()
+_ops = None                    # torch.ops.dspark_C once loaded
+_error: Optional[str] = None   # why loading failed (cached: no rebuild attempt per call)
+_available: Optional[bool] = None
+
+
+# ------------------------------------------------------------------------------------------------ locations
+
+def csrc_dir() -> str:
+    """The CUDA sources: ``dspark_kernels/csrc`` in an installed wheel, ``<repo>/csrc`` in a checkout."""
+    for d in (os.path.join(_PKG_DIR, "csrc"), os.path.join(os.path.dirname(_PKG_DIR), "csrc")):
+        if os.path.isfile(os.path.join(d, "include", "dspark", "rng.cuh")):
+            return d
+    raise RuntimeError(f"dspark_kernels: the CUDA sources (csrc/) are missing next to {_PKG_DIR}; reinstall the package")
+
+
+def sources() -> List[str]:
+    d = os.path.join(csrc_dir(), "torch")
+    return sorted(glob.glob(os.path.join(d, "*.cu"))) + sorted(glob.glob(os.path.join(d, "*.cpp")))
+
+
+def _is_toolkit(home: Optional[str]) -> bool:
+    return bool(home) and os.path.isfile(os.path.join(home, "bin", "nvcc")) and \
+        os.path.isfile(os.path.join(home, "include", "cuda_runtime.h"))
+
+
+def _toolkit_from_nvcc(nvcc: str) -> Optional[str]:
+    """The toolkit root of an ``nvcc`` executable: follow symlinks, or read a wrapper script's target."""
+    real = os.path.realpath(nvcc)
+    home = os.path.dirname(os.path.dirname(real))
+    if _is_toolkit(home):
+        return home
+    try:
+        with open(real, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    if head.startswith(b"#!"):
+        for m in re.finditer(rb"(/[^\s'\"]*?)/bin/nvcc\b", head):
+            cand = m.group(1).decode(errors="replace")
+            if _is_toolkit(cand):
+                return cand
+    return None
+
+
+def cuda_home() -> Optional[str]:
+    """The CUDA toolkit root (the folder holding ``bin/nvcc``), or None when none is found."""
+    env = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if env:
+        return env
+    cpp_ext = sys.modules.get("torch.utils.cpp_extension")
+    guess = getattr(cpp_ext, "CUDA_HOME", None) if cpp_ext is not None else None
+    if guess is None:  # torch's own guess, without importing cpp_extension (which logs about it)
+        nvcc = shutil.which("nvcc")
+        guess = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
+    if _is_toolkit(guess):
+        return guess
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        home = _toolkit_from_nvcc(nvcc)
+        if home:
+            return home
+    return "/usr/local/cuda" if _is_toolkit("/usr/local/cuda") else None
+
+
+def _nvidia_wheel_includes() -> List[str]:
+    """``<site-packages>/nvidia/cu13/include`` (torch's CUDA wheels: cusparse.h etc. that torch headers include)."""
+    try:
+        import nvidia  # namespace package installed with torch's CUDA wheels
+    except ImportError:
+        return []
+    out = []
+    major = (torch.version.cuda or "").split(".")[0]
+    for root in getattr(nvidia, "__path__", []):
+        for sub in ([f"cu{major}"] if major else []) + ["cuda_runtime"]:
+            inc = os.path.join(root, sub, "include")
+            if os.path.isdir(inc) and inc not in out:
+                out.append(inc)
+    return out
+
+
+def include_dirs() -> List[str]:
+    """Include folders of our sources (the package headers, then torch's CUDA wheel headers)."""
+    return [os.path.join(csrc_dir(), "include")] + _nvidia_wheel_includes()
+
+
+def nvcc_flags(arch_flags: bool = True) -> List[str]:
+    flags = ["-O3", "-lineinfo"]  # torch adds -std=c++20 (its headers need it)
+    if arch_flags and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        flags += ["-gencode=arch=compute_80,code=[sm_80,compute_80]", "-gencode=arch=compute_90a,code=sm_90a"]
+    return flags
+
+
+def cxx_flags() -> List[str]:
+    return ["-O3"]
+
+
+def _headers_digest() -> str:
+    h = hashlib.sha1()
+    for p in sorted(glob.glob(os.path.join(csrc_dir(), "include", "**", "*"), recursive=True)):
+        if os.path.isfile(p):
+            h.update(p.encode())
+            with open(p, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()[:12]
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+def _import_cpp_extension(home: str):
+    """``torch.utils.cpp_extension`` with its CUDA_HOME set to ``home`` (torch guesses from PATH otherwise)."""
+    if "torch.utils.cpp_extension" not in sys.modules:
+        saved = os.environ.get("CUDA_HOME")
+        os.environ["CUDA_HOME"] = home  # only while importing: its module-level guess reads the environment
+        try:
+            from torch.utils import cpp_extension
+        finally:
+            if saved is None:
+                os.environ.pop("CUDA_HOME", None)
+            else:
+                os.environ["CUDA_HOME"] = saved
+    from torch.utils import cpp_extension
+    cpp_extension.CUDA_HOME = home
+    return cpp_extension
+
+
+def _jit_build() -> None:
+    if torch.version.cuda is None:
+        raise RuntimeError("dspark_kernels: this torch is a CPU-only build, so the CUDA extension cannot be built; "
+                           "install a CUDA build of torch")
+    home = cuda_home()
+    if not _is_toolkit(home):
+        where = f"CUDA_HOME={home!r} holds no bin/nvcc and include/cuda_runtime.h" if home else \
+            "none found in CUDA_HOME, CUDA_PATH, the nvcc on PATH or /usr/local/cuda"
+        raise RuntimeError(
+            f"dspark_kernels: no CUDA toolkit to build the CUDA extension ({where}). Install the CUDA toolkit "
+            f"matching torch (CUDA {torch.version.cuda}) and set CUDA_HOME to its root, the folder holding bin/nvcc "
+            f"(e.g. export CUDA_HOME=/usr/local/cuda-{torch.version.cuda}); or use backend='triton'")
+    cpp_extension = _import_cpp_extension(home)
+    srcs = sources()
+    digest = _headers_digest()  # headers are not part of torch's rebuild check: make them part of the flags
+    build_dir = cpp_extension._get_build_directory(LIBRARY, verbose=False)
+    built = glob.glob(os.path.join(build_dir, f"{LIBRARY}*.so"))
+    newest_src = max(os.path.getmtime(p) for p in srcs + glob.glob(os.path.join(csrc_dir(), "include", "**", "*"),
+                                                                    recursive=True))
+    if not built or max(os.path.getmtime(p) for p in built) < newest_src:
+        print(f"dspark_kernels: building the CUDA extension {LIBRARY} just-in-time in {build_dir} "
+              f"(CUDA_HOME={home}; takes a few minutes once, then it is cached)", file=sys.stderr, flush=True)
+    cpp_extension.load(
+        name=LIBRARY,
+        sources=srcs,
+        extra_include_paths=include_dirs(),
+        extra_cflags=cxx_flags() + [f"-DDSPARK_HEADERS={digest}"],
+        extra_cuda_cflags=nvcc_flags() + [f"-DDSPARK_HEADERS={digest}"],
+        build_directory=build_dir,
+        is_python_module=False,
+        verbose=os.environ.get("DSPARK_VERBOSE_BUILD") == "1",
+    )
+
+
+def _register_fakes() -> None:
+    @torch.library.register_fake(f"{LIBRARY}::rng_uniform_")
+    def _(out, rng_key, stream):
+        return None
+
+
+def _load_unlocked():
+    global _ops, _error
+    if _ops is not None:
+        return _ops
+    if _error is not None:
+        raise RuntimeError(_error)
+    aot_error = None
+    try:
+        importlib.import_module("dspark_kernels._C")
+    except ModuleNotFoundError as e:
+        if e.name != "dspark_kernels._C":
+            aot_error = f"dspark_kernels._C failed to import: {e}"
+        loaded = False
+    except Exception as e:  # built for another torch, missing libraries, ...
+        aot_error, loaded = f"dspark_kernels._C failed to import: {e}", False
+    else:
+        loaded = True
+    if not loaded:
+        if os.environ.get("DSPARK_NO_JIT") == "1":
+            _error = "dspark_kernels: the CUDA extension is not built ahead of time and DSPARK_NO_JIT=1" + \
+                (f" ({aot_error})" if aot_error else "")
+            raise RuntimeError(_error)
+        try:
+            _jit_build()
+        except Exception as e:
+            msg = str(e) if isinstance(e, RuntimeError) and str(e).startswith("dspark_kernels:") else \
+                f"dspark_kernels: building the CUDA extension failed: {e}"
+            _error = msg + (f" (also: {aot_error})" if aot_error else "")
+            raise RuntimeError(_error) from e
+    _register_fakes()
+    _ops = getattr(torch.ops, LIBRARY)
+    return _ops
+
+
+def load():
+    """``torch.ops.dspark_C``, loading or building the extension first; raises RuntimeError saying why not."""
+    with _lock:
+        return _load_unlocked()
+
+
+def is_available() -> bool:
+    """True if the CUDA extension is loaded or can be loaded/built (cached; builds on first call if needed)."""
+    global _available
+    if _available is None:
+        with _lock:
+            if _available is None:
+                try:
+                    _load_unlocked()
+                    _available = True
+                except RuntimeError:
+                    _available = False
+    return _available

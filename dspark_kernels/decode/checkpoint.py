@@ -1,0 +1,130 @@
+"""Checkpoint folders (config.json + safetensors, single file or sharded) for the target and the DSpark drafter.
+
+Target: Hugging Face Qwen3ForCausalLM / LlamaForCausalLM layout (``model.layers.0.self_attn.q_proj.weight``, ...,
+``lm_head.weight`` unless tied). Drafter: DeepSpec's ``Qwen3DSparkModel`` layout (no prefix: ``layers.*``, ``fc``,
+``hidden_norm``, ``norm``, ``markov_head.markov_w1/markov_w2/gate_proj/joint_proj``, ``confidence_head.proj``;
+``embed_tokens`` / ``lm_head`` are optional there and the target's are used). Every tensor is checked (names and
+shapes) before anything is copied: a bad folder raises ``ValueError`` and leaves nothing half-built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict
+
+import torch
+import torch.nn as nn
+
+from .drafter import DrafterConfig, DSparkDrafter, check_layer_ids
+from .model import ModelConfig, TargetModel
+
+_IGNORED = ("rotary_emb.inv_freq",)
+
+
+def read_config(path) -> dict:
+    f = os.path.join(path, "config.json")
+    if not os.path.isfile(f):
+        raise ValueError(f"{path!r} has no config.json")
+    with open(f) as fh:
+        return json.load(fh)
+
+
+def read_tensors(path) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as fh:
+            files = sorted(set(json.load(fh)["weight_map"].values()))
+    else:
+        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise ValueError(f"{path!r} has no .safetensors files")
+    out = {}
+    for f in files:
+        out.update(load_file(os.path.join(path, f)))
+    return out
+
+
+def _load_checked(module: nn.Module, tensors: Dict[str, torch.Tensor], what: str, dtype) -> None:
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in tensors]
+    bad = [f"{k}: {tuple(tensors[k].shape)} (expected {tuple(v.shape)})" for k, v in expected.items()
+           if k in tensors and tensors[k].shape != v.shape]
+    if missing or bad:
+        raise ValueError(f"{what} checkpoint does not match its config: missing {missing[:8]}"
+                         f"{' ...' if len(missing) > 8 else ''}; ill-shaped {bad[:8]}")
+    module.load_state_dict({k: tensors[k].to(dtype) for k in expected}, strict=True)
+
+
+def load_target(path, *, dtype=torch.float32, device="cpu") -> TargetModel:
+    cfg = ModelConfig.from_hf(read_config(path))
+    raw = read_tensors(path)
+    tensors = {(k[len("model."):] if k.startswith("model.") else k): v for k, v in raw.items()}
+    tensors = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED)}
+    if cfg.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    model = TargetModel(cfg)
+    state_names = set(model.state_dict())
+    if cfg.tie_word_embeddings:  # tied: lm_head.weight is embed_tokens.weight
+        tensors["lm_head.weight"] = tensors.get("embed_tokens.weight", torch.empty(0))
+    _load_checked(model, tensors, "target", dtype)
+    extra = sorted(set(tensors) - state_names)
+    if extra:
+        raise ValueError(f"target checkpoint has tensors this model does not use: {extra[:8]}")
+    return model.to(device).eval()
+
+
+def save_target(model: TargetModel, path) -> None:
+    """Hugging Face layout (for tests and tools)."""
+    from safetensors.torch import save_file
+    os.makedirs(path, exist_ok=True)
+    c = model.config
+    cfg = {**c.extra, "model_type": "qwen3" if c.qk_norm else "llama", "vocab_size": c.vocab_size,
+           "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+           "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+           "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps,
+           "rope_theta": c.rope_theta, "attention_bias": c.attention_bias, "mlp_bias": c.mlp_bias,
+           "tie_word_embeddings": c.tie_word_embeddings}
+    cfg.pop("rope_parameters", None)
+    if c.rope_scaling:
+        cfg["rope_scaling"] = c.rope_scaling
+    sd = {("lm_head.weight" if k == "lm_head.weight" else "model." + k): v.contiguous()
+          for k, v in model.state_dict().items() if not (c.tie_word_embeddings and k == "lm_head.weight")}
+    save_file(sd, os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=2)
+
+
+def load_drafter(path, target, *, dtype=None, device=None) -> DSparkDrafter:
+    """``target``: a TargetModel or HFTarget (supplies the shared embedding / LM head and the layer count)."""
+    cfg = DrafterConfig.from_hf(read_config(path))
+    emb = target.input_embeddings
+    dtype = dtype or emb.weight.dtype
+    if cfg.backbone.vocab_size != target.vocab_size:
+        raise ValueError(f"draft vocab_size {cfg.backbone.vocab_size} != target vocab_size {target.vocab_size}")
+    check_layer_ids(cfg.target_layer_ids, target.num_layers)
+    tensors = read_tensors(path)
+    if tensors and all(k.startswith("model.") for k in tensors):
+        tensors = {k[len("model."):]: v for k, v in tensors.items()}
+    for name, ref in (("embed_tokens.weight", emb.weight), ("lm_head.weight", target.lm_head_weight)):
+        if name in tensors and tensors[name].shape != ref.shape:
+            raise ValueError(f"draft {name} has shape {tuple(tensors[name].shape)} but the target's is "
+                             f"{tuple(ref.shape)} (mismatched vocabularies)")
+    drafter = DSparkDrafter(cfg, emb, target.lm_head_weight)
+    _load_checked(drafter, tensors, "draft", dtype)
+    return drafter.to(device or emb.weight.device).eval()
+
+
+def save_drafter(drafter: DSparkDrafter, path) -> None:
+    """The published layout, embedding and LM head included (as DeepSpec's save_pretrained writes them)."""
+    from safetensors.torch import save_file
+    os.makedirs(path, exist_ok=True)
+    sd = {k: v.contiguous() for k, v in drafter.state_dict().items()}
+    sd["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().contiguous()
+    sd["lm_head.weight"] = drafter.lm_head_weight.detach().contiguous()
+    if sd["lm_head.weight"].data_ptr() == sd["embed_tokens.weight"].data_ptr():
+        sd["lm_head.weight"] = sd["lm_head.weight"].clone()
+    save_file(sd, os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(drafter.config.to_hf(), fh, indent=2)

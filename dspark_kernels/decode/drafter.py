@@ -1,0 +1,184 @@
+"""The DSpark drafter: parallel backbone + Markov head + confidence head (DeepSpec's Qwen3DSparkModel layout).
+
+Backbone: context = ``hidden_norm(fc(concat of the target's hidden states at target_layer_ids))``; each layer's
+keys/values are ``[context; block]`` and its queries the block ``[anchor, MASK x (K-1)]`` at positions
+``S-1..S+K-2``; non-causal inside the block; the context is the positions strictly before the anchor
+(``0..S-2``). Context keys/values never change once written, so they live in a paged KV cache that shares the
+target's block table: row at position p goes to the same slot in both caches. The embedding and the LM head are the
+target's (shared, not copied). Parameter names match the published ``dspark_qwen3_*_block7`` checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+import torch.nn as nn
+
+from .kv_cache import PagedKVCache, sdpa_gqa
+from .model import MLP, Attention, ModelConfig, RMSNorm, RopeTable
+
+MARKOV_KINDS = ("vanilla", "gated", "rnn")
+
+
+@dataclass
+class DrafterConfig:
+    backbone: ModelConfig      # hidden size, heads, rope, ... (num_hidden_layers = draft layers)
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: List[int]
+    markov_rank: int = 0
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = False
+    confidence_head_with_markov: bool = True
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "DrafterConfig":
+        missing = [k for k in ("block_size", "mask_token_id", "target_layer_ids") if k not in cfg]
+        if missing:
+            raise ValueError(f"draft config.json lacks {missing} (not a DSpark/DFlash draft?)")
+        rank = int(cfg.get("markov_rank", 0))
+        kind = str(cfg.get("markov_head_type", "vanilla")).lower()
+        if rank < 0 or (rank > 0 and kind not in MARKOV_KINDS):
+            raise ValueError(f"bad Markov head: markov_rank={rank}, markov_head_type={kind!r}")
+        return cls(ModelConfig.from_hf({**cfg, "model_type": "qwen3"}), int(cfg["block_size"]),
+                   int(cfg["mask_token_id"]), [int(i) for i in cfg["target_layer_ids"]], rank, kind,
+                   bool(cfg.get("enable_confidence_head", False)), bool(cfg.get("confidence_head_with_markov", True)))
+
+    def to_hf(self) -> dict:
+        b = self.backbone
+        cfg = {**b.extra, "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
+               "vocab_size": b.vocab_size, "hidden_size": b.hidden_size, "intermediate_size": b.intermediate_size,
+               "num_hidden_layers": b.num_hidden_layers, "num_attention_heads": b.num_attention_heads,
+               "num_key_value_heads": b.num_key_value_heads, "head_dim": b.head_dim, "rms_norm_eps": b.rms_norm_eps,
+               "rope_theta": b.rope_theta, "attention_bias": b.attention_bias, "tie_word_embeddings": False,
+               "block_size": self.block_size, "mask_token_id": self.mask_token_id,
+               "target_layer_ids": list(self.target_layer_ids), "markov_rank": self.markov_rank,
+               "enable_confidence_head": self.enable_confidence_head}
+        cfg.pop("rope_parameters", None)
+        if self.markov_rank > 0:
+            cfg["markov_head_type"] = self.markov_head_type
+        if self.enable_confidence_head:
+            cfg["confidence_head_with_markov"] = self.confidence_head_with_markov
+        return cfg
+
+
+def check_layer_ids(layer_ids, num_target_layers: int) -> None:
+    """As DeepSpec: ids in [-1, L-1) (-1 = embeddings), strictly increasing, never the final layer (whose
+    Hugging Face hidden state is already normed)."""
+    ids = list(layer_ids)
+    if not ids or any(not -1 <= i < num_target_layers - 1 for i in ids) or ids != sorted(set(ids)):
+        raise ValueError(f"target_layer_ids {ids} must be strictly increasing in [-1, {num_target_layers - 1}) "
+                         f"for a target of {num_target_layers} layers (the final layer is not allowed)")
+
+
+class MarkovHeadModule(nn.Module):
+    """W1 = markov_w1 (Embedding [V, r]), W2 = markov_w2 (Linear(r, V), weight [V, r]); gated: gate_proj
+    (Linear(d + r, r)); rnn: joint_proj (Linear(2r + d, 3r)). Applied by ``dk.draft_block``."""
+
+    def __init__(self, kind: str, vocab: int, rank: int, hidden: int):
+        super().__init__()
+        self.kind = kind
+        self.markov_w1 = nn.Embedding(vocab, rank)
+        self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+        if kind == "gated":
+            self.gate_proj = nn.Linear(hidden + rank, rank)
+        elif kind == "rnn":
+            self.joint_proj = nn.Linear(2 * rank + hidden, 3 * rank)
+
+
+class ConfidenceHeadModule(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, 1)
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn, self.mlp = Attention(cfg, qk_norm=True), MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DSparkDrafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig, embed_tokens: nn.Embedding, lm_head_weight: torch.Tensor):
+        super().__init__()
+        b = cfg.backbone
+        if embed_tokens.weight.shape != (b.vocab_size, b.hidden_size):
+            raise ValueError(f"the drafter expects a [{b.vocab_size}, {b.hidden_size}] target embedding, got "
+                             f"{tuple(embed_tokens.weight.shape)} (target and drafter vocabularies differ?)")
+        if not 0 <= cfg.mask_token_id < b.vocab_size:
+            raise ValueError(f"mask_token_id {cfg.mask_token_id} is outside the vocabulary [0, {b.vocab_size})")
+        self.config = cfg
+        self.layers = nn.ModuleList(DrafterLayer(b) for _ in range(b.num_hidden_layers))
+        self.norm = RMSNorm(b.hidden_size, b.rms_norm_eps)
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * b.hidden_size, b.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(b.hidden_size, b.rms_norm_eps)
+        rank = cfg.markov_rank
+        self.markov_head = MarkovHeadModule(cfg.markov_head_type, b.vocab_size, rank, b.hidden_size) if rank else None
+        self.confidence_head = None
+        if cfg.enable_confidence_head:
+            with_markov = cfg.confidence_head_with_markov and rank > 0
+            self.confidence_head = ConfidenceHeadModule(b.hidden_size + (rank if with_markov else 0))
+        self.rope = RopeTable(b)
+        # shared with the target: kept out of state_dict()/parameters() (plain attributes)
+        self.__dict__["embed_tokens"], self.__dict__["lm_head_weight"] = embed_tokens, lm_head_weight
+        self.cache: Optional[PagedKVCache] = None
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def init_random(self, seed: int = 0, std: float = 0.3) -> "DSparkDrafter":
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+                else:
+                    scale = std if "markov_w1" in name or p.dim() == 1 else p.shape[-1] ** -0.5
+                    p.copy_(torch.randn(p.shape, generator=g) * scale)
+        return self
+
+    def alloc_cache(self, target_cache: PagedKVCache) -> PagedKVCache:
+        b, w = self.config.backbone, self.fc.weight
+        self.cache = PagedKVCache(b.num_hidden_layers, b.num_key_value_heads, b.head_dim, 0, target_cache.max_seq_len,
+                                  block_size=target_cache.block_size, dtype=w.dtype, device=w.device,
+                                  block_table=target_cache.block_table)
+        return self.cache
+
+    def write_context(self, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """Target hidden states ``[T, n_ids * d]`` of rows at ``positions`` -> context K/V written at ``slots``."""
+        ctx = self.hidden_norm(self.fc(hidden.to(self.fc.weight.dtype)))
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.project_kv(ctx, positions, self.rope(ctx.device))
+            self.cache.write(i, slots, k, v)
+
+    def forward_block(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, kv_len: int):
+        """anchor ``[N]`` at positions ``anchor_pos [N]`` (context = cached positions ``< anchor_pos``, read up to
+        the host bound ``kv_len``) -> base logits ``U [N, K, V]`` (float32) and hidden ``h [N, K, d]``."""
+        n, k_len, dev = anchor.shape[0], self.block_size, anchor.device
+        ids = torch.full((n, k_len), self.config.mask_token_id, dtype=torch.long, device=dev)
+        ids[:, 0] = anchor
+        x = self.embed_tokens(ids).to(self.fc.weight.dtype)
+        pos = anchor_pos.long().view(n, 1) + torch.arange(k_len, device=dev)
+        key_pos, inv_freq = torch.arange(kv_len, device=dev), self.rope(dev)
+        kv_slots = self.cache.slots(torch.arange(n, device=dev).view(n, 1).expand(n, kv_len),
+                                    key_pos.view(1, -1).expand(n, kv_len))
+        ctx_mask = key_pos.view(1, -1) < anchor_pos.long().view(n, 1)
+        mask = torch.cat([ctx_mask, ctx_mask.new_ones(n, k_len)], 1).view(n, 1, 1, kv_len + k_len)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            hx = layer.input_layernorm(x)
+            q = attn.project_q(hx, pos, inv_freq).transpose(1, 2)
+            kb, vb = attn.project_kv(hx, pos, inv_freq)
+            kc, vc = self.cache.gather(i, kv_slots)
+            kk = torch.cat([kc.to(x.dtype), kb.transpose(1, 2)], 2)
+            vv = torch.cat([vc.to(x.dtype), vb.transpose(1, 2)], 2)
+            o = sdpa_gqa(q, kk, vv, mask, attn.d ** -0.5)
+            x = x + attn.o_proj(o.transpose(1, 2).flatten(2))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        h = self.norm(x)
+        return torch.nn.functional.linear(h.to(self.lm_head_weight.dtype), self.lm_head_weight).float(), h

@@ -1,0 +1,69 @@
+"""Tiny random models for tests and examples, and an oracle drafter that knows the target's continuation."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from .drafter import DrafterConfig, DSparkDrafter
+from .model import ModelConfig, TargetModel
+
+
+def tiny_hf_config(model_type: str = "qwen3", vocab: int = 48, layers: int = 3, **kw) -> dict:
+    cfg = dict(model_type=model_type, vocab_size=vocab, hidden_size=32, intermediate_size=64,
+               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+               rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
+    cfg.update(kw)
+    return cfg
+
+
+def tiny_target(seed: int = 0, model_type: str = "qwen3", vocab: int = 48, **kw) -> TargetModel:
+    return TargetModel(ModelConfig.from_hf(tiny_hf_config(model_type, vocab, **kw))).init_random(seed).eval()
+
+
+def tiny_drafter_config(target: TargetModel, block_size: int = 4, markov: str = "vanilla", rank: int = 8,
+                        confidence: bool = True, layer_ids: Sequence[int] = (0, 1), **kw) -> DrafterConfig:
+    t = target.config
+    cfg = dict(model_type="qwen3", vocab_size=t.vocab_size, hidden_size=t.hidden_size,
+               intermediate_size=t.intermediate_size, num_hidden_layers=1, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=8, rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta,
+               block_size=block_size, mask_token_id=t.vocab_size - 1, target_layer_ids=list(layer_ids),
+               markov_rank=rank, markov_head_type=markov, enable_confidence_head=confidence,
+               confidence_head_with_markov=True, num_anchors=512)
+    cfg.update(kw)
+    return DrafterConfig.from_hf(cfg)
+
+
+def tiny_drafter(target: TargetModel, seed: int = 1, **kw) -> DSparkDrafter:
+    return DSparkDrafter(tiny_drafter_config(target, **kw), target.input_embeddings,
+                         target.lm_head_weight).init_random(seed).eval()
+
+
+class OracleDrafter(DSparkDrafter):
+    """Adds a large one-hot of the true continuation (``reference[r][p]`` for the token at position p) to the
+    backbone's logits, wrong on a deterministic subset of positions, so tests see long acceptances, full blocks
+    with a bonus token, rejections and stop tokens inside blocks."""
+
+    def set_reference(self, sequences: Sequence[Sequence[int]], wrong_every: int = 3, scale: float = 200.0,
+                      device: Optional[torch.device] = None):
+        width = max(map(len, sequences)) + 64
+        ref = torch.zeros(len(sequences), width, dtype=torch.long)
+        for r, s in enumerate(sequences):
+            ref[r, :len(s)] = torch.tensor(s)
+        self.ref, self.wrong_every, self.scale = ref.to(device or self.fc.weight.device), wrong_every, scale
+
+    def forward_block(self, anchor, anchor_pos, kv_len):
+        base, h = super().forward_block(anchor, anchor_pos, kv_len)
+        n, k, v = base.shape
+        p = (anchor_pos.long().view(n, 1) + 1 + torch.arange(k, device=base.device)).clamp(max=self.ref.shape[1] - 1)
+        tok = self.ref[torch.arange(n, device=base.device).view(n, 1), p]
+        r = torch.arange(n, device=base.device).view(n, 1)
+        wrong = ((p * 7 + r * 3) % self.wrong_every) == 0
+        tok = torch.where(wrong, (tok + 1) % (v - 1), tok)
+        return base + self.scale * torch.nn.functional.one_hot(tok, v).float(), h
+
+
+def oracle_drafter(target: TargetModel, seed: int = 1, **kw) -> OracleDrafter:
+    return OracleDrafter(tiny_drafter_config(target, **kw), target.input_embeddings,
+                         target.lm_head_weight).init_random(seed).eval()

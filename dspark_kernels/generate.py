@@ -1,0 +1,115 @@
+"""Command line: ``python -m dspark_kernels.generate --target DIR --draft DIR --prompt "..."``.
+
+Loads a Hugging Face target folder (config.json + safetensors + tokenizer.json) and a DSpark draft folder, decodes
+speculatively and prints the text and the statistics. ``--profile-cost-table OUT.json`` times the target to build a
+cost table; ``--calibrate OUT.json`` fits STS temperatures on the given prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _stop_ids(target_dir):
+    ids = []
+    for name in ("generation_config.json", "config.json"):
+        f = os.path.join(target_dir, name)
+        if os.path.isfile(f):
+            with open(f) as fh:
+                eos = json.load(fh).get("eos_token_id")
+            ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
+    return sorted(set(ids))
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m dspark_kernels.generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="target checkpoint folder (Qwen3 / Llama, HF layout)")
+    p.add_argument("--draft", required=True, help="DSpark draft checkpoint folder")
+    p.add_argument("--prompt", action="append", default=[], help="prompt text (repeat for a batch)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--mode", default="fixed", choices=["fixed", "threshold", "exact", "argmax"])
+    p.add_argument("--verify-len", type=int, default=None, help="fixed mode: drafts verified per step")
+    p.add_argument("--thresholds", type=float, nargs="+", default=None, help="threshold mode: one per position")
+    p.add_argument("--cost-table", default=None, help="cost table JSON (exact / argmax modes)")
+    p.add_argument("--sts", default=None, help="STS temperatures JSON (from --calibrate)")
+    p.add_argument("--stop-token-ids", type=int, nargs="*", default=None, help="default: the checkpoint's eos ids")
+    p.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() else "float32", choices=list(DTYPES))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--profile-cost-table", metavar="OUT", default=None, help="time the target, write a cost table")
+    p.add_argument("--calibrate", metavar="OUT", default=None, help="fit STS temperatures on the prompts")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    import dspark_kernels as dk
+    from tokenizers import Tokenizer
+
+    from .decode import Scheduler, SpeculativeDecoder, calibrate, load_drafter, load_target, profile_cost_table
+
+    dtype = DTYPES[args.dtype]
+    try:
+        target = load_target(args.target, dtype=dtype, device=args.device)
+        drafter = load_drafter(args.draft, target, dtype=dtype)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    dec = SpeculativeDecoder(target, drafter, seed=args.seed, backend=args.backend)
+    if args.profile_cost_table:
+        counts = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+        table = profile_cost_table(target, counts, path=args.profile_cost_table)
+        print(json.dumps(table.to_dict()))
+        return 0
+    tok_file = os.path.join(args.target, "tokenizer.json")
+    if not os.path.isfile(tok_file):
+        print(f"error: {args.target!r} has no tokenizer.json", file=sys.stderr)
+        return 2
+    tokenizer = Tokenizer.from_file(tok_file)
+    prompts = [tokenizer.encode(p).ids for p in args.prompt]
+    if not prompts or any(len(p) == 0 for p in prompts):
+        print("error: give at least one non-empty --prompt", file=sys.stderr)
+        return 2
+    if args.calibrate:
+        res = calibrate(dec, prompts, args.max_new_tokens, temperature=args.temperature, path=args.calibrate)
+        print(json.dumps(res))
+        return 0
+    sts = None
+    if args.sts:
+        with open(args.sts) as fh:
+            sts = json.load(fh)["sts_temperatures"]
+    sched = Scheduler(args.mode, verify_len=args.verify_len, thresholds=args.thresholds, sts_temperatures=sts,
+                      cost_table=dk.CostTable.from_json(args.cost_table) if args.cost_table else None)
+    stops = args.stop_token_ids if args.stop_token_ids is not None else _stop_ids(args.target)
+    try:
+        res = dec.generate(prompts, args.max_new_tokens, temperature=args.temperature, stop_token_ids=stops,
+                           scheduler=sched, progress=not args.no_progress and args.max_new_tokens >= 64)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for prompt, toks in zip(args.prompt, res.tokens):
+        print(f"=== {prompt}")
+        print(tokenizer.decode(toks))
+    s = res.stats
+    print("--- stats")
+    print(f"generated tokens        {s.generated_tokens} in {s.steps} steps")
+    print(f"acceptance length       {s.acceptance_length:.3f} (tokens per request-step, bonus included)")
+    print("conditional acceptance  " + " ".join(f"{a:.2f}" for a in s.conditional_acceptance))
+    print(f"verified tokens / step  {s.verified_tokens_per_step:.2f}")
+    print("time (s)                " + " ".join(f"{k}={v:.3f}" for k, v in s.time_s.items()))
+    print(f"tokens / second         {s.tokens_per_second:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

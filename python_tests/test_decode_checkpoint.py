@@ -1,0 +1,127 @@
+"""Draft checkpoints in the published (DeepSpec) layout round-trip; bad input gets clear errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dspark_kernels.decode.checkpoint import load_drafter, load_target, save_drafter, save_target
+from dspark_kernels.decode.decoder import Scheduler, SpeculativeDecoder
+from dspark_kernels.decode.testing import tiny_drafter, tiny_target
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one intra-op thread is faster, and far faster on a shared, busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+PROMPTS = [[1, 2, 3], [7], [9, 9, 9, 9, 4]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(seed=0)
+
+
+@pytest.mark.parametrize("markov,confidence,rank", [("vanilla", True, 8), ("gated", True, 8), ("rnn", False, 8),
+                                                     ("vanilla", True, 0)])
+def test_drafter_round_trip(tmp_path, target, markov, confidence, rank):
+    drafter = tiny_drafter(target, block_size=5, markov=markov, confidence=confidence, rank=rank)
+    save_drafter(drafter, tmp_path)
+    names = set(load_file(tmp_path / "model.safetensors"))
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_norm.weight",
+            "layers.0.mlp.gate_proj.weight", "embed_tokens.weight", "lm_head.weight"} <= names
+    if rank:
+        assert {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight"} <= names
+        assert ("markov_head.gate_proj.weight" in names) == (markov == "gated")
+        assert ("markov_head.joint_proj.weight" in names) == (markov == "rnn")
+    assert ("confidence_head.proj.weight" in names) == confidence
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["block_size"] == 5
+    assert cfg["target_layer_ids"] == [0, 1] and cfg["markov_rank"] == rank
+    loaded = load_drafter(tmp_path, target)
+    assert loaded.embed_tokens is target.embed_tokens  # shared, not copied
+    sched = Scheduler("exact" if confidence else "fixed", cost_table=__import__("dspark_kernels").CostTable([1, 64],
+                                                                                                            [1.0, 3.0]))
+    a = SpeculativeDecoder(target, drafter, seed=3).generate(PROMPTS, 9, temperature=0.8, scheduler=sched)
+    b = SpeculativeDecoder(target, loaded, seed=3).generate(PROMPTS, 9, temperature=0.8, scheduler=sched)
+    assert a.tokens == b.tokens and a.stats.verified_tokens_per_step == b.stats.verified_tokens_per_step
+
+
+def test_sharded_target_and_draft_prefix(tmp_path, target):
+    save_target(target, tmp_path / "t")
+    sd = load_file(tmp_path / "t" / "model.safetensors")
+    keys = sorted(sd)
+    (tmp_path / "t" / "model.safetensors").unlink()
+    save_file({k: sd[k] for k in keys[::2]}, tmp_path / "t" / "a.safetensors")
+    save_file({k: sd[k] for k in keys[1::2]}, tmp_path / "t" / "b.safetensors")
+    (tmp_path / "t" / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: ("a" if i % 2 == 0 else "b") + ".safetensors" for i, k in enumerate(keys)}}))
+    loaded = load_target(tmp_path / "t")
+    for k, v in target.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v)
+
+
+def _corrupt(tmp_path, target, edit):
+    drafter = tiny_drafter(target, block_size=3, markov="gated")
+    save_drafter(drafter, tmp_path)
+    sd = load_file(tmp_path / "model.safetensors")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    edit(sd, cfg)
+    save_file(sd, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda sd, cfg: sd.pop("markov_head.gate_proj.weight"), "missing.*markov_head.gate_proj.weight"),
+    (lambda sd, cfg: sd.__setitem__("fc.weight", torch.zeros(32, 7)), "ill-shaped.*fc.weight"),
+    (lambda sd, cfg: cfg.__setitem__("vocab_size", 50), "vocab"),
+    (lambda sd, cfg: sd.__setitem__("lm_head.weight", torch.zeros(50, 32)), "mismatched vocabularies"),
+    (lambda sd, cfg: cfg.__setitem__("target_layer_ids", [0, 3]), "target_layer_ids"),
+    (lambda sd, cfg: cfg.__setitem__("target_layer_ids", [0, 2]), "final layer"),
+    (lambda sd, cfg: cfg.pop("block_size"), "block_size"),
+    (lambda sd, cfg: cfg.__setitem__("markov_head_type", "lstm"), "Markov head"),
+])
+def test_bad_draft_checkpoints(tmp_path, target, edit, match):
+    _corrupt(tmp_path, target, edit)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(ValueError, match=match):
+        load_drafter(tmp_path, target)
+    assert all(torch.equal(v, target.state_dict()[k]) for k, v in before.items())  # nothing written
+
+
+def test_bad_target_checkpoint(tmp_path, target):
+    save_target(target, tmp_path)
+    sd = load_file(tmp_path / "model.safetensors")
+    sd.pop("model.layers.1.self_attn.k_norm.weight")
+    save_file(sd, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="k_norm"):
+        load_target(tmp_path)
+    with pytest.raises(ValueError, match="config.json"):
+        load_target(tmp_path / "nowhere")
+
+
+def test_bad_generate_input(target):
+    drafter = tiny_drafter(target, block_size=4)
+    dec = SpeculativeDecoder(target, drafter, max_seq_len=40)
+    good = dec.generate(PROMPTS, 6).tokens
+    cache = target.cache
+    cases = [([], 4, None, "prompts is empty"), ([[1], []], 4, None, "prompt 1 is empty"),
+             ([[1, 48]], 4, None, "outside"), ([list(range(30))], 8, None, "max_seq_len=40"),
+             (PROMPTS, 0, None, "max_new_tokens"), (PROMPTS, 4, Scheduler("fastest"), "scheduler.mode"),
+             (PROMPTS, 4, Scheduler("exact"), "cost_table"), (PROMPTS, 4, Scheduler("threshold"), "thresholds")]
+    for prompts, max_new, sched, match in cases:
+        with pytest.raises(ValueError, match=match):
+            dec.generate(prompts, max_new, scheduler=sched)
+        assert target.cache is cache  # rejected before anything was allocated or written
+    assert dec.generate(PROMPTS, 6).tokens == good
+    no_conf = tiny_drafter(target, block_size=4, confidence=False)
+    with pytest.raises(ValueError, match="confidence head"):
+        SpeculativeDecoder(target, no_conf).generate(PROMPTS, 4, scheduler=Scheduler("argmax"))
+    other = tiny_target(seed=1, vocab=40)
+    with pytest.raises(ValueError, match="vocab"):
+        SpeculativeDecoder(other, drafter)

@@ -1,0 +1,305 @@
+"""The shared generator: known answers, stored vectors on every backend, distribution, arguments, registration."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import triton
+import triton.language as tl
+
+import dspark_kernels as dk
+from dspark_kernels import rng
+from dspark_kernels.triton import rng as trng
+from stats import passes
+
+VECTORS = json.load(open(os.path.join(os.path.dirname(__file__), "data", "rng_vectors.json")))["vectors"]
+
+# Random123 known-answer vectors of philox4x32-10: (counter, key, output).
+KNOWN_ANSWERS = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _signed(x: int) -> int:
+    return x - 2 ** 64 if x >= 2 ** 63 else x
+
+
+def _bits_of(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+def _triton_device():
+    """Where Triton kernels run here: a GPU, or the CPU under TRITON_INTERPRET=1; else skip."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "cpu"
+    pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+
+
+# ------------------------------------------------------------------------------------------ known answers
+@pytest.mark.parametrize("ctr,key,want", KNOWN_ANSWERS)
+def test_philox_known_answers_torch(ctr, key, want):
+    got = rng.philox4x32(*(torch.tensor(c) for c in ctr), *(torch.tensor(k) for k in key))
+    assert [int(w) for w in got] == list(want)
+
+
+@triton.jit
+def _kat_kernel(ctr_ptr, key_ptr, out_ptr):
+    i = tl.arange(0, 4)
+    c = tl.load(ctr_ptr + i).to(tl.uint32)
+    j = tl.arange(0, 2)
+    k = tl.load(key_ptr + j).to(tl.uint32)
+    one = tl.zeros([1], tl.uint32)
+    c0 = tl.sum(tl.where(i == 0, c, 0)) + one
+    c1 = tl.sum(tl.where(i == 1, c, 0)) + one
+    c2 = tl.sum(tl.where(i == 2, c, 0)) + one
+    c3 = tl.sum(tl.where(i == 3, c, 0)) + one
+    k0 = tl.sum(tl.where(j == 0, k, 0)) + one
+    k1 = tl.sum(tl.where(j == 1, k, 0)) + one
+    w0, w1, w2, w3 = trng.philox4x32_10(c0, c1, c2, c3, k0, k1)
+    o = tl.arange(0, 1)
+    tl.store(out_ptr + o, w0.to(tl.int64))
+    tl.store(out_ptr + 1 + o, w1.to(tl.int64))
+    tl.store(out_ptr + 2 + o, w2.to(tl.int64))
+    tl.store(out_ptr + 3 + o, w3.to(tl.int64))
+
+
+@pytest.mark.parametrize("ctr,key,want", KNOWN_ANSWERS)
+def test_philox_known_answers_triton(ctr, key, want):
+    dev = _triton_device()
+    out = torch.zeros(4, dtype=torch.int64, device=dev)
+    _kat_kernel[(1,)](torch.tensor(ctr, device=dev), torch.tensor(key, device=dev), out)
+    assert out.tolist() == list(want)
+
+
+# ------------------------------------------------------------------------------------------ stored vectors
+def _vector_tensors(device="cpu"):
+    cols = {f: torch.tensor([_signed(v[f]) for v in VECTORS], dtype=torch.int64, device=device)
+            for f in ("seed", "offset", "request", "position", "stream", "token")}
+    bits = torch.tensor([v["bits"] for v in VECTORS], dtype=torch.int64)
+    uniform = torch.tensor([float.fromhex(v["uniform"]) for v in VECTORS], dtype=torch.float32)
+    return cols, bits, uniform
+
+
+def test_vectors_reference():
+    for v in VECTORS:
+        key = rng.make_rng_key(v["seed"], v["offset"], "cpu")
+        cell = (v["request"], v["position"], v["stream"], v["token"])
+        assert int(rng.random_bits(key, *cell)) == v["bits"], v
+        u = rng.uniform(key, *cell)
+        assert u.dtype == torch.float32 and float(u) == float.fromhex(v["uniform"]), v
+
+
+@triton.jit
+def _cells_kernel(seed_ptr, offset_ptr, req_ptr, pos_ptr, stream_ptr, tok_ptr, bits_ptr, u_ptr, n,
+          BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    m = i < n
+    seed = tl.load(seed_ptr + i, mask=m, other=0)
+    offset = tl.load(offset_ptr + i, mask=m, other=0)
+    k0, k1, offset_lo = trng.make_key(seed, offset)
+    bits = trng.random_bits(k0, k1, offset_lo, tl.load(req_ptr + i, mask=m, other=0),
+                            tl.load(pos_ptr + i, mask=m, other=0), tl.load(stream_ptr + i, mask=m, other=0),
+                            tl.load(tok_ptr + i, mask=m, other=0))
+    tl.store(bits_ptr + i, bits.to(tl.int64), mask=m)
+    tl.store(u_ptr + i, trng.bits_to_uniform(bits), mask=m)
+
+
+
+def test_vectors_triton():
+    dev = _triton_device()
+    cols, bits, uniform = _vector_tensors(dev)
+    n = len(VECTORS)
+    got_bits = torch.zeros(n, dtype=torch.int64, device=dev)
+    got_u = torch.zeros(n, dtype=torch.float32, device=dev)
+    _cells_kernel[(1,)](cols["seed"], cols["offset"], cols["request"], cols["position"], cols["stream"], cols["token"],
+                got_bits, got_u, n, BLOCK=triton.next_power_of_2(n))
+    assert got_bits.cpu().tolist() == bits.tolist()
+    assert torch.equal(_bits_of(got_u.cpu()), _bits_of(uniform))
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"], ids=str)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_vectors_gpu_rng_uniform(backend):
+    """Every stored vector whose cell fits a modest [request+1, position+1, token+1] grid, through the op."""
+    checked = 0
+    for v in VECTORS:
+        shape = (v["request"] + 1, v["position"] + 1, v["token"] + 1)
+        if shape[0] * shape[1] * shape[2] > 2 ** 26:
+            continue
+        out = dk.rng_uniform(shape, v["seed"], v["offset"], v["stream"], device="cuda", backend=backend)
+        got = out[v["request"], v["position"], v["token"]].item()
+        assert got == float.fromhex(v["uniform"]), v
+        checked += 1
+    assert checked >= 10
+
+
+# ------------------------------------------------------------------------------------------ backends agree
+SHAPES = [(1, 1, 1), (3, 5, 17), (1, 7, 1000), (2, 16, 4), (5, 1, 3), (1, 2, 4099)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("seed,offset,stream", [(0, 0, 0), (1, 1, 1), (1234, 99, rng.STREAM_USER),
+                                                (2 ** 64 - 1, 2 ** 63 + 5, 255)])
+def test_triton_equals_reference(shape, seed, offset, stream):
+    dev = _triton_device()
+    ref = dk.rng_uniform(shape, seed, offset, stream, device=dev, backend="reference")
+    tri = dk.rng_uniform(shape, seed, offset, stream, device=dev, backend="triton")
+    assert torch.equal(_bits_of(ref), _bits_of(tri))
+
+
+def test_triton_equals_reference_large_vocab():
+    dev = _triton_device()
+    ref = dk.rng_uniform((1, 1, 32003), 77, 2 ** 35, 2, device=dev, backend="reference")
+    tri = dk.rng_uniform((1, 1, 32003), 77, 2 ** 35, 2, device=dev, backend="triton")
+    assert torch.equal(_bits_of(ref), _bits_of(tri))
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(2, 3, 32003), (64, 1, 3), (4, 9, 151936), (3, 2, 5)], ids=str)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_equals_reference_and_triton(shape):
+    for seed, offset, stream in [(0, 0, 0), (7, 2 ** 40 + 3, 1), (2 ** 64 - 1, 2 ** 64 - 1, 255)]:
+        ref = dk.rng_uniform(shape, seed, offset, stream, device="cuda", backend="reference")
+        tri = dk.rng_uniform(shape, seed, offset, stream, device="cuda", backend="triton")
+        cu = torch.full(shape, float("nan"), device="cuda")  # poisoned: every element must be written
+        dk.rng_uniform(cu, seed, offset, stream, backend="cuda")
+        assert torch.equal(_bits_of(ref), _bits_of(cu)) and torch.equal(_bits_of(ref), _bits_of(tri))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_unaligned_out_and_graph_replay():
+    # an out that is not 16-byte aligned takes the scalar-store path
+    buf = torch.empty(1 + 2 * 3 * 64, device="cuda")
+    out = buf[1:].view(2, 3, 64)
+    dk.rng_uniform(out, 5, 6, 0, backend="cuda")
+    assert torch.equal(_bits_of(out), _bits_of(dk.rng_uniform((2, 3, 64), 5, 6, 0, device="cuda",
+                                                              backend="reference")))
+    # a captured graph reads the key at replay time
+    out = torch.empty(2, 3, 100, device="cuda")
+    key = rng.make_rng_key(11, 0, "cuda")
+    from dspark_kernels import _ext
+
+    ops = _ext.load()
+    ops.rng_uniform_(out, key, 3)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ops.rng_uniform_(out, key, 3)
+    for offset in (1, 2 ** 33 + 1):
+        key.copy_(rng.make_rng_key(11, offset, "cuda"))
+        g.replay()
+        ref = dk.rng_uniform((2, 3, 100), 11, offset, 3, device="cuda", backend="reference")
+        assert torch.equal(_bits_of(out), _bits_of(ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_opcheck_cuda_op():
+    from dspark_kernels import _ext
+
+    _ext.load()
+    out = torch.empty(2, 3, 33, device="cuda")
+    key = rng.make_rng_key(3, 4, "cuda")
+    torch.library.opcheck(torch.ops.dspark_C.rng_uniform_.default, (out, key, 2))
+    torch.library.opcheck(torch.ops.dspark.rng_uniform_.default, (out, key, 2, "cuda"))
+
+
+# ------------------------------------------------------------------------------------------ distribution
+def test_uniform_range_moments_and_chi_square():
+    u = dk.rng_uniform((4, 8, 4096), seed=2024, offset=1, backend="reference").flatten().double()
+    assert (u > 0).all() and (u < 1).all()
+    n = u.numel()
+    assert abs(u.mean().item() - 0.5) < 5 * (1 / 12 / n) ** 0.5
+    assert abs(u.var().item() - 1 / 12) < 5 * (1 / 180 / n) ** 0.5  # sd of the sample variance ~ sqrt(1/180n)
+    bins = 256
+    observed = torch.bincount((u * bins).long().clamp_(max=bins - 1), minlength=bins).double()
+    assert passes(observed, torch.full((bins,), n / bins, dtype=torch.float64))
+    # the four words of a counter block and neighbouring positions/requests look independent: pairs
+    v = dk.rng_uniform((4, 8, 4096), seed=2024, offset=1, backend="reference")
+    for a, b in ((v[:, :, 0::4], v[:, :, 1::4]), (v[:, 0], v[:, 1]), (v[0], v[1])):
+        a, b = (a.flatten() * 16).long(), (b.flatten() * 16).long()
+        pairs = torch.bincount(a * 16 + b, minlength=256).double()
+        assert passes(pairs, torch.full((256,), a.numel() / 256, dtype=torch.float64))
+
+
+def test_extremes_never_zero_or_one():
+    bits = torch.tensor([0, 255, 256, 0xFFFFFFFF, 0xFFFFFF00], dtype=torch.int64)
+    u = ((bits >> 8) | 1).to(torch.float32) * 2.0 ** -24
+    assert (u > 0).all() and (u < 1).all()
+    assert u[0].item() == 2.0 ** -24 and u[3].item() == 1 - 2.0 ** -24
+
+
+# ------------------------------------------------------------------------------------------ arguments
+def test_seed_offset_int_or_tensor():
+    shape = (2, 3, 9)
+    for seed, offset in [(5, 6), (2 ** 64 - 1, 2 ** 63), (2 ** 33 + 1, 2 ** 40 + 7)]:
+        a = dk.rng_uniform(shape, seed, offset, backend="reference")
+        b = dk.rng_uniform(shape, torch.tensor([_signed(seed)]), torch.tensor(_signed(offset)), backend="reference")
+        assert torch.equal(_bits_of(a), _bits_of(b))
+    a = dk.rng_uniform(shape, 5, 6, backend="reference")
+    c = dk.rng_uniform(shape, torch.tensor(5, dtype=torch.int32), torch.tensor([6], dtype=torch.int32),
+                       backend="reference")
+    assert torch.equal(_bits_of(a), _bits_of(c))
+    # the same key gives the same values; another offset, seed or stream gives others
+    assert torch.equal(_bits_of(a), _bits_of(dk.rng_uniform(shape, 5, 6, backend="reference")))
+    for other in ((5, 7, 0), (6, 6, 0), (5, 6, 1)):
+        assert not torch.equal(a, dk.rng_uniform(shape, *other, backend="reference"))
+
+
+def test_out_is_filled_in_place():
+    out = torch.full((2, 2, 5), -1.0)
+    ret = dk.rng_uniform(out, 1, 2, backend="reference")
+    assert ret is out and (out > 0).all()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: dk.rng_uniform(torch.zeros(2, 3, 4, dtype=torch.float64)), "out"),
+    (lambda: dk.rng_uniform(torch.zeros(2, 3)), "out"),
+    (lambda: dk.rng_uniform(torch.zeros(4, 3, 2).transpose(0, 2)), "out"),
+    (lambda: dk.rng_uniform((2, 3)), "shape_or_out"),
+    (lambda: dk.rng_uniform((2, -1, 3)), "shape_or_out"),
+    (lambda: dk.rng_uniform((1, 1, 1), stream=256), "stream"),
+    (lambda: dk.rng_uniform((1, 1, 1), stream=-1), "stream"),
+    (lambda: dk.rng_uniform((1, 1, 1), seed=1.5), "seed"),
+    (lambda: dk.rng_uniform((1, 1, 1), offset=2 ** 64), "offset"),
+    (lambda: dk.rng_uniform((1, 1, 1), seed=torch.tensor([1, 2])), "seed"),
+    (lambda: dk.rng_uniform((1, 1, 1), offset=torch.tensor([1.0])), "offset"),
+    (lambda: dk.rng_uniform((1, 1, 1), backend="bogus"), "backend"),
+    (lambda: dk.rng_uniform((1, 1, 1), backend="cuda"), "cuda"),
+])
+def test_bad_input_names_the_argument(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+def test_empty_shapes():
+    for shape in [(0, 3, 4), (2, 0, 4), (2, 3, 0)]:
+        assert dk.rng_uniform(shape, backend="reference").shape == shape
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_opcheck_registered_op(backend):
+    dev = _triton_device() if backend == "triton" else "cpu"
+    out = torch.empty(2, 3, 7, device=dev)
+    key = rng.make_rng_key(3, 4, dev)
+    torch.library.opcheck(torch.ops.dspark.rng_uniform_.default, (out, key, 2, backend))
+
+
+def test_ext_is_available_is_a_bool_and_cached():
+    from dspark_kernels import _ext
+
+    if not torch.cuda.is_available() and os.environ.get("DSPARK_TEST_JIT") != "1":
+        pytest.skip("set DSPARK_TEST_JIT=1 to try the JIT build without a GPU (minutes)")
+    first = _ext.is_available()
+    assert isinstance(first, bool) and _ext.is_available() is first

@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""Compile every CUDA translation unit for sm_80 and sm_90a with ``-Xptxas -v``; fail on errors or spills.
+
+Usage: ``python tools/check_cuda.py [-j JOBS] [--keep DIR] [files...]`` (default: csrc/torch/*.cu, csrc/torch/*.cpp,
+csrc/capi/*.cu). The torch translation units get the same include folders and flags as the extension build
+(dspark_kernels/_ext.py); csrc/capi/*.cu gets only csrc/include. Prints a per-kernel resource table (registers,
+stack frame, spill bytes) and exits 1 if any compile fails or any kernel spills (non-zero "bytes spill" line).
+Needs no GPU. CUDA_HOME is resolved like the extension does (CUDA_HOME / CUDA_PATH, nvcc on PATH, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARCH_FLAGS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a"]
+
+
+def _load_ext():
+    """dspark_kernels/_ext.py by path (not the whole package: only its flag and path helpers are needed)."""
+    spec = importlib.util.spec_from_file_location("_dspark_ext", os.path.join(ROOT, "dspark_kernels", "_ext.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _torch_flags(ext, home):
+    import torch
+
+    cpp_extension = ext._import_cpp_extension(home)  # torch's include folders, with CUDA_HOME set first
+
+    incs = cpp_extension.include_paths() + [os.path.join(home, "include"), sysconfig.get_paths()["include"]]
+    defines = [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", "-DTORCH_EXTENSION_NAME=dspark_C",
+               "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    common = list(getattr(cpp_extension, "COMMON_NVCC_FLAGS", []))
+    return ["-std=c++20"] + [f"-I{p}" for p in ext.include_dirs() + incs] + defines + common
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="*")
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--keep", help="write objects and full ptxas logs here (default: a temporary folder, removed "
+                                   "when everything passes)")
+    args = ap.parse_args()
+
+    ext = _load_ext()
+    home = ext.cuda_home()
+    nvcc = os.path.join(home or "", "bin", "nvcc")
+    if not home or not os.path.isfile(nvcc):
+        print(f"check_cuda: no CUDA toolkit (CUDA_HOME={home!r}); set CUDA_HOME to the folder holding bin/nvcc",
+              file=sys.stderr)
+        return 2
+    files = args.files or (sorted(glob.glob(os.path.join(ROOT, "csrc/torch/*.cu")))
+                           + sorted(glob.glob(os.path.join(ROOT, "csrc/torch/*.cpp")))
+                           + sorted(glob.glob(os.path.join(ROOT, "csrc/capi/*.cu"))))
+    torch_flags = None
+    outdir = args.keep or tempfile.mkdtemp(prefix="dspark_check_cuda_")
+    os.makedirs(outdir, exist_ok=True)
+
+    base = ["-O3", "-lineinfo", "-Xcompiler", "-fPIC", "-Xptxas", "-v"] + ARCH_FLAGS
+    jobs = []
+    for f in files:
+        rel = os.path.relpath(f, ROOT)
+        if "/capi/" in f.replace(os.sep, "/"):
+            flags = ["-std=c++17", f"-I{os.path.join(ROOT, 'csrc', 'include')}"]
+        else:
+            if torch_flags is None:
+                torch_flags = _torch_flags(ext, home)
+            flags = torch_flags
+        obj = os.path.join(outdir, rel.replace(os.sep, "_") + ".o")
+        jobs.append((rel, [nvcc, "-c", f, "-o", obj] + base + flags))
+
+    def run(job):
+        rel, cmd = job
+        t0 = time.time()
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        with open(os.path.join(outdir, rel.replace(os.sep, "_") + ".log"), "w") as fh:
+            fh.write(" ".join(cmd) + "\n" + p.stdout + p.stderr)
+        return rel, p.returncode, p.stdout + p.stderr, time.time() - t0
+
+    t_all = time.time()
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(run, jobs))
+
+    failed, spills, rows = [], [], []
+    for rel, rc, log, dt in results:
+        print(f"check_cuda: {rel}: {'ok' if rc == 0 else 'FAILED'} in {dt:.0f} s")
+        if rc != 0:
+            failed.append(rel)
+            print(log, file=sys.stderr)
+            continue
+        func, arch = "?", "?"
+        for line in log.splitlines():
+            m = re.search(r"Compiling entry function '([^']+)' for '(sm_\w+)'", line)
+            if m:
+                func, arch = m.group(1), m.group(2)
+                continue
+            m = re.search(r"Function properties for (\S+)", line)
+            if m:
+                func = m.group(1)
+                continue
+            m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+            if m:
+                stack, st, ld = (int(x) for x in m.groups())
+                if st or ld:
+                    spills.append(f"{rel} {arch} {func}: {st} bytes spill stores, {ld} bytes spill loads")
+                rows.append([rel, arch, func, None, stack, st + ld])
+                continue
+            m = re.search(r"Used (\d+) registers", line)
+            if m and rows and rows[-1][3] is None:
+                rows[-1][3] = int(m.group(1))
+    if rows:
+        print(f"{'unit':28} {'arch':6} {'regs':>4} {'stack':>5} {'spill':>5}  kernel")
+        for rel, arch, func, regs, stack, spill in rows:
+            print(f"{rel:28} {arch:6} {regs if regs is not None else '?':>4} {stack:>5} {spill:>5}  {func[:80]}")
+    bad = bool(failed or spills)
+    if args.keep or bad:
+        print(f"check_cuda: {len(results)} units in {time.time() - t_all:.0f} s (logs in {outdir})")
+    else:
+        shutil.rmtree(outdir, ignore_errors=True)
+        print(f"check_cuda: {len(results)} units in {time.time() - t_all:.0f} s, all ok")
+    for s in spills:
+        print(f"check_cuda: SPILL: {s}", file=sys.stderr)
+    if failed:
+        print(f"check_cuda: compile errors in {', '.join(failed)}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
