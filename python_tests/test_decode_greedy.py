@@ -146,3 +146,31 @@ def test_bfloat16_runs(target):
     res = SpeculativeDecoder(t16, drafter).generate(PROMPTS5, 6, temperature=0.9,
                                                     scheduler=scheduler("argmax", 4))
     assert [len(t) for t in res.tokens] == [6] * 5 and all(0 <= x < 48 for t in res.tokens for x in t)
+
+
+def test_drafter_context_equals_a_fresh_prefill(target, reference):
+    """After generation, the drafter's context K/V at positions 0..S-2 (written from the scan's hidden_rows and
+    kv_slots) equal those of a fresh target prefill of the committed sequence. Losslessness cannot see a wrong
+    context (it only lowers acceptance), so this checks it directly."""
+    k = 4
+    drafter = oracle_drafter(target, block_size=k, markov="gated")
+    drafter.set_reference([p + r for p, r in zip(PROMPTS5, reference)])
+    dec = SpeculativeDecoder(target, drafter, kv_block_size=4, kv_shuffle_seed=3)
+    res = dec.generate(PROMPTS5, MAX_NEW, scheduler=scheduler("exact", k))
+    got_k, table = drafter.cache.k.clone(), drafter.cache.block_table
+    seqs = [p + t for p, t in zip(PROMPTS5, res.tokens)]
+    fresh = tiny_target(seed=0)
+    fresh.hidden_layer_ids = list(drafter.config.target_layer_ids)
+    cache = fresh.alloc_cache(len(seqs), table.shape[1] * 4, block_size=4)
+    cache.block_table.copy_(table)
+    lens = [len(s) - 1 for s in seqs]           # the context holds positions 0..S-2
+    toks = torch.tensor([t for s in seqs for t in s[:-1]])
+    pos = torch.tensor([i for n in lens for i in range(n)])
+    req = torch.tensor([r for r, n in enumerate(lens) for _ in range(n)])
+    cu = torch.tensor([0] + lens).cumsum(0).int()
+    with torch.no_grad():
+        out = fresh(toks, pos, cu, max(lens), max(lens), logit_rows=torch.empty(0, dtype=torch.long))
+        drafter.write_context(out.hidden, pos, cache.slots(req, pos))
+    slots = cache.slots(req, pos)
+    torch.testing.assert_close(got_k[:, slots], drafter.cache.k[:, slots], rtol=1e-5, atol=1e-5)
+    assert res.stats.acceptance_length > 1.5

@@ -224,15 +224,21 @@ class SpeculativeDecoder:
                                 seed=self.seed, offset=2 * steps + 1, stop_token_ids=stops, method=self.method,
                                 backend=bk)
             clock.mark("verify")
-            # drafter context: every verify row at its position (rows past the accepted prefix are stale and get
-            # overwritten by the next verify before they are ever inside a context)
-            dft.write_context(out.hidden, pos, cache.slots(req, pos))
-            clock.mark("draft")
-            # 6: commit. The paged KV needs no copy: positions past new_seq_lens - 1 are simply not read and get
-            # overwritten. Finished requests emit nothing (their length limit is their current length).
+            # 6: commit. The target's paged KV needs no copy: positions past new_seq_lens - 1 are simply not read and
+            # get overwritten. Finished requests emit nothing (their length limit is their current length).
             s = dk.accept_prefix_scan(v.tokens, seq_lens, num_accepted=v.num_accepted, verify_cu_seqlens=cu,
+                                      block_table=cache.block_table, block_size=cache.block_size,
                                       max_seq_lens=torch.where(finished, seq_lens, max_lens), stop_token_ids=stops,
                                       backend=bk)
+            clock.mark("bookkeeping")
+            # The drafter context gains the hidden states of the committed rows [anchor, d_1..d_n] at their KV slots
+            # (the scan's hidden_rows / kv_slots, -1 padded past cu_out[N]). A padding entry i rewrites verify row i
+            # at its own slot: a committed row (the same value again) or a stale one past the committed length.
+            kept = s.hidden_rows[:num_rows].long()
+            src = torch.where(kept >= 0, kept, rows)
+            dft.write_context(out.hidden[src], pos[src], torch.where(kept >= 0, s.kv_slots[:num_rows],
+                                                                     cache.slots(req, pos)))
+            clock.mark("draft")
             e = (s.cu_out[1:] - s.cu_out[:-1]).long()
             dest = torch.arange(n, device=dev).view(n, 1) * width + gen_len.view(n, 1) + cols
             dest = torch.where(cols < e.view(n, 1), dest, n * width)
