@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import transformers
 
 import dspark_kernels as dk
 from dspark_kernels.decode import decoder as decoder_mod
@@ -81,7 +82,6 @@ def test_stop_tokens_and_length_limits(target, reference, k):
 
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
 def test_equals_transformers_generate(model_type):
-    transformers = pytest.importorskip("transformers")
     target = tiny_target(seed=3, model_type=model_type)
     cfg_cls = transformers.Qwen3Config if model_type == "qwen3" else transformers.LlamaConfig
     lm_cls = transformers.Qwen3ForCausalLM if model_type == "qwen3" else transformers.LlamaForCausalLM

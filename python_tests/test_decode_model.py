@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import transformers
 
 from dspark_kernels.decode.checkpoint import load_target, save_target
 from dspark_kernels.decode.decoder import SpeculativeDecoder
@@ -19,7 +20,6 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-transformers = pytest.importorskip("transformers")
 
 
 def hf_twin(target):

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+import tokenizers
 
 import dspark_kernels as dk
 from dspark_kernels.decode import SpeculativeDecoder, calibrate, profile_cost_table, save_drafter, save_target
@@ -45,7 +46,6 @@ def test_calibration_run(tmp_path):
 
 @pytest.fixture
 def folders(tmp_path):
-    tokenizers = pytest.importorskip("tokenizers")
     target = tiny_target(seed=0)
     drafter = tiny_drafter(target, block_size=4)
     save_target(target, tmp_path / "target")
