@@ -15,6 +15,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from dspark_kernels.triton.draft_block import _draft_block_kernel
 from dspark_kernels.triton.rng_uniform import _rng_uniform_kernel
 from dspark_kernels.triton.verify_chain import _verify_chain_kernel
 
@@ -33,6 +34,16 @@ KERNELS = {
              HAS_THRESHOLDS="constexpr", BLOCK_METHOD="constexpr", BLOCK_V="constexpr", BLOCK_K="constexpr"),
         dict(PACKED=[False, True], HAS_DRAFT_LOGITS=[False, True], HAS_VERIFY_LENS=[True], HAS_THRESHOLDS=[True],
              BLOCK_METHOD=[False, True], BLOCK_V=[1024], BLOCK_K=[8]),
+    ),
+    _draft_block_kernel: (
+        dict(base_ptr="*bf16", anchor_ptr="*i64", w1_ptr="*bf16", w2_ptr="*bf16", wg_ptr="*bf16", bg_ptr="*bf16",
+             wj_ptr="*bf16", bj_ptr="*bf16", hidden_ptr="*bf16", cw_ptr="*fp32", cb_ptr="*fp32", sts_ptr="*fp32",
+             temp_ptr="*fp32", rng_key_ptr="*i64", scratch_ptr="*fp32", tokens_ptr="*i64", logits_ptr="*fp32",
+             conf_ptr="*fp32", surv_ptr="*fp32", K="i32", V="i32", R="i32", D="i32",
+             HEAD="constexpr", HAS_CONF="constexpr", HAS_STS="constexpr", RETURN_LOGITS="constexpr",
+             BLOCK_V="constexpr", BLOCK_R="constexpr", BLOCK_C="constexpr"),
+        dict(HEAD=[0, 1, 2], HAS_CONF=[True], HAS_STS=[True], RETURN_LOGITS=[False, True], BLOCK_V=[128],
+             BLOCK_R=[64], BLOCK_C=[128]),
     ),
 }
 ARCHS = (80, 90)

@@ -62,8 +62,11 @@ def _draft_block_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     args = (base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
             sts_temperatures, temperature, rng_key, return_logits)
-    if backend != "reference":
-        raise NotImplementedError(f"draft_block has no {backend} backend yet; use backend='reference'")
+    if backend == "triton":
+        from ..triton.draft_block import draft_block as triton_draft_block
+        return triton_draft_block(*args)
+    if backend == "cuda":
+        raise NotImplementedError("draft_block has no cuda backend yet; use backend='triton' or 'reference'")
     return reference.draft_block(*args)
 
 
