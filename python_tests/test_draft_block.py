@@ -190,3 +190,145 @@ def test_opcheck(kind):
             torch.tensor(0.3), conf.sts_temperatures, torch.tensor([0.0, 1.0]), torch.tensor([1, 2]), True,
             "reference")
     torch.library.opcheck(torch.ops.dspark.draft_block.default, args)
+
+
+# ---------------------------------------------------------------- Triton twin (interpreter on the CPU)
+def make_triton_case(kind, n, k, vocab, rank, d, dtype, temps, conf, seed=0):
+    """Weights at the scale of a trained head (std 1/sqrt(fan_in)), in ``dtype``; out-of-range anchors at both ends.
+
+    temps: "greedy" | "sampled" | "mixed" (per request, with a negative and a NaN entry, which count as greedy).
+    conf: "none" | "conf" (no STS temperatures) | "sts".
+    """
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).to(dtype)  # noqa: E731
+    head = dk.MarkovHead(kind, r(vocab, rank), r(vocab, rank, scale=rank ** -0.5 * 2))
+    if kind == "gated":
+        head.wg, head.bg = r(rank, d + rank, scale=(d + rank) ** -0.5), r(rank)
+    if kind == "rnn":
+        head.wj, head.bj = r(3 * rank, 2 * rank + d, scale=(2 * rank + d) ** -0.5), r(3 * rank)
+    confidence = None
+    if conf != "none":
+        sts = (torch.rand(k, generator=g) + 0.5).to(dtype) if conf == "sts" else None
+        confidence = dk.ConfidenceHead(r(1, d + rank, scale=(d + rank) ** -0.5), r(1), sts)
+    anchors = torch.randint(0, vocab, (n,), generator=g)
+    anchors[0] = -3
+    if n > 1:
+        anchors[-1] = vocab + 2
+    temperature = {"greedy": 0.0, "sampled": 1.0,
+                   "mixed": torch.tensor([0.0, 1.0, 0.6, -1.0, 1.3, float("nan"), 0.0, 2.0] * n)[:n]}[temps]
+    if temps == "sampled" and n > 1:
+        temperature = torch.linspace(0.5, 1.5, n)
+    return r(n, k, vocab, scale=2.0), anchors, head, r(n, k, d), confidence, temperature
+
+
+def plain_torch_logits(base, anchors, head, hidden, tokens):
+    """The corrected logits in the inputs' own dtype (plain PyTorch, teacher-forced on ``tokens``): the yardstick
+    of flash-attention's tolerance rule for low-precision inputs."""
+    n, k_len, vocab = base.shape
+    prev, state, out = anchors, None, []
+    for k in range(k_len):
+        valid = (prev >= 0) & (prev < vocab)
+        e = head.w1[torch.where(valid, prev, 0)] * valid.unsqueeze(-1).to(base.dtype)
+        if head.kind == "vanilla":
+            v = e
+        elif head.kind == "gated":
+            v = torch.sigmoid(torch.cat([hidden[:, k], e], -1) @ head.wg.T + head.bg) * e
+        else:
+            state = torch.zeros_like(e) if state is None else state
+            gate, cand, o = (torch.cat([state, e, hidden[:, k]], -1) @ head.wj.T + head.bj).chunk(3, -1)
+            state = torch.sigmoid(gate) * state + (1 - torch.sigmoid(gate)) * torch.tanh(cand)
+            v = torch.tanh(o)
+        out.append(base[:, k] + v @ head.w2.T)
+        prev = tokens[:, k]
+    return torch.stack(out, 1)
+
+
+def run_both(triton_device, base, anchors, head, hidden, confidence, temperature, return_logits, seed=7, offset=3):
+    kw = dict(hidden=hidden if (head.kind != "vanilla" or confidence is not None) else None, confidence=confidence,
+              temperature=temperature, seed=seed, offset=offset, return_logits=return_logits)
+    ref = dk.draft_block(base, anchors, head, backend="reference", **kw)
+    move = lambda x: x.to(triton_device) if isinstance(x, torch.Tensor) else x  # noqa: E731
+    dev_head = dk.MarkovHead(head.kind, *(move(w) for w in (head.w1, head.w2, head.wg, head.bg, head.wj, head.bj)))
+    dev_conf = None if confidence is None else dk.ConfidenceHead(
+        *(move(x) for x in (confidence.weight, confidence.bias, confidence.sts_temperatures)))
+    out = dk.draft_block(move(base), move(anchors), dev_head, backend="triton",
+                         **{**kw, "hidden": move(kw["hidden"]), "confidence": dev_conf,
+                            "temperature": move(temperature)})
+    return ref, type(out)(*(None if t is None else t.cpu() for t in out))
+
+
+def assert_matches(ref, out, base, anchors, head, hidden):
+    assert out.tokens.dtype == torch.int64 and torch.equal(out.tokens, ref.tokens)
+    for name in ("logits", "conf_logits", "survival"):
+        a, b = getattr(out, name), getattr(ref, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == torch.float32 and a.shape == b.shape, name
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, equal_nan=True, msg=name)
+    if ref.logits is not None and base.dtype != torch.float32:
+        # flash-attention's rule against the fp32 computation: at most 2x plain PyTorch's error in the input dtype
+        plain = plain_torch_logits(base, anchors, head, hidden, ref.tokens).float()
+        assert (out.logits - ref.logits).abs().max() <= 2 * (plain - ref.logits).abs().max()
+
+
+TRITON_CASES = [  # head, N, K, V, r, d, dtype, temperatures, confidence, return_logits
+    ("vanilla", 1, 1, 1, 3, 5, torch.float32, "greedy", "none", True),
+    ("gated", 3, 5, 17, 5, 6, torch.bfloat16, "mixed", "sts", True),
+    ("rnn", 3, 7, 1000, 70, 37, torch.float16, "sampled", "conf", False),
+    ("rnn", 3, 16, 17, 7, 9, torch.float32, "mixed", "sts", True),
+    ("vanilla", 3, 16, 17, 100, 5, torch.float32, "greedy", "conf", True),
+    ("gated", 64, 1, 17, 12, 9, torch.float32, "mixed", "sts", True),
+    ("vanilla", 64, 2, 23, 6, 3, torch.float16, "mixed", "none", False),
+    ("vanilla", 2, 5, 1000, 257, 4, torch.bfloat16, "mixed", "sts", True),
+    ("gated", 1, 3, 32003, 19, 4100, torch.bfloat16, "sampled", "none", True),
+    ("vanilla", 2, 2, 32000, 67, 11, torch.float32, "mixed", "conf", False),
+    ("rnn", 1, 5, 300, 33, 50, torch.bfloat16, "greedy", "none", True),
+]
+
+
+@pytest.mark.parametrize("kind,n,k,vocab,rank,d,dtype,temps,conf,with_logits", TRITON_CASES)
+def test_triton_matches_reference(triton_device, kind, n, k, vocab, rank, d, dtype, temps, conf, with_logits):
+    case = make_triton_case(kind, n, k, vocab, rank, d, dtype, temps, conf, seed=n * 1000 + k * 10 + vocab)
+    base, anchors, head, hidden, confidence, temperature = case
+    ref, out = run_both(triton_device, *case, with_logits)
+    assert_matches(ref, out, base, anchors, head, hidden)
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_triton_gpu_tiles_match_reference(triton_device, kind, monkeypatch):
+    """The GPU's register-sized tiles (several V, r and d blocks per position) on the interpreter too."""
+    from dspark_kernels.triton import draft_block as triton_draft_block
+    monkeypatch.setattr(triton_draft_block, "_TILE_INTERPRET", triton_draft_block._TILE)
+    case = make_triton_case(kind, 2, 3, 300, 70, 150, torch.float32, "mixed", "sts", seed=5)
+    ref, out = run_both(triton_device, *case, True)
+    assert_matches(ref, out, *case[:4])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN inputs, on purpose
+def test_triton_nan_and_inf_logits(triton_device):
+    """NaN counts as -inf and +-inf as the largest finite values (the reference's nan_to_num), in range always."""
+    base, anchors, head, hidden, confidence, _ = make_triton_case("vanilla", 4, 4, 9, 3, 2, torch.float32,
+                                                                  "greedy", "none")
+    base[0] = float("nan")                                   # all NaN
+    base[1, :, ::2] = float("nan")                           # NaN mixed with -inf and finite values
+    base[1, :, 1] = float("-inf")
+    base[2, :, 3] = float("inf")                             # +inf ties with +inf
+    base[2, :, 6] = float("inf")
+    base[3] = float("-inf")                                  # all -inf
+    for temperature in (0.0, 1.0, torch.tensor([1.0, 0.0, 0.5, 2.0])):
+        ref, out = run_both(triton_device, base, anchors, head, None, None, temperature, True)
+        assert ((out.tokens >= 0) & (out.tokens < 9)).all()
+        assert torch.equal(out.tokens, ref.tokens)
+        torch.testing.assert_close(out.logits, ref.logits, equal_nan=True)
+
+
+def test_triton_opcheck_and_distinct_outputs(triton_device):
+    base, anchors, head, hidden, confidence, _ = make_triton_case("rnn", 2, 3, 9, 4, 5, torch.float32,
+                                                                  "greedy", "none")
+    dev = lambda x: x.to(triton_device)  # noqa: E731
+    args = (dev(base), dev(anchors), "rnn", dev(head.w1), dev(head.w2), None, None, dev(head.wj), dev(head.bj),
+            dev(hidden), None, None, None, dev(torch.tensor([0.0, 1.0])), dev(torch.tensor([1, 2])), False, "triton")
+    tokens, logits, conf, survival = torch.ops.dspark.draft_block.default(*args)
+    assert tokens.shape == (2, 3) and logits.shape == conf.shape == survival.shape == (0,)
+    assert len({id(t) for t in (tokens, logits, conf, survival)}) == 4
+    torch.library.opcheck(torch.ops.dspark.draft_block.default, args)

@@ -1,0 +1,238 @@
+"""Triton draft_block: one program per request walks its K block positions; every vocabulary pass is a BLOCK_V loop.
+
+Same meaning and randomness as ``dspark_kernels.reference.draft_block`` (read that first). Per request and position
+k, with ``x`` the token before the position (the anchor, then the previous draft):
+
+1. the Markov embedding ``e = W1[x]`` (a zero row for ``x`` outside [0, V)) and the head's vector ``v``: vanilla reads
+   ``e`` straight from ``W1`` inside the vocabulary loop; gated and rnn compute ``v`` once per position with
+   BLOCK_R x BLOCK_C matrix-vector tiles and park it in a small per-request float32 scratch row (the rnn state
+   lives there too, ping-ponged between two rows so a row block never overwrites state another row block still
+   reads); ``tl.debug_barrier`` orders those writes against the reads of the whole program;
+2. the confidence logit ``z = w . [h_k; e] + b`` and the running survival product ``prod sigmoid(z / T_sts)``;
+3. one pass over the vocabulary in BLOCK_V chunks: ``logits = U_k + W2 @ v`` (a BLOCK_V x BLOCK_R tile of ``W2``
+   per r block), written when asked for, and the running argmax of either the logits (greedy) or the Gumbel-max
+   score ``logits / T - log(-log(u))`` with ``u = uniform(request, k, STREAM_DRAFT, token)`` (T > 0). Scores go
+   through ``torch.nan_to_num(nan=-inf)``'s mapping (NaN -> -inf, +-inf -> +-FLT_MAX) and ties go to the lowest
+   index, so the token equals the reference's ``argmax`` whenever the float32 values agree.
+
+Everything is float32 whatever the input dtypes; offsets are 64-bit (N*K*V and V*r may pass 2**31).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .rng import STREAM_DRAFT, load_key, uniform
+
+NEG_INF = tl.constexpr(float("-inf"))
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+HEAD_VANILLA = tl.constexpr(0)
+HEAD_GATED = tl.constexpr(1)
+HEAD_RNN = tl.constexpr(2)
+_HEAD_IDS = {"vanilla": 0, "gated": 1, "rnn": 2}
+
+_TILE = 8192      # elements of one BLOCK_V x BLOCK_R (or BLOCK_R x BLOCK_C) tile on a GPU (registers)
+_TILE_INTERPRET = 1 << 17   # on CPU tensors (TRITON_INTERPRET=1) a block costs per op, not per element
+_MAX_BLOCK_R = 64
+_NUM_WARPS = 8
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from one exp (no tanh in tl core): sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}); NaN stays NaN."""
+    t = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit
+def _argmax_key(x):
+    """torch.nan_to_num(x, nan=-inf): NaN -> -inf, +inf -> FLT_MAX, -inf -> -FLT_MAX (the reference's argmax)."""
+    return tl.where(x != x, NEG_INF, tl.minimum(tl.maximum(x, -FLT_MAX), FLT_MAX))
+
+
+@triton.jit
+def _load_he(h_row, e_row, e_ok, cols, D, R):
+    """Columns ``cols`` of ``[h_k; e]`` (length D + R) in float32, 0 past the end."""
+    h = tl.load(h_row + cols, mask=cols < D, other=0.0).to(tl.float32)
+    e = tl.load(e_row + (cols - D), mask=(cols >= D) & (cols < D + R) & e_ok, other=0.0).to(tl.float32)
+    return h + e
+
+
+@triton.jit
+def _draft_block_kernel(
+    base_ptr, anchor_ptr, w1_ptr, w2_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr, hidden_ptr, cw_ptr, cb_ptr, sts_ptr,
+    temp_ptr, rng_key_ptr, scratch_ptr, tokens_ptr, logits_ptr, conf_ptr, surv_ptr,
+    K, V, R, D,
+    HEAD: tl.constexpr, HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr, RETURN_LOGITS: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    n = tl.program_id(0).to(tl.int64)
+    k0, k1, offset_lo = load_key(rng_key_ptr)
+    temp = tl.load(temp_ptr + n).to(tl.float32)
+    sampled = temp > 0
+    t = tl.where(sampled, temp, 1.0)
+    prev = tl.load(anchor_ptr + n).to(tl.int64)
+    surv = tl.full([], 1.0, tl.float32)
+    v_row = scratch_ptr + n * 3 * R          # v, then the rnn state in two ping-pong rows
+    rs_ar = tl.arange(0, BLOCK_R).to(tl.int64)
+    cs_ar = tl.arange(0, BLOCK_C).to(tl.int64)
+    vs_ar = tl.arange(0, BLOCK_V).to(tl.int64)
+
+    for k in range(0, K):
+        row = n * K + k                     # int64
+        e_ok = (prev >= 0) & (prev < V)
+        e_row = w1_ptr + tl.where(e_ok, prev, 0) * R
+        h_row = hidden_ptr + row * D
+
+        # ---- the head's vector v (gated / rnn) into the scratch row
+        if HEAD == HEAD_GATED:
+            tl.debug_barrier()              # the previous position's vocabulary pass has read v
+            for rs in range(0, R, BLOCK_R):
+                rows = rs + rs_ar
+                rmask = rows < R
+                acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+                for cs in range(0, D + R, BLOCK_C):
+                    cols = cs + cs_ar
+                    z = _load_he(h_row, e_row, e_ok, cols, D, R)
+                    w = tl.load(wg_ptr + rows[:, None] * (D + R) + cols[None, :],
+                                mask=rmask[:, None] & (cols[None, :] < D + R), other=0.0).to(tl.float32)
+                    acc += w * z[None, :]
+                gate = tl.sigmoid(tl.sum(acc, axis=1) + tl.load(bg_ptr + rows, mask=rmask, other=0.0).to(tl.float32))
+                e = tl.load(e_row + rows, mask=rmask & e_ok, other=0.0).to(tl.float32)
+                tl.store(v_row + rows, gate * e, mask=rmask)
+            tl.debug_barrier()              # v is complete before the vocabulary pass reads it
+        elif HEAD == HEAD_RNN:
+            s_old = v_row + R * (1 + k % 2)
+            s_new = v_row + R * (2 - k % 2)
+            tl.debug_barrier()
+            for rs in range(0, R, BLOCK_R):
+                rows = rs + rs_ar
+                rmask = rows < R
+                acc_g = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+                acc_c = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+                acc_o = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+                for cs in range(0, 2 * R + D, BLOCK_C):
+                    cols = cs + cs_ar                                  # z = [s; e; h_k]
+                    z = tl.load(s_old + cols, mask=cols < R, other=0.0)
+                    z += tl.load(e_row + (cols - R), mask=(cols >= R) & (cols < 2 * R) & e_ok,
+                                 other=0.0).to(tl.float32)
+                    z += tl.load(h_row + (cols - 2 * R), mask=(cols >= 2 * R) & (cols < 2 * R + D),
+                                 other=0.0).to(tl.float32)
+                    wmask = rmask[:, None] & (cols[None, :] < 2 * R + D)
+                    w_g = wj_ptr + rows[:, None] * (2 * R + D) + cols[None, :]     # rows r..2r: c, 2r..3r: o
+                    w_c = wj_ptr + (rows + R)[:, None] * (2 * R + D) + cols[None, :]
+                    w_o = wj_ptr + (rows + 2 * R)[:, None] * (2 * R + D) + cols[None, :]
+                    acc_g += tl.load(w_g, mask=wmask, other=0.0).to(tl.float32) * z[None, :]
+                    acc_c += tl.load(w_c, mask=wmask, other=0.0).to(tl.float32) * z[None, :]
+                    acc_o += tl.load(w_o, mask=wmask, other=0.0).to(tl.float32) * z[None, :]
+                gate = tl.sum(acc_g, axis=1) + tl.load(bj_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+                cand = tl.sum(acc_c, axis=1) + tl.load(bj_ptr + R + rows, mask=rmask, other=0.0).to(tl.float32)
+                out = tl.sum(acc_o, axis=1) + tl.load(bj_ptr + 2 * R + rows, mask=rmask, other=0.0).to(tl.float32)
+                sg = tl.sigmoid(gate)
+                s = sg * tl.load(s_old + rows, mask=rmask, other=0.0) + (1 - sg) * _tanh(cand)
+                tl.store(s_new + rows, s, mask=rmask)
+                tl.store(v_row + rows, _tanh(out), mask=rmask)
+            tl.debug_barrier()
+
+        # ---- confidence logit and survival
+        if HAS_CONF:
+            cacc = tl.zeros([BLOCK_C], tl.float32)
+            for cs in range(0, D + R, BLOCK_C):
+                cols = cs + cs_ar
+                w = tl.load(cw_ptr + cols, mask=cols < D + R, other=0.0).to(tl.float32)
+                cacc += w * _load_he(h_row, e_row, e_ok, cols, D, R)
+            z_k = tl.sum(cacc, axis=0) + tl.load(cb_ptr).to(tl.float32)
+            if HAS_STS:
+                z_t = z_k / tl.load(sts_ptr + k).to(tl.float32)
+            else:
+                z_t = z_k
+            surv = surv * tl.sigmoid(z_t)
+            tl.store(conf_ptr + row, z_k)
+            tl.store(surv_ptr + row, surv)
+
+        # ---- one pass over the vocabulary: logits, and the greedy or Gumbel-max argmax
+        best = tl.full([BLOCK_V], NEG_INF, tl.float32)
+        best_i = vs_ar
+        u_row = base_ptr + row * V
+        for vs in range(0, V, BLOCK_V):
+            cols = vs + vs_ar
+            vmask = cols < V
+            acc = tl.zeros([BLOCK_V, BLOCK_R], tl.float32)
+            for rs in range(0, R, BLOCK_R):
+                rr = rs + rs_ar
+                rmask = rr < R
+                if HEAD == HEAD_VANILLA:
+                    vv = tl.load(e_row + rr, mask=rmask & e_ok, other=0.0).to(tl.float32)
+                else:
+                    vv = tl.load(v_row + rr, mask=rmask, other=0.0)
+                w = tl.load(w2_ptr + cols[:, None] * R + rr[None, :], mask=vmask[:, None] & rmask[None, :],
+                            other=0.0).to(tl.float32)
+                acc += w * vv[None, :]
+            x = tl.load(u_row + cols, mask=vmask, other=0.0).to(tl.float32) + tl.sum(acc, axis=1)
+            if RETURN_LOGITS:
+                tl.store(logits_ptr + row * V + cols, x, mask=vmask)
+            if sampled:
+                u = uniform(k0, k1, offset_lo, n, k, STREAM_DRAFT, cols)
+                score = x / t - tl.log(-tl.log(u))
+            else:
+                score = x
+            score = tl.where(vmask, _argmax_key(score), NEG_INF)
+            better = score > best
+            best = tl.where(better, score, best)
+            best_i = tl.where(better, cols, best_i)
+        top = tl.max(best, axis=0)
+        prev = tl.min(tl.where(best == top, best_i, V + BLOCK_V), axis=0).to(tl.int64)
+        tl.store(tokens_ptr + row, prev)
+
+
+def _blocks(vocab: int, rank: int, width: int, tiles: int, tile: int = _TILE) -> tuple[int, int, int]:
+    """(BLOCK_V, BLOCK_R, BLOCK_C): r blocks of at most 64; a BLOCK_V x BLOCK_R tile of about ``_TILE`` elements
+    (half that when r is not a multiple of 16: unvectorised loads need more registers), and ``tiles`` BLOCK_R x
+    BLOCK_C tiles of about ``_TILE`` elements in all (sized so that 8 warps compile with no spills at r = 256)."""
+    block_r = min(_MAX_BLOCK_R, triton.next_power_of_2(max(rank, 1)))
+    block_v = min(triton.next_power_of_2(vocab), max(16, tile // block_r // (1 if rank % 16 == 0 else 2)))
+    block_c = min(triton.next_power_of_2(max(width, 1)), max(16, _floor_pow2(tile // (block_r * tiles))))
+    return block_v, block_r, block_c
+
+
+def _floor_pow2(x: int) -> int:
+    return 1 << (max(x, 1).bit_length() - 1)
+
+
+def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
+                sts_temperatures, temperature, rng_key, return_logits):
+    """Same flat arguments and results as ``dspark_kernels.reference.draft_block`` (checked by the wrapper)."""
+    n, k, v = base_logits.shape
+    rank = w1.shape[1]
+    d = hidden.shape[2] if hidden is not None else 0
+    dev = base_logits.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    tokens = torch.empty(n, k, dtype=torch.int64, device=dev)
+    logits = torch.empty(n, k, v, **f32) if return_logits else torch.empty(0, **f32)
+    has_conf = conf_weight is not None
+    conf = torch.empty(n, k, **f32) if has_conf else torch.empty(0, **f32)
+    survival = torch.empty(n, k, **f32) if has_conf else torch.empty(0, **f32)
+    if n == 0:
+        return tokens, logits, conf, survival
+    base = base_logits.contiguous()
+    scratch = torch.zeros(n, 3, max(rank, 1), **f32) if head_kind != "vanilla" else base  # v, rnn state x 2
+    dummy = base  # never read where its flag / head kind is off
+    width = max(d + rank, 2 * rank + d if head_kind == "rnn" else 0)
+    tile = _TILE if dev.type == "cuda" else _TILE_INTERPRET
+    block_v, block_r, block_c = _blocks(v, rank, width, {"vanilla": 1, "gated": 2, "rnn": 3}[head_kind], tile)
+    _draft_block_kernel[(n,)](
+        base, anchor_tokens.contiguous(), w1.contiguous(), w2.contiguous(),
+        wg.contiguous() if wg is not None else dummy, bg.contiguous() if bg is not None else dummy,
+        wj.contiguous() if wj is not None else dummy, bj.contiguous() if bj is not None else dummy,
+        hidden.contiguous() if hidden is not None else dummy,
+        conf_weight.contiguous() if has_conf else dummy,
+        conf_bias.reshape(1).contiguous() if has_conf else dummy,
+        sts_temperatures.contiguous() if sts_temperatures is not None else dummy,
+        temperature.contiguous(), rng_key.contiguous(), scratch, tokens, logits, conf, survival,
+        k, v, rank, d,
+        HEAD=_HEAD_IDS[head_kind], HAS_CONF=has_conf, HAS_STS=sts_temperatures is not None,
+        RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v, BLOCK_R=block_r, BLOCK_C=block_c,
+        num_warps=_NUM_WARPS,
+    )
+    return tokens, logits, conf, survival
