@@ -27,7 +27,8 @@ import torch
 
 __all__ = [
     "STREAM_DRAFT", "STREAM_ACCEPT", "STREAM_RESIDUAL", "STREAM_USER",
-    "philox4x32", "random_bits", "uniform", "uniform_rows", "exponential_race", "gumbel_argmax", "make_rng_key",
+    "philox4x32", "random_bits", "uniform", "uniform_rows", "argmax_nan_low", "exponential_race", "gumbel_argmax",
+    "make_rng_key",
 ]
 
 # Streams separate independent uses of the same (request, position, token) cell.
@@ -100,19 +101,19 @@ def uniform_rows(rng_key: torch.Tensor, request: torch.Tensor, position, stream:
     return ((bits >> 8) | 1).to(torch.float32) * (2.0 ** -24)
 
 
-def _argmax_nan_low(scores: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dim with NaN counted as -inf and ties to the lowest index (int64)."""
-    return torch.nan_to_num(scores, nan=float("-inf")).argmax(dim=-1)
+def argmax_nan_low(scores: torch.Tensor) -> torch.Tensor:
+    """int64 argmax over the last dim: NaN counts as -inf (infinities stay), ties go to the lowest index."""
+    return torch.where(torch.isnan(scores), float("-inf"), scores).argmax(dim=-1)
 
 
 def exponential_race(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Sample index ``v`` with probability ``weights_v / sum(weights)``: ``argmax_v weights_v / -log(u_v)``."""
-    return _argmax_nan_low(weights / -torch.log(u))
+    return argmax_nan_low(weights / -torch.log(u))
 
 
 def gumbel_argmax(scaled_logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Sample from ``softmax(scaled_logits)``: ``argmax_v scaled_logits_v - log(-log(u_v))``."""
-    return _argmax_nan_low(scaled_logits - torch.log(-torch.log(u)))
+    return argmax_nan_low(scaled_logits - torch.log(-torch.log(u)))
 
 
 def make_rng_key(seed, offset, device) -> torch.Tensor:

@@ -31,6 +31,20 @@ def test_greedy_accept_reject_bonus():
     assert out.accept_mask.tolist() == [[True, True, False], [True, True, True], [False, False, False]]
 
 
+def test_greedy_nan_counts_as_minus_inf_and_infinities_stay():
+    big = torch.finfo(torch.float32).max
+    rows = torch.tensor([[[float("nan"), float("-inf"), -big, -big],        # -big beats -inf: token 2
+                          [big, float("inf"), float("nan"), float("inf")],   # +inf beats big: token 1
+                          [float("nan")] * 4]])                              # all NaN: token 0
+    out = dk.verify_chain(rows, torch.tensor([[2, 1]]))
+    assert out.tokens.tolist() == [[2, 1, 0]]
+    for backend in ("reference", "triton"):
+        drafted = dk.draft_block(rows[:, :2], torch.tensor([0]), dk.MarkovHead("vanilla", torch.zeros(4, 1),
+                                                                               torch.zeros(4, 1)), backend=backend)
+        assert drafted.tokens.tolist() == [[2, 1]]
+        assert dk.verify_chain(rows, torch.tensor([[2, 1]]), backend=backend).tokens.tolist() == [[2, 1, 0]]
+
+
 def test_greedy_ties_go_to_lowest_index():
     target = torch.zeros(1, 2, 5)
     out = dk.verify_chain(target, torch.tensor([[3]]))

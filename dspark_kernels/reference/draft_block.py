@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ..rng import STREAM_DRAFT, gumbel_argmax, uniform_rows
+from ..rng import STREAM_DRAFT, argmax_nan_low, gumbel_argmax, uniform_rows
 
 
 def markov_embed(w1: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -30,11 +30,6 @@ def markov_embed(w1: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     valid = (tokens >= 0) & (tokens < w1.shape[0])
     rows = w1[torch.where(valid, tokens, 0)].float()
     return rows * valid.unsqueeze(-1)
-
-
-def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """int64 argmax over the last dim; NaN counts as -inf, ties go to the lowest index."""
-    return torch.nan_to_num(logits, nan=float("-inf")).argmax(dim=-1)
 
 
 def draft_block(
@@ -86,7 +81,7 @@ def draft_block(
             conf[:, k] = torch.cat([h, e], dim=-1) @ conf_weight.float() + conf_bias.float()
         u = uniform_rows(rng_key, requests, k, STREAM_DRAFT, vocab)
         drawn = gumbel_argmax(logits / safe_t, u)
-        prev = torch.where(sampled, drawn, greedy_argmax(logits))
+        prev = torch.where(sampled, drawn, argmax_nan_low(logits))
         tokens[:, k] = prev
         if logits_out is not None:
             logits_out[:, k] = logits

@@ -28,8 +28,7 @@ from typing import Optional
 
 import torch
 
-from ..rng import STREAM_ACCEPT, STREAM_RESIDUAL, exponential_race, gumbel_argmax, uniform_rows
-from .draft_block import greedy_argmax
+from ..rng import STREAM_ACCEPT, STREAM_RESIDUAL, argmax_nan_low, exponential_race, gumbel_argmax, uniform_rows
 
 RESIDUAL_EPS = 1e-6
 
@@ -89,7 +88,7 @@ def verify_chain(
     safe_drafts = torch.where(valid, drafts, 0).unsqueeze(-1)
 
     # Greedy rule.
-    target_argmax = greedy_argmax(target)                                         # [N, K+1]
+    target_argmax = argmax_nan_low(target)                                         # [N, K+1]
     greedy_ok = (drafts == target_argmax[:, :k_len]) & valid & in_block
 
     # Sampling rules, at the request's temperature.

@@ -11,9 +11,9 @@ k, with ``x`` the token before the position (the anchor, then the previous draft
 2. the confidence logit ``z = w . [h_k; e] + b`` and the running survival product ``prod sigmoid(z / T_sts)``;
 3. one pass over the vocabulary in BLOCK_V chunks: ``logits = U_k + W2 @ v`` (a BLOCK_V x BLOCK_R tile of ``W2``
    per r block), written when asked for, and the running argmax of either the logits (greedy) or the Gumbel-max
-   score ``logits / T - log(-log(u))`` with ``u = uniform(request, k, STREAM_DRAFT, token)`` (T > 0). Scores go
-   through ``torch.nan_to_num(nan=-inf)``'s mapping (NaN -> -inf, +-inf -> +-FLT_MAX) and ties go to the lowest
-   index, so the token equals the reference's ``argmax`` whenever the float32 values agree.
+   score ``logits / T - log(-log(u))`` with ``u = uniform(request, k, STREAM_DRAFT, token)`` (T > 0). NaN scores
+   count as -inf (infinities stay) and ties go to the lowest index, so the token equals the reference's
+   ``argmax_nan_low`` whenever the float32 values agree.
 
 Everything is float32 whatever the input dtypes; offsets are 64-bit (N*K*V and V*r may pass 2**31).
 """
@@ -25,7 +25,6 @@ import triton.language as tl
 from .rng import STREAM_DRAFT, load_key, uniform
 
 NEG_INF = tl.constexpr(float("-inf"))
-FLT_MAX = tl.constexpr(3.4028234663852886e38)
 HEAD_VANILLA = tl.constexpr(0)
 HEAD_GATED = tl.constexpr(1)
 HEAD_RNN = tl.constexpr(2)
@@ -47,8 +46,8 @@ def _tanh(x):
 
 @triton.jit
 def _argmax_key(x):
-    """torch.nan_to_num(x, nan=-inf): NaN -> -inf, +inf -> FLT_MAX, -inf -> -FLT_MAX (the reference's argmax)."""
-    return tl.where(x != x, NEG_INF, tl.minimum(tl.maximum(x, -FLT_MAX), FLT_MAX))
+    """The argmax key of rng.argmax_nan_low: NaN -> -inf, everything else (infinities too) as it is."""
+    return tl.where(x != x, NEG_INF, x)
 
 
 @triton.jit
