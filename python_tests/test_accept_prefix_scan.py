@@ -327,3 +327,100 @@ def test_reference_never_syncs():
     assert [tuple(o.shape) for o in out] == [(5,), (16,), (4,), (4,), (16,), (16,), (4,)]
     out = reference.accept_prefix_scan(z(4, 4), z(4), z(4), None, None, None, 1, None, None)
     assert all(o.device == m for o in out)
+
+
+# ---------------------------------------------------------------- Triton twin (interpreter on the CPU)
+
+def _triton_vs_reference(device, tokens, seq_lens, **kw):
+    """Run both backends (Triton on ``device``) and require identical outputs (values and dtypes)."""
+    ref = dk.accept_prefix_scan(tokens, seq_lens, backend="reference", **kw)
+    on_device = {key: val.to(device) if isinstance(val, torch.Tensor) else val for key, val in kw.items()}
+    out = dk.accept_prefix_scan(tokens.to(device), seq_lens.to(device), backend="triton", **on_device)
+    for name, x, y in zip(ref._fields, ref, out):
+        if x is None:
+            assert y is None, name
+            continue
+        y = y.cpu()
+        assert x.dtype == y.dtype and x.shape == y.shape, (name, x.dtype, y.dtype, x.shape, y.shape)
+        assert torch.equal(x, y), (name, x.tolist(), y.tolist())
+    return out
+
+
+TABLE4 = [[2, 0, 5], [1, 4, 3], [3, 1, 0], [5, 2, 4]]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(num_accepted=None, accept_mask=torch.tensor(ACCEPT_MASK)),
+    dict(verify_cu_seqlens=t([0, 4, 6, 7, 10], I32)),
+    dict(verify_cu_seqlens=t([0, 2, 4, 5, 8])),                      # inconsistent: rows outside r0's own -> -1
+    dict(block_table=t(TABLE4, I32), block_size=4),
+    dict(max_seq_lens=t([12, 100, 1, 8]), block_table=t(TABLE4), block_size=4, stop_token_ids=t([42, 13], I32)),
+    dict(stop_token_ids=t([14])),
+    dict(stop_token_ids=t([], I64)),
+    dict(num_accepted=t([7, -2, 1 << 40, -(1 << 40)])),               # clamped to [0, K]
+])
+def test_triton_hand_cases(triton_device, kw):
+    kw = dict(kw)
+    if "num_accepted" not in kw:
+        kw["num_accepted"] = t(NUM_ACCEPTED)
+    if kw["num_accepted"] is None:
+        del kw["num_accepted"]
+    _triton_vs_reference(triton_device, t(TOKENS), t(SEQ_LENS, I32), **kw)
+    _triton_vs_reference(triton_device, t(TOKENS, I32), t(SEQ_LENS), **kw)  # other integer widths
+
+
+def test_triton_bad_positions_and_blocks(triton_device):
+    table = t([[1, 0], [-1, 0], [0, 1]], I32)
+    o = _triton_vs_reference(triton_device, t([[5, 6], [7, 8], [9, 10]]), t([0, 2, 1000]), num_accepted=t([1, 1, 1]),
+                             block_table=table, block_size=2)
+    assert o.kv_slots.tolist() == [-1, 2, -1, 0, -1, -1]
+    # a table without columns, seq_lens far out of range, a past-the-limit request
+    _triton_vs_reference(triton_device, t([[5, 6], [7, 8], [9, 10]]), t([1 << 40, -7, 3]), num_accepted=t([1, 1, 5]),
+                         block_table=torch.zeros(3, 0, dtype=I64), block_size=3, max_seq_lens=t([0, 1 << 41, 2]))
+
+
+def test_triton_n_zero_and_k_zero(triton_device):
+    o = _triton_vs_reference(triton_device, torch.zeros(0, 4, dtype=I64), torch.zeros(0, dtype=I32),
+                             accept_mask=torch.zeros(0, 3, dtype=torch.bool), block_table=torch.zeros(0, 2, dtype=I32),
+                             block_size=4, max_seq_lens=torch.zeros(0, dtype=I64), stop_token_ids=t([1]))
+    assert o.cu_out.tolist() == [0]
+    # K = 0: only the bonus column
+    _triton_vs_reference(triton_device, t([[3], [-1], [5]]), t([1, 2, 0]), num_accepted=t([0, 2, -1]),
+                         block_table=t([[0], [1], [2]]), block_size=2)
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (3, 5), (64, 7), (1000, 16), (3, 16), (64, 1)])
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_triton_random_against_reference(triton_device, n, k, use_mask):
+    g = torch.Generator().manual_seed(n * 100 + k * 2 + use_mask)
+    bs = int(torch.randint(1, 9, (1,), generator=g))
+    tokens = torch.randint(0, 60, (n, k + 1), generator=g)
+    n_acc = torch.randint(-3, k + 4, (n,), generator=g)                 # out of range on both sides
+    nc = n_acc.clamp(0, k)
+    no_bonus = torch.rand(n, generator=g) < 0.3
+    tokens[torch.arange(n), nc] = torch.where(no_bonus, -1, tokens[torch.arange(n), nc])
+    mask = torch.rand(n, k, generator=g) < 0.8
+    seq = torch.randint(-2, 50, (n,), generator=g)                      # S <= 0: positions < 0
+    mb = int(torch.randint(0, (k + 50) // bs + 2, (1,), generator=g))
+    table = torch.randint(-2, n * mb + 1, (n, mb), generator=g).to(I32)  # negative = unallocated
+    counts = torch.randint(-1, k + 3, (n,), generator=g)                  # inconsistent verify rows too
+    vcu = torch.cat([torch.zeros(1, dtype=I64), counts.cumsum(0)]) + int(torch.randint(-3, 4, (1,), generator=g))
+    kw = dict(accept_mask=mask) if use_mask else dict(num_accepted=n_acc.to(I32))
+    _triton_vs_reference(triton_device, tokens, seq, block_table=table, block_size=bs, verify_cu_seqlens=vcu,
+                         max_seq_lens=seq + torch.randint(-3, k + 3, (n,), generator=g),
+                         stop_token_ids=t([3, 17, 59]), **kw)
+    _triton_vs_reference(triton_device, tokens.to(I32), seq, **kw)
+
+
+def test_triton_large_batch_carry(triton_device):
+    """Tens of thousands of requests: the prefix sum carries across many chunks."""
+    g = torch.Generator().manual_seed(7)
+    n, k = 20000, 5
+    tokens = torch.randint(0, 1000, (n, k + 1), generator=g)
+    tokens[:, -1] = torch.where(torch.rand(n, generator=g) < 0.5, -1, tokens[:, -1])
+    o = _triton_vs_reference(triton_device, tokens, torch.randint(1, 4000, (n,), generator=g),
+                             num_accepted=torch.randint(0, k + 1, (n,), generator=g),
+                             block_table=torch.randperm(n * 300, generator=g).view(n, 300), block_size=16,
+                             stop_token_ids=t([5]))
+    assert int(o.cu_out[-1]) > 2 ** 15

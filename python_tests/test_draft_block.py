@@ -108,6 +108,15 @@ def test_sampled_tokens_follow_corrected_softmax(temp):
     assert not passes(counts(out.logits[:, 0].argmax(-1), vocab), p0 * trials)
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_python_zero_temperature_takes_the_greedy_only_path(backend):
+    base, anchors, head, hidden, conf = make_case("rnn", n=4, vocab=40)
+    a = dk.draft_block(base, anchors, head, hidden=hidden, confidence=conf, return_logits=True, backend=backend)
+    b = dk.draft_block(base, anchors, head, hidden=hidden, confidence=conf, return_logits=True,
+                       temperature=torch.zeros(4), backend=backend)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def test_per_request_temperature_and_determinism():
     base, anchors, head, hidden, conf = make_case("vanilla", n=6, vocab=40)
     temps = torch.tensor([0.0, 1.0, 0.0, 0.8, 0.0, 2.0])

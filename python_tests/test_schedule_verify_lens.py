@@ -357,3 +357,116 @@ def test_reference_never_syncs(mode):
     out = reference.schedule_verify_lens(None, torch.zeros(4, 5, device=m), torch.ones(5, device=m), c, s, 0.0, 0, 5,
                                          mode, None, 0.0)
     assert all(o.device == m for o in out)
+
+
+# ---------------------------------------------------------------- Triton twin (interpreter on the CPU)
+
+def _triton_vs_reference(device, survival=None, **kw):
+    """Run both backends (Triton on ``device``): identical integer outputs, Theta to float32 rounding."""
+    ref = dk.schedule_verify_lens(survival, backend="reference", **kw)
+    on_device = {key: val.to(device) if isinstance(val, torch.Tensor) else val for key, val in kw.items()}
+    out = dk.schedule_verify_lens(survival.to(device) if survival is not None else None, backend="triton",
+                                  **on_device)
+    out = type(out)(*(x.cpu() for x in out))
+    assert out.verify_lens.dtype == torch.int32 and out.cu_seqlens.dtype == torch.int32
+    assert out.theta.dtype == F32 and out.theta.shape == ()
+    assert out.verify_lens.tolist() == ref.verify_lens.tolist()
+    assert out.cu_seqlens.tolist() == ref.cu_seqlens.tolist()
+    assert out.theta.item() == pytest.approx(ref.theta.item(), rel=1e-6)
+    return out
+
+
+@pytest.mark.parametrize("survival,table,kw", [
+    ([[0.8, 0.72]], APPENDIX_TABLE, dict(mode="exact")),
+    ([[0.8, 0.72]], APPENDIX_TABLE, dict(mode="argmax")),
+    ([[0.8, 0.0]], APPENDIX_TABLE, dict(mode="argmax")),
+    ([[0.8, 0.72]], APPENDIX_TABLE, dict(mode="argmax", budget_survival=torch.tensor([[0.8, 0.0]]))),
+    ([[0.8, 0.0]], APPENDIX_TABLE, dict(mode="argmax", budget_survival=torch.tensor([[0.8, 0.72]]))),
+    ([[0.05, 0.05], [1.0, 1.0]], LINEAR_TABLE, dict(mode="exact")),
+    ([[0.9, 0.0]], dk.CostTable([1], [10.0]), dict(mode="exact")),      # a zero gain is not admitted
+    ([[0.9, 0.0]], dk.CostTable([1], [10.0]), dict(mode="argmax")),     # the first maximum
+    ([[0.2, 0.9], [float("nan"), 0.9]], LINEAR_TABLE, dict(mode="argmax")),
+    ([[0.9, 0.8, 0.7], [0.0, 0.0, 0.0]], dk.CostTable([1], [10.0]), dict(mode="argmax", min_len=1, max_len=2)),
+    ([[0.9, 0.8, 0.7]], dk.CostTable([1], [10.0]), dict(mode="exact", min_len=3)),
+    (CURRENT, LINEAR_TABLE, dict(mode="exact")),
+    (CURRENT, LINEAR_TABLE, dict(mode="argmax")),
+    (CURRENT, LINEAR_TABLE, dict(mode="argmax", budget_survival=torch.tensor([[0.9, 0.8], [0.5, 0.05]]))),
+    (CURRENT, LINEAR_TABLE, dict(mode="argmax", budget_survival=torch.tensor([[0.0]]))),
+    (CURRENT, LINEAR_TABLE, dict(mode="argmax", budget_survival=torch.zeros(0, 3))),
+    ([[0.6, 0.5]], LINEAR_TABLE, dict(mode="argmax", budget_survival=torch.tensor([[0.9, 0.8], [0.5, 0.05]]))),
+    (CURRENT, LINEAR_TABLE, dict(mode="argmax", min_gain=0.05)),
+    (CURRENT, LINEAR_TABLE, dict(mode="argmax", min_gain=0.1)),
+    ([[0.9], [0.01]], LINEAR_TABLE, dict(mode="exact")),
+    ([[float("inf"), float("-inf")], [-0.0, 2.0]], LINEAR_TABLE, dict(mode="argmax")),
+])
+def test_triton_hand_cases(triton_device, survival, table, kw):
+    _triton_vs_reference(triton_device, torch.tensor(survival, dtype=F32), cost_table=table, **kw)
+
+
+def test_triton_cost_table_rules(triton_device):
+    """Below the first point, between points, above the last (rising, and falling: slope clamped at 0)."""
+    surv = torch.tensor([[0.99] * 8] * 6)
+    for table in (dk.CostTable([20, 30, 40], [10.0, 30.0, 35.0]), dk.CostTable([2, 30, 40], [5.0, 30.0, 6.0]),
+                  dk.CostTable([0, 4, 9, 40], [3.0, 4.0, 4.5, 50.0], fixed_overhead_ms=1.5)):
+        for mode in ("exact", "argmax"):
+            _triton_vs_reference(triton_device, surv * torch.linspace(1.0, 0.3, 6)[:, None], cost_table=table,
+                                 mode=mode)
+
+
+def test_triton_n_zero_and_k_zero(triton_device):
+    o = _triton_vs_reference(triton_device, torch.zeros(0, 4), cost_table=LINEAR_TABLE, mode="argmax")
+    assert o.cu_seqlens.tolist() == [0] and o.theta.item() == 0.0
+    _triton_vs_reference(triton_device, torch.zeros(0, 4), cost_table=LINEAR_TABLE, mode="exact")
+    _triton_vs_reference(triton_device, torch.zeros(5, 0), cost_table=LINEAR_TABLE, mode="exact")
+    _triton_vs_reference(triton_device, torch.zeros(5, 0), cost_table=LINEAR_TABLE, mode="argmax",
+                         budget_survival=torch.rand(2, 3), min_gain=0.2)
+
+
+TRITON_SHAPES = [(1, 1), (1, 16), (3, 5), (3, 7), (64, 1), (64, 5), (64, 16), (1000, 7), (1000, 16)]
+
+
+@pytest.mark.parametrize("n,k", TRITON_SHAPES)
+@pytest.mark.parametrize("mode", ["exact", "argmax"])
+def test_triton_random_against_reference(triton_device, n, k, mode):
+    g = torch.Generator().manual_seed(n * 100 + k * 3 + (mode == "exact"))
+    for case in range(3):
+        table = TABLES[(case + n + k) % 3]
+        if case == 0:    # calibrated-looking survival
+            surv = torch.cumprod(torch.rand(n, k, generator=g) * 0.8 + 0.2, dim=1)
+        elif case == 1:  # many exact ties: the (r, j) tie order
+            surv = (torch.rand(n, k, generator=g) * 4).round() / 4
+        else:            # non-monotone, out of range, NaN
+            surv = torch.rand(n, k, generator=g) * 1.4 - 0.2
+            surv[torch.rand(n, k, generator=g) < 0.1] = float("nan")
+        min_len = int(torch.randint(0, k + 1, (1,), generator=g))
+        max_len = int(torch.randint(min_len, k + 1, (1,), generator=g))
+        kw = dict(cost_table=table, min_len=min_len, max_len=max_len, mode=mode)
+        if mode == "argmax" and case == 1:
+            kw["min_gain"] = 0.02
+        if mode == "argmax" and case == 2:
+            kw["budget_survival"] = torch.rand(max(1, n // 2), max(1, k - 1), generator=g).cumprod(1)
+        _triton_vs_reference(triton_device, surv, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_half_and_conf_logits(triton_device, dtype):
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(64, 7, generator=g) * 2
+    temps = torch.rand(7, generator=g) + 0.5
+    for mode in ("exact", "argmax"):
+        _triton_vs_reference(triton_device, None, conf_logits=z.to(dtype), sts_temperatures=temps.to(dtype),
+                             cost_table=TABLES[0], mode=mode)
+        _triton_vs_reference(triton_device, None, conf_logits=z, cost_table=TABLES[1], mode=mode, max_len=5)
+        _triton_vs_reference(triton_device, torch.sigmoid(z).cumprod(1).to(dtype), cost_table=TABLES[0], mode=mode,
+                             budget_survival=torch.rand(3, 9, generator=g).to(dtype) if mode == "argmax" else None)
+
+
+def test_triton_size_limit(triton_device):
+    from dspark_kernels.triton.schedule_verify_lens import MAX_ELEMENTS
+    assert MAX_ELEMENTS >= 16384
+    surv = torch.rand(MAX_ELEMENTS // 16 + 1, 16, device=triton_device)
+    with pytest.raises(ValueError, match="N\\*K <= 16384"):
+        dk.schedule_verify_lens(surv, cost_table=LINEAR_TABLE, backend="triton")
+    with pytest.raises(ValueError, match="budget_survival"):
+        dk.schedule_verify_lens(surv[:4], cost_table=LINEAR_TABLE, mode="argmax", budget_survival=surv,
+                                backend="triton")

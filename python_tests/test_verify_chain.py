@@ -168,6 +168,20 @@ def test_seed_and_offset_as_tensors_match_ints():
     assert not torch.equal(a.tokens, c.tokens)
 
 
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_python_zero_temperature_takes_the_greedy_only_path(method, backend):
+    """temperature=0.0 (no tensor: softmax and random numbers skipped) equals a tensor of zeros."""
+    torch.manual_seed(4)
+    target = torch.randn(5, 4, 30)
+    drafts = torch.where(torch.rand(5, 3) < 0.7, target[:, :3].argmax(-1), 7)
+    a = dk.verify_chain(target, drafts, draft_logits=torch.randn(5, 3, 30), method=method, backend=backend)
+    b = dk.verify_chain(target, drafts, draft_logits=torch.randn(5, 3, 30), temperature=torch.zeros(5),
+                        method=method, backend=backend)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert a.num_accepted.sum() > 0
+
+
 def test_per_request_temperature_zero_is_greedy():
     torch.manual_seed(3)
     target = torch.randn(6, 3, 20)
@@ -277,6 +291,8 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, args)
     packed = (torch.randn(9, vocab), torch.tensor([0, 5, 6, 9], dtype=torch.int32)) + args[2:10] + ("token", "reference")
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, packed)
+    greedy = args[:7] + (None,) + args[8:]   # temperature None: every request greedy
+    torch.library.opcheck(torch.ops.dspark.verify_chain.default, greedy)
 
 
 # ---------------------------------------------------------------- Triton twin (interpreter on the CPU)

@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Compile every Triton kernel for sm_80 and sm_90 without a GPU (CI runs this; the interpreter misses errors the
-real compiler catches, such as non-constexpr globals or type mismatches between branches).
+real compiler catches, such as non-constexpr globals or type mismatches between branches), with the num_warps its
+launcher uses, and report each kernel's registers and spill bytes from ptxas (spills depend on the shapes a
+launch specialises for, so they are reported, not failed on; the CUDA kernels' spills fail tools/check_cuda.py).
 
     python tools/check_triton.py
 """
@@ -8,18 +10,25 @@ real compiler catches, such as non-constexpr globals or type mismatches between 
 from __future__ import annotations
 
 import itertools
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
+from dspark_kernels.triton.accept_prefix_scan import _accept_prefix_scan_kernel
 from dspark_kernels.triton.draft_block import _draft_block_kernel
 from dspark_kernels.triton.rng_uniform import _rng_uniform_kernel
+from dspark_kernels.triton.schedule_verify_lens import _schedule_verify_lens_kernel
 from dspark_kernels.triton.verify_chain import _verify_chain_kernel
 
-# kernel -> (signature, {constexpr name: values to try})
+# kernel -> (signature, {constexpr name: values to try}); NUM_WARPS: what the launchers use (default 4)
 KERNELS = {
     _rng_uniform_kernel: (
         dict(out_ptr="*fp32", rng_key_ptr="*i64", K="i32", V="i32", quads_per_row="i32", stream="i32",
@@ -43,10 +52,44 @@ KERNELS = {
              HEAD="constexpr", HAS_CONF="constexpr", HAS_STS="constexpr", RETURN_LOGITS="constexpr",
              BLOCK_V="constexpr", BLOCK_R="constexpr", BLOCK_C="constexpr"),
         dict(HEAD=[0, 1, 2], HAS_CONF=[True], HAS_STS=[True], RETURN_LOGITS=[False, True], BLOCK_V=[128],
-             BLOCK_R=[64], BLOCK_C=[128]),
+             BLOCK_R=[64], BLOCK_C=[64]),
+    ),
+    _accept_prefix_scan_kernel: (
+        dict(tokens_ptr="*i64", seq_ptr="*i32", nacc_ptr="*i32", mask_ptr="*u8", vcu_ptr="*i32", table_ptr="*i32",
+             maxlen_ptr="*i64", stops_ptr="*i64", cu_ptr="*i32", out_ptr="*i64", newseq_ptr="*i32",
+             anchor_ptr="*i64", rows_ptr="*i32", slots_ptr="*i64", fin_ptr="*u8", N="i32", K="i32",
+             max_blocks="i32", block_size="i32", n_stops="i32", HAS_NUM_ACCEPTED="constexpr",
+             HAS_VERIFY_CU="constexpr", HAS_TABLE="constexpr", HAS_MAX_LEN="constexpr", BLOCK_N="constexpr",
+             BLOCK_K="constexpr", BLOCK_T="constexpr"),
+        dict(HAS_NUM_ACCEPTED=[False, True], HAS_VERIFY_CU=[True], HAS_TABLE=[True], HAS_MAX_LEN=[True],
+             BLOCK_N=[128], BLOCK_K=[32], BLOCK_T=[1024]),
+    ),
+    _schedule_verify_lens_kernel: (
+        dict(surv_ptr="*fp32", budget_ptr="*fp16", counts_ptr="*fp32", times_ptr="*fp32", lens_ptr="*i32",
+             cu_ptr="*i32", theta_ptr="*fp32", N="i32", K="i32", NB="i32", KB="i32", P="i32", min_len="i32",
+             max_len="i32", overhead_bits="i64", gain_bits="i64", EXACT="constexpr", HAS_BUDGET="constexpr",
+             BLOCK="constexpr", SHIFT="constexpr", BLOCK_B="constexpr", SHIFT_B="constexpr", BLOCK_R="constexpr",
+             BLOCK_K="constexpr", BLOCK_KB="constexpr"),
+        dict(EXACT=[True, False], HAS_BUDGET=[True], BLOCK=[256], SHIFT=[54], BLOCK_B=[64], SHIFT_B=[56],
+             BLOCK_R=[256], BLOCK_K=[16], BLOCK_KB=[8]),
     ),
 }
+NUM_WARPS = {_draft_block_kernel: 8}
 ARCHS = (80, 90)
+
+
+def ptxas_usage(ptx: str, arch: int) -> str:
+    """Registers and spill bytes of a compiled kernel's PTX, from ptxas -v."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        sm = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        res = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={sm}", path, "-o", os.path.join(tmp, "k.o")],
+                             capture_output=True, text=True)
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
+    return f"{regs.group(1) if regs else '?'} regs, {spill.group(1) if spill else '?'} B spill stores"
 
 
 def main() -> int:
@@ -57,8 +100,9 @@ def main() -> int:
             for arch in ARCHS:
                 t0 = time.time()
                 try:
-                    triton.compile(ASTSource(kernel, signature, consts), target=GPUTarget("cuda", arch, 32))
-                    status = "ok"
+                    compiled = triton.compile(ASTSource(kernel, signature, consts), target=GPUTarget("cuda", arch, 32),
+                                              options=dict(num_warps=NUM_WARPS.get(kernel, 4)))
+                    status = "ok, " + ptxas_usage(compiled.asm["ptx"], arch)
                 except Exception as e:  # report every failure, then fail
                     failures += 1
                     status = f"FAILED: {str(e).splitlines()[0] if str(e) else type(e).__name__}"

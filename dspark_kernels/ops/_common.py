@@ -73,8 +73,9 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INT_DTYPES = (torch.int32, torch.int64)
 
 
-def temperature_tensor(temperature, n: int, device: torch.device) -> torch.Tensor:
-    """float32 ``[n]`` per-request temperatures from a float or a tensor ``[n]`` (0 = greedy for that request).
+def temperature_tensor(temperature, n: int, device: torch.device) -> Optional[torch.Tensor]:
+    """float32 ``[n]`` per-request temperatures from a float or a tensor ``[n]`` (0 = greedy for that request),
+    or None for a Python 0: every request greedy, known on the host, so the ops skip softmax and random numbers.
 
     Negative or NaN temperatures inside a tensor cannot be checked without a sync; they count as greedy.
     """
@@ -85,5 +86,7 @@ def temperature_tensor(temperature, n: int, device: torch.device) -> torch.Tenso
         temperature = float(temperature)
         if not temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if temperature == 0.0:
+            return None
         t = torch.full((n,), temperature, dtype=torch.float32, device=device)
     return t

@@ -41,8 +41,12 @@ def _accept_prefix_scan_op(tokens: torch.Tensor, seq_lens: torch.Tensor, num_acc
                            max_seq_lens: Optional[torch.Tensor], stop_token_ids: Optional[torch.Tensor],
                            backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                   torch.Tensor, torch.Tensor, torch.Tensor]:
-    if backend in ("cuda", "triton"):
-        raise NotImplementedError(f"accept_prefix_scan has no {backend} backend yet")
+    if backend == "triton":
+        from ..triton.accept_prefix_scan import accept_prefix_scan as triton_accept_prefix_scan
+        return triton_accept_prefix_scan(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens,
+                                         block_table, block_size, max_seq_lens, stop_token_ids)
+    if backend == "cuda":
+        raise NotImplementedError("accept_prefix_scan has no cuda backend yet; use backend='triton' or 'reference'")
     return reference.accept_prefix_scan(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens,
                                         block_table, block_size, max_seq_lens, stop_token_ids)
 

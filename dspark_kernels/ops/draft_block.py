@@ -57,7 +57,8 @@ def _draft_block_op(
     base_logits: torch.Tensor, anchor_tokens: torch.Tensor, head_kind: str, w1: torch.Tensor, w2: torch.Tensor,
     wg: Optional[torch.Tensor], bg: Optional[torch.Tensor], wj: Optional[torch.Tensor], bj: Optional[torch.Tensor],
     hidden: Optional[torch.Tensor], conf_weight: Optional[torch.Tensor], conf_bias: Optional[torch.Tensor],
-    sts_temperatures: Optional[torch.Tensor], temperature: torch.Tensor, rng_key: torch.Tensor, return_logits: bool,
+    sts_temperatures: Optional[torch.Tensor], temperature: Optional[torch.Tensor], rng_key: torch.Tensor,
+    return_logits: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     args = (base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,

@@ -35,8 +35,12 @@ def _schedule_verify_lens_op(survival: Optional[torch.Tensor], conf_logits: Opti
                              step_time_ms: torch.Tensor, fixed_overhead_ms: float, min_len: int, max_len: int,
                              mode: str, budget_survival: Optional[torch.Tensor], min_gain: float,
                              backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if backend in ("cuda", "triton"):
-        raise NotImplementedError(f"schedule_verify_lens has no {backend} backend yet")
+    if backend == "triton":
+        from ..triton.schedule_verify_lens import schedule_verify_lens as triton_schedule_verify_lens
+        return triton_schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, step_time_ms,
+                                           fixed_overhead_ms, min_len, max_len, mode, budget_survival, min_gain)
+    if backend == "cuda":
+        raise NotImplementedError("schedule_verify_lens has no cuda backend yet; use backend='triton' or 'reference'")
     return reference.schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, step_time_ms,
                                           fixed_overhead_ms, min_len, max_len, mode, budget_survival, min_gain)
 

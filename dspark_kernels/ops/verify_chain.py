@@ -23,7 +23,7 @@ class VerifyOutput(NamedTuple):
 def _verify_chain_op(
     target_logits: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
     draft_logits: Optional[torch.Tensor], verify_lens: Optional[torch.Tensor], survival: Optional[torch.Tensor],
-    thresholds: Optional[torch.Tensor], temperature: torch.Tensor, rng_key: torch.Tensor,
+    thresholds: Optional[torch.Tensor], temperature: Optional[torch.Tensor], rng_key: torch.Tensor,
     stop_token_ids: Optional[torch.Tensor], method: str, backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     args = (target_logits, cu_seqlens, draft_tokens, draft_logits, verify_lens, survival, thresholds, temperature,

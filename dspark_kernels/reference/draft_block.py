@@ -46,7 +46,7 @@ def draft_block(
     conf_weight: Optional[torch.Tensor],
     conf_bias: Optional[torch.Tensor],
     sts_temperatures: Optional[torch.Tensor],
-    temperature: torch.Tensor,
+    temperature: Optional[torch.Tensor],
     rng_key: torch.Tensor,
     return_logits: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -56,8 +56,9 @@ def draft_block(
     dev = base_logits.device
     w2f = w2.float()
     requests = torch.arange(n, device=dev)
-    sampled = temperature > 0
-    safe_t = torch.where(sampled, temperature, 1.0).unsqueeze(-1)
+    if temperature is not None:  # None: every request greedy (known on the host), no random numbers needed
+        sampled = temperature > 0
+        safe_t = torch.where(sampled, temperature, 1.0).unsqueeze(-1)
 
     tokens = torch.empty(n, k_len, dtype=torch.int64, device=dev)
     logits_out = torch.empty(n, k_len, vocab, dtype=torch.float32, device=dev) if return_logits else None
@@ -79,9 +80,10 @@ def draft_block(
         logits = base_logits[:, k].float() + v @ w2f.T
         if conf is not None:
             conf[:, k] = torch.cat([h, e], dim=-1) @ conf_weight.float() + conf_bias.float()
-        u = uniform_rows(rng_key, requests, k, STREAM_DRAFT, vocab)
-        drawn = gumbel_argmax(logits / safe_t, u)
-        prev = torch.where(sampled, drawn, argmax_nan_low(logits))
+        prev = argmax_nan_low(logits)
+        if temperature is not None:
+            drawn = gumbel_argmax(logits / safe_t, uniform_rows(rng_key, requests, k, STREAM_DRAFT, vocab))
+            prev = torch.where(sampled, drawn, prev)
         tokens[:, k] = prev
         if logits_out is not None:
             logits_out[:, k] = logits

@@ -60,7 +60,7 @@ def verify_chain(
     verify_lens: Optional[torch.Tensor],
     survival: Optional[torch.Tensor],
     thresholds: Optional[torch.Tensor],
-    temperature: torch.Tensor,
+    temperature: Optional[torch.Tensor],
     rng_key: torch.Tensor,
     stop_token_ids: Optional[torch.Tensor],
     method: str,
@@ -87,49 +87,48 @@ def verify_chain(
     valid = (drafts >= 0) & (drafts < vocab)
     safe_drafts = torch.where(valid, drafts, 0).unsqueeze(-1)
 
-    # Greedy rule.
+    # Greedy rule (temperature 0, or no temperature tensor at all: every request greedy, known on the host).
     target_argmax = argmax_nan_low(target)                                         # [N, K+1]
-    greedy_ok = (drafts == target_argmax[:, :k_len]) & valid & in_block
+    n_acc = _leading_true((drafts == target_argmax[:, :k_len]) & valid & in_block)
+    if temperature is not None:  # sampling rules, at each request's temperature
+        sampled = temperature > 0
+        t = torch.where(sampled, temperature, 1.0).view(n, 1, 1)
+        p = torch.softmax(target / t, dim=-1)                                     # [N, K+1, V]
+        if draft_logits is not None:
+            q = torch.softmax(draft_logits.float() / t, dim=-1)                   # [N, K, V]
+        else:
+            q = torch.zeros(n, k_len, vocab, device=dev).scatter_(-1, safe_drafts, valid.unsqueeze(-1).float())
+        p_d = p[:, :k_len].gather(-1, safe_drafts).squeeze(-1) * valid
+        q_d = q.gather(-1, safe_drafts).squeeze(-1)
+        u_accept = uniform_rows(rng_key, requests.unsqueeze(-1), pos[:k_len], STREAM_ACCEPT, 1).squeeze(-1)
+        if method == "token":
+            n_sampled = _leading_true((u_accept * q_d < p_d) & in_block)
+            rho = torch.ones(n, device=dev)
+        else:
+            n_sampled, rho = _block_accept(p, q, p_d, q_d, u_accept, length, in_block)
+        n_acc = torch.where(sampled, n_sampled, n_acc)
 
-    # Sampling rules, at the request's temperature.
-    sampled = temperature > 0
-    t = torch.where(sampled, temperature, 1.0).view(n, 1, 1)
-    p = torch.softmax(target / t, dim=-1)                                         # [N, K+1, V]
-    if draft_logits is not None:
-        q = torch.softmax(draft_logits.float() / t, dim=-1)                       # [N, K, V]
-    else:
-        q = torch.zeros(n, k_len, vocab, device=dev).scatter_(-1, safe_drafts, valid.unsqueeze(-1).float())
-    p_d = p[:, :k_len].gather(-1, safe_drafts).squeeze(-1) * valid
-    q_d = q.gather(-1, safe_drafts).squeeze(-1)
-    u_accept = uniform_rows(rng_key, requests.unsqueeze(-1), pos[:k_len], STREAM_ACCEPT, 1).squeeze(-1)  # [N, K]
-
-    if method == "token":
-        sample_ok = (u_accept * q_d < p_d) & in_block
-        n_sampled = _leading_true(sample_ok)
-        rho = torch.ones(n, device=dev)
-    else:
-        n_sampled, rho = _block_accept(p, q, p_d, q_d, u_accept, length, in_block)
-
-    n_acc = torch.where(sampled, n_sampled, _leading_true(greedy_ok))
     # An accepted stop token ends acceptance right after it, with no bonus token.
     stopped = torch.zeros_like(n_acc, dtype=torch.bool)
     if stop_token_ids is not None and stop_token_ids.numel() > 0:
         is_stop = (drafts.unsqueeze(-1) == stop_token_ids.to(torch.int64)).any(-1) & (pos[:k_len] < n_acc.unsqueeze(-1))
-        first_stop = torch.where(is_stop, pos[:k_len], k_len).min(dim=-1).values if k_len > 0 else n_acc
+        first_stop = torch.where(is_stop, pos[:k_len], k_len).min(dim=-1).values
         stopped = first_stop < n_acc
         n_acc = torch.where(stopped, first_stop + 1, n_acc)
 
     # The token emitted at row n_acc: a correction after a rejection, or the bonus after full acceptance.
-    row = n_acc.view(n, 1, 1)
-    p_row = p.gather(1, row.expand(n, 1, vocab)).squeeze(1)
-    q_row = q.gather(1, row.clamp(max=max(k_len - 1, 0)).expand(n, 1, vocab)).squeeze(1)
-    full = n_acc >= length
-    residual = torch.where(full.unsqueeze(-1), 0.0, (rho.unsqueeze(-1) * p_row - q_row).clamp(min=0))
-    u_emit = uniform_rows(rng_key, requests, n_acc, STREAM_RESIDUAL, vocab)
-    from_p = gumbel_argmax(target.gather(1, row.expand(n, 1, vocab)).squeeze(1) / t.view(n, 1), u_emit)
-    from_residual = exponential_race(residual, u_emit)
-    use_p = full | ~(residual.sum(-1) >= RESIDUAL_EPS)
-    emitted = torch.where(sampled, torch.where(use_p, from_p, from_residual), target_argmax.gather(1, n_acc.view(n, 1)).squeeze(1))
+    emitted = target_argmax.gather(1, n_acc.view(n, 1)).squeeze(1)
+    if temperature is not None:
+        row = n_acc.view(n, 1, 1)
+        p_row = p.gather(1, row.expand(n, 1, vocab)).squeeze(1)
+        q_row = q.gather(1, row.clamp(max=k_len - 1).expand(n, 1, vocab)).squeeze(1)
+        full = n_acc >= length
+        residual = torch.where(full.unsqueeze(-1), 0.0, (rho.unsqueeze(-1) * p_row - q_row).clamp(min=0))
+        u_emit = uniform_rows(rng_key, requests, n_acc, STREAM_RESIDUAL, vocab)
+        from_p = gumbel_argmax(target.gather(1, row.expand(n, 1, vocab)).squeeze(1) / t.view(n, 1), u_emit)
+        from_residual = exponential_race(residual, u_emit)
+        use_p = full | ~(residual.sum(-1) >= RESIDUAL_EPS)
+        emitted = torch.where(sampled, torch.where(use_p, from_p, from_residual), emitted)
 
     n_acc = torch.where(has_rows, n_acc, 0)
     accept_mask = pos[:k_len] < n_acc.unsqueeze(-1)

@@ -228,7 +228,7 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, h
         conf_weight.contiguous() if has_conf else dummy,
         conf_bias.reshape(1).contiguous() if has_conf else dummy,
         sts_temperatures.contiguous() if sts_temperatures is not None else dummy,
-        temperature.contiguous(), rng_key.contiguous(), scratch, tokens, logits, conf, survival,
+        temperature if temperature is not None else torch.zeros(n, device=dev), rng_key.contiguous(), scratch, tokens, logits, conf, survival,
         k, v, rank, d,
         HEAD=_HEAD_IDS[head_kind], HAS_CONF=has_conf, HAS_STS=sts_temperatures is not None,
         RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v, BLOCK_R=block_r, BLOCK_C=block_c,
