@@ -28,3 +28,12 @@ def pytest_collection_modifyitems(config, items):
 def triton_device() -> torch.device:
     """Where Triton kernels run: the GPU, else the CPU under the interpreter."""
     return torch.device("cuda" if HAS_GPU else "cpu")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models run faster on one intra-op thread, and far faster on a shared, busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -11,13 +11,7 @@ from dspark_kernels.decode.model import greedy_reference
 from dspark_kernels.decode.testing import oracle_drafter, tiny_drafter, tiny_target
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a shared, busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 PROMPTS5 = [[3, 7, 1], [5], [2, 9, 4, 4, 11, 30, 8, 1, 6, 2, 17], [12, 13], [40, 41, 2, 3, 5, 6, 7]]
 COST = dk.CostTable([1, 4, 16, 64], [1.0, 1.1, 1.6, 4.0], fixed_overhead_ms=0.2)

@@ -11,13 +11,7 @@ from dspark_kernels.decode.model import greedy_reference
 from dspark_kernels.decode.testing import OracleDrafter, tiny_drafter_config, tiny_target
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a shared, busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 

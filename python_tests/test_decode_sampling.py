@@ -8,13 +8,7 @@ from dspark_kernels.decode.testing import oracle_drafter, tiny_target
 from stats import chi_square, passes
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a shared, busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 V = 6
 PROMPT = [1, 2, 3, 0]

@@ -13,13 +13,7 @@ from dspark_kernels.decode.model import greedy_reference
 from dspark_kernels import generate as cli
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a shared, busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_profile_cost_table(tmp_path):

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from .kv_cache import PagedKVCache, sdpa_gqa
-from .model import MLP, Attention, ModelConfig, RMSNorm, RopeTable
+from .model import MLP, Attention, ModelConfig, RMSNorm, RopeTable, init_random_
 
 MARKOV_KINDS = ("vanilla", "gated", "rnn")
 
@@ -132,14 +132,7 @@ class DSparkDrafter(nn.Module):
         return self.config.block_size
 
     def init_random(self, seed: int = 0, std: float = 0.3) -> "DSparkDrafter":
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-                else:
-                    scale = std if "markov_w1" in name or p.dim() == 1 else p.shape[-1] ** -0.5
-                    p.copy_(torch.randn(p.shape, generator=g) * scale)
+        init_random_(self, seed, std, plain=lambda name, p: p.dim() == 1 or "markov_w1" in name)
         return self
 
     def alloc_cache(self, target_cache: PagedKVCache) -> PagedKVCache:

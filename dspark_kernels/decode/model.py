@@ -167,6 +167,19 @@ class TargetOutput(NamedTuple):
     hidden: Optional[torch.Tensor]  # [T, len(hidden_layer_ids) * d]: the drafter's context features
 
 
+def init_random_(module: nn.Module, seed: int, std: float, plain) -> None:
+    """Random test weights in place: norm weights ``1 + 0.1 N(0, 1)``; parameters for which ``plain(name, p)``
+    holds ``std N(0, 1)``; every other matrix ``N(0, 1) / sqrt(fan_in)``."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                scale = std if plain(name, p) else p.shape[-1] ** -0.5
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+
+
 class TargetModel(nn.Module):
     """Qwen3 / Llama decoder. ``forward`` runs packed ragged rows at per-request positions on a paged cache."""
 
@@ -185,14 +198,7 @@ class TargetModel(nn.Module):
 
     def init_random(self, seed: int = 0, std: float = 0.3) -> "TargetModel":
         """Random weights for tests (peaked enough that sampling tests have power); norms stay near 1."""
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-                else:
-                    fan_in = p.shape[-1] if p.dim() > 1 and "embed" not in name else 1
-                    p.copy_(torch.randn(p.shape, generator=g) * (std if fan_in == 1 else fan_in ** -0.5))
+        init_random_(self, seed, std, plain=lambda name, p: p.dim() == 1 or "embed" in name)
         return self
 
     def alloc_cache(self, num_seqs: int, max_seq_len: int, *, block_size: int = 16, shuffle_seed=None):

@@ -66,6 +66,19 @@ def _prob(row_ptr, tok, valid, t, m, s):
 
 
 @triton.jit
+def _residual_chunk(row, drow, cols, V, t, m_t, s_t, m_q, s_q, d, valid, rho, HAS_DRAFT_LOGITS: tl.constexpr):
+    """A chunk of ``x = row / t`` and of ``max(rho p - q, 0)`` (0 past V), ``p = softmax(row / t)`` from its
+    statistics, ``q = softmax(drow / t)`` or one-hot at ``d``; NaN propagates as in ``torch.clamp``."""
+    x = _load_scaled(row, cols, V, t)
+    p = tl.exp(x - m_t) / s_t
+    if HAS_DRAFT_LOGITS:
+        q = tl.exp(_load_scaled(drow, cols, V, t) - m_q) / s_q
+    else:
+        q = tl.where((cols == d) & valid, 1.0, 0.0)
+    return x, tl.where(cols < V, tl.maximum(rho * p - q, 0.0, propagate_nan=ALL), 0.0)
+
+
+@triton.jit
 def _verify_chain_kernel(
     target_ptr, cu_ptr, drafts_ptr, draft_logits_ptr, verify_lens_ptr, survival_ptr, thresholds_ptr, temp_ptr,
     rng_key_ptr, stops_ptr, tokens_ptr, num_acc_ptr, mask_ptr,
@@ -117,6 +130,7 @@ def _verify_chain_kernel(
         valid = (d >= 0) & (d < V)
         if sampled:
             m_t, s_t = _softmax_stats(row, V, t, BLOCK_V)
+            m_q, s_q = 0.0, 1.0
             if HAS_DRAFT_LOGITS:
                 m_q, s_q = _softmax_stats(drow0 + tl.minimum(j, K - 1) * V, V, t, BLOCK_V)
             if BLOCK_METHOD:
@@ -125,14 +139,9 @@ def _verify_chain_kernel(
                         mass = tl.zeros([BLOCK_V], tl.float32)
                         for vs in range(0, V, BLOCK_V):
                             cols = vs + tl.arange(0, BLOCK_V).to(tl.int64)
-                            x = _load_scaled(row, cols, V, t)
-                            p = tl.exp(x - m_t) / s_t
-                            if HAS_DRAFT_LOGITS:
-                                y = _load_scaled(drow0 + j * V, cols, V, t)
-                                q = tl.exp(y - m_q) / s_q
-                            else:
-                                q = tl.where((cols == d) & valid, 1.0, 0.0)
-                            mass += tl.where(cols < V, tl.maximum(rho * p - q, 0.0, propagate_nan=ALL), 0.0)
+                            _, res = _residual_chunk(row, drow0 + j * V, cols, V, t, m_t, s_t, m_q, s_q, d, valid,
+                                                     rho, HAS_DRAFT_LOGITS)
+                            mass += res
                         s_mass = tl.sum(mass, axis=0)
                         denom = s_mass + 1.0 - rho
                         h = tl.where(denom > 0, s_mass / tl.where(denom > 0, denom, 1.0), tl.where(denom == 0, 1.0, 0.0))
@@ -190,6 +199,7 @@ def _verify_chain_kernel(
         m_t, s_t = _softmax_stats(row, V, t, BLOCK_V)
         full = n_acc >= L
         jq = tl.minimum(n_acc, K - 1)
+        m_q, s_q = 0.0, 1.0
         if HAS_DRAFT_LOGITS:
             m_q, s_q = _softmax_stats(drow0 + jq * V, V, t, BLOCK_V)
         d_next = tl.load(draft0 + jq).to(tl.int64)
@@ -202,15 +212,9 @@ def _verify_chain_kernel(
         best_gi = tl.arange(0, BLOCK_V).to(tl.int64)
         for vs in range(0, V, BLOCK_V):
             cols = vs + tl.arange(0, BLOCK_V).to(tl.int64)
-            x = _load_scaled(row, cols, V, t)
-            p = tl.exp(x - m_t) / s_t
-            if HAS_DRAFT_LOGITS:
-                y = _load_scaled(drow0 + jq * V, cols, V, t)
-                q = tl.exp(y - m_q) / s_q
-            else:
-                q = tl.where((cols == d_next) & valid_next, 1.0, 0.0)
-            res = tl.where(full, 0.0, tl.maximum(rho_e * p - q, 0.0, propagate_nan=ALL))
-            res = tl.where(cols < V, res, 0.0)
+            x, res = _residual_chunk(row, drow0 + jq * V, cols, V, t, m_t, s_t, m_q, s_q, d_next, valid_next, rho_e,
+                                     HAS_DRAFT_LOGITS)
+            res = tl.where(full, 0.0, res)
             mass += res
             u = uniform(k0, k1, offset_lo, r, n_acc, STREAM_RESIDUAL, cols)
             e = -tl.log(u)
