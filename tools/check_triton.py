@@ -62,7 +62,7 @@ KERNELS = {
              HAS_VERIFY_CU="constexpr", HAS_TABLE="constexpr", HAS_MAX_LEN="constexpr", BLOCK_N="constexpr",
              BLOCK_K="constexpr", BLOCK_T="constexpr"),
         dict(HAS_NUM_ACCEPTED=[False, True], HAS_VERIFY_CU=[True], HAS_TABLE=[True], HAS_MAX_LEN=[True],
-             BLOCK_N=[128], BLOCK_K=[32], BLOCK_T=[1024]),
+             BLOCK_N=[128], BLOCK_K=[8], BLOCK_T=[1024]),
     ),
     _schedule_verify_lens_kernel: (
         dict(surv_ptr="*fp32", budget_ptr="*fp16", counts_ptr="*fp32", times_ptr="*fp32", lens_ptr="*i32",

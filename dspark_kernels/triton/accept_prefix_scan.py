@@ -127,7 +127,7 @@ def accept_prefix_scan(tokens, seq_lens, num_accepted, accept_mask, verify_cu_se
     max_blocks = block_table.shape[1] if block_table is not None else 0
     n_stops = stop_token_ids.numel() if stop_token_ids is not None else 0
     block_k = triton.next_power_of_2(kp1)
-    block_n = max(1, min(triton.next_power_of_2(n), 4096 // block_k))
+    block_n = max(1, min(triton.next_power_of_2(n), 1024 // block_k))  # a 1024-element tile: no spills
     _accept_prefix_scan_kernel[(1,)](
         tokens, seq_lens.contiguous(),
         num_accepted.contiguous() if num_accepted is not None else dummy,
