@@ -47,7 +47,8 @@ def csrc_dir() -> str:
     for d in (os.path.join(_PKG_DIR, "csrc"), os.path.join(os.path.dirname(_PKG_DIR), "csrc")):
         if os.path.isfile(os.path.join(d, "include", "dspark", "rng.cuh")):
             return d
-    raise RuntimeError(f"dspark_kernels: the CUDA sources (csrc/) are missing next to {_PKG_DIR}; reinstall the package")
+    raise RuntimeError(f"dspark_kernels: the CUDA sources (csrc/) are missing next to {_PKG_DIR}; "
+                       "reinstall the package")
 
 
 def sources() -> List[str]:
@@ -252,3 +253,8 @@ def is_available() -> bool:
                 except RuntimeError:
                     _available = False
     return _available
+
+
+def has_op(name: str) -> bool:
+    """True if the extension is available and registers ``torch.ops.dspark_C.<name>`` (an op with a CUDA kernel)."""
+    return is_available() and hasattr(load(), name)

@@ -129,7 +129,7 @@ class CostTable:
         return hit
 
     def time_ms(self, tokens):
-        """Interpolated step time (without ``fixed_overhead_ms``); a float for a number, a float64 tensor for a tensor."""
+        """Interpolated step time (without ``fixed_overhead_ms``): a float for a number, float64 for a tensor."""
         return self._eval(tokens, lambda b, c, t: interp_step_time_ms(b, c, t))
 
     def sps(self, tokens):
@@ -274,7 +274,7 @@ def fit_sts(conf_logits: torch.Tensor, accepted_lens: torch.Tensor, *, verify_le
     device = conf_logits.device
     if not isinstance(accepted_lens, torch.Tensor) or accepted_lens.shape != (m,):
         raise ValueError(f"accepted_lens must be a tensor [{m}], got "
-                         f"{tuple(accepted_lens.shape) if isinstance(accepted_lens, torch.Tensor) else type(accepted_lens)}")
+                         f"{getattr(accepted_lens, 'shape', type(accepted_lens))}")
     if verify_lens is not None and (not isinstance(verify_lens, torch.Tensor) or verify_lens.shape != (m,)):
         raise ValueError(f"verify_lens must be a tensor [{m}], got "
                          f"{tuple(verify_lens.shape) if isinstance(verify_lens, torch.Tensor) else type(verify_lens)}")

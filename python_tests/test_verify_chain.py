@@ -289,7 +289,8 @@ def test_opcheck():
             torch.tensor([4, 2, 0]), None, None, torch.tensor([0.0, 1.0, 0.7]), torch.tensor([3, 4]),
             torch.tensor([5]), "block", "reference")
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, args)
-    packed = (torch.randn(9, vocab), torch.tensor([0, 5, 6, 9], dtype=torch.int32)) + args[2:10] + ("token", "reference")
+    cu = torch.tensor([0, 5, 6, 9], dtype=torch.int32)
+    packed = (torch.randn(9, vocab), cu) + args[2:10] + ("token", "reference")
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, packed)
     greedy = args[:7] + (None,) + args[8:]   # temperature None: every request greedy
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, greedy)

@@ -11,12 +11,13 @@ BACKENDS = ("auto", "cuda", "triton", "reference")
 ENV_BACKEND = "DSPARK_BACKEND"
 
 
-def resolve_backend(backend: Optional[str], device: torch.device) -> str:
+def resolve_backend(backend: Optional[str], device: torch.device, cuda_op: str) -> str:
     """The concrete backend for an op whose tensors live on ``device``.
 
     ``backend`` (or, when it is None or "auto", the environment variable ``DSPARK_BACKEND``) is one of
-    "auto", "cuda", "triton", "reference". "auto" picks "cuda" where the CUDA extension loads and the tensors are
-    on a GPU, else "triton" on a GPU, else "reference". Asking for "cuda" or "triton" where they cannot run raises.
+    "auto", "cuda", "triton", "reference". "auto" picks "cuda" where the tensors are on a GPU and the CUDA extension
+    loads and has this op's kernel (``torch.ops.dspark_C.<cuda_op>``), else "triton" on a GPU, else "reference".
+    Asking for "cuda" or "triton" where they cannot run raises a ValueError.
     """
     if backend is None or backend == "auto":
         backend = os.environ.get(ENV_BACKEND, "auto") or "auto"
@@ -26,14 +27,16 @@ def resolve_backend(backend: Optional[str], device: torch.device) -> str:
         if device.type != "cuda":
             return "reference"
         from .. import _ext
-        return "cuda" if _ext.is_available() else "triton"
+        return "cuda" if _ext.has_op(cuda_op) else "triton"
     if backend == "cuda":
         if device.type != "cuda":
             raise ValueError(f"backend='cuda' needs tensors on a CUDA device, got {device}")
         from .. import _ext
-        _ext.load()  # raises with the build error if it cannot be built
+        if not hasattr(_ext.load(), cuda_op):  # load() raises with the build error if it cannot be built
+            raise ValueError(f"backend='cuda': the CUDA extension has no {cuda_op} kernel yet; use 'triton'")
     if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"backend='triton' needs tensors on a GPU, or TRITON_INTERPRET=1 for CPU tensors; got {device}")
+        raise ValueError(f"backend='triton' needs tensors on a GPU, or TRITON_INTERPRET=1 for CPU tensors; "
+                         f"got {device}")
     return backend
 
 

@@ -140,7 +140,7 @@ def accept_prefix_scan(tokens: torch.Tensor, seq_lens: torch.Tensor, *, num_acce
 
     res = _accept_prefix_scan_op(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table,
                                  int(block_size) if block_table is not None else 1, max_seq_lens, stop_token_ids,
-                                 resolve_backend(backend, dev))
+                                 resolve_backend(backend, dev, "accept_prefix_scan"))
     cu_out, out_tokens, new_seq_lens, next_anchor, hidden_rows, kv_slots, finished = res
     return ScanOutput(cu_out, out_tokens, new_seq_lens, next_anchor, hidden_rows,
                       kv_slots if block_table is not None else None, finished)

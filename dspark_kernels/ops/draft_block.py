@@ -166,7 +166,7 @@ def draft_block(
     rng_key = make_rng_key(seed, offset, dev)
     tokens, logits, conf, survival = _draft_block_op(
         base_logits, anchor_tokens, head.kind, head.w1, head.w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
-        sts, temps, rng_key, bool(return_logits), resolve_backend(backend, dev))
+        sts, temps, rng_key, bool(return_logits), resolve_backend(backend, dev, "draft_block"))
     has_conf = confidence is not None
     return DraftBlockOutput(tokens, logits if return_logits else None, conf if has_conf else None,
                             survival if has_conf else None)

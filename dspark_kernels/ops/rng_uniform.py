@@ -58,5 +58,5 @@ def rng_uniform(shape_or_out: Union[Sequence[int], torch.Tensor], seed=0, offset
     if out.shape[1] >= 2 ** 24:
         raise ValueError(f"positions must be < 2**24, got K={out.shape[1]}")
     rng_key = make_rng_key(seed, offset, out.device)
-    _rng_uniform_op(out, rng_key, stream, resolve_backend(backend, out.device))
+    _rng_uniform_op(out, rng_key, stream, resolve_backend(backend, out.device, "rng_uniform_"))
     return out

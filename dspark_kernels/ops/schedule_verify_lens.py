@@ -121,5 +121,5 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
     token_counts, step_time_ms = cost_table.tensors(dev)
     verify_lens, cu_seqlens, theta = _schedule_verify_lens_op(
         survival, conf_logits, sts_temperatures, token_counts, step_time_ms, cost_table.fixed_overhead_ms,
-        min_len, max_len, mode, budget_survival, min_gain, resolve_backend(backend, dev))
+        min_len, max_len, mode, budget_survival, min_gain, resolve_backend(backend, dev, "schedule_verify_lens"))
     return ScheduleOutput(verify_lens, cu_seqlens, theta)

@@ -111,4 +111,4 @@ def verify_chain(
     rng_key = make_rng_key(seed, offset, dev)
     return VerifyOutput(*_verify_chain_op(
         target_logits, cu_seqlens, draft_tokens, draft_logits, verify_lens, survival, thresholds, temps, rng_key,
-        stop_token_ids, method, resolve_backend(backend, dev)))
+        stop_token_ids, method, resolve_backend(backend, dev, "verify_chain")))

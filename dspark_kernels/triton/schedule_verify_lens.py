@@ -287,7 +287,8 @@ def schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, 
         n, k, nb, kb, token_counts.shape[0], min_len, max_len, _f64_bits(fixed_overhead_ms),
         _f64_bits(1.0 + float(min_gain)),
         EXACT=mode == "exact", HAS_BUDGET=use_budget, BLOCK=block, SHIFT=shift, BLOCK_B=block_b, SHIFT_B=shift_b,
-        BLOCK_R=block_r, BLOCK_K=block_k, BLOCK_KB=triton.next_power_of_2(max(kb, 1)), num_warps=4 if big <= 1024 else (8 if big <= 4096 else 16),
+        BLOCK_R=block_r, BLOCK_K=block_k, BLOCK_KB=triton.next_power_of_2(max(kb, 1)),
+        num_warps=4 if big <= 1024 else (8 if big <= 4096 else 16),
         enable_fp_fusion=False,  # float64 Theta: separately rounded multiplies and adds, as in the reference
     )
     return verify_lens, cu_seqlens, theta

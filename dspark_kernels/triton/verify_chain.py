@@ -144,7 +144,8 @@ def _verify_chain_kernel(
                             mass += res
                         s_mass = tl.sum(mass, axis=0)
                         denom = s_mass + 1.0 - rho
-                        h = tl.where(denom > 0, s_mass / tl.where(denom > 0, denom, 1.0), tl.where(denom == 0, 1.0, 0.0))
+                        zero_or_nan = tl.where(denom == 0, 1.0, 0.0)   # 0/0 -> 1; NaN -> 0 (never accept)
+                        h = tl.where(denom > 0, s_mass / tl.where(denom > 0, denom, 1.0), zero_or_nan)
                     else:
                         h = rho
                     eta = uniform(k0, k1, offset_lo, r, j - 1, STREAM_ACCEPT, 0)
