@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Compile every Triton kernel for sm_80 and sm_90 without a GPU (CI runs this; the interpreter misses errors the
 real compiler catches, such as non-constexpr globals or type mismatches between branches), with the num_warps its
-launcher uses, and report each kernel's registers and spill bytes from ptxas (spills depend on the shapes a
-launch specialises for, so they are reported, not failed on; the CUDA kernels' spills fail tools/check_cuda.py).
+launcher uses and the alignment a real launch specialises for, and report each kernel's registers and spill bytes
+from ptxas (spills depend on that specialisation, so they are reported, not failed on; the CUDA kernels' spills
+fail tools/check_cuda.py).
 
     python tools/check_triton.py
 """
@@ -75,6 +76,9 @@ KERNELS = {
     ),
 }
 NUM_WARPS = {_draft_block_kernel: 8}
+# Integer arguments compiled as multiples of 16 (as Triton specialises a launch whose sizes are: vocabularies, hidden
+# sizes and ranks of real models are); every pointer is compiled as 16-byte aligned (torch's allocations are).
+DIVISIBLE_BY_16 = {_draft_block_kernel: ("V", "R", "D"), _verify_chain_kernel: ("V",)}
 ARCHS = (80, 90)
 
 
@@ -100,7 +104,10 @@ def main() -> int:
             for arch in ARCHS:
                 t0 = time.time()
                 try:
-                    compiled = triton.compile(ASTSource(kernel, signature, consts), target=GPUTarget("cuda", arch, 32),
+                    aligned = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(signature.items())
+                               if ty.startswith("*") or name in DIVISIBLE_BY_16.get(kernel, ())}
+                    compiled = triton.compile(ASTSource(kernel, signature, consts, aligned),
+                                              target=GPUTarget("cuda", arch, 32),
                                               options=dict(num_warps=NUM_WARPS.get(kernel, 4)))
                     status = "ok, " + ptxas_usage(compiled.asm["ptx"], arch)
                 except Exception as e:  # report every failure, then fail
