@@ -35,15 +35,6 @@ def _bits_of(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32)
 
 
-def _triton_device():
-    """Where Triton kernels run here: a GPU, or the CPU under TRITON_INTERPRET=1; else skip."""
-    if torch.cuda.is_available():
-        return "cuda"
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return "cpu"
-    pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
-
-
 # ------------------------------------------------------------------------------------------ known answers
 @pytest.mark.parametrize("ctr,key,want", KNOWN_ANSWERS)
 def test_philox_known_answers_torch(ctr, key, want):
@@ -73,8 +64,8 @@ def _kat_kernel(ctr_ptr, key_ptr, out_ptr):
 
 
 @pytest.mark.parametrize("ctr,key,want", KNOWN_ANSWERS)
-def test_philox_known_answers_triton(ctr, key, want):
-    dev = _triton_device()
+def test_philox_known_answers_triton(ctr, key, want, triton_device):
+    dev = triton_device
     out = torch.zeros(4, dtype=torch.int64, device=dev)
     _kat_kernel[(1,)](torch.tensor(ctr, device=dev), torch.tensor(key, device=dev), out)
     assert out.tolist() == list(want)
@@ -114,8 +105,8 @@ def _cells_kernel(seed_ptr, offset_ptr, req_ptr, pos_ptr, stream_ptr, tok_ptr, b
 
 
 
-def test_vectors_triton():
-    dev = _triton_device()
+def test_vectors_triton(triton_device):
+    dev = triton_device
     cols, bits, uniform = _vector_tensors(dev)
     n = len(VECTORS)
     got_bits = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -150,15 +141,15 @@ SHAPES = [(1, 1, 1), (3, 5, 17), (1, 7, 1000), (2, 16, 4), (5, 1, 3), (1, 2, 409
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("seed,offset,stream", [(0, 0, 0), (1, 1, 1), (1234, 99, rng.STREAM_USER),
                                                 (2 ** 64 - 1, 2 ** 63 + 5, 255)])
-def test_triton_equals_reference(shape, seed, offset, stream):
-    dev = _triton_device()
+def test_triton_equals_reference(shape, seed, offset, stream, triton_device):
+    dev = triton_device
     ref = dk.rng_uniform(shape, seed, offset, stream, device=dev, backend="reference")
     tri = dk.rng_uniform(shape, seed, offset, stream, device=dev, backend="triton")
     assert torch.equal(_bits_of(ref), _bits_of(tri))
 
 
-def test_triton_equals_reference_large_vocab():
-    dev = _triton_device()
+def test_triton_equals_reference_large_vocab(triton_device):
+    dev = triton_device
     ref = dk.rng_uniform((1, 1, 32003), 77, 2 ** 35, 2, device=dev, backend="reference")
     tri = dk.rng_uniform((1, 1, 32003), 77, 2 ** 35, 2, device=dev, backend="triton")
     assert torch.equal(_bits_of(ref), _bits_of(tri))
@@ -289,8 +280,8 @@ def test_empty_shapes():
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_opcheck_registered_op(backend):
-    dev = _triton_device() if backend == "triton" else "cpu"
+def test_opcheck_registered_op(backend, triton_device):
+    dev = triton_device if backend == "triton" else "cpu"
     out = torch.empty(2, 3, 7, device=dev)
     key = rng.make_rng_key(3, 4, dev)
     torch.library.opcheck(torch.ops.dspark.rng_uniform_.default, (out, key, 2, backend))

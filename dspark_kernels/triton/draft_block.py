@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .rng import STREAM_DRAFT, load_key, uniform
+from .rng import STREAM_DRAFT, argmax_finish, argmax_update, gumbel_score, load_key, uniform
 
 NEG_INF = tl.constexpr(float("-inf"))
 HEAD_VANILLA = tl.constexpr(0)
@@ -173,15 +173,12 @@ def _draft_block_kernel(
                 tl.store(logits_ptr + row * V + cols, x, mask=vmask)
             if sampled:
                 u = uniform(k0, k1, offset_lo, n, k, STREAM_DRAFT, cols)
-                score = x / t - tl.log(-tl.log(u))
+                score = gumbel_score(x / t, u)
             else:
                 score = x
             score = tl.where(vmask, _argmax_key(score), NEG_INF)
-            better = score > best
-            best = tl.where(better, score, best)
-            best_i = tl.where(better, cols, best_i)
-        top = tl.max(best, axis=0)
-        prev = tl.min(tl.where(best == top, best_i, V + BLOCK_V), axis=0).to(tl.int64)
+            best, best_i = argmax_update(best, best_i, score, cols)
+        prev = argmax_finish(best, best_i, V + BLOCK_V).to(tl.int64)
         tl.store(tokens_ptr + row, prev)
 
 

@@ -101,3 +101,17 @@ def race_score(weight, u):
     """Exponential-race score ``w / -log(u)`` with NaN mapped to -inf."""
     s = weight / -tl.log(u)
     return tl.where(s != s, float("-inf"), s)
+
+
+@triton.jit
+def argmax_update(best, best_i, score, cols):
+    """One chunk of a running per-lane argmax (strictly greater wins, so earlier columns keep ties)."""
+    better = score > best
+    return tl.where(better, score, best), tl.where(better, cols, best_i)
+
+
+@triton.jit
+def argmax_finish(best, best_i, none):
+    """The argmax over the lanes of a running argmax: the lowest column among the maxima (``none`` bounds them)."""
+    top = tl.max(best, axis=0)
+    return tl.min(tl.where(best == top, best_i, none), axis=0)

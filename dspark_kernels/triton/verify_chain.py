@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, load_key, uniform
+from .rng import (STREAM_ACCEPT, STREAM_RESIDUAL, argmax_finish, argmax_update, gumbel_score, load_key, race_score,
+                  uniform)
 
 RESIDUAL_EPS = tl.constexpr(1e-6)
 NEG_INF = tl.constexpr(float("-inf"))
@@ -50,12 +51,8 @@ def _argmax_row(row_ptr, V, BLOCK_V: tl.constexpr):
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V).to(tl.int64)
         x = tl.load(row_ptr + cols, mask=cols < V, other=NEG_INF).to(tl.float32)
-        x = tl.where(x != x, NEG_INF, x)
-        better = x > best
-        best = tl.where(better, x, best)
-        best_i = tl.where(better, cols, best_i)
-    top = tl.max(best, axis=0)
-    return tl.min(tl.where(best == top, best_i, V + BLOCK_V), axis=0)
+        best, best_i = argmax_update(best, best_i, tl.where(x != x, NEG_INF, x), cols)
+    return argmax_finish(best, best_i, V + BLOCK_V)
 
 
 @triton.jit
@@ -218,21 +215,10 @@ def _verify_chain_kernel(
             res = tl.where(full, 0.0, res)
             mass += res
             u = uniform(k0, k1, offset_lo, r, n_acc, STREAM_RESIDUAL, cols)
-            e = -tl.log(u)
-            sr = res / e
-            sr = tl.where((sr != sr) | (cols >= V), NEG_INF, sr)
-            sg = x - tl.log(e)
-            sg = tl.where((sg != sg) | (cols >= V), NEG_INF, sg)
-            br = sr > best_r
-            best_r = tl.where(br, sr, best_r)
-            best_ri = tl.where(br, cols, best_ri)
-            bg = sg > best_g
-            best_g = tl.where(bg, sg, best_g)
-            best_gi = tl.where(bg, cols, best_gi)
-        top_r = tl.max(best_r, axis=0)
-        from_res = tl.min(tl.where(best_r == top_r, best_ri, V + BLOCK_V), axis=0)
-        top_g = tl.max(best_g, axis=0)
-        from_p = tl.min(tl.where(best_g == top_g, best_gi, V + BLOCK_V), axis=0)
+            best_r, best_ri = argmax_update(best_r, best_ri, tl.where(cols < V, race_score(res, u), NEG_INF), cols)
+            best_g, best_gi = argmax_update(best_g, best_gi, tl.where(cols < V, gumbel_score(x, u), NEG_INF), cols)
+        from_res = argmax_finish(best_r, best_ri, V + BLOCK_V)
+        from_p = argmax_finish(best_g, best_gi, V + BLOCK_V)
         use_p = full | ~(tl.sum(mass, axis=0) >= RESIDUAL_EPS)
         emitted = tl.where(use_p, from_p, from_res).to(tl.int64)
     else:
