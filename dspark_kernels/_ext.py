@@ -1,4 +1,4 @@
-"""The CUDA extension ``torch.ops.dspark_C``: ahead-of-time module or just-in-time build.
+"""The CUDA extension ``torch.ops.dspark_C``: ahead-of-time module or just-in-time build; and its SIMT twin.
 
 ``load()`` returns ``torch.ops.dspark_C`` once the extension is loaded:
 
@@ -12,6 +12,13 @@ machine without one; running its ops needs one). Set ``DSPARK_NO_JIT=1`` to use 
 The CUDA toolkit is found from ``CUDA_HOME`` / ``CUDA_PATH``, else torch's guess if it holds a toolkit, else the
 ``nvcc`` on ``PATH`` (following a symlink or a wrapper script that names the real one), else ``/usr/local/cuda``.
 Architectures: sm_80 (+ PTX) and sm_90a, unless ``TORCH_CUDA_ARCH_LIST`` is set.
+
+The SIMT build (``DSPARK_SIMT=1``; ``load_simt()``) compiles the same launchers and kernel templates with the host
+C++ compiler against ``csrc/simt`` into a CPU extension whose ops (``torch.ops.dspark_simt``, the same schemas as
+``dspark_C``) run the CUDA kernels on CPU tensors; ``dspark_kernels.simt`` drives it. It needs the CUDA headers only
+(the toolkit's, or those of torch's CUDA wheels), no GPU and no nvcc. ``DSPARK_SIMT_SANITIZE=1`` builds it with
+AddressSanitizer and UndefinedBehaviorSanitizer; Python must then start with the ASan runtime preloaded
+(``LD_PRELOAD`` = ``asan_preload()``: the ASan runtime, then libstdc++).
 """
 
 from __future__ import annotations
@@ -28,16 +35,20 @@ from typing import List, Optional
 
 import torch
 
-__all__ = ["load", "is_available", "cuda_home", "csrc_dir", "include_dirs", "nvcc_flags", "cxx_flags",
-           "sources", "LIBRARY"]
+__all__ = ["load", "is_available", "has_op", "kernels", "load_simt", "simt_enabled", "register_fake", "cuda_home",
+           "csrc_dir", "include_dirs", "nvcc_flags", "cxx_flags", "sources", "LIBRARY", "SIMT_LIBRARY"]
 
 LIBRARY = "dspark_C"  # the torch.ops namespace of the extension
+SIMT_LIBRARY = "dspark_simt"  # the torch.ops namespace of its SIMT build (CPU dispatch)
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _lock = threading.RLock()
 _ops = None                    # torch.ops.dspark_C once loaded
 _error: Optional[str] = None   # why loading failed (cached: no rebuild attempt per call)
 _available: Optional[bool] = None
+_simt_module = None            # the SIMT build's Python module once loaded
+_simt_error: Optional[str] = None
+_fakes: dict = {}              # op name -> fake implementation, registered on both libraries when they load
 
 
 # ------------------------------------------------------------------------------------------------ locations
@@ -161,6 +172,39 @@ def _import_cpp_extension(home: str):
     return cpp_extension
 
 
+def _clear_stale_lock(build_dir: str, max_age_s: float = 600.0) -> None:
+    """torch's JIT build holds ``<build_dir>/lock`` while it compiles; a build killed midway leaves it behind and
+    every later build waits on it forever. Remove a lock older than ``max_age_s`` when no process is building in
+    that folder (none has it as its working directory, as ninja does), saying so; raise naming the file when that
+    cannot be told (no /proc)."""
+    import time
+
+    lock = os.path.join(build_dir, "lock")
+    try:
+        age = time.time() - os.path.getmtime(lock)
+    except OSError:
+        return  # no lock: nothing to do
+    if age < max_age_s:
+        return  # a build may be running right now: torch waits for it
+    if not os.path.isdir("/proc/self"):
+        raise RuntimeError(f"dspark_kernels: the extension build lock {lock} is {age / 60:.0f} minutes old; if no "
+                           f"build of the extension is running, delete that file and retry")
+    target = os.path.realpath(build_dir)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.path.realpath(os.readlink(f"/proc/{pid}/cwd")) == target:
+                return  # a live build (ninja / nvcc run in the build folder): leave its lock alone
+        except OSError:
+            continue
+    try:
+        os.remove(lock)
+    except OSError as e:
+        raise RuntimeError(f"dspark_kernels: the extension build lock {lock} is stale ({age / 60:.0f} minutes old, no "
+                           f"build running) and could not be removed ({e}); delete it and retry") from e
+    print(f"dspark_kernels: removed a stale build lock {lock} ({age / 60:.0f} minutes old, no build running; "
+          f"left by a build that was killed)", file=sys.stderr, flush=True)
+
+
 def _jit_build() -> None:
     if torch.version.cuda is None:
         raise RuntimeError("dspark_kernels: this torch is a CPU-only build, so the CUDA extension cannot be built; "
@@ -177,6 +221,7 @@ def _jit_build() -> None:
     srcs = sources()
     digest = _headers_digest()  # headers are not part of torch's rebuild check: make them part of the flags
     build_dir = cpp_extension._get_build_directory(LIBRARY, verbose=False)
+    _clear_stale_lock(build_dir)
     built = glob.glob(os.path.join(build_dir, f"{LIBRARY}*.so"))
     newest_src = max(os.path.getmtime(p) for p in srcs + glob.glob(os.path.join(csrc_dir(), "include", "**", "*"),
                                                                     recursive=True))
@@ -195,10 +240,27 @@ def _jit_build() -> None:
     )
 
 
-def _register_fakes() -> None:
-    @torch.library.register_fake(f"{LIBRARY}::rng_uniform_")
-    def _(out, rng_key, stream):
-        return None
+def register_fake(name: str):
+    """Decorator: ``fn`` is the fake (meta) implementation of ``dspark_C::<name>`` and ``dspark_simt::<name>``,
+    registered when each library loads. Each op's Python module (``dspark_kernels/ops``) declares its own."""
+    def deco(fn):
+        _fakes[name] = fn
+        for lib in (LIBRARY, SIMT_LIBRARY):
+            if (_ops if lib == LIBRARY else _simt_module) is not None:
+                _register_fake(lib, name, fn)
+        return fn
+    return deco
+
+
+def _register_fake(lib: str, name: str, fn) -> None:
+    if hasattr(getattr(torch.ops, lib), name):
+        torch.library.register_fake(f"{lib}::{name}")(fn)
+
+
+def _register_fakes(lib: str) -> None:
+    from . import ops  # noqa: F401  (each op module declares its fake on import)
+    for name, fn in _fakes.items():
+        _register_fake(lib, name, fn)
 
 
 def _load_unlocked():
@@ -230,8 +292,8 @@ def _load_unlocked():
                 f"dspark_kernels: building the CUDA extension failed: {e}"
             _error = msg + (f" (also: {aot_error})" if aot_error else "")
             raise RuntimeError(_error) from e
-    _register_fakes()
     _ops = getattr(torch.ops, LIBRARY)
+    _register_fakes(LIBRARY)
     return _ops
 
 
@@ -258,3 +320,127 @@ def is_available() -> bool:
 def has_op(name: str) -> bool:
     """True if the extension is available and registers ``torch.ops.dspark_C.<name>`` (an op with a CUDA kernel)."""
     return is_available() and hasattr(load(), name)
+
+
+# ------------------------------------------------------------------------------------------------ SIMT build
+
+def simt_enabled() -> bool:
+    """True when ``DSPARK_SIMT=1``: ``backend="cuda"`` then runs the CUDA kernels on CPU tensors."""
+    return os.environ.get("DSPARK_SIMT") == "1"
+
+
+def _simt_sanitized() -> bool:
+    return os.environ.get("DSPARK_SIMT_SANITIZE", "0") not in ("", "0")
+
+
+def _cuda_header_dirs() -> List[str]:
+    """Folders holding cuda_runtime.h / cuda_bf16.h: the toolkit's, else those of torch's CUDA wheels."""
+    home = cuda_home()
+    dirs = [os.path.join(home, "include")] if _is_toolkit(home) else []
+    dirs += [d for d in _nvidia_wheel_includes() if os.path.isfile(os.path.join(d, "cuda_runtime.h"))]
+    return dirs
+
+
+def asan_preload() -> str:
+    """The LD_PRELOAD value a sanitized SIMT run needs: the compiler's ASan runtime, then libstdc++ (so ASan's
+    exception interceptors find the real __cxa_throw)."""
+    import subprocess
+    cxx = os.environ.get("CXX", "c++")
+    libs = [subprocess.run([cxx, f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
+            for lib in ("libasan.so", "libstdc++.so")]
+    return " ".join(libs)
+
+
+def _asan_preloaded() -> bool:
+    try:
+        with open("/proc/self/maps") as f:
+            return "libasan" in f.read()
+    except OSError:
+        return False
+
+
+def _simt_sources() -> List[str]:
+    d = csrc_dir()
+    return ([os.path.join(d, "simt", "module.cpp"), os.path.join(d, "simt", "runtime.cpp")] +
+            [p for p in sources()])
+
+
+def _simt_build():
+    headers = _cuda_header_dirs()
+    if not headers:
+        raise RuntimeError("dspark_kernels: the SIMT build needs the CUDA headers (cuda_runtime.h, cuda_bf16.h): "
+                           "install the CUDA toolkit and set CUDA_HOME, or install a CUDA build of torch")
+    sanitize = _simt_sanitized()
+    if sanitize and not _asan_preloaded():
+        raise RuntimeError("dspark_kernels: DSPARK_SIMT_SANITIZE=1 needs the AddressSanitizer runtime loaded first: "
+                           f"run Python with LD_PRELOAD='{asan_preload()}' ASAN_OPTIONS=detect_leaks=0")
+    from torch.utils import cpp_extension
+    name = "dspark_simt_asan" if sanitize else "dspark_simt"
+    build_dir = cpp_extension._get_build_directory(name, verbose=False)
+    # One translation unit (the runtime first, so its keyword macros precede every CUDA header); its text holds a
+    # digest of every source and header, so that torch's rebuild check sees header changes.
+    h = hashlib.sha1()
+    for p in sorted(glob.glob(os.path.join(csrc_dir(), "**", "*"), recursive=True)):
+        if os.path.isfile(p):
+            h.update(p.encode())
+            with open(p, "rb") as f:
+                h.update(f.read())
+    unity = os.path.join(build_dir, "dspark_simt_unity.cpp")
+    text = (f"// generated by dspark_kernels/_ext.py (sources digest {h.hexdigest()[:16]})\n"
+            '#include "dspark_simt/runtime.h"\n' + "".join(f'#include "{p}"\n' for p in _simt_sources()))
+    if not os.path.isfile(unity) or open(unity).read() != text:
+        with open(unity, "w") as f:
+            f.write(text)
+        print(f"dspark_kernels: building the SIMT harness {name} in {build_dir} (a minute or two once, then cached)",
+              file=sys.stderr, flush=True)
+    flags = ["-DDSPARK_SIMT", "-g"]
+    ldflags = []
+    if sanitize:
+        san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
+        flags += ["-O1"] + san
+        ldflags += san
+    else:
+        flags += ["-O2"]
+    return cpp_extension.load(
+        name=name,
+        sources=[unity],
+        extra_include_paths=[os.path.join(csrc_dir(), "include"), os.path.join(csrc_dir(), "simt"),
+                             os.path.join(csrc_dir(), "torch")] + headers,
+        extra_cflags=flags,
+        extra_ldflags=ldflags,
+        build_directory=build_dir,
+        is_python_module=True,
+        verbose=os.environ.get("DSPARK_VERBOSE_BUILD") == "1",
+    )
+
+
+def load_simt():
+    """The SIMT build's Python module (settings, records, self-tests), building it first if needed; its ops are
+    ``torch.ops.dspark_simt``. Raises RuntimeError saying why it cannot be built."""
+    global _simt_module, _simt_error
+    with _lock:
+        if _simt_module is not None:
+            return _simt_module
+        if _simt_error is not None:
+            raise RuntimeError(_simt_error)
+        try:
+            module = _simt_build()
+        except Exception as e:
+            msg = str(e) if isinstance(e, RuntimeError) and str(e).startswith("dspark_kernels:") else \
+                f"dspark_kernels: building the SIMT harness failed: {e}"
+            _simt_error = msg
+            raise RuntimeError(msg) from e
+        _simt_module = module
+        _register_fakes(SIMT_LIBRARY)
+        return module
+
+
+def kernels(device: torch.device):
+    """The op library whose kernels run on ``device``: ``torch.ops.dspark_C`` on a GPU, ``torch.ops.dspark_simt``
+    for CPU tensors under ``DSPARK_SIMT=1``."""
+    if device.type == "cpu":
+        if not simt_enabled():
+            raise ValueError("CUDA kernels run on CPU tensors only through the SIMT harness: set DSPARK_SIMT=1")
+        load_simt()
+        return getattr(torch.ops, SIMT_LIBRARY)
+    return load()

@@ -3,6 +3,11 @@
 * Tests marked ``@pytest.mark.gpu`` are skipped on machines without a CUDA device.
 * Without a GPU, Triton kernels run in the interpreter on CPU tensors: ``TRITON_INTERPRET=1`` is set here (before
   any kernel is defined) so the Triton tests run on every machine; ``triton_device`` says where their tensors go.
+* CUDA kernels run on the CPU through the SIMT harness (``dspark_kernels.simt``): a test that takes the
+  ``cuda_device`` fixture runs once on the CPU with ``DSPARK_SIMT=1`` (marked ``simt``, so CI can rerun those tests
+  under AddressSanitizer) and once on the GPU (marked ``gpu``, skipped without one). Tensors go to ``cuda_device``
+  and ops get ``backend="cuda"``; ``simt_check(fn)`` runs ``fn`` under several thread schedules and shared-memory
+  poisons on the CPU (once on a GPU) and requires identical results.
 """
 
 import os
@@ -16,12 +21,34 @@ if not HAS_GPU:
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_GPU:
-        return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("cuda_device") == "simt":
+            item.add_marker(pytest.mark.simt)
+        if not HAS_GPU and "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(params=["simt", pytest.param("gpu", marks=pytest.mark.gpu)])
+def cuda_device(request, monkeypatch) -> torch.device:
+    """Where the CUDA kernels run: the CPU through the SIMT harness (``DSPARK_SIMT=1``), or the GPU."""
+    if request.param == "gpu":
+        return torch.device("cuda")
+    monkeypatch.setenv("DSPARK_SIMT", "1")
+    from dspark_kernels import simt
+    simt.module()  # a build failure fails the test, never skips it
+    return torch.device("cpu")
+
+
+@pytest.fixture
+def simt_check(cuda_device):
+    """``simt_check(fn)``: ``fn()`` under every SIMT schedule (identical results required), or once on a GPU."""
+    from dspark_kernels import simt
+
+    def run(fn):
+        return simt.check(fn) if cuda_device.type == "cpu" else fn()
+    return run
 
 
 @pytest.fixture

@@ -1,27 +1,15 @@
-// The dspark_C operator library: schemas first, then the CUDA implementations (one launcher .cu per op).
-// Add a new op with one m.def line here, one m.impl line below, and its launcher in csrc/torch/<op>.cu.
-#include <ATen/core/Tensor.h>
-#include <torch/library.h>
+// The dspark_C operator library (dspark_simt in the SIMT build). Each op's launcher (csrc/torch/<op>.cu) declares its schema (a
+// TORCH_LIBRARY_FRAGMENT, mutation declared) and its implementation next to its argument checks; this file only
+// creates the namespace and, in the ahead-of-time GPU build, the Python module `dspark_kernels._C`.
+#include "common.h"
 
-#if defined(TORCH_EXTENSION_NAME)
+#define DSPARK_LIBRARY_(ns, m) TORCH_LIBRARY(ns, m)
+DSPARK_LIBRARY_(DSPARK_TORCH_LIBRARY, m) {}
+
+#if defined(TORCH_EXTENSION_NAME) && !defined(DSPARK_SIMT)
 #include <Python.h>
-#endif
-
-namespace dspark_torch {
-void rng_uniform_(at::Tensor& out, const at::Tensor& rng_key, int64_t stream);
-}  // namespace dspark_torch
-
-TORCH_LIBRARY(dspark_C, m) {
-  m.def("rng_uniform_(Tensor(a!) out, Tensor rng_key, int stream) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(dspark_C, CUDA, m) {
-  m.impl("rng_uniform_", &dspark_torch::rng_uniform_);
-}
-
-#if defined(TORCH_EXTENSION_NAME)
 // An empty Python module, so that `import dspark_kernels._C` (the ahead-of-time build) works; loading the
-// shared object runs the registrations above. The JIT build loads the library with torch.ops.load_library.
+// shared object runs the registrations. The JIT build loads the library with torch.ops.load_library.
 #define DSPARK_CONCAT_(a, b) a##b
 #define DSPARK_CONCAT(a, b) DSPARK_CONCAT_(a, b)
 #define DSPARK_STR_(x) #x

@@ -17,7 +17,9 @@ def resolve_backend(backend: Optional[str], device: torch.device, cuda_op: str) 
     ``backend`` (or, when it is None or "auto", the environment variable ``DSPARK_BACKEND``) is one of
     "auto", "cuda", "triton", "reference". "auto" picks "cuda" where the tensors are on a GPU and the CUDA extension
     loads and has this op's kernel (``torch.ops.dspark_C.<cuda_op>``), else "triton" on a GPU, else "reference".
-    Asking for "cuda" or "triton" where they cannot run raises a ValueError.
+    "cuda" on CPU tensors runs the CUDA kernels through the SIMT harness when ``DSPARK_SIMT=1`` (as
+    ``TRITON_INTERPRET=1`` runs Triton kernels on the CPU). Asking for "cuda" or "triton" where they cannot run
+    raises a ValueError.
     """
     if backend is None or backend == "auto":
         backend = os.environ.get(ENV_BACKEND, "auto") or "auto"
@@ -29,10 +31,13 @@ def resolve_backend(backend: Optional[str], device: torch.device, cuda_op: str) 
         from .. import _ext
         return "cuda" if _ext.has_op(cuda_op) else "triton"
     if backend == "cuda":
-        if device.type != "cuda":
-            raise ValueError(f"backend='cuda' needs tensors on a CUDA device, got {device}")
         from .. import _ext
-        if not hasattr(_ext.load(), cuda_op):  # load() raises with the build error if it cannot be built
+        if device.type == "cpu" and not _ext.simt_enabled():
+            raise ValueError(f"backend='cuda' needs tensors on a CUDA device, got {device}; set DSPARK_SIMT=1 to run "
+                             "the CUDA kernels on CPU tensors through the SIMT harness")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"backend='cuda' needs tensors on a CUDA device, got {device}")
+        if not hasattr(_ext.kernels(device), cuda_op):  # raises with the build error if it cannot be built
             raise ValueError(f"backend='cuda': the CUDA extension has no {cuda_op} kernel yet; use 'triton'")
     if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"backend='triton' needs tensors on a GPU, or TRITON_INTERPRET=1 for CPU tensors; "

@@ -6,7 +6,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from .. import reference
+from .. import _ext, reference
 from ..rng import make_rng_key
 from ._common import check_tensor, resolve_backend
 
@@ -14,8 +14,7 @@ from ._common import check_tensor, resolve_backend
 @torch.library.custom_op("dspark::rng_uniform_", mutates_args=("out",))
 def _rng_uniform_op(out: torch.Tensor, rng_key: torch.Tensor, stream: int, backend: str) -> None:
     if backend == "cuda":
-        from .. import _ext
-        _ext.load().rng_uniform_(out, rng_key, stream)
+        _ext.kernels(out.device).rng_uniform_(out, rng_key, stream)
     elif backend == "triton":
         from ..triton.rng_uniform import rng_uniform as triton_rng_uniform
         triton_rng_uniform(out, rng_key, stream)
@@ -25,6 +24,11 @@ def _rng_uniform_op(out: torch.Tensor, rng_key: torch.Tensor, stream: int, backe
 
 @_rng_uniform_op.register_fake
 def _(out, rng_key, stream, backend):
+    return None
+
+
+@_ext.register_fake("rng_uniform_")
+def _(out, rng_key, stream):
     return None
 
 

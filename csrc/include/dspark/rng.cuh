@@ -12,17 +12,13 @@
 
 #include <stdint.h>
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(DSPARK_SIMT)
+#include "platform.cuh"
 #define DSPARK_HOST_DEVICE __host__ __device__ __forceinline__
-#define DSPARK_DEVICE __device__ __forceinline__
 #else
-#define DSPARK_HOST_DEVICE inline
+#define DSPARK_HOST_DEVICE inline  // plain host C++ (the C ABI's host test)
 #endif
 
-#include <math.h>
-#if defined(__CUDACC__)
-#include <math_constants.h>
-#endif
 
 namespace dspark {
 namespace rng {
@@ -124,62 +120,12 @@ struct Philox {
   }
 };
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(DSPARK_SIMT)
 // Seed and offset from a device int64 [2] rng_key (so a CUDA graph replays with whatever the key holds then).
 __device__ __forceinline__ Philox load_philox(const int64_t* __restrict__ rng_key) {
   return Philox::make(static_cast<uint64_t>(__ldg(rng_key)), static_cast<uint64_t>(__ldg(rng_key + 1)));
 }
 #endif
-
-// ---------------------------------------------------------------------------------------------------------
-// Sampling helpers (exponential race / Gumbel-max).
-//
-// Categorical sampling is `argmax_v w_v / E_v` with `E_v = -log(u_v)` (weights), or in the log domain
-// `argmax_v l_v - log(-log(u_v))` (scaled logits). Ties go to the lowest index; NaN scores count as -inf.
-// Scores use the accurate logf (not __logf), to stay close to torch.log.
-// ---------------------------------------------------------------------------------------------------------
-
-DSPARK_HOST_DEVICE float neg_inf() {
-#if defined(__CUDA_ARCH__)
-  return -CUDART_INF_F;
-#else
-  return -HUGE_VALF;
-#endif
-}
-
-DSPARK_HOST_DEVICE float nan_to_neg_inf(float s) { return s != s ? neg_inf() : s; }
-
-// Exponential-race score of a non-negative weight: w / -log(u) (NaN -> -inf).
-DSPARK_HOST_DEVICE float race_score(float weight, float u) { return nan_to_neg_inf(weight / -logf(u)); }
-
-// Gumbel-max score of a scaled logit l (= logit / T): l - log(-log(u)) (NaN -> -inf).
-DSPARK_HOST_DEVICE float gumbel_score(float scaled_logit, float u) {
-  return nan_to_neg_inf(scaled_logit - logf(-logf(u)));
-}
-
-// A running argmax: ties to the lowest index, NaN as -inf. The empty state (index INT64_MAX, value -inf)
-// loses to every real candidate, so an all -inf / NaN row yields its lowest index, like torch.argmax.
-struct ArgMax {
-  float value;
-  int64_t index;
-
-  DSPARK_HOST_DEVICE static ArgMax empty() { return ArgMax{neg_inf(), INT64_MAX}; }
-
-  // true if (v, i) beats (value, index); v must already be NaN-free.
-  DSPARK_HOST_DEVICE bool beaten_by(float v, int64_t i) const {
-    return v > value || (v == value && i < index);
-  }
-  DSPARK_HOST_DEVICE void update(float v, int64_t i) {
-    v = nan_to_neg_inf(v);
-    if (beaten_by(v, i)) {
-      value = v;
-      index = i;
-    }
-  }
-  DSPARK_HOST_DEVICE void merge(const ArgMax& o) {
-    if (beaten_by(o.value, o.index)) *this = o;
-  }
-};
 
 }  // namespace rng
 }  // namespace dspark

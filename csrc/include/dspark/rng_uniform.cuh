@@ -11,10 +11,6 @@
 
 #include <stdint.h>
 
-#include <atomic>
-
-#include <cuda_runtime.h>
-
 #include "rng.cuh"
 #include "utils.cuh"
 
@@ -37,26 +33,12 @@ __global__ void __launch_bounds__(256) rng_uniform_kernel(float* __restrict__ ou
       store_f32x4(p, u);
     } else {
       const Index left = V - quad * 4;  // >= 1
-      p[0] = u.x;
-      if (left > 1) p[1] = u.y;
-      if (left > 2) p[2] = u.z;
-      if (left > 3) p[3] = u.w;
+      stg(p, u.x);
+      if (left > 1) stg(p + 1, u.y);
+      if (left > 2) stg(p + 2, u.z);
+      if (left > 3) stg(p + 3, u.w);
     }
   }
-}
-
-// Multiprocessor count of the current device (cached per device; cudaDeviceGetAttribute does not sync).
-inline int current_device_sm_count() {
-  static std::atomic<int> cache[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-  if (dev < 0 || dev >= 64) return 132;
-  int sms = cache[dev].load(std::memory_order_relaxed);
-  if (sms <= 0) {
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
-    cache[dev].store(sms, std::memory_order_relaxed);
-  }
-  return sms;
 }
 
 // Launch on `s`; the caller has checked the arguments (N, K, V >= 0, K < 2^24, stream < 256, V < 2^34).
@@ -67,24 +49,28 @@ inline cudaError_t launch_rng_uniform(float* out, int64_t N, int64_t K, int64_t 
   constexpr int kThreads = 256;
   const uint64_t qpr = (static_cast<uint64_t>(V) + 3) / 4;
   const uint64_t total = static_cast<uint64_t>(N) * static_cast<uint64_t>(K) * qpr;
-  const uint64_t max_blocks = static_cast<uint64_t>(current_device_sm_count()) * (2048 / kThreads) * 4;
+  const uint64_t max_blocks = static_cast<uint64_t>(device_sm_count()) * (2048 / kThreads) * 4;
   uint64_t blocks = (total + kThreads - 1) / kThreads;
   if (blocks > max_blocks) blocks = max_blocks;
-  const dim3 grid(static_cast<unsigned>(blocks)), block(kThreads);
+  LaunchConfig cfg;
+  cfg.grid = dim3(static_cast<unsigned>(blocks));
+  cfg.block = dim3(kThreads);
+  cfg.stream = s;
   const bool vec = (V % 4 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
   // 32-bit indices when every quad index (plus one grid step) and element offset stays below 2^32.
   const bool small = total * 4 + blocks * kThreads < (uint64_t(1) << 32);
   const uint32_t st = static_cast<uint32_t>(stream);
   if (small) {
     const uint32_t k = uint32_t(K), v = uint32_t(V), q = uint32_t(qpr), t = uint32_t(total);
-    if (vec) rng_uniform_kernel<uint32_t, true><<<grid, block, 0, s>>>(out, k, v, q, t, rng_key, st);
-    else rng_uniform_kernel<uint32_t, false><<<grid, block, 0, s>>>(out, k, v, q, t, rng_key, st);
-  } else {
-    const uint64_t k = uint64_t(K), v = uint64_t(V);
-    if (vec) rng_uniform_kernel<uint64_t, true><<<grid, block, 0, s>>>(out, k, v, qpr, total, rng_key, st);
-    else rng_uniform_kernel<uint64_t, false><<<grid, block, 0, s>>>(out, k, v, qpr, total, rng_key, st);
+    if (vec) return launch("rng_uniform_kernel<u32, vec>", rng_uniform_kernel<uint32_t, true>, cfg, out, k, v, q, t,
+                           rng_key, st);
+    return launch("rng_uniform_kernel<u32>", rng_uniform_kernel<uint32_t, false>, cfg, out, k, v, q, t, rng_key, st);
   }
-  return cudaGetLastError();
+  const uint64_t k = uint64_t(K), v = uint64_t(V);
+  if (vec) return launch("rng_uniform_kernel<u64, vec>", rng_uniform_kernel<uint64_t, true>, cfg, out, k, v, qpr, total,
+                         rng_key, st);
+  return launch("rng_uniform_kernel<u64>", rng_uniform_kernel<uint64_t, false>, cfg, out, k, v, qpr, total, rng_key,
+                st);
 }
 
 }  // namespace dspark

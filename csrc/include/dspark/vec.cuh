@@ -1,0 +1,100 @@
+// dspark/vec.cuh: element types and 16-byte vector access of rows of logits (no torch).
+//
+// Rows of fp32 / bf16 / fp16 logits are read with 16-byte loads (4 or 8 elements) wherever the row allows: a scalar
+// head up to the first 16-byte boundary, whole vectors, then a scalar tail, so any V and any row start work (a
+// packed [R, V] bf16 tensor with odd V has rows at every 2-byte offset). All arithmetic is float32.
+#pragma once
+
+#include <stdint.h>
+
+#include "platform.cuh"
+
+namespace dspark {
+
+// Element types of the float inputs, numbered as the C ABI numbers them (dspark.h: DSPARK_DTYPE_*).
+enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+// Run `...` with `T` bound to the C++ type of `dtype` (float, __nv_bfloat16, __half); `on_bad` otherwise.
+#define DSPARK_DISPATCH_FLOAT(dtype, T, on_bad, ...)        \
+  switch (dtype) {                                          \
+    case ::dspark::DType::kFloat32: {                       \
+      using T = float;                                      \
+      __VA_ARGS__;                                          \
+      break;                                                \
+    }                                                       \
+    case ::dspark::DType::kBFloat16: {                      \
+      using T = __nv_bfloat16;                              \
+      __VA_ARGS__;                                          \
+      break;                                                \
+    }                                                       \
+    case ::dspark::DType::kFloat16: {                       \
+      using T = __half;                                     \
+      __VA_ARGS__;                                          \
+      break;                                                \
+    }                                                       \
+    default:                                                \
+      on_bad;                                               \
+  }
+
+DSPARK_HOST_DEVICE_FN float to_float(float v) { return v; }
+DSPARK_HOST_DEVICE_FN float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+DSPARK_HOST_DEVICE_FN float to_float(__half v) { return __half2float(v); }
+
+template <typename T>
+DSPARK_HOST_DEVICE_FN T from_float(float v);
+template <>
+DSPARK_HOST_DEVICE_FN float from_float<float>(float v) { return v; }
+template <>
+DSPARK_HOST_DEVICE_FN __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+template <>
+DSPARK_HOST_DEVICE_FN __half from_float<__half>(float v) { return __float2half(v); }
+
+DSPARK_HOST_DEVICE_FN bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// 16 bytes of elements.
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kN = static_cast<int>(16 / sizeof(T));
+  T v[kN];
+};
+
+// One 16-byte global load (p must be 16-byte aligned).
+template <typename T>
+DSPARK_DEVICE Vec16<T> load16(const T* p) {
+  const uint4 raw = ldg(reinterpret_cast<const uint4*>(p));
+  Vec16<T> out;
+  memcpy(&out, &raw, 16);
+  return out;
+}
+
+template <typename T>
+DSPARK_DEVICE void store16(T* p, const Vec16<T>& v) {
+  uint4 raw;
+  memcpy(&raw, &v, 16);
+  stg(reinterpret_cast<uint4*>(p), raw);
+}
+
+// Visit elements [begin, end) of `row` (element 0 of a row): thread `t` of `nthreads` calls f(index, value) for its
+// share, as float32. Whole 16-byte vectors go to threads round-robin (vector i to thread i % nthreads); the scalar
+// head and tail go to threads 0, 1, ... Every element is read exactly once.
+template <typename T, typename F>
+DSPARK_DEVICE void for_each_element(const T* row, int64_t begin, int64_t end, int t, int nthreads, F&& f) {
+  if (end <= begin) return;
+  constexpr int kN = Vec16<T>::kN;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row + begin);
+  int64_t head = addr % 16 == 0 ? 0 : static_cast<int64_t>((16 - addr % 16) / sizeof(T));
+  if (addr % sizeof(T) != 0) head = end - begin;  // not even element-aligned: scalar only
+  if (head > end - begin) head = end - begin;
+  for (int64_t i = t; i < head; i += nthreads) f(begin + i, to_float(ldg(row + begin + i)));
+  const int64_t body = begin + head;
+  const int64_t nvec = (end - body) / kN;
+  for (int64_t i = t; i < nvec; i += nthreads) {
+    const Vec16<T> v = load16(row + body + i * kN);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) f(body + i * kN + j, to_float(v.v[j]));
+  }
+  const int64_t tail = body + nvec * kN;
+  for (int64_t i = tail + t; i < end; i += nthreads) f(i, to_float(ldg(row + i)));
+}
+
+}  // namespace dspark

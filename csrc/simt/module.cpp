@@ -1,0 +1,119 @@
+// The Python side of the SIMT build (`dspark_kernels._simt_ext`, made by torch.utils.cpp_extension): harness
+// settings, per-launch records, and the self-test kernels. dspark_kernels/simt.py wraps it.
+#include <torch/extension.h>
+
+#include <string>
+
+#include "dspark_simt/runtime.h"
+#include "selftest.cuh"
+
+namespace dspark {
+namespace simt {
+namespace {
+
+void configure(const std::string& order, uint64_t seed, int poison, int sm_count, bool record) {
+  Settings& s = settings();
+  if (order == "forward") s.order = Order::kForward;
+  else if (order == "reverse") s.order = Order::kReverse;
+  else if (order == "random") s.order = Order::kRandom;
+  else TORCH_CHECK(false, "simt: order must be 'forward', 'reverse' or 'random', got '", order, "'");
+  TORCH_CHECK(poison >= 0 && poison < 256, "simt: poison must be a byte, got ", poison);
+  TORCH_CHECK(sm_count >= 1 && sm_count <= 4096, "simt: sm_count must be in [1, 4096], got ", sm_count);
+  s.seed = seed;
+  s.poison = static_cast<unsigned char>(poison);
+  s.sm_count = sm_count;
+  s.record = record;
+}
+
+py::dict get_settings() {
+  const Settings& s = settings();
+  py::dict d;
+  d["order"] = s.order == Order::kForward ? "forward" : (s.order == Order::kReverse ? "reverse" : "random");
+  d["seed"] = s.seed;
+  d["poison"] = static_cast<int>(s.poison);
+  d["sm_count"] = s.sm_count;
+  d["record"] = s.record;
+  return d;
+}
+
+py::list take_records_py() {
+  py::list out;
+  take_records(
+      [](const LaunchRecord& r, void* user) {
+        py::dict d;
+        d["kernel"] = std::string(r.kernel);
+        d["grid"] = py::make_tuple(r.grid.x, r.grid.y, r.grid.z);
+        d["block"] = py::make_tuple(r.block.x, r.block.y, r.block.z);
+        d["ctas"] = uint64_t(r.grid.x) * r.grid.y * r.grid.z;
+        d["threads"] = uint64_t(r.block.x) * r.block.y * r.block.z;
+        d["dynamic_smem"] = r.dynamic_smem;
+        d["static_smem"] = r.static_smem;
+        d["cooperative"] = r.cooperative;
+        d["bytes_read"] = r.bytes_read;
+        d["bytes_written"] = r.bytes_written;
+        d["unique_bytes_read"] = r.unique_bytes_read;
+        d["unique_bytes_written"] = r.unique_bytes_written;
+        d["barriers"] = r.barriers;
+        d["warp_collectives"] = r.warp_collectives;
+        d["grid_barriers"] = r.grid_barriers;
+        static_cast<py::list*>(user)->append(d);
+      },
+      &out);
+  return out;
+}
+
+void check_f32(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), "simt selftest: ", name,
+              " must be a contiguous float32 CPU tensor");
+}
+
+// Runs one self-test kernel: `x` input, `y` output, `aux` a second output; grid/block as given.
+void selftest(const std::string& name, const torch::Tensor& x, torch::Tensor& y, torch::Tensor& aux, int grid,
+              int block, int variant, double alpha) {
+  check_f32(x, "x");
+  check_f32(y, "y");
+  check_f32(aux, "aux");
+  LaunchConfig cfg;
+  cfg.grid = dim3(static_cast<unsigned>(grid));
+  cfg.block = dim3(static_cast<unsigned>(block));
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  float* ap = aux.data_ptr<float>();
+  if (name == "scale_sum") {
+    launch("scale_sum_kernel", selftest::scale_sum_kernel, cfg, xp, yp, ap, x.numel(), static_cast<float>(alpha));
+  } else if (name == "neighbour") {
+    launch("neighbour_kernel", selftest::neighbour_kernel, cfg, xp, yp, variant);
+  } else if (name == "divergent_barrier") {
+    launch("divergent_barrier_kernel", selftest::divergent_barrier_kernel, cfg, yp, variant);
+  } else if (name == "uninitialised") {
+    launch("uninitialised_kernel", selftest::uninitialised_kernel, cfg, yp, variant);
+  } else if (name == "shuffle_mask") {
+    launch("shuffle_mask_kernel", selftest::shuffle_mask_kernel, cfg, yp, variant);
+  } else if (name == "oob_read") {
+    launch("oob_read_kernel", selftest::oob_read_kernel, cfg, xp, yp, x.numel(), variant);
+  } else if (name == "grid_barrier") {
+    cfg.cooperative = variant == 0;  // the broken variant uses the grid barrier in a plain launch
+    launch("grid_barrier_kernel", selftest::grid_barrier_kernel, cfg, ap, yp);
+  } else {
+    TORCH_CHECK(false, "simt selftest: unknown kernel '", name, "'");
+  }
+}
+
+}  // namespace
+}  // namespace simt
+}  // namespace dspark
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "dspark_kernels SIMT harness: CUDA kernels on the CPU (settings, launch records, self-tests)";
+  m.def("configure", &dspark::simt::configure, py::arg("order"), py::arg("seed"), py::arg("poison"),
+        py::arg("sm_count"), py::arg("record"));
+  m.def("settings", &dspark::simt::get_settings);
+  m.def("take_records", &dspark::simt::take_records_py);
+  m.def("selftest", &dspark::simt::selftest, py::arg("name"), py::arg("x"), py::arg("y"), py::arg("aux"),
+        py::arg("grid"), py::arg("block"), py::arg("variant"), py::arg("alpha") = 1.0);
+#if defined(__SANITIZE_ADDRESS__)
+  m.attr("sanitized") = true;
+#else
+  m.attr("sanitized") = false;
+#endif
+}

@@ -1,0 +1,734 @@
+// The SIMT runtime behind dspark_simt/runtime.h: fibers, the scheduler, barriers, warp collectives, shared memory.
+//
+// A launch runs its blocks one at a time (all at once for a cooperative launch, whose grid barrier needs every
+// block resident). Each CUDA thread is a fiber on a pooled stack; the scheduler resumes runnable fibers in the
+// configured order and each runs until it blocks at a synchronisation point or returns. A fault found inside a
+// fiber is recorded and the launch is abandoned (its fibers are never resumed) and reported as a
+// std::runtime_error. Nothing here is thread-safe: one OS thread launches at a time.
+#include "dspark_simt/runtime.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define DSPARK_SIMT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DSPARK_SIMT_ASAN 1
+#endif
+#endif
+#if defined(DSPARK_SIMT_ASAN)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+namespace dspark {
+namespace simt {
+
+namespace {
+
+// ------------------------------------------------------------------------------------------- context switch
+#if defined(__x86_64__)
+// dspark_simt_switch(&save_sp, load_sp): push the callee-saved registers and the FP control words on the current
+// stack, store the stack pointer, switch to the other stack, pop its registers, return into it.
+extern "C" void dspark_simt_switch(void** save_sp, void* load_sp);
+extern "C" void dspark_simt_trampoline();
+asm(R"(
+.text
+.globl dspark_simt_switch
+.hidden dspark_simt_switch
+.type dspark_simt_switch,@function
+dspark_simt_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size dspark_simt_switch,.-dspark_simt_switch
+
+.globl dspark_simt_trampoline
+.hidden dspark_simt_trampoline
+.type dspark_simt_trampoline,@function
+dspark_simt_trampoline:
+  movq %r12, %rdi
+  call dspark_simt_fiber_main
+  ud2
+.size dspark_simt_trampoline,.-dspark_simt_trampoline
+)");
+#endif
+
+}  // namespace
+
+// Internal types (named, not anonymous: ThreadCtx points at a Block).
+struct Fiber;
+struct Launch;
+
+enum class State { kRunnable, kBarrier, kWarp, kGrid, kExited };
+
+struct Fiber {
+  ThreadCtx ctx{};
+  State state = State::kRunnable;
+  Site wait_site{"", 0};
+  unsigned wait_mask = 0;
+  uint64_t* collective_out = nullptr;  // where a completing warp collective writes the lanes' values
+  unsigned collective_arrived = 0;
+  int barrier_value = 0;               // __syncthreads_count: this thread's predicate, then the block's count
+  char* stack = nullptr;
+  size_t stack_size = 0;
+#if defined(__x86_64__)
+  void* sp = nullptr;
+#else
+  ucontext_t uc;
+#endif
+  void* asan_fake_stack = nullptr;
+  Launch* launch = nullptr;
+};
+
+struct WarpGroup {
+  Site site;
+  unsigned mask;
+  unsigned arrived;
+  uint64_t values[32];
+};
+
+struct Block {
+  unsigned linear = 0;
+  std::vector<Fiber*> threads;
+  unsigned live = 0, exited = 0;
+  // __syncthreads
+  unsigned bar_arrived = 0;
+  Site bar_site{"", 0};
+  int bar_count = 0;
+  std::vector<Fiber*> bar_waiters;
+  // warp collectives, per warp
+  std::vector<std::vector<WarpGroup>> warps;
+  // shared memory
+  char* smem = nullptr;
+  size_t dyn = 0, static_used = 0;
+  std::vector<std::pair<const void*, size_t>> static_allocs;
+};
+
+struct Launch {
+  LaunchSpec spec{};
+  LaunchRecord* record = nullptr;
+  const std::function<void()>* body = nullptr;
+  std::vector<std::unique_ptr<Block>> blocks;  // resident blocks
+  std::vector<Fiber*> fibers;                   // all resident fibers, in thread order
+  unsigned grid_live = 0, grid_arrived = 0;
+  Site grid_site{"", 0};
+  std::vector<Fiber*> grid_waiters;
+  std::string error;
+#if defined(__x86_64__)
+  void* sched_sp = nullptr;
+#else
+  ucontext_t sched_uc;
+#endif
+  void* sched_fake_stack = nullptr;
+  const void* sched_stack_bottom = nullptr;
+  size_t sched_stack_size = 0;
+};
+
+namespace {
+
+// Global accesses of the running launch, for the unique-byte counts (kept only while recording).
+std::vector<std::pair<uintptr_t, uint32_t>> g_reads, g_writes;
+
+uint64_t unique_bytes(std::vector<std::pair<uintptr_t, uint32_t>>& acc) {
+  std::sort(acc.begin(), acc.end());
+  uint64_t total = 0;
+  uintptr_t end = 0;
+  for (const auto& a : acc) {
+    const uintptr_t lo = std::max(a.first, end), hi = a.first + a.second;
+    if (hi > lo) total += hi - lo;
+    if (hi > end) end = hi;
+  }
+  acc.clear();
+  return total;
+}
+
+thread_local Fiber* g_current = nullptr;
+thread_local Launch* g_launch = nullptr;
+Settings g_settings;
+std::vector<LaunchRecord> g_records;
+uint64_t g_launch_counter = 0;
+
+std::string where(Site s) {
+  std::string f = s.file ? s.file : "?";
+  const size_t slash = f.find_last_of('/');
+  if (slash != std::string::npos) f = f.substr(slash + 1);
+  return f + ":" + std::to_string(s.line);
+}
+bool same_site(Site a, Site b) { return a.line == b.line && a.file == b.file; }
+
+// ------------------------------------------------------------------------------------------- stacks
+size_t stack_bytes() {
+  static size_t bytes = [] {
+    const char* env = getenv("DSPARK_SIMT_STACK_KB");
+    size_t kb = env ? static_cast<size_t>(atol(env)) : 0;
+#if defined(DSPARK_SIMT_ASAN)
+    if (kb == 0) kb = 512;
+#else
+    if (kb == 0) kb = 128;
+#endif
+    return kb * 1024;
+  }();
+  return bytes;
+}
+
+std::vector<char*> g_stack_pool;
+
+char* take_stack() {
+  if (!g_stack_pool.empty()) {
+    char* s = g_stack_pool.back();
+    g_stack_pool.pop_back();
+#if defined(DSPARK_SIMT_ASAN)
+    ASAN_UNPOISON_MEMORY_REGION(s, stack_bytes());  // frames abandoned on a fault leave their redzones behind
+#endif
+    return s;
+  }
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* m = mmap(nullptr, stack_bytes() + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (m == MAP_FAILED) throw std::runtime_error("dspark SIMT: out of memory for fiber stacks");
+  mprotect(m, page, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting a neighbour
+  return static_cast<char*>(m) + page;
+}
+
+std::vector<char*> g_smem_pool;
+size_t smem_arena_bytes() { return g_settings.max_smem_per_block; }
+
+char* take_smem() {
+  if (!g_smem_pool.empty()) {
+    char* s = g_smem_pool.back();
+    g_smem_pool.pop_back();
+    return s;
+  }
+  void* p = nullptr;
+  if (posix_memalign(&p, 128, smem_arena_bytes()) != 0) throw std::runtime_error("dspark SIMT: out of memory");
+  return static_cast<char*>(p);
+}
+
+void give_smem(char* s) {
+#if defined(DSPARK_SIMT_ASAN)
+  ASAN_UNPOISON_MEMORY_REGION(s, smem_arena_bytes());
+#endif
+  g_smem_pool.push_back(s);
+}
+
+// ------------------------------------------------------------------------------------------- switching
+void switch_to_scheduler(Fiber* f, bool dying) {
+  Launch* L = f->launch;
+#if defined(DSPARK_SIMT_ASAN)
+  __sanitizer_start_switch_fiber(dying ? nullptr : &f->asan_fake_stack, L->sched_stack_bottom, L->sched_stack_size);
+#else
+  (void)dying;
+#endif
+#if defined(__x86_64__)
+  dspark_simt_switch(&f->sp, L->sched_sp);
+#else
+  swapcontext(&f->uc, &L->sched_uc);
+#endif
+#if defined(DSPARK_SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(f->asan_fake_stack, nullptr, nullptr);
+#endif
+  g_current = f;
+}
+
+void resume(Launch* L, Fiber* f) {
+  g_current = f;
+#if defined(DSPARK_SIMT_ASAN)
+  __sanitizer_start_switch_fiber(&L->sched_fake_stack, f->stack, f->stack_size);
+#endif
+#if defined(__x86_64__)
+  dspark_simt_switch(&L->sched_sp, f->sp);
+#else
+  swapcontext(&L->sched_uc, &f->uc);
+#endif
+#if defined(DSPARK_SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(L->sched_fake_stack, nullptr, nullptr);
+#endif
+  g_current = nullptr;
+}
+
+[[noreturn]] void fault(const std::string& msg);
+
+void on_exit(Fiber* f);
+
+}  // namespace
+
+extern "C" void dspark_simt_fiber_main(Fiber* f) {
+#if defined(DSPARK_SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &f->launch->sched_stack_bottom, &f->launch->sched_stack_size);
+#endif
+  g_current = f;
+  (*f->launch->body)();
+  on_exit(f);
+  switch_to_scheduler(f, /*dying=*/true);
+  __builtin_trap();  // an exited fiber is never resumed
+}
+
+namespace {
+
+#if !defined(__x86_64__)
+void ucontext_entry(unsigned hi, unsigned lo) {
+  dspark_simt_fiber_main(reinterpret_cast<Fiber*>((static_cast<uintptr_t>(hi) << 32) | lo));
+}
+#endif
+
+void init_fiber(Fiber* f) {
+  f->stack = take_stack();
+  f->stack_size = stack_bytes();
+#if defined(__x86_64__)
+  // Initial frame, popped by dspark_simt_switch: FP control words, r15, r14, r13, r12 (= the fiber), rbx, rbp,
+  // then the return address (the trampoline); after the ret the stack pointer is 16-byte aligned.
+  uintptr_t top = reinterpret_cast<uintptr_t>(f->stack + f->stack_size) & ~uintptr_t(15);
+  uint64_t* sp = reinterpret_cast<uint64_t*>(top - 80);
+  uint32_t mxcsr = 0x1F80;
+  uint16_t fpucw = 0x037F;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpucw));
+  sp[0] = static_cast<uint64_t>(mxcsr) | (static_cast<uint64_t>(fpucw) << 32);
+  sp[1] = 0;                                   // r15
+  sp[2] = 0;                                   // r14
+  sp[3] = 0;                                   // r13
+  sp[4] = reinterpret_cast<uint64_t>(f);       // r12
+  sp[5] = 0;                                   // rbx
+  sp[6] = 0;                                   // rbp
+  sp[7] = reinterpret_cast<uint64_t>(&dspark_simt_trampoline);
+  f->sp = sp;
+#else
+  getcontext(&f->uc);
+  f->uc.uc_stack.ss_sp = f->stack;
+  f->uc.uc_stack.ss_size = f->stack_size;
+  f->uc.uc_link = nullptr;
+  const uintptr_t p = reinterpret_cast<uintptr_t>(f);
+  makecontext(&f->uc, reinterpret_cast<void (*)()>(&ucontext_entry), 2, static_cast<unsigned>(p >> 32),
+              static_cast<unsigned>(p));
+#endif
+}
+
+// ------------------------------------------------------------------------------------------- faults
+[[noreturn]] void fault(const std::string& msg) {
+  Fiber* f = g_current;
+  if (f == nullptr) throw std::runtime_error("dspark SIMT: " + msg);
+  Launch* L = f->launch;
+  if (L->error.empty()) {
+    std::ostringstream os;
+    os << "dspark SIMT: kernel " << L->spec.kernel << ", block (" << f->ctx.block_idx.x << "," << f->ctx.block_idx.y
+       << "," << f->ctx.block_idx.z << "), thread (" << f->ctx.thread_idx.x << "," << f->ctx.thread_idx.y << ","
+       << f->ctx.thread_idx.z << "): " << msg;
+    L->error = os.str();
+  }
+  f->state = State::kExited;
+  switch_to_scheduler(f, /*dying=*/false);
+  __builtin_trap();  // the scheduler abandons a launch with an error
+}
+
+std::string describe_wait(const Fiber* f) {
+  switch (f->state) {
+    case State::kExited: return "returned";
+    case State::kBarrier: return "waits at __syncthreads (" + where(f->wait_site) + ")";
+    case State::kGrid: return "waits at the grid barrier (" + where(f->wait_site) + ")";
+    case State::kWarp: {
+      std::ostringstream os;
+      os << "waits at a warp collective (" << where(f->wait_site) << ", mask 0x" << std::hex << f->wait_mask << ")";
+      return os.str();
+    }
+    default: return "is runnable";
+  }
+}
+
+Block& my_block() { return *g_current->ctx.block; }
+
+void on_exit(Fiber* f) {
+  Block& b = *f->ctx.block;
+  Launch* L = f->launch;
+  f->state = State::kExited;
+  b.live -= 1;
+  b.exited += 1;
+  L->grid_live -= 1;
+  if (b.bar_arrived > 0)
+    fault("returned while " + std::to_string(b.bar_arrived) + " thread(s) of its block wait at __syncthreads (" +
+          where(b.bar_site) + "): a barrier in divergent code");
+  if (L->grid_arrived > 0)
+    fault("returned while other threads wait at the grid barrier (" + where(L->grid_site) + ")");
+  for (const WarpGroup& g : b.warps[f->ctx.warp]) {
+    if ((g.mask >> f->ctx.lane) & 1u) {
+      std::ostringstream os;
+      os << "returned while the warp collective at " << where(g.site) << " (mask 0x" << std::hex << g.mask
+         << ") names its lane " << std::dec << f->ctx.lane;
+      fault(os.str());
+    }
+  }
+}
+
+uint64_t next_random(uint64_t& s) {
+  s += 0x9E3779B97F4A7C15ull;
+  uint64_t z = s;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::string deadlock_report(Launch* L) {
+  for (auto& bp : L->blocks) {
+    Block& b = *bp;
+    for (size_t w = 0; w < b.warps.size(); ++w) {
+      for (const WarpGroup& g : b.warps[w]) {
+        for (unsigned l = 0; l < 32; ++l) {
+          if (!((g.mask >> l) & 1u) || ((g.arrived >> l) & 1u)) continue;
+          const size_t t = w * 32 + l;
+          std::ostringstream os;
+          os << "dspark SIMT: kernel " << L->spec.kernel << ", block " << b.linear << ", warp " << w
+             << ": the warp collective at " << where(g.site) << " has mask 0x" << std::hex << g.mask << std::dec
+             << ", which names lane " << l << ", but that lane ";
+          if (t >= b.threads.size()) os << "does not exist (the block has " << b.threads.size() << " threads)";
+          else os << describe_wait(b.threads[t]);
+          return os.str();
+        }
+      }
+    }
+    if (b.bar_arrived > 0) {
+      for (Fiber* f : b.threads) {
+        if (f->state != State::kBarrier) {
+          return "dspark SIMT: kernel " + std::string(L->spec.kernel) + ", block " + std::to_string(b.linear) +
+                 ": __syncthreads at " + where(b.bar_site) + " waits for thread " +
+                 std::to_string(f->ctx.thread_idx.x) + ", which " + describe_wait(f) + " (divergent barrier)";
+        }
+      }
+    }
+  }
+  if (L->grid_arrived > 0) return "dspark SIMT: kernel " + std::string(L->spec.kernel) + ": grid barrier deadlock";
+  return "dspark SIMT: kernel " + std::string(L->spec.kernel) + ": deadlock";
+}
+
+// Runs the resident blocks of L to completion; returns false with L->error set on a fault.
+bool run_resident(Launch* L) {
+  std::vector<size_t> order(L->fibers.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (g_settings.order == Order::kReverse) std::reverse(order.begin(), order.end());
+  uint64_t rs = g_settings.seed * 0x2545F4914F6CDD1Dull + g_launch_counter;
+  size_t done = 0;
+  while (done < L->fibers.size()) {
+    if (g_settings.order == Order::kRandom) {
+      for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[next_random(rs) % i]);
+    }
+    bool progressed = false;
+    for (size_t i : order) {
+      Fiber* f = L->fibers[i];
+      if (f->state != State::kRunnable) continue;
+      progressed = true;
+      resume(L, f);
+      if (!L->error.empty()) return false;
+    }
+    done = 0;
+    for (Fiber* f : L->fibers) done += f->state == State::kExited;
+    if (!progressed && done < L->fibers.size()) {
+      L->error = deadlock_report(L);
+      return false;
+    }
+  }
+  return true;
+}
+
+void release(std::vector<Fiber*>& waiters) {
+  for (Fiber* f : waiters) f->state = State::kRunnable;
+  waiters.clear();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------- public API
+ThreadCtx& ctx() {
+  if (g_current == nullptr) throw std::runtime_error("dspark SIMT: a device built-in was used outside a kernel");
+  return g_current->ctx;
+}
+
+Settings& settings() { return g_settings; }
+
+void syncthreads(Site site) { (void)syncthreads_count(site, 0); }
+
+int syncthreads_count(Site site, int pred) {
+  Fiber* f = g_current;
+  Block& b = my_block();
+  if (b.exited > 0)
+    fault("reached __syncthreads (" + where(site) + ") after " + std::to_string(b.exited) +
+          " thread(s) of its block returned: a barrier in divergent code");
+  if (b.bar_arrived == 0) {
+    b.bar_site = site;
+    b.bar_count = 0;
+  } else if (!same_site(b.bar_site, site)) {
+    fault("reached __syncthreads at " + where(site) + " while other threads of its block wait at " +
+          where(b.bar_site) + ": a barrier in divergent code");
+  }
+  b.bar_count += pred != 0;
+  b.bar_arrived += 1;
+  if (b.bar_arrived == b.live) {  // the last thread of the block: release everyone
+    const int count = b.bar_count;
+    for (Fiber* w : b.bar_waiters) w->barrier_value = count;
+    release(b.bar_waiters);
+    b.bar_arrived = 0;
+    f->launch->record->barriers += 1;
+    return count;
+  }
+  f->state = State::kBarrier;
+  f->wait_site = site;
+  b.bar_waiters.push_back(f);
+  switch_to_scheduler(f, false);
+  return f->barrier_value;
+}
+
+void grid_sync(Site site) {
+  Fiber* f = g_current;
+  Launch* L = f->launch;
+  if (!L->spec.cooperative) fault("grid barrier (" + where(site) + ") in a launch that is not cooperative");
+  if (L->grid_arrived == 0) L->grid_site = site;
+  L->grid_arrived += 1;
+  if (L->grid_arrived == L->grid_live) {
+    release(L->grid_waiters);
+    L->grid_arrived = 0;
+    L->record->grid_barriers += 1;
+    return;
+  }
+  f->state = State::kGrid;
+  f->wait_site = site;
+  L->grid_waiters.push_back(f);
+  switch_to_scheduler(f, false);
+}
+
+unsigned warp_collective(Site site, unsigned mask, uint64_t value, uint64_t* values) {
+  Fiber* f = g_current;
+  Block& b = my_block();
+  const unsigned lane = f->ctx.lane;
+  if (!((mask >> lane) & 1u)) {
+    std::ostringstream os;
+    os << "warp collective at " << where(site) << " with mask 0x" << std::hex << mask
+       << " that does not name the calling lane " << std::dec << lane;
+    fault(os.str());
+  }
+  std::vector<WarpGroup>& groups = b.warps[f->ctx.warp];
+  WarpGroup* g = nullptr;
+  for (WarpGroup& x : groups) {
+    if (x.mask == mask && same_site(x.site, site) && !((x.arrived >> lane) & 1u)) {
+      g = &x;
+      break;
+    }
+  }
+  if (g == nullptr) {
+    groups.push_back(WarpGroup{site, mask, 0u, {}});
+    g = &groups.back();
+  }
+  g->values[lane] = value;
+  g->arrived |= 1u << lane;
+  f->collective_out = values;
+  if (g->arrived == mask) {  // complete: hand every lane the values, wake the others
+    const WarpGroup done = *g;
+    groups.erase(groups.begin() + (g - groups.data()));
+    for (unsigned l = 0; l < 32; ++l) {
+      if (!((done.mask >> l) & 1u)) continue;
+      Fiber* w = b.threads[f->ctx.warp * 32 + l];
+      memcpy(w->collective_out, done.values, sizeof(done.values));
+      w->collective_arrived = done.mask;
+      if (w != f) w->state = State::kRunnable;
+    }
+    f->launch->record->warp_collectives += 1;
+  } else {
+    f->state = State::kWarp;
+    f->wait_site = site;
+    f->wait_mask = mask;
+    switch_to_scheduler(f, false);
+  }
+  for (unsigned l = 0; l < 32; ++l)
+    if (!((mask >> l) & 1u)) values[l] = value;
+  return f->collective_arrived;
+}
+
+unsigned active_mask() {
+  Fiber* f = g_current;
+  Block& b = my_block();
+  unsigned m = 0;
+  for (unsigned l = 0; l < 32; ++l) {
+    const size_t t = f->ctx.warp * 32 + l;
+    if (t < b.threads.size() && b.threads[t]->state != State::kExited) m |= 1u << l;
+  }
+  return m;
+}
+
+void* shared_alloc(const void* key, size_t bytes, size_t align) {
+  Block& b = my_block();
+  for (auto& a : b.static_allocs)
+    if (a.first == key) return b.smem + a.second;
+  if (align < 16) align = 16;
+  const size_t off = (b.dyn + b.static_used + align - 1) / align * align;
+  if (off + bytes > g_settings.max_smem_per_block)
+    fault("needs " + std::to_string(off + bytes) + " bytes of shared memory, more than the " +
+          std::to_string(g_settings.max_smem_per_block) + " a block may have");
+#if defined(DSPARK_SIMT_ASAN)
+  ASAN_UNPOISON_MEMORY_REGION(b.smem + off, bytes);
+#endif
+  b.static_allocs.emplace_back(key, off);
+  b.static_used = off + bytes - b.dyn;
+  LaunchRecord* r = g_current->launch->record;
+  if (b.static_used > r->static_smem) r->static_smem = b.static_used;
+  return b.smem + off;
+}
+
+void* dynamic_smem() { return my_block().smem; }
+
+void count_read(const void* p, size_t bytes) {
+  ctx().record->bytes_read += bytes;
+  if (g_settings.record) g_reads.emplace_back(reinterpret_cast<uintptr_t>(p), static_cast<uint32_t>(bytes));
+}
+
+void count_write(const void* p, size_t bytes) {
+  ctx().record->bytes_written += bytes;
+  if (g_settings.record) g_writes.emplace_back(reinterpret_cast<uintptr_t>(p), static_cast<uint32_t>(bytes));
+}
+
+void launch(const LaunchSpec& spec, const std::function<void()>& body) {
+  if (g_launch != nullptr) throw std::runtime_error("dspark SIMT: a kernel launched another kernel");
+  const uint64_t threads = uint64_t(spec.block.x) * spec.block.y * spec.block.z;
+  const uint64_t blocks = uint64_t(spec.grid.x) * spec.grid.y * spec.grid.z;
+  auto bad = [&](const std::string& why) {
+    return std::runtime_error("dspark SIMT: kernel " + std::string(spec.kernel) + ": invalid launch: " + why);
+  };
+  if (threads == 0 || threads > 1024) throw bad("block of " + std::to_string(threads) + " threads");
+  if (blocks == 0 || spec.grid.x > 2147483647u || spec.grid.y > 65535u || spec.grid.z > 65535u)
+    throw bad("grid of " + std::to_string(blocks) + " blocks");
+  if (spec.dynamic_smem > g_settings.max_smem_per_block)
+    throw bad(std::to_string(spec.dynamic_smem) + " bytes of dynamic shared memory");
+  if (spec.cooperative) {
+    const uint64_t per_sm = std::min<uint64_t>(g_settings.max_threads_per_sm / threads,
+                                               spec.dynamic_smem ? g_settings.smem_per_sm / spec.dynamic_smem : 32);
+    if (blocks > per_sm * uint64_t(g_settings.sm_count))
+      throw bad("a cooperative grid of " + std::to_string(blocks) + " blocks cannot be resident on " +
+                std::to_string(g_settings.sm_count) + " SMs");
+  }
+  LaunchRecord record;
+  record.kernel = spec.kernel;
+  record.grid = spec.grid;
+  record.block = spec.block;
+  record.dynamic_smem = spec.dynamic_smem;
+  record.cooperative = spec.cooperative;
+
+  Launch L;
+  L.spec = spec;
+  L.record = &record;
+  L.body = &body;
+  g_launch = &L;
+  ++g_launch_counter;
+  std::vector<Fiber> fibers;
+  std::string error;
+  try {
+    // Block order follows the schedule, so inter-block races through global memory show up too.
+    std::vector<uint64_t> block_order(blocks);
+    for (uint64_t i = 0; i < blocks; ++i) block_order[i] = i;
+    if (g_settings.order == Order::kReverse) std::reverse(block_order.begin(), block_order.end());
+    if (g_settings.order == Order::kRandom) {
+      uint64_t rs = g_settings.seed ^ (g_launch_counter << 17);
+      for (size_t i = block_order.size(); i > 1; --i) std::swap(block_order[i - 1], block_order[next_random(rs) % i]);
+    }
+    const uint64_t resident = spec.cooperative ? blocks : 1;
+    fibers.resize(resident * threads);
+    for (uint64_t first = 0; first < blocks && error.empty(); first += resident) {
+      L.blocks.clear();
+      L.fibers.clear();
+      L.grid_live = 0;
+      L.grid_arrived = 0;
+      L.grid_waiters.clear();
+      for (uint64_t j = 0; j < resident; ++j) {
+        const uint64_t lin = block_order[first + j];
+        auto bp = std::make_unique<Block>();
+        Block& b = *bp;
+        b.linear = static_cast<unsigned>(lin);
+        b.smem = take_smem();
+        b.dyn = spec.dynamic_smem;
+#if defined(DSPARK_SIMT_ASAN)
+        ASAN_UNPOISON_MEMORY_REGION(b.smem, smem_arena_bytes());
+#endif
+        memset(b.smem, g_settings.poison, smem_arena_bytes());
+#if defined(DSPARK_SIMT_ASAN)
+        ASAN_POISON_MEMORY_REGION(b.smem, smem_arena_bytes());
+        ASAN_UNPOISON_MEMORY_REGION(b.smem, b.dyn);
+#endif
+        b.warps.resize((threads + 31) / 32);
+        const uint3 bidx{static_cast<unsigned>(lin % spec.grid.x),
+                         static_cast<unsigned>((lin / spec.grid.x) % spec.grid.y),
+                         static_cast<unsigned>(lin / (uint64_t(spec.grid.x) * spec.grid.y))};
+        for (uint64_t t = 0; t < threads; ++t) {
+          Fiber* f = &fibers[j * threads + t];
+          *f = Fiber();
+          f->launch = &L;
+          f->ctx.thread_idx = uint3{static_cast<unsigned>(t % spec.block.x),
+                                    static_cast<unsigned>((t / spec.block.x) % spec.block.y),
+                                    static_cast<unsigned>(t / (uint64_t(spec.block.x) * spec.block.y))};
+          f->ctx.block_idx = bidx;
+          f->ctx.block_dim = spec.block;
+          f->ctx.grid_dim = spec.grid;
+          f->ctx.lane = static_cast<unsigned>(t % 32);
+          f->ctx.warp = static_cast<unsigned>(t / 32);
+          f->ctx.block = &b;
+          f->ctx.record = &record;
+          init_fiber(f);
+          b.threads.push_back(f);
+          L.fibers.push_back(f);
+        }
+        b.live = static_cast<unsigned>(threads);
+        L.grid_live += static_cast<unsigned>(threads);
+        L.blocks.push_back(std::move(bp));
+      }
+      if (!run_resident(&L)) error = L.error;
+      for (Fiber* f : L.fibers) g_stack_pool.push_back(f->stack);
+      for (auto& bp : L.blocks) give_smem(bp->smem);
+    }
+  } catch (...) {
+    g_launch = nullptr;
+    g_reads.clear();
+    g_writes.clear();
+    throw;
+  }
+  g_launch = nullptr;
+  g_current = nullptr;
+  record.unique_bytes_read = unique_bytes(g_reads);
+  record.unique_bytes_written = unique_bytes(g_writes);
+  if (!error.empty()) throw std::runtime_error(error);
+  if (g_settings.record) g_records.push_back(record);
+}
+
+void take_records(void (*sink)(const LaunchRecord&, void*), void* user) {
+  std::vector<LaunchRecord> recs;
+  recs.swap(g_records);
+  for (const LaunchRecord& r : recs) sink(r, user);
+}
+
+size_t pending_records() { return g_records.size(); }
+
+}  // namespace simt
+}  // namespace dspark

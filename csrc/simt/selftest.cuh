@@ -1,0 +1,78 @@
+// Kernels that exist to test the SIMT harness itself (compiled only into the SIMT build): a toy kernel whose
+// counters are computed by hand in python_tests/test_simt.py, and one deliberately broken kernel per fault the
+// harness must catch, each next to its correct twin (variant 0 = correct, 1 = broken).
+#pragma once
+
+#include "dspark/utils.cuh"
+
+namespace dspark {
+namespace selftest {
+
+// y[i] = alpha * x[i] (grid-stride), and block_sums[b] = sum of the x[i] block b visited.
+__global__ void scale_sum_kernel(const float* x, float* y, float* block_sums, int64_t n, float alpha) {
+  DSPARK_SHARED_ARRAY(float, scratch, 32);
+  float acc = 0.0f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = ldg(x + i);
+    stg(y + i, alpha * v);
+    acc += v;
+  }
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) stg(block_sums + blockIdx.x, acc);
+}
+
+// Each thread writes its value to shared memory and then reads its neighbour's: the broken variant has no barrier
+// between the two.
+__global__ void neighbour_kernel(const float* x, float* y, int variant) {
+  DSPARK_SHARED_ARRAY(float, buf, 1024);
+  const int t = threadIdx.x, n = blockDim.x;
+  buf[t] = ldg(x + blockIdx.x * n + t);
+  if (variant == 0) __syncthreads();
+  stg(y + blockIdx.x * n + t, buf[(t + 1) % n]);
+}
+
+// A barrier only some threads reach (broken), or one all reach (correct).
+__global__ void divergent_barrier_kernel(float* y, int variant) {
+  DSPARK_SHARED_ARRAY(float, buf, 1024);
+  buf[threadIdx.x] = static_cast<float>(threadIdx.x);
+  if (variant == 0 || threadIdx.x < blockDim.x / 2) __syncthreads();
+  stg(y + threadIdx.x, buf[blockDim.x - 1 - threadIdx.x]);
+}
+
+// Reads a shared slot nobody wrote (broken: the last slot is left out).
+__global__ void uninitialised_kernel(float* y, int variant) {
+  DSPARK_SHARED_ARRAY(float, buf, 1024);
+  const int t = threadIdx.x, n = blockDim.x;
+  if (variant == 0 || t < n - 1) buf[t] = static_cast<float>(t);
+  __syncthreads();
+  stg(y + t, buf[n - 1 - t]);
+}
+
+// A full-mask shuffle that only half of the warp executes (broken).
+__global__ void shuffle_mask_kernel(float* y, int variant) {
+  float v = static_cast<float>(threadIdx.x);
+  const unsigned lane = threadIdx.x & 31;
+  if (variant == 0) {
+    v += __shfl_xor_sync(kFullMask, v, 1);
+  } else if (lane < 16) {
+    v += __shfl_xor_sync(kFullMask, v, 1);
+  }
+  stg(y + threadIdx.x, v);
+}
+
+// Reads x[n] (broken: one past the end; AddressSanitizer must report it).
+__global__ void oob_read_kernel(const float* x, float* y, int64_t n, int variant) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t last = variant == 0 ? n - 1 : n;
+  if (i <= last) stg(y + (i < n ? i : n - 1), ldg(x + i));
+}
+
+// A cooperative kernel: phase 1 writes per-block values, grid barrier, phase 2 reads another block's value.
+__global__ void grid_barrier_kernel(float* buf, float* y) {
+  if (threadIdx.x == 0) stg(buf + blockIdx.x, static_cast<float>(blockIdx.x + 1));
+  grid_sync();
+  if (threadIdx.x == 0) stg(y + blockIdx.x, ld_coherent(buf + (blockIdx.x + 1) % gridDim.x));
+}
+
+}  // namespace selftest
+}  // namespace dspark

@@ -1,0 +1,175 @@
+"""The SIMT harness: CUDA kernels on the CPU, as ``TRITON_INTERPRET=1`` runs Triton kernels there.
+
+With ``DSPARK_SIMT=1``, ``backend="cuda"`` accepts CPU tensors and runs the hand-written CUDA kernels of ``csrc/``
+through a CPU build of the extension (``csrc/simt``: every CUDA thread a fiber, real barriers and warp collectives,
+per-block shared memory, a grid barrier for cooperative launches). The same launch code as on the GPU decides grid,
+block, shared memory and workspace, so a CPU test runs the real launch configuration.
+
+What it checks: a ``__syncthreads`` in divergent code and a warp collective whose mask names a lane that does not
+arrive fail the launch with an error naming the kernel; :func:`check` runs a call under two thread schedules and two
+shared-memory poison bytes and requires identical results, which exposes missing barriers and reads of unwritten
+shared memory; the sanitized build (``DSPARK_SIMT_SANITIZE=1`` with the ASan runtime preloaded) reports out-of-bounds
+global and shared accesses. What it counts, per launch (:func:`record`): grid, block, shared memory, CTAs,
+barriers, warp collectives, and global bytes read and written. What it cannot see: timing, memory ordering beyond
+its synchronisation points, warp-synchronous code without ``__syncwarp``, fast-math numerics (``__expf`` is ``expf``
+here), and Hopper-only instructions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import torch
+
+from . import _ext
+
+__all__ = ["available", "enabled", "module", "configure", "settings", "record", "schedule", "check", "Recording",
+           "H200_SMS"]
+
+H200_SMS = 132  # what the harness reports as the device's multiprocessor count unless told otherwise
+
+
+def enabled() -> bool:
+    """True when ``DSPARK_SIMT=1`` (``backend="cuda"`` then runs on CPU tensors)."""
+    return _ext.simt_enabled()
+
+
+def module():
+    """The SIMT build's Python module (built on first use)."""
+    return _ext.load_simt()
+
+
+def available() -> bool:
+    """True when ``DSPARK_SIMT=1`` and the SIMT build loads."""
+    if not enabled():
+        return False
+    try:
+        module()
+    except RuntimeError:
+        return False
+    return True
+
+
+def settings() -> Dict[str, Any]:
+    return dict(module().settings())
+
+
+def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison: Optional[int] = None,
+              sm_count: Optional[int] = None, record: Optional[bool] = None) -> Dict[str, Any]:
+    """Change harness settings (None keeps one); returns the previous settings.
+
+    order: "forward" | "reverse" | "random" (the order in which runnable threads, and blocks, resume); seed: of
+    "random"; poison: the byte shared memory is filled with before every block; sm_count: what kernels see as the
+    device's multiprocessor count (132, an H200, by default); record: keep a record of every launch.
+    """
+    m = module()
+    old = dict(m.settings())
+    new = dict(old)
+    for k, v in (("order", order), ("seed", seed), ("poison", poison), ("sm_count", sm_count), ("record", record)):
+        if v is not None:
+            new[k] = v
+    m.configure(new["order"], int(new["seed"]), int(new["poison"]), int(new["sm_count"]), bool(new["record"]))
+    return old
+
+
+@contextlib.contextmanager
+def schedule(order: str, *, seed: int = 0, poison: int = 0xFF) -> Iterator[None]:
+    """Run the body under one thread schedule and shared-memory poison byte."""
+    old = configure(order=order, seed=seed, poison=poison)
+    try:
+        yield
+    finally:
+        configure(**old)
+
+
+@dataclass
+class Recording:
+    """The launches made inside :func:`record`, oldest first (one dict per launch, see ``csrc/simt/module.cpp``)."""
+    launches: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(r["bytes_read"] for r in self.launches)
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(r["bytes_written"] for r in self.launches)
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def ctas(self) -> int:
+        return sum(r["ctas"] for r in self.launches)
+
+    def kernels(self) -> List[str]:
+        return [r["kernel"] for r in self.launches]
+
+
+@contextlib.contextmanager
+def record(*, sm_count: Optional[int] = None) -> Iterator[Recording]:
+    """Record every launch made in the body: ``with simt.record() as rec: op(...); rec.launches``."""
+    m = module()
+    m.take_records()  # drop anything older
+    old = configure(record=True, sm_count=sm_count)
+    rec = Recording()
+    try:
+        yield rec
+    finally:
+        rec.launches.extend(m.take_records())
+        configure(**old)
+
+
+# Two runs that differ in every way a correct kernel must not care about: thread and block order, and the bytes
+# unwritten shared memory holds.
+CHECK_SCHEDULES = (("forward", 0, 0xFF), ("reverse", 0, 0x00), ("random", 12345, 0x5A))
+
+
+def check(fn: Callable[[], Any], schedules=CHECK_SCHEDULES) -> Any:
+    """Run ``fn()`` once per schedule (order, seed, poison) and require bit-identical results; return the first.
+
+    ``fn`` must be deterministic given its inputs (the package's ops are: randomness comes from the counter-based
+    generator) and return a tensor or a (nested) tuple / list / dict of tensors and plain values. A difference means a
+    data race on shared or global memory, or a read of shared memory nobody wrote: AssertionError names the output.
+    """
+    results = []
+    for order, seed, poison in schedules:
+        with schedule(order, seed=seed, poison=poison):
+            results.append(fn())
+    for (order, seed, poison), other in zip(schedules[1:], results[1:]):
+        _assert_identical(results[0], other, f"schedule {schedules[0][0]}/poison {schedules[0][2]:#x} vs "
+                                             f"{order}/poison {poison:#x}", "result")
+    return results[0]
+
+
+def _assert_identical(a, b, what: str, path: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype, f"{path}: {what}"
+        same = torch.equal(_bits(a), _bits(b))
+        if not same:
+            diff = (_bits(a) != _bits(b)).nonzero()
+            raise AssertionError(f"SIMT check: {path} differs between runs ({what}) at {diff.shape[0]} element(s), "
+                                 f"first at {tuple(diff[0].tolist())}: a data race or a read of unwritten shared "
+                                 "memory")
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b), f"{path}: {what}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_identical(x, y, what, f"{path}[{i}]")
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), f"{path}: {what}"
+        for k in a:
+            _assert_identical(a[k], b[k], what, f"{path}[{k!r}]")
+    else:
+        assert a == b or (a != a and b != b), f"SIMT check: {path} differs between runs ({what}): {a!r} vs {b!r}"
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Compare floats bit for bit (NaN == NaN of the same payload)."""
+    t = t.detach().contiguous()
+    if t.is_floating_point():
+        return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+    return t
