@@ -99,6 +99,39 @@ void selftest(const std::string& name, const torch::Tensor& x, torch::Tensor& y,
   }
 }
 
+// The split-V self-test: returns (log-sum-exp of logits / T, argmax, Gumbel race winner) per row, and the number of
+// chunks per row it used.
+py::tuple row_stats(const torch::Tensor& logits, double temperature, const torch::Tensor& rng_key, int64_t min_chunk) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.is_contiguous(),
+              "simt row_stats: logits must be a contiguous 2-D CPU tensor");
+  TORCH_CHECK(rng_key.scalar_type() == at::kLong && rng_key.numel() == 2, "simt row_stats: rng_key must be int64 [2]");
+  const int64_t rows = logits.size(0), V = logits.size(1);
+  const SplitV split = split_v(V, rows, 2 * device_sm_count(), min_chunk);
+  auto ws = torch::empty({rows * split.chunks * static_cast<int64_t>(sizeof(RowPartial))}, torch::kUInt8);
+  auto lse = torch::empty({rows}, torch::kFloat32);
+  auto am = torch::empty({rows}, torch::kInt64);
+  auto race = torch::empty({rows}, torch::kInt64);
+  auto* wsp = reinterpret_cast<RowPartial*>(ws.data_ptr());
+  const float t = static_cast<float>(temperature);
+  const int64_t* key = rng_key.data_ptr<int64_t>();
+  switch (logits.scalar_type()) {
+    case at::kFloat:
+      selftest::row_stats(logits.data_ptr<float>(), rows, V, t, key, min_chunk, wsp, lse.data_ptr<float>(),
+                          am.data_ptr<int64_t>(), race.data_ptr<int64_t>());
+      break;
+    case at::kBFloat16:
+      selftest::row_stats(reinterpret_cast<const __nv_bfloat16*>(logits.data_ptr()), rows, V, t, key, min_chunk, wsp,
+                          lse.data_ptr<float>(), am.data_ptr<int64_t>(), race.data_ptr<int64_t>());
+      break;
+    case at::kHalf:
+      selftest::row_stats(reinterpret_cast<const __half*>(logits.data_ptr()), rows, V, t, key, min_chunk, wsp,
+                          lse.data_ptr<float>(), am.data_ptr<int64_t>(), race.data_ptr<int64_t>());
+      break;
+    default: TORCH_CHECK(false, "simt row_stats: logits must be float32, bfloat16 or float16");
+  }
+  return py::make_tuple(lse, am, race, split.chunks);
+}
+
 }  // namespace
 }  // namespace simt
 }  // namespace dspark
@@ -111,6 +144,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("take_records", &dspark::simt::take_records_py);
   m.def("selftest", &dspark::simt::selftest, py::arg("name"), py::arg("x"), py::arg("y"), py::arg("aux"),
         py::arg("grid"), py::arg("block"), py::arg("variant"), py::arg("alpha") = 1.0);
+  m.def("row_stats", &dspark::simt::row_stats, py::arg("logits"), py::arg("temperature"), py::arg("rng_key"),
+        py::arg("min_chunk"));
 #if defined(__SANITIZE_ADDRESS__)
   m.attr("sanitized") = true;
 #else

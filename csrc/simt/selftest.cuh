@@ -76,3 +76,58 @@ __global__ void grid_barrier_kernel(float* buf, float* y) {
 
 }  // namespace selftest
 }  // namespace dspark
+
+namespace dspark {
+namespace selftest {
+
+// The split-V convention end to end, on rows of any float dtype: phase 1 reduces each (row, chunk) to a RowPartial
+// (softmax stats of row / T, argmax, Gumbel race winner with uniform(request=row, position=0, RESIDUAL, token))
+// through 16-byte loads with a scalar head and tail; phase 2 merges a row's chunks.
+template <typename T>
+__global__ void row_partials_kernel(const T* logits, int64_t V, int64_t chunk, int64_t chunks, float temperature,
+                                    const int64_t* rng_key, RowPartial* partials) {
+  DSPARK_SHARED_ARRAY(RowPartial, scratch, 32);
+  const int64_t row = blockIdx.y, c = blockIdx.x;
+  const rng::Philox ph = rng::load_philox(rng_key);
+  const int64_t begin = c * chunk, end = begin + chunk < V ? begin + chunk : V;
+  RowPartial part = RowPartial::empty();
+  for_each_element(logits + row * V, begin, end, threadIdx.x, blockDim.x, [&](int64_t i, float x) {
+    const float l = x / temperature;
+    part.stats.update(l);
+    part.argmax.update(x, i);
+    part.race.update(gumbel_score(l, ph.uniform(row, 0, rng::kStreamResidual, i)), i);
+  });
+  part = block_allreduce(part, scratch);
+  if (threadIdx.x == 0) stg(partials + row * chunks + c, part);
+}
+
+__global__ void row_combine_kernel(const RowPartial* partials, int64_t chunks, float* lse, int64_t* argmax,
+                                   int64_t* race) {
+  const int64_t row = blockIdx.x;
+  RowPartial acc = RowPartial::empty();
+  for (int64_t c = threadIdx.x; c < chunks; c += 32) acc.merge(ldg(partials + row * chunks + c));
+  acc = warp_allreduce(acc);
+  if (threadIdx.x == 0) {
+    stg(lse + row, acc.stats.log_sum_exp());
+    stg(argmax + row, acc.argmax.index);
+    stg(race + row, acc.race.index);
+  }
+}
+
+// Two launches; `workspace` holds rows * split.chunks partials.
+template <typename T>
+inline void row_stats(const T* logits, int64_t rows, int64_t V, float temperature, const int64_t* rng_key,
+                      int64_t min_chunk, RowPartial* workspace, float* lse, int64_t* argmax, int64_t* race) {
+  const SplitV split = split_v(V, rows, 2 * device_sm_count(), min_chunk);
+  LaunchConfig cfg;
+  cfg.grid = dim3(static_cast<unsigned>(split.chunks), static_cast<unsigned>(rows));
+  cfg.block = dim3(128);
+  launch("row_partials_kernel", row_partials_kernel<T>, cfg, logits, V, split.chunk, split.chunks, temperature, rng_key,
+         workspace);
+  cfg.grid = dim3(static_cast<unsigned>(rows));
+  cfg.block = dim3(32);
+  launch("row_combine_kernel", row_combine_kernel, cfg, workspace, split.chunks, lse, argmax, race);
+}
+
+}  // namespace selftest
+}  // namespace dspark

@@ -17,7 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <string.h>
+
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #if defined(DSPARK_SIMT)
@@ -62,11 +65,33 @@
 namespace dspark {
 
 // ------------------------------------------------------------------------------------------------ memory
-// Global loads and stores. On the GPU, __ldg (the read-only path) and a plain store; in the SIMT build both are
-// counted. T: any type of 1, 2, 4, 8 or 16 bytes that __ldg takes (float, int, int64_t, __half, float4, uint4...).
+// Global loads and stores. On the GPU, loads use the read-only path (__ldg) word by word for any trivially
+// copyable T (a struct of partials included; words as wide as T's alignment allows), stores are plain; in the SIMT
+// build both are counted (sizeof(T) bytes per call).
 template <typename T>
 DSPARK_DEVICE T ldg(const T* p) {
+#if defined(DSPARK_SIMT)
   return __ldg(p);
+#else
+  static_assert(std::is_trivially_copyable<T>::value, "dspark::ldg loads trivially copyable values");
+  if constexpr (std::is_arithmetic<T>::value || std::is_same<T, float4>::value || std::is_same<T, uint4>::value ||
+                std::is_same<T, int4>::value || std::is_same<T, uint2>::value || std::is_same<T, float2>::value ||
+                std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) {
+    return __ldg(p);
+  } else {
+    using Word = std::conditional_t<alignof(T) % 16 == 0 && sizeof(T) % 16 == 0, uint4,
+                 std::conditional_t<alignof(T) % 8 == 0 && sizeof(T) % 8 == 0, uint2,
+                 std::conditional_t<alignof(T) % 4 == 0 && sizeof(T) % 4 == 0, unsigned, unsigned char>>>;
+    constexpr int kWords = sizeof(T) / sizeof(Word);
+    Word w[kWords];
+    const Word* src = reinterpret_cast<const Word*>(p);
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = __ldg(src + i);
+    T v;
+    memcpy(&v, w, sizeof(T));
+    return v;
+  }
+#endif
 }
 // A load that must see writes of other blocks made before a grid barrier (no read-only cache).
 template <typename T>
@@ -95,6 +120,7 @@ struct LaunchConfig {
   bool cooperative = false;     // every block resident at once (needed by grid_sync)
 };
 
+#if defined(__CUDACC__) || defined(DSPARK_SIMT)  // launching needs nvcc (or the SIMT runtime)
 // Launch `kernel(args...)` with `cfg`. Returns the launch status on the GPU; in the SIMT build a fault (divergent
 // barrier, bad shuffle mask, ...) throws std::runtime_error naming `name`. Arguments are converted to the
 // kernel's parameter types first, as <<<>>> does.
@@ -131,6 +157,7 @@ DSPARK_DEVICE void grid_sync() {
   cooperative_groups::this_grid().sync();
 #endif
 }
+#endif
 
 // ------------------------------------------------------------------------------------------------ device info
 // Multiprocessors of the current device (cached; no sync). The SIMT build reports its setting (132 by default).

@@ -1,0 +1,229 @@
+"""The SIMT harness: CUDA kernels on the CPU, its fault checks (each on a planted bug, next to the correct twin), its
+counters against hand-computed values, and the kernel building blocks (16-byte loads, split-V partials, races)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import dspark_kernels as dk
+from dspark_kernels import _ext, rng, simt
+from dspark_kernels.ops._common import resolve_backend
+
+pytestmark = pytest.mark.simt  # CI runs these again under AddressSanitizer + UBSan
+
+
+@pytest.fixture
+def harness(monkeypatch):
+    monkeypatch.setenv("DSPARK_SIMT", "1")
+    return simt.module()
+
+
+def selftest(m, name, *, x=None, n=256, grid=1, block=128, variant=0, aux=8):
+    x = torch.arange(n, dtype=torch.float32) if x is None else x
+    y = torch.zeros(max(n, grid * block))
+    a = torch.zeros(aux)
+    m.selftest(name, x, y, a, grid, block, variant)
+    return y, a
+
+
+# ------------------------------------------------------------------------------------------------ interface
+
+def test_cuda_on_cpu_tensors_needs_the_variable(monkeypatch):
+    monkeypatch.delenv("DSPARK_SIMT", raising=False)
+    with pytest.raises(ValueError, match="DSPARK_SIMT=1"):
+        resolve_backend("cuda", torch.device("cpu"), "rng_uniform_")
+    with pytest.raises(ValueError, match="DSPARK_SIMT=1"):
+        dk.rng_uniform((1, 1, 4), backend="cuda")
+
+
+def test_auto_on_the_cpu_stays_the_reference(monkeypatch):
+    monkeypatch.setenv("DSPARK_SIMT", "1")
+    assert resolve_backend("auto", torch.device("cpu"), "rng_uniform_") == "reference"
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 3, 17), (3, 5, 1001), (1, 2, 4096), (2, 1, 6)])
+def test_rng_uniform_equals_the_reference(cuda_device, simt_check, shape):
+    want = dk.rng_uniform(shape, seed=2**40 + 7, offset=2**33 + 5, stream=3, backend="reference")
+    got = simt_check(lambda: dk.rng_uniform(shape, seed=2**40 + 7, offset=2**33 + 5, stream=3,
+                                            device=cuda_device, backend="cuda"))
+    assert torch.equal(got.cpu(), want)
+
+
+def test_rng_uniform_unaligned_output_and_counters(harness):
+    """A 4-byte-aligned output takes the scalar-store path; every element is written once, the key read per thread."""
+    buf = torch.zeros(1 + 2 * 3 * 8)
+    out = buf[1:].view(2, 3, 8)
+    with simt.record() as rec:
+        simt.check(lambda: dk.rng_uniform(out, seed=9, offset=1, backend="cuda").clone())
+    want = dk.rng_uniform((2, 3, 8), seed=9, offset=1, backend="reference")
+    assert torch.equal(out, want) and buf[0] == 0
+    first = rec.launches[0]
+    assert len(rec.launches) == 3  # one launch per call; simt.check made three calls
+    assert first["kernel"] == "rng_uniform_kernel<u32>"
+    assert first["bytes_written"] == first["unique_bytes_written"] == out.numel() * 4
+    assert first["unique_bytes_read"] == 16 and first["bytes_read"] == 16 * first["ctas"] * first["threads"]
+
+
+def test_opcheck_rng_uniform(harness):
+    out = torch.empty(2, 3, 7)
+    key = rng.make_rng_key(3, 4, "cpu")
+    torch.library.opcheck(torch.ops.dspark_simt.rng_uniform_.default, (out, key, 2))
+
+
+def test_schemas_match_the_gpu_build(harness):
+    """The SIMT library registers the same ops with the same schemas as dspark_C (one launcher source, two builds);
+    every op has a fake implementation."""
+    simt_ops = torch.ops.dspark_simt
+    names = [n for n in dir(simt_ops) if not n.startswith("_") and hasattr(getattr(simt_ops, n), "default")]
+    assert "rng_uniform_" in names
+    for name in names:
+        schema = str(getattr(simt_ops, name).default._schema)
+        assert schema.startswith(f"dspark_simt::{name}(")
+        assert name in _ext._fakes, f"{name} has no fake implementation"
+    if _ext.cuda_home() is None:
+        return
+    gpu_ops = _ext.load()
+    for name in names:
+        assert str(getattr(gpu_ops, name).default._schema) == \
+            str(getattr(simt_ops, name).default._schema).replace("dspark_simt::", "dspark_C::")
+
+
+# ------------------------------------------------------------------------------------------------ counters
+
+def test_counters_of_a_toy_kernel_match_hand_computed_values(harness):
+    n, grid, block = 1000, 4, 128
+    x = torch.arange(n, dtype=torch.float32)
+    y, sums = torch.empty(n), torch.zeros(grid)
+    with simt.record() as rec:
+        harness.selftest("scale_sum", x, y, sums, grid, block, 0, 2.0)
+    assert torch.equal(y, 2 * x)
+    visited = [x[b * block::grid * block].sum() + sum(x[b * block + t::grid * block].sum() for t in range(1, block))
+               for b in range(grid)]
+    assert torch.allclose(sums, torch.stack(visited))
+    (r,) = rec.launches
+    assert r["kernel"] == "scale_sum_kernel" and r["ctas"] == grid and r["threads"] == block
+    assert r["grid"] == (grid, 1, 1) and r["block"] == (block, 1, 1)
+    assert r["bytes_read"] == 4 * n and r["unique_bytes_read"] == 4 * n
+    assert r["bytes_written"] == 4 * n + 4 * grid
+    assert r["barriers"] == 2 * grid                      # block_sum: two barriers per block
+    assert r["warp_collectives"] == grid * (block // 32) * 5  # five shuffle steps per warp
+    assert r["static_smem"] == 32 * 4 and r["dynamic_smem"] == 0 and not r["cooperative"]
+
+
+def test_sm_count_setting_reaches_the_launch_code(harness):
+    with simt.record(sm_count=7) as rec:
+        dk.rng_uniform((64, 64, 1024), backend="cuda")
+    assert rec.launches[0]["ctas"] == 7 * 8 * 4  # rng_uniform caps its grid at 4 waves of 8 blocks per SM
+    assert simt.settings()["sm_count"] == simt.H200_SMS
+
+
+# ------------------------------------------------------------------------------------------------ faults
+
+def test_missing_barrier_is_caught(harness):
+    x = torch.randn(256)
+    good = simt.check(lambda: selftest(harness, "neighbour", x=x, grid=2, block=128, variant=0)[0])
+    assert torch.equal(good, x.view(2, 128).roll(-1, dims=1).flatten())
+    with pytest.raises(AssertionError, match="differs between runs"):
+        simt.check(lambda: selftest(harness, "neighbour", x=x, grid=2, block=128, variant=1)[0])
+
+
+def test_divergent_barrier_is_an_error_naming_the_kernel(harness):
+    y, _ = selftest(harness, "divergent_barrier", variant=0)
+    assert torch.equal(y[:128], torch.arange(127, -1, -1, dtype=torch.float32))
+    for order in ("forward", "reverse"):
+        with simt.schedule(order), pytest.raises(RuntimeError, match="divergent_barrier_kernel.*divergent code"):
+            selftest(harness, "divergent_barrier", variant=1)
+
+
+def test_unwritten_shared_memory_is_caught(harness):
+    y = simt.check(lambda: selftest(harness, "uninitialised", variant=0)[0])
+    assert torch.equal(y[:128], torch.arange(127, -1, -1, dtype=torch.float32))
+    with pytest.raises(AssertionError, match="differs between runs"):
+        simt.check(lambda: selftest(harness, "uninitialised", variant=1)[0])
+
+
+def test_shuffle_mask_naming_an_absent_lane_is_an_error(harness):
+    y, _ = selftest(harness, "shuffle_mask", block=64, variant=0)
+    lanes = torch.arange(64, dtype=torch.float32)
+    assert torch.equal(y[:64], lanes + (torch.arange(64) ^ 1).float())
+    for order in ("forward", "reverse"):
+        with simt.schedule(order), pytest.raises(RuntimeError, match=r"shuffle_mask_kernel.*mask 0xffffffff.*lane 16"):
+            selftest(harness, "shuffle_mask", block=64, variant=1)
+
+
+def test_grid_barrier_needs_a_cooperative_launch(harness):
+    y, buf = simt.check(lambda: selftest(harness, "grid_barrier", grid=5, block=64, aux=5, variant=0))
+    assert torch.equal(buf, torch.arange(1, 6, dtype=torch.float32))
+    assert torch.equal(y[:5], torch.tensor([2.0, 3, 4, 5, 1]))  # block b read block b+1's value after the barrier
+    with pytest.raises(RuntimeError, match="grid_barrier_kernel.*not cooperative"):
+        selftest(harness, "grid_barrier", grid=5, block=64, aux=5, variant=1)
+
+
+_OOB_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    from dspark_kernels import simt
+    m = simt.module()
+    assert m.sanitized
+    x = torch.arange(100, dtype=torch.float32)
+    y, aux = torch.zeros(128), torch.zeros(1)
+    m.selftest("oob_read", x, y, aux, 1, 128, int(sys.argv[1]))
+    print("finished", float(y[:100].sum()))
+""")
+
+
+def test_out_of_bounds_read_is_caught_by_the_sanitized_build():
+    """Runs in a child process: AddressSanitizer needs its runtime preloaded, and a report ends the process."""
+    env = dict(os.environ, DSPARK_SIMT="1", DSPARK_SIMT_SANITIZE="1", LD_PRELOAD=_ext.asan_preload(),
+               ASAN_OPTIONS="detect_leaks=0")
+    run = [sys.executable, "-c", _OOB_SCRIPT]
+    ok = subprocess.run(run + ["0"], env=env, capture_output=True, text=True, timeout=900)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "finished 4950.0" in ok.stdout
+    bad = subprocess.run(run + ["1"], env=env, capture_output=True, text=True, timeout=900)
+    assert bad.returncode != 0 and "finished" not in bad.stdout
+    assert "AddressSanitizer: heap-buffer-overflow" in bad.stderr and "oob_read_kernel" in bad.stderr, \
+        bad.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------------------------ building blocks
+
+def _split_v(vocab, rows, target_ctas, min_chunk):
+    """dspark::split_v (reduce.cuh), by hand: chunks per row."""
+    want = max(1, -(-target_ctas // rows))
+    chunk = -(-max(-(-vocab // want), min_chunk) // 32) * 32
+    return -(-vocab // chunk)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [1, 17, 1000, 4099])
+def test_split_v_partials_equal_torch(harness, dtype, vocab):
+    """16-byte loads with head/tail at every row alignment (odd V packs rows at odd offsets), the split-V partials
+    and their combine: log-sum-exp, the argmax rule (NaN as -inf, ties low) and the Gumbel race winner."""
+    rows, temp = 5, 0.7
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(rows, vocab, generator=gen).to(dtype)
+    if vocab > 3:
+        x[1, vocab // 2] = float("nan")
+        x[2, :] = x[2, 0]                                       # one big tie
+        x[3, vocab - 1] = float("-inf")
+        x[4, 1] = x[4].float().max() + 1                        # a clear winner near the head
+    key = rng.make_rng_key(11, 2, "cpu")
+    with simt.record() as rec:
+        lse, amax, race, chunks = simt.check(lambda: harness.row_stats(x, temp, key, 64))
+    xf = x.float()
+    finite = torch.where(torch.isnan(xf), float("-inf"), xf) / temp
+    assert torch.allclose(lse, torch.logsumexp(finite, dim=-1), rtol=1e-5, atol=1e-5)
+    assert torch.equal(amax, rng.argmax_nan_low(xf))
+    u = rng.uniform_rows(key, torch.arange(rows), 0, rng.STREAM_RESIDUAL, vocab)
+    assert torch.equal(race, rng.gumbel_argmax(xf / temp, u))
+    assert chunks == _split_v(vocab, rows, 2 * simt.H200_SMS, 64)
+    if vocab >= 1000:
+        assert chunks > 1
+    phase1 = rec.launches[0]
+    assert phase1["ctas"] == rows * chunks
+    assert phase1["unique_bytes_read"] == x.numel() * x.element_size() + 16  # every logit once, and the key
+    assert phase1["bytes_read"] == x.numel() * x.element_size() + 16 * phase1["ctas"] * phase1["threads"]
