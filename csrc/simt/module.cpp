@@ -114,21 +114,14 @@ py::tuple row_stats(const torch::Tensor& logits, double temperature, const torch
   auto* wsp = reinterpret_cast<RowPartial*>(ws.data_ptr());
   const float t = static_cast<float>(temperature);
   const int64_t* key = rng_key.data_ptr<int64_t>();
-  switch (logits.scalar_type()) {
-    case at::kFloat:
-      selftest::row_stats(logits.data_ptr<float>(), rows, V, t, key, min_chunk, wsp, lse.data_ptr<float>(),
-                          am.data_ptr<int64_t>(), race.data_ptr<int64_t>());
-      break;
-    case at::kBFloat16:
-      selftest::row_stats(reinterpret_cast<const __nv_bfloat16*>(logits.data_ptr()), rows, V, t, key, min_chunk, wsp,
-                          lse.data_ptr<float>(), am.data_ptr<int64_t>(), race.data_ptr<int64_t>());
-      break;
-    case at::kHalf:
-      selftest::row_stats(reinterpret_cast<const __half*>(logits.data_ptr()), rows, V, t, key, min_chunk, wsp,
-                          lse.data_ptr<float>(), am.data_ptr<int64_t>(), race.data_ptr<int64_t>());
-      break;
-    default: TORCH_CHECK(false, "simt row_stats: logits must be float32, bfloat16 or float16");
-  }
+  const DType dtype = logits.scalar_type() == at::kFloat      ? DType::kFloat32
+                      : logits.scalar_type() == at::kBFloat16 ? DType::kBFloat16
+                      : logits.scalar_type() == at::kHalf     ? DType::kFloat16
+                                                              : static_cast<DType>(-1);
+  DSPARK_DISPATCH_FLOAT(dtype, T, TORCH_CHECK(false, "simt row_stats: logits must be float32, bfloat16 or float16"),
+                        selftest::row_stats(reinterpret_cast<const T*>(logits.data_ptr()), rows, V, t, key, min_chunk,
+                                            wsp, lse.data_ptr<float>(), am.data_ptr<int64_t>(),
+                                            race.data_ptr<int64_t>()));
   return py::make_tuple(lse, am, race, split.chunks);
 }
 
