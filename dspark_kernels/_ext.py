@@ -377,6 +377,7 @@ def _simt_build():
     from torch.utils import cpp_extension
     name = "dspark_simt_asan" if sanitize else "dspark_simt"
     build_dir = cpp_extension._get_build_directory(name, verbose=False)
+    _clear_stale_lock(build_dir)
     # One translation unit (the runtime first, so its keyword macros precede every CUDA header); its text holds a
     # digest of every source and header, so that torch's rebuild check sees header changes.
     h = hashlib.sha1()

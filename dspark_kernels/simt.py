@@ -103,6 +103,12 @@ class Recording:
         return self.bytes_read + self.bytes_written
 
     @property
+    def unique_bytes(self) -> int:
+        """Distinct global bytes read plus written, summed over launches: what a perfect cache would move (a broadcast
+        read of one value by every thread counts once; a re-read in a later launch counts again)."""
+        return sum(r["unique_bytes_read"] + r["unique_bytes_written"] for r in self.launches)
+
+    @property
     def ctas(self) -> int:
         return sum(r["ctas"] for r in self.launches)
 

@@ -53,6 +53,8 @@ def main() -> int:
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--keep", help="write objects and full ptxas logs here (default: a temporary folder, removed "
                                    "when everything passes)")
+    ap.add_argument("--json", metavar="PATH", help="also write the per-kernel table (and failures, spills) as JSON "
+                                                   "(read by bench/run.py --ptxas-json)")
     args = ap.parse_args()
 
     ext = _load_ext()
@@ -125,6 +127,14 @@ def main() -> int:
         print(f"{'unit':28} {'arch':6} {'regs':>4} {'stack':>5} {'spill':>5}  kernel")
         for rel, arch, func, regs, stack, spill in rows:
             print(f"{rel:28} {arch:6} {regs if regs is not None else '?':>4} {stack:>5} {spill:>5}  {func[:80]}")
+    if args.json:
+        import json
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(dict(nvcc=nvcc, kernels=[dict(unit=rel, arch=arch, kernel=func, registers=regs, stack_bytes=stack,
+                                                    spill_bytes=spill) for rel, arch, func, regs, stack, spill in rows],
+                           failed=failed, spills=spills), fh, indent=1)
+        print(f"check_cuda: wrote the table to {args.json}")
     bad = bool(failed or spills)
     if args.keep or bad:
         print(f"check_cuda: {len(results)} units in {time.time() - t_all:.0f} s (logs in {outdir})")

@@ -37,14 +37,14 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 @triton.jit
 def _u32(x):
     """The low 32 bits of an integer (Python int, int32/int64/uint32 scalar or tensor) as uint32."""
-    return tl.to_tensor(x).to(tl.int64).to(tl.uint32)
+    return tl.cast(x, tl.int64).to(tl.uint32)   # tl.cast takes Python ints too (no tl.to_tensor in triton 3.6)
 
 
 @triton.jit
 def make_key(seed, offset):
     """(k0, k1, offset_lo) as uint32 from 64-bit seed and offset (ints, scalars or tensors)."""
-    seed = tl.to_tensor(seed).to(tl.int64)
-    offset = tl.to_tensor(offset).to(tl.int64)
+    seed = tl.cast(seed, tl.int64)
+    offset = tl.cast(offset, tl.int64)
     k0 = seed.to(tl.uint32)
     k1 = (seed >> 32).to(tl.uint32) ^ (offset >> 32).to(tl.uint32)
     offset_lo = offset.to(tl.uint32)

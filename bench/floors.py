@@ -1,0 +1,133 @@
+"""Bytes floors: the bytes each op must move between memory and the chip, from its shapes alone.
+
+A floor counts every input the op has to read (read once) and every output it writes (written once). Achieved
+bandwidth = floor / time; "% of copy" = that against the machine's measured device-to-device copy bandwidth. These
+are the formulas of DESIGN.md ("Parallel structure and the bytes floor") and the kernel issues; each function
+returns a ``Floor`` whose ``terms`` name every part, so a reader (and ``python_tests/test_bench.py``) can check the
+arithmetic by hand. Sizes are in bytes; ``*_bytes`` arguments are element sizes (bf16 = 2, fp32 = 4).
+
+Headline, DESIGN.md (N = 64, K = 7, V = 151936, r = 256, bf16): verify greedy 155.6 MB, verify sampling with
+draft_logprobs 175.0 MB (bf16 draft rows) to 194.5 MB (fp32 draft rows), draft_block 680.7 MB (W2 streamed once
+per position; 214.0 MB with W2 kept on chip across positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence
+
+I64, I32, F32, BOOL = 8, 4, 4, 1
+
+
+@dataclass
+class Floor:
+    op: str
+    terms: Dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.terms.values()))
+
+    def add(self, name: str, nbytes: int) -> "Floor":
+        if nbytes:
+            self.terms[name] = self.terms.get(name, 0) + int(nbytes)
+        return self
+
+
+def rng_uniform(n: int, k: int, v: int) -> Floor:
+    """float32 ``out [N, K, V]`` written once; nothing read (the key is 16 bytes)."""
+    return Floor("rng_uniform").add("out", n * k * v * F32).add("rng_key", 2 * I64)
+
+
+def draft_block(n: int, k: int, v: int, r: int, *, d: int = 0, head: str = "vanilla", u_bytes: int = 2,
+                w_bytes: int = 2, hidden_bytes: Optional[int] = None, confidence: bool = False,
+                return_logits: bool = False, w2_on_chip: bool = False) -> Floor:
+    """U once, W2 once per position (or once per block with ``w2_on_chip``), the per-position head weights once per
+    position, the Markov rows of W1 actually used, hidden states once, and the outputs: tokens (int64), the float32
+    logits only when asked (``return_logits``), the float32 confidence logits and survival with a confidence head.
+    """
+    hb = w_bytes if hidden_bytes is None else hidden_bytes
+    f = Floor("draft_block")
+    f.add("U", n * k * v * u_bytes)
+    f.add("W2", (1 if w2_on_chip else k) * v * r * w_bytes)
+    f.add("W1 rows", n * k * r * w_bytes)            # the embedding row of each position's previous token
+    f.add("anchors", n * I64)
+    if head == "gated":
+        f.add("Wg", k * r * (d + r) * w_bytes).add("bg", k * r * w_bytes)
+    elif head == "rnn":
+        f.add("Wj", k * 3 * r * (2 * r + d) * w_bytes).add("bj", k * 3 * r * w_bytes)
+    elif head != "vanilla":
+        raise ValueError(f"head must be vanilla, gated or rnn, got {head!r}")
+    if head != "vanilla" or confidence:
+        f.add("hidden", n * k * d * hb)
+    if confidence:
+        f.add("confidence weight", (d + r) * w_bytes)
+        f.add("conf_logits + survival", 2 * n * k * F32)
+    f.add("tokens", n * k * I64)
+    if return_logits:
+        f.add("logits", n * k * v * F32)
+    return f
+
+
+def verify_chain(verify_lens: Sequence[int], k: int, v: int, *, target_bytes: int = 2, sampled: bool = False,
+                 draft_logits_bytes: Optional[int] = None, draft_logprobs: bool = False) -> Floor:
+    """Greedy: the verified target rows once (``L_r + 1`` rows of request r). Sampling: the same, plus
+    - with ``draft_logprobs`` (log q of each drafted token given): one draft row per request (the rejected one, for
+      the residual), and the logprobs themselves;
+    - with draft logits but no logprobs: every verified draft row (``q(d_j)`` needs row j's normaliser);
+    - without draft logits (one-hot q): nothing more.
+    Plus the drafted tokens and the outputs (tokens int64 [N, K+1], num_accepted int32, accept_mask bool)."""
+    n = len(verify_lens)
+    lens = [max(0, min(int(x), k)) for x in verify_lens]
+    f = Floor("verify_chain")
+    f.add("target rows", sum(x + 1 for x in lens) * v * target_bytes)
+    if sampled and draft_logits_bytes is not None:
+        if draft_logprobs:
+            f.add("draft rows", n * v * draft_logits_bytes).add("draft_logprobs", n * k * F32)
+        else:
+            f.add("draft rows", sum(lens) * v * draft_logits_bytes)
+    f.add("draft tokens", n * k * I64)
+    if sampled:
+        f.add("temperature", n * F32)
+    f.add("tokens", n * (k + 1) * I64).add("num_accepted", n * I32).add("accept_mask", n * k * BOOL)
+    return f
+
+
+def verify_chain_dense(n: int, k: int, v: int, **kw) -> Floor:
+    """``verify_chain`` with every request verifying all K drafts (dense ``[N, K+1, V]`` target logits)."""
+    return verify_chain([k] * n, k, v, **kw)
+
+
+def accept_prefix_scan(n: int, k: int, *, block_table: bool = True, block_size: int = 16, verify_cu: bool = True,
+                       max_seq_lens: bool = False) -> Floor:
+    """Inputs once (tokens [N, K+1] int64, seq_lens, num_accepted, verify cu_seqlens, the block-table entries that
+    cover the K+1 kept positions, max_seq_lens) and the outputs once (cu_out, packed out_tokens / hidden_rows /
+    kv_slots of N*(K+1) slots each, new_seq_lens, next_anchor, finished)."""
+    f = Floor("accept_prefix_scan")
+    f.add("tokens", n * (k + 1) * I64).add("seq_lens", n * I32).add("num_accepted", n * I32)
+    if verify_cu:
+        f.add("verify_cu_seqlens", (n + 1) * I32)
+    if block_table:
+        f.add("block_table entries", n * (-(-(k + 1) // block_size) + 1) * I32)
+    if max_seq_lens:
+        f.add("max_seq_lens", n * I32)
+    f.add("cu_out", (n + 1) * I32).add("out_tokens", n * (k + 1) * I64).add("new_seq_lens", n * I32)
+    f.add("next_anchor", n * I64).add("hidden_rows", n * (k + 1) * I32).add("finished", n * BOOL)
+    if block_table:
+        f.add("kv_slots", n * (k + 1) * I64)
+    return f
+
+
+def schedule_verify_lens(n: int, k: int, *, table_points: int = 4, from_conf: bool = False,
+                         budget: Optional[Sequence[int]] = None) -> Floor:
+    """The survival (or conf_logits + STS temperatures) [N, K] float32 once, the cost table, an optional budget
+    survival [N', K'], and the outputs (verify_lens int32 [N], cu_seqlens int32 [N+1], Theta float32)."""
+    f = Floor("schedule_verify_lens")
+    f.add("conf_logits" if from_conf else "survival", n * k * F32)
+    if from_conf:
+        f.add("sts_temperatures", k * F32)
+    f.add("cost table", 2 * table_points * I64)
+    if budget is not None:
+        f.add("budget_survival", int(budget[0]) * int(budget[1]) * F32)
+    f.add("verify_lens", n * I32).add("cu_seqlens", (n + 1) * I32).add("theta", F32)
+    return f

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# The one prepared GPU check (one H200, no network, its own torch and triton; under 8 minutes from a fresh checkout):
+#
+#   bash bench/gpu_check.sh OUTDIR
+#
+# 1. builds the CUDA extension ahead of time (DSPARK_BUILD_CUDA=1 pip install --no-build-isolation --no-deps -e .,
+#    for the GPU's own architecture only; the just-in-time build if that fails),
+# 2. runs the GPU tests (pytest -m gpu), with the ptxas register / spill table (tools/check_cuda.py --json) built
+#    alongside on the CPU,
+# 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py;
+#    an op without a CUDA kernel is skipped with a line saying so),
+# 4. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled)
+#    with whatever time is left,
+# and writes everything (logs, JUnit XML, sanitizer logs, ptxas.json, the bench JSON / CSV / PNGs, summary.txt)
+# into OUTDIR. Exit status 1 if any step failed. Nothing here installs torch or triton or assumes their versions.
+#
+# What is missing on the GPU machine travels as wheels in .whl/ (ignored by git; 64 MiB at most): fetch them on a
+# machine with network with `bash bench/gpu_check.sh --fetch-wheels [PYTHON_VERSION]` (pytest, matplotlib and
+# compute-sanitizer from the nvidia-cuda-sanitizer-api wheel); they are used only where the machine lacks them.
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+PY=${PYTHON:-python}
+
+if [[ "${1:-}" == "--fetch-wheels" ]]; then
+  pyver=${2:-$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')}
+  mkdir -p .whl
+  "$PY" -m pip download --dest .whl --only-binary=:all: --python-version "$pyver" --platform manylinux2014_x86_64 \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 "pytest>=8,<10" "matplotlib>=3.7"
+  "$PY" -m pip download --dest .whl --no-deps --only-binary=:all: --platform manylinux_2_25_x86_64 \
+    --python-version "$pyver" "nvidia-cuda-sanitizer-api>=13.0,<13.1"
+  rm -f .whl/numpy-*.whl   # the GPU machine has numpy with its torch
+  du -sh .whl
+  exit 0
+fi
+
+OUT=${1:?usage: bash bench/gpu_check.sh OUTDIR   (or --fetch-wheels [PYTHON_VERSION])}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+exec > >(tee -a "$OUT/gpu_check.log") 2>&1
+T0=$(date +%s)
+DEADLINE=$(( T0 + ${GPU_CHECK_SECONDS:-465} ))
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+FAILED=0
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"   # the package imports even if the editable install fails
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/dspark_torch_extensions}
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET DSPARK_SIMT DSPARK_BACKEND
+
+step() { echo; echo "=== [$(( $(date +%s) - T0 )) s] $*"; }
+left() { echo $(( DEADLINE - $(date +%s) )); }
+# cap SECONDS: the smaller of SECONDS and the time left before the deadline (at least 10)
+cap() { local l; l=$(left); (( l < $1 )) && echo $(( l > 10 ? l : 10 )) || echo "$1"; }
+record() {  # record NAME RC SECONDS [NOTE]
+  local res="ok"
+  if [[ "$2" == skip ]]; then res="skipped"; elif [[ "$2" != 0 ]]; then res="FAILED (exit $2)"; FAILED=1; fi
+  printf '%-22s %-18s %5s s  %s\n' "$1" "$res" "$3" "${4:-}" | tee -a "$SUMMARY"
+}
+pip_offline() {  # install from .whl/ only, never the network
+  [[ -d .whl ]] && "$PY" -m pip install --no-index --find-links .whl --quiet "$@"
+}
+
+step "machine"
+{
+  date -u +"%Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || echo "no nvidia-smi"
+  "$PY" - <<'EOF'
+import platform, torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+try:
+    import triton
+    print("triton", triton.__version__)
+except Exception as e:
+    print("triton not importable:", e)
+EOF
+  git -C "$REPO" rev-parse HEAD 2>/dev/null || echo "no git"
+  git -C "$REPO" status --short 2>/dev/null | head -20
+} | tee "$OUT/machine.txt"
+"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
+  echo "gpu_check: torch sees no GPU"; record machine 1 0 "torch.cuda.is_available() is False"; exit 1; }
+
+CUDA_HOME=${CUDA_HOME:-$("$PY" - <<'EOF'
+import importlib.util, os
+spec = importlib.util.spec_from_file_location("_dspark_ext", os.path.join("dspark_kernels", "_ext.py"))
+ext = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ext)
+print(ext.cuda_home() or "")
+EOF
+)}
+export CUDA_HOME
+echo "CUDA_HOME=$CUDA_HOME"
+ARCH=$("$PY" -c "import torch; m, n = torch.cuda.get_device_capability(); print(f'{m}.{n}' + ('a' if m == 9 else ''))")
+echo "building for compute capability $ARCH only"
+
+step "1. build the CUDA extension ahead of time"
+t=$(date +%s)
+DSPARK_BUILD_CUDA=1 TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS=${MAX_JOBS:-$(nproc)} timeout "$(cap 270)" \
+  "$PY" -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1
+rc=$?
+how="ahead of time (pip -e .)"
+if [[ $rc -ne 0 ]]; then
+  tail -20 "$OUT/build.log"
+  echo "gpu_check: the ahead-of-time build failed (exit $rc); trying the just-in-time build"
+  TORCH_CUDA_ARCH_LIST="$ARCH" timeout "$(cap 240)" "$PY" -c "from dspark_kernels import _ext; _ext.load(); print('ok')" \
+    >> "$OUT/build.log" 2>&1
+  rc=$?
+  how="just in time"
+fi
+"$PY" -c "from dspark_kernels import _ext; print('extension ops:', [n for n in dir(_ext.load()) if not n.startswith('_')])" \
+  2>&1 | tail -3 | tee -a "$OUT/build.log"
+record build "$rc" $(( $(date +%s) - t )) "$how; log build.log"
+
+step "2. GPU tests (pytest -m gpu), with the ptxas table built alongside"
+( timeout "$(cap 200)" "$PY" tools/check_cuda.py -j "$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))" \
+    --json "$OUT/ptxas.json" > "$OUT/check_cuda.log" 2>&1; echo $? > "$OUT/check_cuda.rc" ) &
+PTXAS_PID=$!
+t=$(date +%s)
+"$PY" -c "import pytest" 2>/dev/null || pip_offline pytest || true
+if "$PY" -c "import pytest" 2>/dev/null; then
+  timeout "$(cap 180)" "$PY" -m pytest python_tests -m gpu -q -p no:cacheprovider -rfEs \
+    --junitxml="$OUT/pytest_gpu.xml" > "$OUT/pytest_gpu.log" 2>&1
+  rc=$?
+  tail -15 "$OUT/pytest_gpu.log"
+  record "gpu tests" "$rc" $(( $(date +%s) - t )) "$(tail -1 "$OUT/pytest_gpu.log")"
+else
+  record "gpu tests" 1 0 "pytest is not installed and .whl/ has none (bash bench/gpu_check.sh --fetch-wheels)"
+fi
+
+step "3. compute-sanitizer on small cases of every CUDA kernel"
+SAN=""
+for c in "$CUDA_HOME/bin/compute-sanitizer" "$CUDA_HOME/compute-sanitizer/compute-sanitizer" \
+         "$(command -v compute-sanitizer 2>/dev/null)"; do
+  [[ -n "$c" && -x "$c" ]] && { SAN=$c; break; }
+done
+if [[ -z "$SAN" ]]; then  # the nvidia-cuda-sanitizer-api wheel: installed with pip, or in .whl/
+  SAN=$("$PY" - <<'EOF'
+import glob, os, site, sys
+for d in site.getsitepackages() + [site.getusersitepackages()]:
+    for p in glob.glob(os.path.join(d, "nvidia", "*", "bin", "compute-sanitizer")):
+        print(p); sys.exit()
+EOF
+)
+fi
+if [[ -z "$SAN" ]] && compgen -G ".whl/nvidia_cuda_sanitizer_api-*.whl" > /dev/null; then
+  mkdir -p /tmp/dspark_sanitizer && "$PY" -m zipfile -e "$(ls .whl/nvidia_cuda_sanitizer_api-*.whl | head -1)" \
+    /tmp/dspark_sanitizer && SAN=$(ls /tmp/dspark_sanitizer/nvidia/*/bin/compute-sanitizer | head -1) && \
+    chmod +x "$SAN" && echo "using compute-sanitizer from .whl/: $SAN"
+fi
+if [[ -z "$SAN" ]]; then
+  record sanitizer skip 0 "no compute-sanitizer (not in CUDA_HOME, PATH, site-packages or .whl/)"
+else
+  "$SAN" --version | tail -1
+  for tool in memcheck racecheck; do
+    t=$(date +%s)
+    # no caching allocator: each tensor is its own allocation, so an out-of-bounds access is not hidden in a pool
+    # only our kernels (namespace dspark) are instrumented: torch's own kernels are not ours to check, and skipping
+    # them keeps racecheck fast
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$(cap 100)" "$SAN" --tool "$tool" --error-exitcode 3 \
+      --kernel-name kns=dspark "$PY" bench/sanitizer_cases.py > "$OUT/sanitizer_$tool.log" 2>&1
+    rc=$?
+    if [[ $rc -ne 0 ]] && ! grep -q "calls ran" "$OUT/sanitizer_$tool.log"; then
+      echo "gpu_check: $tool did not run the cases (exit $rc); again without the kernel filter"
+      tail -5 "$OUT/sanitizer_$tool.log"
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$(cap 100)" "$SAN" --tool "$tool" --error-exitcode 3 \
+        "$PY" bench/sanitizer_cases.py > "$OUT/sanitizer_$tool.log" 2>&1
+      rc=$?
+    fi
+    grep -E "SKIP|FAIL|calls ran|ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer_$tool.log" | tail -12
+    record "sanitizer $tool" "$rc" $(( $(date +%s) - t )) "log sanitizer_$tool.log"
+  done
+fi
+
+step "4. bench/run.py --full on the headline shapes"
+wait "$PTXAS_PID" 2>/dev/null
+record "ptxas table" "$(cat "$OUT/check_cuda.rc" 2>/dev/null || echo 1)" - "tools/check_cuda.py --json: ptxas.json, check_cuda.log"
+"$PY" -c "import matplotlib" 2>/dev/null || pip_offline matplotlib || echo "gpu_check: no matplotlib: no plots"
+t=$(date +%s)
+budget=$(( $(left) - 40 ))
+if (( budget < 30 )); then
+  record bench skip 0 "no time left"
+else
+  timeout "$(( budget + 30 ))" "$PY" bench/run.py --full --K 7 --V 151936 --out-dir "$OUT" \
+    --ptxas-json "$OUT/ptxas.json" --time-budget "$budget" > "$OUT/bench.log" 2>&1
+  rc=$?
+  sed -n '/^op /,/^$/p' "$OUT/bench.log" | head -80
+  tail -25 "$OUT/bench.log"
+  record bench "$rc" $(( $(date +%s) - t )) "time budget ${budget} s; log bench.log"
+fi
+
+step "done in $(( $(date +%s) - T0 )) s; results in $OUT"
+cat "$SUMMARY"
+exit $FAILED

@@ -1,0 +1,68 @@
+#!/usr/bin/env python
+"""Small cases of every CUDA kernel, for compute-sanitizer (memcheck, racecheck) in ``bench/gpu_check.sh``.
+
+    compute-sanitizer --tool memcheck python bench/sanitizer_cases.py
+    python bench/sanitizer_cases.py --device cpu       # the same calls on CPU tensors (DSPARK_SIMT=1: SIMT harness)
+
+Calls every op with ``backend="cuda"`` on odd, small shapes (V = 17 and 1000, N = 1 and 3, K = 1 and 5, fp32 and
+bf16, greedy and sampled: the same case builders as ``bench/run.py``), synchronising after each call so a fault is
+attributed to its case. An op without a CUDA kernel yet (the wrapper raises ValueError) is skipped with a line
+saying so. Exit status 1 if any call raised anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run as bench  # noqa: E402
+
+GRIDS = [
+    dict(N=[1], K=[1], V=[17], dtype=["fp32"], mode=["greedy", "sampled"]),
+    dict(N=[3], K=[5], V=[1000], dtype=["fp32", "bf16"], mode=["greedy", "sampled"]),
+]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--op", nargs="+", choices=bench.OPS, default=bench.OPS)
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    failed, ran, skipped = [], 0, []
+    with torch.no_grad():
+        for op in args.op:
+            done = False
+            for grid in GRIDS:
+                for case in bench.cases_for(op, dev, grid, "quick"):
+                    params = " ".join(f"{k}={v}" for k, v in case.params.items())
+                    x = case.inputs()
+                    sync()
+                    try:
+                        case.run("cuda", x)
+                        sync()
+                    except ValueError as e:
+                        print(f"sanitizer_cases: SKIP {op}: backend='cuda' not available for it ({e})", flush=True)
+                        skipped.append(op)
+                        done = True
+                        break
+                    except Exception as e:  # noqa: BLE001
+                        print(f"sanitizer_cases: FAIL {op} {params}: {type(e).__name__}: {e}", flush=True)
+                        failed.append(f"{op} {params}")
+                        continue
+                    ran += 1
+                    print(f"sanitizer_cases: ran {op} {params}", flush=True)
+                if done:
+                    break
+    print(f"sanitizer_cases: {ran} calls ran, {len(failed)} failed, ops skipped: {skipped or 'none'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

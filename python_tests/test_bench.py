@@ -1,0 +1,171 @@
+"""bench/: the bytes floors against hand-computed values, the record's JSON schema, ``--quick`` on the CPU."""
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+
+
+def _load(name, file):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, file))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod   # dataclasses look their module up there
+    sys.path.insert(0, BENCH)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(BENCH)
+    return mod
+
+
+floors = _load("dspark_bench_floors", "floors.py")
+
+
+# ------------------------------------------------------------------------------------------------ floors
+
+def test_draft_block_floor_by_hand():
+    # N=2, K=3, V=100, r=8, bf16, vanilla head, no confidence head:
+    # U 2*3*100*2 = 1200; W2 once PER POSITION 3*100*8*2 = 4800; W1 rows 2*3*8*2 = 96; anchors 2*8 = 16;
+    # tokens 2*3*8 = 48
+    f = floors.draft_block(2, 3, 100, 8)
+    assert f.terms == {"U": 1200, "W2": 4800, "W1 rows": 96, "anchors": 16, "tokens": 48}
+    assert f.total == 6160
+    # the float32 logits only when asked: + 2*3*100*4
+    assert floors.draft_block(2, 3, 100, 8, return_logits=True).total == 6160 + 2400
+    # W2 kept on chip across positions: read once per block
+    assert floors.draft_block(2, 3, 100, 8, w2_on_chip=True).total == 6160 - 3200
+    # confidence head (d = 16): hidden 2*3*16*2 = 192, weight (16+8)*2 = 48, conf_logits + survival 2*2*3*4 = 48
+    assert floors.draft_block(2, 3, 100, 8, d=16, confidence=True).total == 6160 + 192 + 48 + 48
+    # gated head: Wg once per position 3*8*(16+8)*2 = 1152, bg 3*8*2 = 48, hidden 192
+    assert floors.draft_block(2, 3, 100, 8, d=16, head="gated").total == 6160 + 1152 + 48 + 192
+
+
+def test_draft_block_headline_matches_design():
+    # DESIGN.md: N=64, K=7, V=151936, r=256, bf16: ~681 MB (W2 per position), ~214 MB with W2 on chip
+    u, w2 = 64 * 7 * 151936 * 2, 151936 * 256 * 2
+    assert floors.draft_block(64, 7, 151936, 256).terms["W2"] == 7 * w2
+    assert abs(floors.draft_block(64, 7, 151936, 256).total - (u + 7 * w2)) < 1e6
+    assert round(floors.draft_block(64, 7, 151936, 256).total / 1e6) == 681
+    assert round(floors.draft_block(64, 7, 151936, 256, w2_on_chip=True).total / 1e6) == 214
+
+
+def test_verify_chain_floor_by_hand():
+    # verify_lens 7, 3, 0 with K=7, V=1000, bf16 target: rows 8 + 4 + 1 = 13 -> 13*1000*2 = 26000;
+    # draft tokens 3*7*8 = 168; outputs: tokens 3*8*8 = 192, num_accepted 3*4 = 12, accept_mask 3*7 = 21
+    greedy = floors.verify_chain([7, 3, 0], 7, 1000)
+    assert greedy.terms["target rows"] == 26000
+    assert greedy.total == 26000 + 168 + 192 + 12 + 21
+    # sampling with draft_logprobs: + one fp32 draft row per request 3*1000*4, the logprobs 3*7*4, temperature 3*4
+    lp = floors.verify_chain([7, 3, 0], 7, 1000, sampled=True, draft_logits_bytes=4, draft_logprobs=True)
+    assert lp.total == greedy.total + 12000 + 84 + 12
+    # sampling with draft logits but no logprobs: every verified draft row, (7 + 3 + 0) * 1000 * 4
+    nolp = floors.verify_chain([7, 3, 0], 7, 1000, sampled=True, draft_logits_bytes=4)
+    assert nolp.total == greedy.total + 40000 + 12
+    # verify lengths are clamped to [0, K]
+    assert floors.verify_chain([9, -1], 7, 10).terms["target rows"] == (8 + 1) * 10 * 2
+
+
+def test_verify_chain_headline_matches_design():
+    # DESIGN.md: greedy ~156 MB (64*8 rows of 151936 bf16 = 155.6 MB); sampling ~175 MB (+ one bf16 draft row per
+    # request, 19.4 MB) to ~195 MB (+ one fp32 draft row per request, 38.9 MB)
+    mb = lambda f: f.total / 1e6  # noqa: E731
+    assert abs(mb(floors.verify_chain_dense(64, 7, 151936)) - 155.6) < 0.1
+    kw = dict(sampled=True, draft_logprobs=True)
+    assert abs(mb(floors.verify_chain_dense(64, 7, 151936, draft_logits_bytes=2, **kw)) - 175.0) < 0.1
+    assert abs(mb(floors.verify_chain_dense(64, 7, 151936, draft_logits_bytes=4, **kw)) - 194.5) < 0.1
+
+
+def test_scan_schedule_rng_floors_by_hand():
+    # scan N=2, K=3, block size 16: tokens 2*4*8 = 64, seq_lens 8, num_accepted 8, verify cu 3*4 = 12,
+    # block-table entries 2*(ceil(4/16)+1)*4 = 16; outputs cu_out 12, out_tokens 64, new_seq_lens 8,
+    # next_anchor 16, hidden_rows 2*4*4 = 32, finished 2, kv_slots 64
+    assert floors.accept_prefix_scan(2, 3).total == 64 + 8 + 8 + 12 + 16 + 12 + 64 + 8 + 16 + 32 + 2 + 64
+    # schedule N=2, K=3, 4 cost-table points: survival 24, table 2*4*8 = 64, lens 8, cu 12, theta 4
+    assert floors.schedule_verify_lens(2, 3).total == 24 + 64 + 8 + 12 + 4
+    # rng_uniform (2, 3, 5): out 2*3*5*4 = 120, the key 16
+    assert floors.rng_uniform(2, 3, 5).total == 136
+
+
+# ------------------------------------------------------------------------------------------------ the record
+
+MACHINE_KEYS = {"device", "device_type", "cpu_model", "cpu_cores", "torch", "triton", "cuda", "git_commit", "date",
+                "hostname", "python"}
+ROW_KEYS = {"op", "backend", "status"}
+OK_KEYS = {"median_ms", "p25_ms", "p75_ms", "min_ms", "max_ms", "reps", "floor_bytes", "achieved_gbps",
+           "pct_of_copy_bw", "speedup_vs_best_other", "best_other"}
+OPS = {"rng_uniform", "draft_block", "verify_chain", "accept_prefix_scan", "schedule_verify_lens"}
+
+
+def check_record(doc: dict) -> None:
+    """The JSON schema of a bench record (bench/run.py, SCHEMA dspark-bench/2)."""
+    assert doc["schema"] == "dspark-bench/2"
+    assert MACHINE_KEYS <= set(doc["machine"]), MACHINE_KEYS - set(doc["machine"])
+    assert isinstance(doc["machine_id"], str) and doc["machine_id"]
+    assert doc["settings"]["preset"] in ("quick", "full")
+    assert doc["copy_bandwidth"]["gbps"] > 0 and doc["copy_bandwidth"]["bytes"] > 0
+    assert doc["rows"]
+    for r in doc["rows"]:
+        assert ROW_KEYS <= set(r), r
+        assert r["status"] in ("ok", "missing", "unsupported", "skipped", "error"), r
+        if r["status"] == "ok":
+            assert OK_KEYS <= set(r), OK_KEYS - set(r)
+            assert 0 < r["min_ms"] <= r["p25_ms"] <= r["median_ms"] <= r["p75_ms"] <= r["max_ms"]
+            assert r["reps"] >= 1 and r["floor_bytes"] > 0 and r["achieved_gbps"] > 0
+            assert r["pct_of_copy_bw"] > 0
+        else:
+            assert r.get("note"), r
+    for s in doc["structural"]:
+        assert s["op"] in OPS and "simt" in s
+    for e in doc["e2e"]:
+        assert "error" in e or {"name", "tokens_per_second", "acceptance_length", "speedup"} <= set(e)
+
+
+def test_quick_on_cpu(tmp_path):
+    """``--quick`` on the CPU: every op, the structural report and the end-to-end row, within 2 minutes."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--quick", "--device", "cpu",
+                        "--out-dir", str(tmp_path), "--name", "t"],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "preset --quick" in p.stdout
+    doc = json.loads((tmp_path / "t.json").read_text())
+    check_record(doc)
+    assert {r["op"] for r in doc["rows"]} == OPS
+    assert all(r["status"] == "ok" for r in doc["rows"] if r["backend"] == "reference")
+    assert len(doc["structural"]) == len(OPS)
+    names = [e.get("name") for e in doc["e2e"]]
+    assert "target alone (greedy)" in names and len(names) == 3, doc["e2e"]
+    with open(tmp_path / "t.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(doc["rows"]) and {"op", "backend", "median_ms", "floor_bytes"} <= set(rows[0])
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.skip("matplotlib is not installed: the plots are not written")
+    for png in ("t_time.png", "t_floor.png"):
+        data = (tmp_path / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_preset_must_be_chosen():
+    p = subprocess.run([sys.executable, os.path.join(BENCH, "run.py")], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)
+    assert p.returncode == 2 and "--quick" in p.stderr and "--full" in p.stderr
+
+
+def test_machine_ids_differ_per_machine():
+    run = _load("dspark_bench_run", "run.py")
+    a = dict(device="NVIDIA H200", device_type="cuda", cpu_model="x", cpu_cores=16, hostname="a")
+    b = dict(a, hostname="b")
+    assert run.machine_id(a) == run.machine_id(dict(a))
+    assert run.machine_id(a) != run.machine_id(b)
+    assert run.machine_id(a).startswith("nvidia-h200-16c-")
+    cpu = dict(a, device="cpu", device_type="cpu", cpu_model="AMD EPYC 7B13")
+    assert run.machine_id(cpu).startswith("amd-epyc-7b13-16c-")
