@@ -8,17 +8,19 @@
 //   logprob = log_softmax(logits / T)[token] (T = 1 for greedy rows);  conf = w . [h_k; e] + b,
 //   survival = prod sigmoid(conf / T_sts).
 //
-// Structure (a persistent kernel, G CTAs of 256 threads, every CTA resident; 2K grid barriers per block):
+// Structure (a persistent kernel, G CTAs of 128 threads, every CTA resident; 2K grid barriers per block for the
+// vanilla head, 3K for gated / rnn):
 //   for k in 0..K-1:
-//     phase 1 (per-request work, spread over the CTAs as N x RB items: request n, a block of RB rows of r):
-//        merge request n's G partials of position k-1 (the CTAs' vocabulary slices) into the token x and its
-//        log-probability (item 0 writes them), gather e = W1[x], stage [h_k; e] (or [s; e; h_k]) in shared
-//        memory, compute this item's rows of v (one warp per row of Wg / Wj) into a float32 workspace row
-//        (and the rnn state, ping-ponged between two rows); item 0 also writes conf and survival.
+//     phase 1a (one item per request, spread over the CTAs): merge request n's G partials of position k-1 (the
+//        CTAs' vocabulary slices) into the token x and its log-probability and write them; gather e = W1[x] into a
+//        float32 workspace row (for the vanilla head that row is v); the confidence logit and survival of k.
 //     grid barrier
+//     phase 1b (gated / rnn only): the gate / rnn matrix-vector products for the whole batch at once (items =
+//        blocks of output rows x groups of 32 requests, weights staged in shared memory and read once per group):
+//        v (and the rnn state, ping-ponged between two rows) into the workspace.  grid barrier
 //     phase 2 (the vocabulary sweep): CTA b owns rows [b*chunk, (b+1)*chunk) of the vocabulary. For each group
 //        of up to NB requests it copies their v rows into shared memory, then streams its W2 slice once: a tile
-//        of 256 rows x 32 columns is staged in shared memory (coalesced 16-byte loads, converted to float32),
+//        of 128 rows x 32 columns is staged in shared memory (coalesced 16-byte loads, converted to float32),
 //        thread t owns row t of the tile and accumulates W2[row] . v_n for every request of the group in
 //        registers (an FP32 FMA loop; each W2 element is read from global memory once per position and group).
 //        The tile's biases go through shared memory to one warp per request, which adds U, writes the logits
@@ -43,13 +45,16 @@
 namespace dspark {
 namespace draft {
 
-constexpr int kThreads = 256;
+// 128 threads and one CTA per SM: a cooperative launch keeps every thread resident, and the SIMT harness gives
+// each resident thread a fiber stack of two memory mappings (stack + guard page), so the CPU runs of the real
+// launch shape stay under vm.max_map_count (65530: about 32K resident threads) with 132+ CTAs.
+constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRK = 32;                  // W2 columns per staged chunk
 constexpr int kWtStride = kRK + 4;       // floats per staged row: the pad makes float4 reads conflict-free
 constexpr int64_t kGroupFloats = 16384;  // shared floats for the v rows of one request group (64 KB)
 constexpr int kMaxGroup = 64;            // requests per group (the register tile of the sweep)
-constexpr int kMaxCtasPerSm = 2;
+constexpr int kMaxCtasPerSm = 1;
 constexpr int64_t kMinRowsPerCta = 128;
 constexpr int64_t kBroadcastShare = 16;  // v broadcast to the CTAs <= 1/16 of a position's U + W2 bytes
 
@@ -96,9 +101,8 @@ struct Plan {
   int grid;           // CTAs (all resident)
   int64_t chunk;      // vocabulary rows per CTA
   int group;          // requests per sweep group (NB)
-  int row_blocks;     // phase-1 items per request (RB)
+  int64_t rows_item;  // phase-1b output rows per item
   int64_t rpad;       // R rounded up to kRK
-  int64_t zlen;       // floats of the staged phase-1 input
   size_t smem;        // dynamic shared memory
   // dynamic shared memory layout (float offsets)
   int64_t off_wt, off_l, off_parts, off_temp;
@@ -193,7 +197,8 @@ DSPARK_DEVICE float warp_dot(const void* row, DType t, int64_t len, const float*
 DSPARK_DEVICE float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 struct Workspace {
-  float* v;      // [N, R]: the head's vector of the current position
+  float* v;      // [N, R]: the head's vector of the current position (vanilla: e itself)
+  float* e;      // [N, R]: e = W1[x] of the current position (gated, rnn)
   float* state;  // [2, N, R]: the rnn state, ping-pong (rnn only)
   Part* parts;   // [G, N]
 };
@@ -218,18 +223,14 @@ DSPARK_DEVICE Part merge_parts(const Workspace& ws, int G, int64_t N, int64_t n,
   return block_allreduce(acc, scratch);
 }
 
-// ------------------------------------------------------------------------------------------------ phase 1
+// ------------------------------------------------------------------------------------------------ phase 1a
+// One item per request: the previous position's token and log-probability (k > 0), e = W1[x] into the workspace
+// (it is v itself for the vanilla head), and the confidence logit and survival of position k.
 DSPARK_DEVICE void phase_request(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                  float* zs, Part* part_scratch, float* sum_scratch) {
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int t = threadIdx.x;
   const int64_t N = p.N, K = p.K, V = p.V, R = p.R, D = p.D;
-  const int rb = plan.row_blocks;
-  const int64_t items = N * rb;
-  const int64_t rpi = (R + rb - 1) / rb;
-  const bool rnn = p.head == kRnn;
-  const int64_t e_off = rnn ? R : D, h_off = rnn ? 2 * R : 0;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t n = item / rb, b = item - n * rb;
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     int64_t x;
     if (k == 0) {
       x = p.anchors_int64 ? ldg(static_cast<const int64_t*>(p.anchors) + n)
@@ -237,62 +238,30 @@ DSPARK_DEVICE void phase_request(const DraftBlockParams& p, const Plan& plan, co
     } else {
       const Part pt = merge_parts(ws, plan.grid, N, n, part_scratch);
       x = pt.index;
-      if (b == 0 && t == 0) {
+      if (t == 0) {
         stg(p.tokens + n * K + (k - 1), x);
         stg(p.logprobs + n * K + (k - 1), pt.logprob());
       }
     }
-    const bool e_ok = x >= 0 && x < V;
-    // stage z: [h_k; e] (vanilla, gated) or [s; e; h_k] (rnn)
-    if (e_ok) {
-      visit_row(offset_row(p.w1, p.w1_dtype, x * R), p.w1_dtype, R, t, blockDim.x,
-                [&](int64_t i, float w) { zs[e_off + i] = w; });
+    float* erow = (p.head == kVanilla ? ws.v : ws.e) + n * R;
+    if (x >= 0 && x < V) {
+      visit_row(offset_row(p.w1, p.w1_dtype, x * R), p.w1_dtype, R, t, blockDim.x, [&](int64_t i, float w) {
+        zs[i] = w;
+        stg(erow + i, w);
+      });
     } else {
-      for (int64_t i = t; i < R; i += blockDim.x) zs[e_off + i] = 0.0f;
-    }
-    if (D > 0) {
-      visit_row(offset_row(p.hidden, p.hidden_dtype, (n * K + k) * D), p.hidden_dtype, D, t, blockDim.x,
-                [&](int64_t i, float h) { zs[h_off + i] = h; });
-    }
-    if (rnn) {
-      const float* s_old = ws.state + (k & 1) * N * R + n * R;
-      for (int64_t i = t; i < R; i += blockDim.x) zs[i] = k == 0 ? 0.0f : ld_coherent(s_old + i);
-    }
-    __syncthreads();
-    const int64_t j0 = b * rpi, j1 = j0 + rpi < R ? j0 + rpi : R;
-    float* vrow = ws.v + n * R;
-    if (p.head == kVanilla) {
-      for (int64_t j = j0 + t; j < j1; j += blockDim.x) stg(vrow + j, zs[e_off + j]);
-    } else if (p.head == kGated) {
-      const int64_t width = D + R;
-      for (int64_t j = j0 + warp; j < j1; j += kWarps) {
-        const float dot = warp_dot(offset_row(p.wg, p.wg_dtype, j * width), p.wg_dtype, width, zs, lane);
-        if (lane == 0) stg(vrow + j, sigmoidf_(dot + load_any(p.bg, p.bg_dtype, j)) * zs[e_off + j]);
-      }
-    } else {
-      const int64_t width = 2 * R + D;
-      float* s_new = ws.state + ((k + 1) & 1) * N * R + n * R;
-      for (int64_t j = j0 + warp; j < j1; j += kWarps) {
-        const float g = warp_dot(offset_row(p.wj, p.wj_dtype, j * width), p.wj_dtype, width, zs, lane) +
-                        load_any(p.bj, p.bj_dtype, j);
-        const float c = warp_dot(offset_row(p.wj, p.wj_dtype, (R + j) * width), p.wj_dtype, width, zs, lane) +
-                        load_any(p.bj, p.bj_dtype, R + j);
-        const float o = warp_dot(offset_row(p.wj, p.wj_dtype, (2 * R + j) * width), p.wj_dtype, width, zs, lane) +
-                        load_any(p.bj, p.bj_dtype, 2 * R + j);
-        if (lane == 0) {
-          const float sg = sigmoidf_(g);
-          stg(s_new + j, sg * zs[j] + (1.0f - sg) * tanhf(c));
-          stg(vrow + j, tanhf(o));
-        }
+      for (int64_t i = t; i < R; i += blockDim.x) {
+        zs[i] = 0.0f;
+        stg(erow + i, 0.0f);
       }
     }
-    if (b == 0 && p.conf_w != nullptr) {  // confidence logit and survival of position k
+    if (p.conf_w != nullptr) {  // z = w . [h_k; e] + b, survival *= sigmoid(z / T_k)
+      __syncthreads();
+      const void* hrow = offset_row(p.hidden, p.hidden_dtype, (n * K + k) * D);
       float acc = 0.0f;
-      if (D > 0)
-        visit_row(p.conf_w, p.conf_w_dtype, D, t, blockDim.x,
-                  [&](int64_t i, float w) { acc = fmaf(w, zs[h_off + i], acc); });
-      visit_row(offset_row(p.conf_w, p.conf_w_dtype, D), p.conf_w_dtype, R, t, blockDim.x,
-                [&](int64_t i, float w) { acc = fmaf(w, zs[e_off + i], acc); });
+      visit_row(p.conf_w, p.conf_w_dtype, D + R, t, blockDim.x, [&](int64_t i, float w) {
+        acc = fmaf(w, i < D ? load_any(hrow, p.hidden_dtype, i) : zs[i - D], acc);
+      });
       const float z = block_sum(acc, sum_scratch) + load_any(p.conf_b, p.conf_b_dtype, 0);
       if (t == 0) {
         const float temp = p.sts != nullptr ? load_any(p.sts, p.sts_dtype, k) : 1.0f;
@@ -305,6 +274,106 @@ DSPARK_DEVICE void phase_request(const DraftBlockParams& p, const Plan& plan, co
   }
 }
 
+// ------------------------------------------------------------------------------------------------ phase 1b
+// The gate / rnn matrix-vector products for the whole batch: an item is a block of output rows j x a group of up
+// to 32 requests (lane n <-> request n of the group). Column chunks of the weight rows and of the inputs
+// z_n = [h_k; e] (gated) or [s; e; h_k] (rnn) are staged in shared memory, so each weight element is read from
+// global memory once per request group and position; each warp accumulates its rows for its lane's request.
+constexpr int kZGroup = 32;
+constexpr int kCC = 64;         // columns per staged chunk
+constexpr int kZStride = kCC + 1;
+constexpr int kPerWarp = 16;    // gated: output rows per warp and item (rnn: 16 rows = a third of them each)
+
+template <int M>  // 1: gated, 3: rnn (rows j, R + j, 2R + j)
+DSPARK_DEVICE void phase_matvec(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
+                                float* smem) {
+  constexpr int kOuts = kPerWarp / M;  // outputs per warp (rnn: 5, using 15 accumulators)
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t N = p.N, K = p.K, R = p.R, D = p.D;
+  const int64_t width = M == 1 ? D + R : 2 * R + D;
+  const int64_t rows_item = plan.rows_item;  // outputs per item (<= kWarps * kOuts)
+  const int64_t blocks = (R + rows_item - 1) / rows_item, groups = (N + kZGroup - 1) / kZGroup;
+  const void* w = M == 1 ? p.wg : p.wj;
+  const DType wdt = M == 1 ? p.wg_dtype : p.wj_dtype;
+  const float* s_old = ws.state + (k & 1) * N * R;
+  float* s_new = ws.state + ((k + 1) & 1) * N * R;
+  float* zt = smem;                          // [kZGroup, kZStride]
+  float* wt = smem + kZGroup * kZStride;     // [M * rows_item, kCC]
+  for (int64_t item = blockIdx.x; item < blocks * groups; item += gridDim.x) {
+    const int64_t grp = item / blocks, jb = item - grp * blocks;
+    const int64_t n0 = grp * kZGroup, j0 = jb * rows_item;
+    const int nz = static_cast<int>(N - n0 < kZGroup ? N - n0 : kZGroup);
+    const int nrows = static_cast<int>(R - j0 < rows_item ? R - j0 : rows_item);
+    float acc[M][kOuts];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int q = 0; q < kOuts; ++q) acc[m][q] = 0.0f;
+    for (int64_t c0 = 0; c0 < width; c0 += kCC) {
+      __syncthreads();
+      for (int i = t; i < kZGroup * kCC; i += blockDim.x) {
+        const int nl = i / kCC, c = i - nl * kCC;
+        const int64_t col = c0 + c, n = n0 + nl;
+        float z = 0.0f;
+        if (nl < nz && col < width) {
+          const int64_t hrow = (n * K + k) * D;
+          if (M == 1) {
+            z = col < D ? load_any(p.hidden, p.hidden_dtype, hrow + col) : ld_coherent(ws.e + n * R + (col - D));
+          } else if (col < R) {
+            z = k == 0 ? 0.0f : ld_coherent(s_old + n * R + col);
+          } else if (col < 2 * R) {
+            z = ld_coherent(ws.e + n * R + (col - R));
+          } else {
+            z = load_any(p.hidden, p.hidden_dtype, hrow + (col - 2 * R));
+          }
+        }
+        zt[nl * kZStride + c] = z;
+      }
+      for (int64_t i = t; i < int64_t(M) * rows_item * kCC; i += blockDim.x) {
+        const int64_t rr = i / kCC, c = i - rr * kCC;
+        const int64_t m = rr / rows_item, jl = rr - m * rows_item, col = c0 + c;
+        wt[i] = jl < nrows && col < width ? load_any(w, wdt, (m * R + j0 + jl) * width + col) : 0.0f;
+      }
+      __syncthreads();
+      const float* zrow = zt + lane * kZStride;
+#pragma unroll
+      for (int q = 0; q < kOuts; ++q) {
+        const int jl = warp + q * kWarps;
+        if (jl < nrows) {
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            const float* wrow = wt + (m * rows_item + jl) * kCC;
+            float a = acc[m][q];
+            for (int c = 0; c < kCC; ++c) a = fmaf(wrow[c], zrow[c], a);
+            acc[m][q] = a;
+          }
+        }
+      }
+    }
+    if (lane < nz) {
+      const int64_t n = n0 + lane;
+#pragma unroll
+      for (int q = 0; q < kOuts; ++q) {
+        const int jl = warp + q * kWarps;
+        if (jl < nrows) {
+          const int64_t j = j0 + jl;
+          if (M == 1) {
+            const float g = sigmoidf_(acc[0][q] + load_any(p.bg, p.bg_dtype, j));
+            stg(ws.v + n * R + j, g * ld_coherent(ws.e + n * R + j));
+          } else {
+            const float sg = sigmoidf_(acc[0][q] + load_any(p.bj, p.bj_dtype, j));
+            const float c = acc[1 % M][q] + load_any(p.bj, p.bj_dtype, R + j);
+            const float o = acc[2 % M][q] + load_any(p.bj, p.bj_dtype, 2 * R + j);
+            const float s = k == 0 ? 0.0f : ld_coherent(s_old + n * R + j);
+            stg(s_new + n * R + j, sg * s + (1.0f - sg) * tanhf(c));
+            stg(ws.v + n * R + j, tanhf(o));
+          }
+        }
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ phase 2
 template <typename TW, int NBT>
 DSPARK_DEVICE void phase_sweep(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
@@ -312,8 +381,8 @@ DSPARK_DEVICE void phase_sweep(const DraftBlockParams& p, const Plan& plan, cons
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int64_t N = p.N, K = p.K, V = p.V, R = p.R, rpad = plan.rpad;
   float* vt = smem;                    // [NB, rpad]
-  float* wt = smem + plan.off_wt;      // [256, kWtStride]
-  float* lt = smem + plan.off_l;       // [8, 256]: the tile's biases of 8 requests
+  float* wt = smem + plan.off_wt;      // [kThreads, kWtStride]
+  float* lt = smem + plan.off_l;       // [kWarps, kThreads]: the tile's biases of kWarps requests
   Part* run = reinterpret_cast<Part*>(smem + plan.off_parts);  // [NB]
   float* temps = smem + plan.off_temp;  // [NB]: T, or 0 for greedy
   const int64_t v0 = static_cast<int64_t>(blockIdx.x) * plan.chunk;
@@ -366,7 +435,7 @@ DSPARK_DEVICE void phase_sweep(const DraftBlockParams& p, const Plan& plan, cons
         __syncthreads();
         const float* wrow = wt + t * kWtStride;
         const float* vcol = vt + rc;
-#pragma unroll 2
+#pragma unroll 1
         for (int c = 0; c < kRK; c += 4) {
           const float4 w = *reinterpret_cast<const float4*>(wrow + c);
 #pragma unroll
@@ -428,6 +497,14 @@ __global__ void __launch_bounds__(kThreads) draft_block_kernel(DraftBlockParams 
   for (int64_t k = 0; k < p.K; ++k) {
     phase_request(p, plan, ws, k, smem, part_scratch, sum_scratch);
     grid_sync();
+    if (p.head != kVanilla) {
+      if (p.head == kGated) {
+        phase_matvec<1>(p, plan, ws, k, smem);
+      } else {
+        phase_matvec<3>(p, plan, ws, k, smem);
+      }
+      grid_sync();
+    }
     phase_sweep<TW, NBT>(p, plan, ws, k, ph, smem);
     grid_sync();
   }
@@ -453,8 +530,10 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm) {
   if (group > kMaxGroup) group = kMaxGroup;
   if (group < 1) group = 1;
   pl.group = static_cast<int>(N < group ? (N > 0 ? N : 1) : group);
-  pl.zlen = p.head == kRnn ? 2 * R + D : D + R;
-  const int64_t area = std::max<int64_t>(static_cast<int64_t>(pl.group) * pl.rpad, pl.zlen);
+  const int m = p.head == kRnn ? 3 : 1;
+  const int64_t max_rows = int64_t(kWarps) * (kPerWarp / m);
+  const int64_t area = std::max<int64_t>({static_cast<int64_t>(pl.group) * pl.rpad, R,
+                                          int64_t(kZGroup) * kZStride + m * max_rows * kCC});
   pl.off_wt = round_up(area, 4);
   pl.off_l = pl.off_wt + int64_t(kThreads) * kWtStride;
   pl.off_parts = pl.off_l + int64_t(kWarps) * kThreads;
@@ -470,22 +549,25 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm) {
   if (want < 1) want = 1;
   pl.chunk = (V + want - 1) / want;
   pl.grid = static_cast<int>((V + pl.chunk - 1) / pl.chunk);
-  // phase-1 items per request: enough to spread the gate / rnn matrix-vector products over the grid
-  int64_t rb = 1;
-  if (p.head != kVanilla) {
-    rb = (pl.grid + N - 1) / std::max<int64_t>(N, 1);
-    const int64_t max_rb = (R + kWarps - 1) / kWarps;
-    if (rb > max_rb) rb = max_rb;
-    if (rb < 1) rb = 1;
-  }
-  pl.row_blocks = static_cast<int>(rb);
+  // phase-1b output rows per item: as many as the register tile holds (each item re-stages its requests' inputs,
+  // so fewer rows cost bytes), but few enough to give every CTA an item when the batch is small
+  const int64_t groups = (N + kZGroup - 1) / kZGroup;
+  int64_t rows = (R * groups + pl.grid - 1) / pl.grid;
+  const int64_t nz = N < kZGroup ? N : kZGroup;
+  const int64_t byte_rows = (8 * nz + int64_t(dtype_size(p.head == kRnn ? p.wj_dtype : p.wg_dtype)) * m - 1) /
+                            (int64_t(dtype_size(p.head == kRnn ? p.wj_dtype : p.wg_dtype)) * m);
+  rows = std::max<int64_t>(rows, byte_rows);
+  rows = std::min<int64_t>(std::max<int64_t>(rows, kWarps), max_rows);
+  pl.rows_item = rows;
   return pl;
 }
 
+inline size_t workspace_floats_before_parts(const DraftBlockParams& p) {
+  const size_t v = size_t(p.N) * size_t(p.R);
+  return size_t(round_up(int64_t(v * (p.head == kVanilla ? 1 : p.head == kGated ? 2 : 4)), 4));
+}
 inline size_t workspace_bytes_for(const DraftBlockParams& p, const Plan& pl) {
-  const size_t v = size_t(p.N) * size_t(p.R) * 4;
-  const size_t state = p.head == kRnn ? 2 * v : 0;
-  return round_up(int64_t(v + state), 16) + size_t(pl.grid) * size_t(p.N) * sizeof(Part);
+  return workspace_floats_before_parts(p) * 4 + size_t(pl.grid) * size_t(p.N) * sizeof(Part);
 }
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
@@ -508,11 +590,12 @@ inline cudaError_t launch_typed(const DraftBlockParams& p, void* workspace, cuda
   if (out_plan != nullptr) *out_plan = pl;
   if (workspace == nullptr) return cudaSuccess;  // a size query
   Workspace ws;
-  char* base = static_cast<char*>(workspace);
-  const size_t v = size_t(p.N) * size_t(p.R) * 4;
-  ws.v = reinterpret_cast<float*>(base);
-  ws.state = reinterpret_cast<float*>(base + v);
-  ws.parts = reinterpret_cast<Part*>(base + round_up(int64_t(v + (p.head == kRnn ? 2 * v : 0)), 16));
+  float* base = static_cast<float*>(workspace);
+  const int64_t v = p.N * p.R;
+  ws.v = base;
+  ws.e = base + v;
+  ws.state = base + 2 * v;
+  ws.parts = reinterpret_cast<Part*>(base + workspace_floats_before_parts(p));
   LaunchConfig cfg;
   cfg.grid = dim3(static_cast<unsigned>(pl.grid));
   cfg.block = dim3(kThreads);
