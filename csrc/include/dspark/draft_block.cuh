@@ -194,6 +194,13 @@ DSPARK_DEVICE float warp_dot(const void* row, DType t, int64_t len, const float*
   return warp_sum(acc);
 }
 
+// The phases are separate functions on the GPU, so that each gets the whole register file.
+#if defined(DSPARK_SIMT)
+#define DSPARK_DRAFT_PHASE DSPARK_DEVICE
+#else
+#define DSPARK_DRAFT_PHASE __device__ __noinline__
+#endif
+
 DSPARK_DEVICE float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 struct Workspace {
@@ -226,7 +233,7 @@ DSPARK_DEVICE Part merge_parts(const Workspace& ws, int G, int64_t N, int64_t n,
 // ------------------------------------------------------------------------------------------------ phase 1a
 // One item per request: the previous position's token and log-probability (k > 0), e = W1[x] into the workspace
 // (it is v itself for the vanilla head), and the confidence logit and survival of position k.
-DSPARK_DEVICE void phase_request(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
+DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                  float* zs, Part* part_scratch, float* sum_scratch) {
   const int t = threadIdx.x;
   const int64_t N = p.N, K = p.K, V = p.V, R = p.R, D = p.D;
@@ -285,7 +292,7 @@ constexpr int kZStride = kCC + 1;
 constexpr int kPerWarp = 16;    // gated: output rows per warp and item (rnn: 16 rows = a third of them each)
 
 template <int M>  // 1: gated, 3: rnn (rows j, R + j, 2R + j)
-DSPARK_DEVICE void phase_matvec(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
+DSPARK_DRAFT_PHASE void phase_matvec(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                 float* smem) {
   constexpr int kOuts = kPerWarp / M;  // outputs per warp (rnn: 5, using 15 accumulators)
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -376,7 +383,7 @@ DSPARK_DEVICE void phase_matvec(const DraftBlockParams& p, const Plan& plan, con
 
 // ------------------------------------------------------------------------------------------------ phase 2
 template <typename TW, int NBT>
-DSPARK_DEVICE void phase_sweep(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
+DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                const rng::Philox& ph, float* smem) {
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int64_t N = p.N, K = p.K, V = p.V, R = p.R, rpad = plan.rpad;
@@ -486,7 +493,7 @@ DSPARK_DEVICE void phase_sweep(const DraftBlockParams& p, const Plan& plan, cons
 }
 
 template <typename TW, int NBT>
-__global__ void __launch_bounds__(kThreads) draft_block_kernel(DraftBlockParams p, Plan plan, Workspace ws) {
+__global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockParams p, Plan plan, Workspace ws) {
   DSPARK_DYNAMIC_SMEM(float, smem);
   DSPARK_SHARED_ARRAY(Part, part_scratch, 32);
   DSPARK_SHARED_ARRAY(float, sum_scratch, 32);
