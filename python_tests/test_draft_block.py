@@ -252,7 +252,8 @@ def plain_torch_logits(base, anchors, head, hidden, tokens):
     return torch.stack(out, 1)
 
 
-def run_both(triton_device, base, anchors, head, hidden, confidence, temperature, return_logits, seed=7, offset=3):
+def run_both(triton_device, base, anchors, head, hidden, confidence, temperature, return_logits, seed=7, offset=3,
+             backend="triton", wrap=lambda fn: fn()):
     kw = dict(hidden=hidden if (head.kind != "vanilla" or confidence is not None) else None, confidence=confidence,
               temperature=temperature, seed=seed, offset=offset, return_logits=return_logits)
     ref = dk.draft_block(base, anchors, head, backend="reference", **kw)
@@ -260,20 +261,31 @@ def run_both(triton_device, base, anchors, head, hidden, confidence, temperature
     dev_head = dk.MarkovHead(head.kind, *(move(w) for w in (head.w1, head.w2, head.wg, head.bg, head.wj, head.bj)))
     dev_conf = None if confidence is None else dk.ConfidenceHead(
         *(move(x) for x in (confidence.weight, confidence.bias, confidence.sts_temperatures)))
-    out = dk.draft_block(move(base), move(anchors), dev_head, backend="triton",
-                         **{**kw, "hidden": move(kw["hidden"]), "confidence": dev_conf,
-                            "temperature": move(temperature)})
+    out = wrap(lambda: dk.draft_block(move(base), move(anchors), dev_head, backend=backend,
+                                      **{**kw, "hidden": move(kw["hidden"]), "confidence": dev_conf,
+                                         "temperature": move(temperature)}))
     return ref, type(out)(*(None if t is None else t.cpu() for t in out))
 
 
-def assert_matches(ref, out, base, anchors, head, hidden):
+def logprobs_from_logits(logits, tokens, temperature):
+    """log_softmax(logits / T).gather(tokens), with T = 1 for greedy requests (T <= 0, NaN, or a Python 0)."""
+    n = logits.shape[0]
+    t = temperature if isinstance(temperature, torch.Tensor) else torch.full((n,), float(temperature))
+    t = torch.where(t.float() > 0, t.float(), 1.0).to(logits.device)
+    return torch.log_softmax(logits / t[:, None, None], -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def assert_matches(ref, out, base, anchors, head, hidden, temperature=None):
     assert out.tokens.dtype == torch.int64 and torch.equal(out.tokens, ref.tokens)
-    for name in ("logits", "conf_logits", "survival"):
+    if temperature is not None and out.logits is not None:  # the new output, from the returned logits
+        torch.testing.assert_close(out.draft_logprobs, logprobs_from_logits(out.logits, out.tokens, temperature),
+                                   rtol=1e-5, atol=2e-5, equal_nan=True)
+    for name in ("logits", "conf_logits", "survival", "draft_logprobs"):
         a, b = getattr(out, name), getattr(ref, name)
         assert (a is None) == (b is None), name
         if a is not None:
             assert a.dtype == torch.float32 and a.shape == b.shape, name
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, equal_nan=True, msg=name)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5, equal_nan=True, msg=name)
     if ref.logits is not None and base.dtype != torch.float32:
         # flash-attention's rule against the fp32 computation: at most 2x plain PyTorch's error in the input dtype
         plain = plain_torch_logits(base, anchors, head, hidden, ref.tokens).float()
@@ -300,7 +312,7 @@ def test_triton_matches_reference(triton_device, kind, n, k, vocab, rank, d, dty
     case = make_triton_case(kind, n, k, vocab, rank, d, dtype, temps, conf, seed=n * 1000 + k * 10 + vocab)
     base, anchors, head, hidden, confidence, temperature = case
     ref, out = run_both(triton_device, *case, with_logits)
-    assert_matches(ref, out, base, anchors, head, hidden)
+    assert_matches(ref, out, base, anchors, head, hidden, temperature)
 
 
 @pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
@@ -310,7 +322,7 @@ def test_triton_gpu_tiles_match_reference(triton_device, kind, monkeypatch):
     monkeypatch.setattr(triton_draft_block, "_TILE_INTERPRET", triton_draft_block._TILE)
     case = make_triton_case(kind, 2, 3, 300, 70, 150, torch.float32, "mixed", "sts", seed=5)
     ref, out = run_both(triton_device, *case, True)
-    assert_matches(ref, out, *case[:4])
+    assert_matches(ref, out, *case[:4], case[5])
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN inputs, on purpose
@@ -329,6 +341,9 @@ def test_triton_nan_and_inf_logits(triton_device):
         assert ((out.tokens >= 0) & (out.tokens < 9)).all()
         assert torch.equal(out.tokens, ref.tokens)
         torch.testing.assert_close(out.logits, ref.logits, equal_nan=True)
+        torch.testing.assert_close(out.draft_logprobs, ref.draft_logprobs, equal_nan=True)
+        torch.testing.assert_close(out.draft_logprobs, logprobs_from_logits(out.logits, out.tokens, temperature),
+                                   equal_nan=True)
 
 
 def test_triton_opcheck_and_distinct_outputs(triton_device):
@@ -337,7 +352,151 @@ def test_triton_opcheck_and_distinct_outputs(triton_device):
     dev = lambda x: x.to(triton_device)  # noqa: E731
     args = (dev(base), dev(anchors), "rnn", dev(head.w1), dev(head.w2), None, None, dev(head.wj), dev(head.bj),
             dev(hidden), None, None, None, dev(torch.tensor([0.0, 1.0])), dev(torch.tensor([1, 2])), False, "triton")
-    tokens, logits, conf, survival = torch.ops.dspark.draft_block.default(*args)
-    assert tokens.shape == (2, 3) and logits.shape == conf.shape == survival.shape == (0,)
-    assert len({id(t) for t in (tokens, logits, conf, survival)}) == 4
+    tokens, logits, conf, survival, logprobs = torch.ops.dspark.draft_block.default(*args)
+    assert tokens.shape == logprobs.shape == (2, 3) and logits.shape == conf.shape == survival.shape == (0,)
+    assert len({id(t) for t in (tokens, logits, conf, survival, logprobs)}) == 5
     torch.library.opcheck(torch.ops.dspark.draft_block.default, args)
+
+
+# ---------------------------------------------------------------- draft_logprobs (reference)
+@pytest.mark.parametrize("temperature", [0.0, 0.7, "mixed"])
+def test_reference_logprobs_are_log_softmax_of_the_logits(temperature):
+    case = make_triton_case("gated", 5, 4, 50, 6, 7, torch.float32, "mixed", "sts", seed=3)
+    base, anchors, head, hidden, confidence, temps = case
+    temperature = temps if temperature == "mixed" else temperature
+    out = dk.draft_block(base, anchors, head, hidden=hidden, confidence=confidence, temperature=temperature,
+                         seed=1, return_logits=True, backend="reference")
+    assert out.draft_logprobs.dtype == torch.float32 and out.draft_logprobs.shape == (5, 4)
+    torch.testing.assert_close(out.draft_logprobs, logprobs_from_logits(out.logits, out.tokens, temperature))
+    assert (out.draft_logprobs <= 0).all()
+    if isinstance(temperature, float) and temperature == 0.0:  # greedy rows: the draft model's log-probability at T = 1 (of its argmax)
+        torch.testing.assert_close(out.draft_logprobs, torch.log_softmax(out.logits, -1).max(-1).values)
+
+
+# ---------------------------------------------------------------- hand-written CUDA (SIMT harness on the CPU)
+# Token equality rule: the bias W2 @ v is a float32 dot product summed in another order than torch's, so the
+# logits agree to ~1e-6 relative, not bit for bit; with continuous random data an argmax (or race) near-tie
+# within that is a ~1e-5 event per draw, so tokens must equal the reference's exactly (as the Triton tests do).
+CUDA_CASES = [  # head, N, K, V, r, d, dtype, temperatures, confidence, return_logits
+    ("vanilla", 1, 1, 1, 8, 5, torch.float32, "greedy", "none", True),
+    ("gated", 3, 5, 17, 8, 7, torch.bfloat16, "mixed", "sts", True),
+    ("rnn", 3, 7, 1000, 64, 37, torch.float16, "sampled", "conf", True),
+    ("rnn", 3, 16, 17, 8, 9, torch.float32, "mixed", "sts", True),
+    ("vanilla", 17, 5, 1000, 64, 5, torch.float32, "mixed", "conf", True),
+    ("gated", 17, 1, 4099, 64, 33, torch.bfloat16, "mixed", "sts", True),
+    ("vanilla", 3, 5, 1000, 13, 5, torch.float16, "mixed", "sts", True),    # rows not 16-byte aligned
+    ("rnn", 1, 7, 4099, 256, 21, torch.float32, "greedy", "sts", True),
+    ("gated", 3, 5, 1000, 256, 13, torch.float16, "sampled", "conf", True),
+    ("gated", 3, 2, 300, 512, 301, torch.bfloat16, "mixed", "sts", True),    # r = 512
+    ("vanilla", 1, 5, 32003, 64, 11, torch.bfloat16, "sampled", "none", False),
+]
+
+
+@pytest.mark.parametrize("kind,n,k,vocab,rank,d,dtype,temps,conf,with_logits", CUDA_CASES)
+def test_cuda_matches_reference(cuda_device, simt_check, kind, n, k, vocab, rank, d, dtype, temps, conf,
+                                with_logits):
+    case = make_triton_case(kind, n, k, vocab, rank, d, dtype, temps, conf, seed=n * 1000 + k * 10 + vocab)
+    ref, out = run_both(cuda_device, *case, with_logits, backend="cuda", wrap=simt_check)
+    assert_matches(ref, out, *case[:4], case[5])
+
+
+def test_cuda_mixed_input_dtypes(cuda_device, simt_check):
+    """Every float input may have its own dtype: U bf16, W2 fp32, W1 fp16, the gate in bf16 / fp32."""
+    base, anchors, head, hidden, confidence, temperature = make_triton_case(
+        "gated", 3, 4, 500, 24, 19, torch.float32, "mixed", "sts", seed=11)
+    head = dk.MarkovHead("gated", head.w1.half(), head.w2, head.wg.bfloat16(), head.bg)
+    confidence = dk.ConfidenceHead(confidence.weight.half(), confidence.bias, confidence.sts_temperatures.bfloat16())
+    case = (base.bfloat16(), anchors.int(), head, hidden.half(), confidence, temperature)
+    ref, out = run_both(cuda_device, *case, True, backend="cuda", wrap=simt_check)
+    assert_matches(ref, out, base, anchors, head, hidden, temperature)  # (no plain-PyTorch yardstick: dtypes mix)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_cuda_nan_and_inf_logits(cuda_device, simt_check):
+    base, anchors, head, hidden, confidence, _ = make_triton_case("vanilla", 4, 4, 9, 3, 2, torch.float32,
+                                                                  "greedy", "none")
+    base[0] = float("nan")
+    base[1, :, ::2] = float("nan")
+    base[1, :, 1] = float("-inf")
+    base[2, :, 3] = float("inf")
+    base[2, :, 6] = float("inf")
+    base[3] = float("-inf")
+    for temperature in (0.0, torch.tensor([1.0, 0.0, 0.5, 2.0])):
+        ref, out = run_both(cuda_device, base, anchors, head, None, None, temperature, True, backend="cuda",
+                            wrap=simt_check)
+        assert ((out.tokens >= 0) & (out.tokens < 9)).all()
+        assert torch.equal(out.tokens, ref.tokens)
+        torch.testing.assert_close(out.logits, ref.logits, equal_nan=True)
+        torch.testing.assert_close(out.draft_logprobs, ref.draft_logprobs, equal_nan=True)
+
+
+@pytest.mark.parametrize("temp", [0.6, 1.3])
+def test_cuda_sampled_tokens_follow_corrected_softmax(cuda_device, simt_check, temp):
+    """Chi-square through the CUDA path: position 0 against softmax(logits / T), later positions against the
+    mean of softmax(logits_k / T) over the prefixes actually drawn (the rnn state makes them differ)."""
+    trials, vocab = 3000, 30
+    base, _, head, hidden, _ = make_case("rnn", n=1, k=3, vocab=vocab, rank=4, d=3, seed=1, conf=False)
+    base, hidden = base.expand(trials, -1, -1), hidden.expand(trials, -1, -1)
+    anchors = torch.full((trials,), 7)
+    dev = lambda x: x.to(cuda_device)  # noqa: E731
+    dev_head = dk.MarkovHead("rnn", *(dev(w) for w in (head.w1, head.w2)), wj=dev(head.wj), bj=dev(head.bj))
+    out = simt_check(lambda: dk.draft_block(dev(base), dev(anchors), dev_head, hidden=dev(hidden), temperature=temp,
+                                            seed=123, return_logits=True, backend="cuda"))
+    tokens, logits = out.tokens.cpu(), out.logits.cpu()
+    p0 = torch.softmax(logits[0, 0] / temp, -1)
+    assert passes(counts(tokens[:, 0], vocab), p0 * trials)
+    for k in (1, 2):
+        assert passes(counts(tokens[:, k], vocab), torch.softmax(logits[:, k] / temp, -1).sum(0).double())
+    assert not passes(counts(logits[:, 0].argmax(-1), vocab), p0 * trials)  # the check can fail
+    torch.testing.assert_close(out.draft_logprobs.cpu(), logprobs_from_logits(logits, tokens, temp),
+                               rtol=1e-5, atol=2e-5)
+
+
+def _nbytes(*ts):
+    return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+@pytest.mark.parametrize("kind,n,k,vocab,rank,d,dtype,min_ctas", [
+    ("vanilla", 1, 3, 32003, 64, 0, torch.bfloat16, 132),   # N = 1 fills a 132-SM GPU
+    ("gated", 1, 2, 32003, 64, 40, torch.bfloat16, 132),
+    ("rnn", 17, 2, 32003, 64, 33, torch.float32, 132),
+])
+def test_cuda_bytes_ctas_and_one_launch(cuda_device, kind, n, k, vocab, rank, d, dtype, min_ctas):
+    """One launch for the whole block, 2K grid barriers (3K with a gate / rnn), N = 1 on 132+ CTAs, and the global traffic within 1.1x
+    of the floor: U once + W2 once per position + outputs + small weights (W1 rows gathered, gate / rnn /
+    confidence weights once per position, hidden once). What sits above the floor, all O(N * r * CTAs) or
+    O(N * CTAs) per position: the v rows broadcast to every CTA (kept <= 1/16 of U + W2 by the CTA count),
+    the temperatures, and the split-V partials."""
+    if cuda_device.type != "cpu":
+        pytest.skip("counts come from the SIMT harness")
+    from dspark_kernels import simt
+    conf = "sts" if d else "none"
+    base, anchors, head, hidden, confidence, temperature = make_triton_case(kind, n, k, vocab, rank, max(d, 1), dtype,
+                                                                            "mixed", conf, seed=2)
+    hidden = hidden if d else None
+    with simt.record() as rec:
+        out = dk.draft_block(base, anchors, head, hidden=hidden, confidence=confidence, temperature=temperature,
+                             seed=1, backend="cuda")
+    assert len(rec.launches) == 1, rec.kernels()
+    launch = rec.launches[0]
+    assert launch["ctas"] >= min_ctas
+    assert launch["grid_barriers"] == (2 if kind == "vanilla" else 3) * k
+    small = _nbytes(head.wg, head.bg, head.wj, head.bj) + (_nbytes(confidence.weight, confidence.sts_temperatures)
+                                                          if confidence is not None else 0)
+    floor = (_nbytes(base, anchors, hidden) + k * _nbytes(head.w2) + k * small + n * k * rank * head.w1.element_size()
+             + _nbytes(out.tokens, out.draft_logprobs, out.conf_logits, out.survival))
+    moved = rec.bytes_read + rec.bytes_written
+    assert moved <= 1.1 * floor, (moved, floor, moved / floor)
+    assert _nbytes(base, head.w2) <= rec.bytes_read  # the counters see the streams
+
+
+def test_cuda_opcheck(cuda_device):
+    if cuda_device.type != "cpu":
+        pytest.skip("opchecks the SIMT build's op on CPU tensors")
+    base, anchors, head, hidden, confidence, _ = make_triton_case("rnn", 2, 3, 9, 4, 5, torch.float32,
+                                                                  "greedy", "sts")
+    args = (base, anchors, "rnn", head.w1, head.w2, None, None, head.wj, head.bj, hidden, confidence.weight.view(-1),
+            confidence.bias.view(()), confidence.sts_temperatures, torch.tensor([0.0, 1.0]), torch.tensor([1, 2]),
+            True)
+    torch.library.opcheck(torch.ops.dspark_simt.draft_block.default, args)
+    torch.library.opcheck(torch.ops.dspark.draft_block.default, args + ("cuda",))

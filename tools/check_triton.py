@@ -49,7 +49,7 @@ KERNELS = {
         dict(base_ptr="*bf16", anchor_ptr="*i64", w1_ptr="*bf16", w2_ptr="*bf16", wg_ptr="*bf16", bg_ptr="*bf16",
              wj_ptr="*bf16", bj_ptr="*bf16", hidden_ptr="*bf16", cw_ptr="*fp32", cb_ptr="*fp32", sts_ptr="*fp32",
              temp_ptr="*fp32", rng_key_ptr="*i64", scratch_ptr="*fp32", tokens_ptr="*i64", logits_ptr="*fp32",
-             conf_ptr="*fp32", surv_ptr="*fp32", K="i32", V="i32", R="i32", D="i32",
+             conf_ptr="*fp32", surv_ptr="*fp32", logprob_ptr="*fp32", K="i32", V="i32", R="i32", D="i32",
              HEAD="constexpr", HAS_CONF="constexpr", HAS_STS="constexpr", RETURN_LOGITS="constexpr",
              BLOCK_V="constexpr", BLOCK_R="constexpr", BLOCK_C="constexpr"),
         dict(HEAD=[0, 1, 2], HAS_CONF=[True], HAS_STS=[True], RETURN_LOGITS=[False, True], BLOCK_V=[128],

@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from .. import reference
+from .. import _ext, reference
 from ..rng import make_rng_key
 from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
 
@@ -50,6 +50,7 @@ class DraftBlockOutput(NamedTuple):
     logits: Optional[torch.Tensor]         # float32 [N, K, V] (return_logits=True)
     conf_logits: Optional[torch.Tensor]    # float32 [N, K] (with a confidence head)
     survival: Optional[torch.Tensor]       # float32 [N, K] (with a confidence head)
+    draft_logprobs: Optional[torch.Tensor] = None  # float32 [N, K]: log q(token) under softmax(logits / T)
 
 
 @torch.library.custom_op("dspark::draft_block", mutates_args=())
@@ -60,25 +61,35 @@ def _draft_block_op(
     sts_temperatures: Optional[torch.Tensor], temperature: Optional[torch.Tensor], rng_key: torch.Tensor,
     return_logits: bool,
     backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     args = (base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
             sts_temperatures, temperature, rng_key, return_logits)
     if backend == "triton":
         from ..triton.draft_block import draft_block as triton_draft_block
         return triton_draft_block(*args)
     if backend == "cuda":
-        raise NotImplementedError("draft_block has no cuda backend yet; use backend='triton' or 'reference'")
+        return tuple(_ext.kernels(base_logits.device).draft_block(*args))
     return reference.draft_block(*args)
+
+
+def _fake_outputs(base_logits, conf_weight, return_logits):
+    n, k, v = base_logits.shape
+    new = base_logits.new_empty
+    conf_shape = (n, k) if conf_weight is not None else (0,)
+    return (new((n, k), dtype=torch.int64), new((n, k, v) if return_logits else (0,), dtype=torch.float32),
+            new(conf_shape, dtype=torch.float32), new(conf_shape, dtype=torch.float32),
+            new((n, k), dtype=torch.float32))
 
 
 @_draft_block_op.register_fake
 def _(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, *rest):
-    n, k, v = base_logits.shape
-    return_logits = rest[-2]
-    new = base_logits.new_empty
-    conf_shape = (n, k) if conf_weight is not None else (0,)
-    return (new((n, k), dtype=torch.int64), new((n, k, v) if return_logits else (0,), dtype=torch.float32),
-            new(conf_shape, dtype=torch.float32), new(conf_shape, dtype=torch.float32))
+    return _fake_outputs(base_logits, conf_weight, rest[-2])
+
+
+@_ext.register_fake("draft_block")
+def _(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
+      sts_temperatures, temperature, rng_key, return_logits):
+    return _fake_outputs(base_logits, conf_weight, return_logits)
 
 
 def draft_block(
@@ -111,9 +122,13 @@ def draft_block(
 
     Returns:
         ``DraftBlockOutput(tokens int64 [N, K], logits float32 [N, K, V] | None, conf_logits float32 [N, K] | None,
-        survival float32 [N, K] | None)``. ``logits_k = U_k + B(x_{k-1})`` in float32 (sampling used exactly these);
+        survival float32 [N, K] | None, draft_logprobs float32 [N, K])``. ``logits_k = U_k + B(x_{k-1})`` in float32 (sampling used exactly these);
         ``conf_logits`` are the raw ``z_k``; ``survival_k = prod_{i<=k} sigmoid(z_i / T_i)``. An anchor outside
         [0, V) reads a zero Markov embedding; NaN logits never yield a token outside [0, V).
+        ``draft_logprobs[n, k] = log_softmax(logits_k / T_n)[tokens[n, k]]``: log q of each drafted token under the
+        distribution it was drawn from (``verify_chain`` uses ``q(d) = exp(draft_logprobs)``); greedy requests
+        (T <= 0) report it at T = 1 (the draft model's own log-probability; the verifier does not read it for
+        them). NaN when the row holds a NaN or +inf logit or only -inf, as ``torch.log_softmax`` gives.
     """
     check_tensor("base_logits", base_logits, ndim=3, dtypes=FLOAT_DTYPES)
     n, k_len, vocab = base_logits.shape
@@ -164,9 +179,9 @@ def draft_block(
 
     temps = temperature_tensor(temperature, n, dev)
     rng_key = make_rng_key(seed, offset, dev)
-    tokens, logits, conf, survival = _draft_block_op(
+    tokens, logits, conf, survival, logprobs = _draft_block_op(
         base_logits, anchor_tokens, head.kind, head.w1, head.w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
         sts, temps, rng_key, bool(return_logits), resolve_backend(backend, dev, "draft_block"))
     has_conf = confidence is not None
     return DraftBlockOutput(tokens, logits if return_logits else None, conf if has_conf else None,
-                            survival if has_conf else None)
+                            survival if has_conf else None, logprobs)

@@ -12,6 +12,13 @@ position k-1) through the Markov head's embedding ``e = W1[x_k]`` and corrects t
     draft_k  = argmax(logits_k)                                 temperature 0 (ties: lowest index)
              = argmax(logits_k / T - log(-log(u)))              temperature T > 0 (Gumbel-max / exponential race)
     conf_k   = w . [h_k; e] + b,   survival_k = prod_{i<=k} sigmoid(conf_i / T_i)
+    logprob_k = log_softmax(logits_k / T)[draft_k]             T = 1 for greedy requests (T <= 0 or NaN)
+
+``draft_logprobs`` is log q(d_k), the log-probability of each drafted token under the distribution it was drawn
+from, softmax(logits_k / T); verify_chain's accept test uses q(d) = exp(draft_logprobs). For greedy requests the
+sampling distribution is a point mass (its T -> 0 limit gives log q = 0, which says nothing), so they report the
+draft model's own log-probability at T = 1 instead; the verifier never reads it for greedy requests. A row holding
+a NaN or +inf logit (or only -inf) gives NaN, exactly as torch.log_softmax does.
 
 Everything is computed in float32 whatever the input dtypes. An anchor outside [0, V) reads a zero embedding.
 """
@@ -49,18 +56,20 @@ def draft_block(
     temperature: Optional[torch.Tensor],
     rng_key: torch.Tensor,
     return_logits: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """See ``dspark_kernels.ops.draft_block`` for shapes; returns (tokens, logits, conf_logits, survival), with
-    empty tensors for the outputs that were not asked for."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See ``dspark_kernels.ops.draft_block`` for shapes; returns (tokens, logits, conf_logits, survival,
+    draft_logprobs), with empty tensors for the outputs that were not asked for."""
     n, k_len, vocab = base_logits.shape
     dev = base_logits.device
     w2f = w2.float()
     requests = torch.arange(n, device=dev)
+    safe_t = torch.ones(n, 1, dtype=torch.float32, device=dev)  # T of the log-probabilities: 1 for greedy rows
     if temperature is not None:  # None: every request greedy (known on the host), no random numbers needed
         sampled = temperature > 0
         safe_t = torch.where(sampled, temperature, 1.0).unsqueeze(-1)
 
     tokens = torch.empty(n, k_len, dtype=torch.int64, device=dev)
+    logprobs = torch.empty(n, k_len, dtype=torch.float32, device=dev)
     logits_out = torch.empty(n, k_len, vocab, dtype=torch.float32, device=dev) if return_logits else None
     conf = torch.empty(n, k_len, dtype=torch.float32, device=dev) if conf_weight is not None else None
     state = torch.zeros(n, w1.shape[1], dtype=torch.float32, device=dev)  # rnn head state s_k
@@ -85,6 +94,7 @@ def draft_block(
             drawn = gumbel_argmax(logits / safe_t, uniform_rows(rng_key, requests, k, STREAM_DRAFT, vocab))
             prev = torch.where(sampled, drawn, prev)
         tokens[:, k] = prev
+        logprobs[:, k] = torch.log_softmax(logits / safe_t, dim=-1).gather(-1, prev.unsqueeze(-1)).squeeze(-1)
         if logits_out is not None:
             logits_out[:, k] = logits
 
@@ -93,7 +103,7 @@ def draft_block(
 
     logits_out = logits_out if logits_out is not None else empty()
     if conf is None:
-        return tokens, logits_out, empty(), empty()
+        return tokens, logits_out, empty(), empty(), logprobs
     temps = sts_temperatures.float() if sts_temperatures is not None else torch.ones(k_len, device=dev)
     survival = torch.cumprod(torch.sigmoid(conf / temps), dim=-1)
-    return tokens, logits_out, conf, survival
+    return tokens, logits_out, conf, survival, logprobs

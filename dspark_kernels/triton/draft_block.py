@@ -13,7 +13,10 @@ k, with ``x`` the token before the position (the anchor, then the previous draft
    per r block), written when asked for, and the running argmax of either the logits (greedy) or the Gumbel-max
    score ``logits / T - log(-log(u))`` with ``u = uniform(request, k, STREAM_DRAFT, token)`` (T > 0). NaN scores
    count as -inf (infinities stay) and ties go to the lowest index, so the token equals the reference's
-   ``argmax_nan_low`` whenever the float32 values agree.
+   ``argmax_nan_low`` whenever the float32 values agree. The same pass keeps per-lane online-softmax statistics of
+   ``logits / T`` (T = 1 for greedy rows) and the scaled logit of each lane's winner, so the drafted token's
+   log-probability ``log_softmax(logits / T)[token]`` comes out with no second pass (NaN for a row with a NaN or
+   +inf logit, or only -inf ones, as torch gives).
 
 Everything is float32 whatever the input dtypes; offsets are 64-bit (N*K*V and V*r may pass 2**31).
 """
@@ -61,7 +64,7 @@ def _load_he(h_row, e_row, e_ok, cols, D, R):
 @triton.jit
 def _draft_block_kernel(
     base_ptr, anchor_ptr, w1_ptr, w2_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr, hidden_ptr, cw_ptr, cb_ptr, sts_ptr,
-    temp_ptr, rng_key_ptr, scratch_ptr, tokens_ptr, logits_ptr, conf_ptr, surv_ptr,
+    temp_ptr, rng_key_ptr, scratch_ptr, tokens_ptr, logits_ptr, conf_ptr, surv_ptr, logprob_ptr,
     K, V, R, D,
     HEAD: tl.constexpr, HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr, RETURN_LOGITS: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -150,9 +153,14 @@ def _draft_block_kernel(
             tl.store(conf_ptr + row, z_k)
             tl.store(surv_ptr + row, surv)
 
-        # ---- one pass over the vocabulary: logits, and the greedy or Gumbel-max argmax
+        # ---- one pass over the vocabulary: logits, the greedy or Gumbel-max argmax, and the softmax statistics
+        # of logits / T (T = 1 for greedy rows) for the drafted token's log-probability
         best = tl.full([BLOCK_V], NEG_INF, tl.float32)
         best_i = vs_ar
+        best_l = tl.full([BLOCK_V], NEG_INF, tl.float32)   # the scaled logit of each lane's running winner
+        run_m = tl.full([BLOCK_V], NEG_INF, tl.float32)
+        run_s = tl.zeros([BLOCK_V], tl.float32)
+        bad = tl.zeros([BLOCK_V], tl.int32)                # a NaN scaled logit was seen
         u_row = base_ptr + row * V
         for vs in range(0, V, BLOCK_V):
             cols = vs + vs_ar
@@ -171,15 +179,32 @@ def _draft_block_kernel(
             x = tl.load(u_row + cols, mask=vmask, other=0.0).to(tl.float32) + tl.sum(acc, axis=1)
             if RETURN_LOGITS:
                 tl.store(logits_ptr + row * V + cols, x, mask=vmask)
+            xs = x / t
             if sampled:
                 u = uniform(k0, k1, offset_lo, n, k, STREAM_DRAFT, cols)
-                score = gumbel_score(x / t, u)
+                score = gumbel_score(xs, u)
             else:
                 score = x
             score = tl.where(vmask, _argmax_key(score), NEG_INF)
+            better = score > best
+            best_l = tl.where(better, xs, best_l)
             best, best_i = argmax_update(best, best_i, score, cols)
+            bad = bad | ((xs != xs) & vmask).to(tl.int32)
+            xk = tl.where(vmask, _argmax_key(xs), NEG_INF)
+            new_m = tl.maximum(run_m, xk)
+            live = new_m > NEG_INF
+            safe_m = tl.where(live, new_m, 0.0)
+            run_s = tl.where(live, run_s * tl.exp(run_m - safe_m) + tl.exp(xk - safe_m), 0.0)
+            run_m = new_m
         prev = argmax_finish(best, best_i, V + BLOCK_V).to(tl.int64)
         tl.store(tokens_ptr + row, prev)
+        win_l = tl.sum(tl.where(best_i == prev, best_l, 0.0), axis=0)
+        top_m = tl.max(run_m, axis=0)
+        ok = (top_m > NEG_INF) & (top_m < float("inf")) & (tl.max(bad, axis=0) == 0)
+        safe_top = tl.where(ok, top_m, 0.0)
+        total = tl.sum(tl.where(run_m > NEG_INF, run_s * tl.exp(run_m - safe_top), 0.0), axis=0)
+        lp = win_l - (safe_top + tl.log(total))
+        tl.store(logprob_ptr + row, tl.where(ok, lp, float("nan")))
 
 
 def _blocks(vocab: int, rank: int, width: int, tiles: int, tile: int = _TILE) -> tuple[int, int, int]:
@@ -209,8 +234,9 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, h
     has_conf = conf_weight is not None
     conf = torch.empty(n, k, **f32) if has_conf else torch.empty(0, **f32)
     survival = torch.empty(n, k, **f32) if has_conf else torch.empty(0, **f32)
+    logprobs = torch.empty(n, k, **f32)
     if n == 0:
-        return tokens, logits, conf, survival
+        return tokens, logits, conf, survival, logprobs
     base = base_logits.contiguous()
     scratch = torch.zeros(n, 3, max(rank, 1), **f32) if head_kind != "vanilla" else base  # v, rnn state x 2
     dummy = base  # never read where its flag / head kind is off
@@ -226,10 +252,10 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, h
         conf_bias.reshape(1).contiguous() if has_conf else dummy,
         sts_temperatures.contiguous() if sts_temperatures is not None else dummy,
         temperature if temperature is not None else torch.zeros(n, device=dev), rng_key.contiguous(), scratch,
-        tokens, logits, conf, survival,
+        tokens, logits, conf, survival, logprobs,
         k, v, rank, d,
         HEAD=_HEAD_IDS[head_kind], HAS_CONF=has_conf, HAS_STS=sts_temperatures is not None,
         RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v, BLOCK_R=block_r, BLOCK_C=block_c,
         num_warps=_NUM_WARPS,
     )
-    return tokens, logits, conf, survival
+    return tokens, logits, conf, survival, logprobs
