@@ -8,7 +8,6 @@
 #include "dspark_simt/runtime.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <memory>
@@ -202,23 +201,36 @@ size_t stack_bytes() {
   return bytes;
 }
 
+// Fiber stacks come from slabs of kSlabStacks stacks, one mapping each (a mapping per stack would run into
+// vm.max_map_count with the tens of thousands of resident threads of a cooperative launch). A canary at the bottom
+// of each stack stands in for guard pages: a kernel whose thread overran its stack fails its launch.
+constexpr size_t kSlabStacks = 64;
+constexpr uint64_t kCanary = 0xD5AC0FFEE0DDBA11ull;
+constexpr size_t kCanaryWords = 8;
 std::vector<char*> g_stack_pool;
 
 char* take_stack() {
-  if (!g_stack_pool.empty()) {
-    char* s = g_stack_pool.back();
-    g_stack_pool.pop_back();
-#if defined(DSPARK_SIMT_ASAN)
-    ASAN_UNPOISON_MEMORY_REGION(s, stack_bytes());  // frames abandoned on a fault leave their redzones behind
-#endif
-    return s;
+  if (g_stack_pool.empty()) {
+    const size_t bytes = stack_bytes() * kSlabStacks;
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) throw std::runtime_error("dspark SIMT: out of memory for fiber stacks");
+    for (size_t i = kSlabStacks; i > 0; --i) g_stack_pool.push_back(static_cast<char*>(m) + (i - 1) * stack_bytes());
   }
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  void* m = mmap(nullptr, stack_bytes() + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
-  if (m == MAP_FAILED) throw std::runtime_error("dspark SIMT: out of memory for fiber stacks");
-  mprotect(m, page, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting a neighbour
-  return static_cast<char*>(m) + page;
+  char* s = g_stack_pool.back();
+  g_stack_pool.pop_back();
+#if defined(DSPARK_SIMT_ASAN)
+  ASAN_UNPOISON_MEMORY_REGION(s, stack_bytes());  // frames abandoned on a fault leave their redzones behind
+#endif
+  uint64_t* canary = reinterpret_cast<uint64_t*>(s);
+  for (size_t i = 0; i < kCanaryWords; ++i) canary[i] = kCanary;
+  return s;
+}
+
+bool stack_intact(const char* s) {
+  const uint64_t* canary = reinterpret_cast<const uint64_t*>(s);
+  for (size_t i = 0; i < kCanaryWords; ++i)
+    if (canary[i] != kCanary) return false;
+  return true;
 }
 
 std::vector<char*> g_smem_pool;
@@ -705,7 +717,12 @@ void launch(const LaunchSpec& spec, const std::function<void()>& body) {
         L.blocks.push_back(std::move(bp));
       }
       if (!run_resident(&L)) error = L.error;
-      for (Fiber* f : L.fibers) g_stack_pool.push_back(f->stack);
+      for (Fiber* f : L.fibers) {
+        if (error.empty() && !stack_intact(f->stack))
+          error = "dspark SIMT: kernel " + std::string(spec.kernel) + ": a thread overran its " +
+                  std::to_string(stack_bytes() / 1024) + " KiB stack (set DSPARK_SIMT_STACK_KB)";
+        g_stack_pool.push_back(f->stack);
+      }
       for (auto& bp : L.blocks) give_smem(bp->smem);
     }
   } catch (...) {

@@ -45,9 +45,7 @@
 namespace dspark {
 namespace draft {
 
-// 128 threads and one CTA per SM: a cooperative launch keeps every thread resident, and the SIMT harness gives
-// each resident thread a fiber stack of two memory mappings (stack + guard page), so the CPU runs of the real
-// launch shape stay under vm.max_map_count (65530: about 32K resident threads) with 132+ CTAs.
+// 128 threads and one CTA per SM (every CTA resident for the cooperative launch).
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRK = 32;                  // W2 columns per staged chunk
