@@ -509,7 +509,7 @@ __global__ void __launch_bounds__(kThreads) qstats_kernel(VerifyChainParams p, W
 
 // ------------------------------------------------------------------------------------------------ 6. sample
 template <typename TT, typename TD>
-__global__ void __launch_bounds__(kThreads) sample_kernel(VerifyChainParams p, Workspace w, bool q_from_qpart) {
+__global__ void __launch_bounds__(kThreads, 1) sample_kernel(VerifyChainParams p, Workspace w, bool q_from_qpart) {
   DSPARK_SHARED(ReqState, s_st);
   DSPARK_SHARED_ARRAY(VStats, s_stats, 2);
   DSPARK_SHARED(int64_t, s_dq);
@@ -551,27 +551,29 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(VerifyChainParams p, W
   const TD* drow = (onehot || full) ? nullptr : draft_row<TD>(p, r, row);
   const rng::Philox ph = rng::load_philox(p.rng_key);
   SamplePartial part = SamplePartial::empty();
-  int64_t cached_quad = -1;
-  rng::F32x4 u4{1.f, 1.f, 1.f, 1.f};
-  for_each_element(trow, begin, end, threadIdx.x, blockDim.x, [&](int64_t x, float v) {
-    const int64_t quad = x >> 2;
-    if (quad != cached_quad) {
-      u4 = ph.uniform4(static_cast<uint64_t>(r), static_cast<uint64_t>(row), rng::kStreamResidual,
-                       static_cast<uint64_t>(quad));
-      cached_quad = quad;
+  // One Philox block per 4 consecutive tokens (chunks start at multiples of 32 tokens): thread i takes quads
+  // i, i + blockDim.x, ... of the chunk, element by element (this pass reads one row per request).
+  const int64_t nquads = (end - begin + 3) >> 2;
+  for (int64_t qi = threadIdx.x; qi < nquads; qi += blockDim.x) {
+    const int64_t x0 = begin + (qi << 2);
+    const rng::U32x4 bits = ph.block(static_cast<uint64_t>(r), static_cast<uint64_t>(row), rng::kStreamResidual,
+                                     static_cast<uint64_t>(x0 >> 2));
+#pragma unroll 1
+    for (int k = 0; k < 4; ++k) {
+      const int64_t x = x0 + k;
+      if (x >= end) break;
+      const uint32_t wk = k == 0 ? bits.x : (k == 1 ? bits.y : (k == 2 ? bits.z : bits.w));
+      const float e = -logf(rng::bits_to_uniform(wk));
+      const float l = to_float(ldg(trow + x)) / t;
+      part.gumbel.update(l - logf(e), x);
+      if (!full) {
+        const float q = onehot ? (x == dq ? 1.f : 0.f) : pq.prob(to_float(ldg(drow + x)) / t);
+        const float wgt = residual_weight(rho, pt.prob(l), q);
+        part.mass += wgt;
+        part.race.update(wgt / e, x);
+      }
     }
-    const int lanev = static_cast<int>(x & 3);
-    const float u = lanev == 0 ? u4.x : (lanev == 1 ? u4.y : (lanev == 2 ? u4.z : u4.w));
-    const float e = -logf(u);
-    const float l = v / t;
-    part.gumbel.update(l - logf(e), x);
-    if (!full) {
-      const float q = onehot ? (x == dq ? 1.f : 0.f) : pq.prob(to_float(ldg(drow + x)) / t);
-      const float wgt = residual_weight(rho, pt.prob(l), q);
-      part.mass += wgt;
-      part.race.update(wgt / e, x);
-    }
-  });
+  }
   part = block_allreduce(part, scratch);
   if (threadIdx.x == 0) stg_pod(w.spart + r * w.chunks + c, part);
 }
@@ -594,6 +596,7 @@ __global__ void __launch_bounds__(kDecideWarps * 32) finish_kernel(VerifyChainPa
 // ------------------------------------------------------------------------------------------------ host side
 struct Plan {
   SplitV split;
+  int threads;  // per CTA of the split-V kernels: enough 16-byte vectors for one pass over a chunk, 32..256
   size_t off[8];
   size_t total;
 };
@@ -604,6 +607,8 @@ inline Plan make_plan(int64_t N, int64_t K, int64_t V) {
   Plan pl;
   const int64_t rows = N * (K + 1);
   pl.split = split_v(V, rows, static_cast<int64_t>(device_sm_count()) * 4, 2048);
+  const int64_t vecs = (pl.split.chunk + 3) / 4;  // 16-byte fp32 vectors (bf16 rows take half as many)
+  pl.threads = static_cast<int>(vecs >= kThreads ? kThreads : (vecs + 31) / 32 * 32);
   const size_t ch = static_cast<size_t>(pl.split.chunks > 0 ? pl.split.chunks : 1);
   const size_t sizes[8] = {
       sizeof(StatsPartial) * static_cast<size_t>(rows) * ch,  // part
@@ -659,7 +664,7 @@ inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspa
   const unsigned warp_grid = static_cast<unsigned>((p.N + kDecideWarps - 1) / kDecideWarps);
   LaunchConfig big, small;
   big.grid = dim3(row_grid);
-  big.block = dim3(kThreads);
+  big.block = dim3(static_cast<unsigned>(pl.threads));
   big.stream = stream;
   small.grid = dim3(warp_grid);
   small.block = dim3(kDecideWarps * 32);
