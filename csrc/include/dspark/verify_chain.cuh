@@ -282,6 +282,30 @@ DSPARK_DEVICE void write_outputs(const VerifyChainParams& p, int64_t r, int n_ac
   if (lane == 0) stg(p.out_num_accepted + r, static_cast<int32_t>(n_acc));
 }
 
+// The Philox key, read by lane 0 and shared with the warp.
+DSPARK_DEVICE rng::Philox warp_philox(const int64_t* rng_key) {
+  long long k[2] = {0, 0};
+  if ((threadIdx.x & 31) == 0) {
+    k[0] = ldg(rng_key);
+    k[1] = ldg(rng_key + 1);
+  }
+  k[0] = __shfl_sync(kFullMask, k[0], 0);
+  k[1] = __shfl_sync(kFullMask, k[1], 0);
+  return rng::Philox::make(static_cast<uint64_t>(k[0]), static_cast<uint64_t>(k[1]));
+}
+
+// The request state, read by lane 0 and shared with the warp.
+DSPARK_DEVICE ReqState warp_state(const ReqState* p) {
+  ReqState st{};
+  if ((threadIdx.x & 31) == 0) st = ldg_pod(p);
+  uint32_t wds[sizeof(ReqState) / 4];
+  memcpy(wds, &st, sizeof(ReqState));
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(ReqState) / 4); ++i) wds[i] = __shfl_sync(kFullMask, wds[i], 0);
+  memcpy(&st, wds, sizeof(ReqState));
+  return st;
+}
+
 DSPARK_DEVICE int leading_ones(unsigned b) { return ~b == 0u ? 32 : __ffs(static_cast<int>(~b)) - 1; }
 
 // ------------------------------------------------------------------------------------------------ 1. stats
@@ -369,7 +393,7 @@ __global__ void __launch_bounds__(kDecideWarps * 32) decide_kernel(VerifyChainPa
         q_d = valid ? 1.f : 0.f;
       }
     }
-    const rng::Philox ph = rng::load_philox(p.rng_key);
+    const rng::Philox ph = warp_philox(p.rng_key);
     const float u = lane < L ? ph.uniform(static_cast<uint64_t>(r), static_cast<uint64_t>(lane), rng::kStreamAccept, 0)
                              : 1.f;
     if (!p.block_method) {
@@ -450,7 +474,7 @@ __global__ void __launch_bounds__(kDecideWarps * 32) tau_kernel(VerifyChainParam
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecideWarps + (threadIdx.x >> 5);
   if (r >= p.N) return;
-  ReqState st = ldg_pod(w.state + r);
+  ReqState st = warp_state(w.state + r);
   if (!(st.flags & kBlockPending)) return;
   const int L = st.length, K = static_cast<int>(p.K);
   const int64_t kp1 = p.K + 1;
@@ -464,7 +488,7 @@ __global__ void __launch_bounds__(kDecideWarps * 32) tau_kernel(VerifyChainParam
   } else if (lane == L && L >= 1) {
     h = my_rho;
   }
-  const rng::Philox ph = rng::load_philox(p.rng_key);
+  const rng::Philox ph = warp_philox(p.rng_key);
   const bool ok = lane >= 1 && lane <= L &&
                   ph.uniform(static_cast<uint64_t>(r), static_cast<uint64_t>(lane - 1), rng::kStreamAccept, 0) <= h;
   const unsigned b = __ballot_sync(kFullMask, ok);
@@ -517,23 +541,28 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(VerifyChainParams p
   const int64_t kp1 = p.K + 1;
   const int64_t r = static_cast<int64_t>(blockIdx.x) / w.chunks;
   const int64_t c = static_cast<int64_t>(blockIdx.x) - r * w.chunks;
-  if (threadIdx.x < 32) {
-    const ReqState st = ldg_pod(w.state + r);
-    const bool active = !(st.flags & kDone) && (st.flags & kSampled);
-    const bool need_q = active && !(st.flags & kFull);
-    VStats pq = VStats::empty();
-    if (need_q && p.draft_logits != nullptr) {
-      if (q_from_qpart)
-        pq = warp_merge_chunks(w.chunks, VStats::empty(), [&](int64_t cc) { return ldg_pod(w.qpart + r * w.chunks + cc); });
-      else if (threadIdx.x == 0)
-        pq = ldg_pod(w.rowd + r * kp1 + st.emit_row);
+  DSPARK_SHARED(rng::Philox, s_ph);
+  if (threadIdx.x == 0) {
+    const ReqState st0 = ldg_pod(w.state + r);
+    s_st = st0;
+    const bool active = !(st0.flags & kDone) && (st0.flags & kSampled);
+    if (active) {
+      s_stats[0] = ldg_pod(w.rowt + r * kp1 + st0.emit_row);
+      s_ph = rng::load_philox(p.rng_key);
     }
-    if (threadIdx.x == 0) {
-      s_st = st;
-      s_stats[1] = pq;
-      if (active) s_stats[0] = ldg_pod(w.rowt + r * kp1 + st.emit_row);
-      s_dq = need_q && p.draft_logits == nullptr ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + st.emit_row)
-                                                : int64_t(-1);
+    const bool need_q = active && !(st0.flags & kFull);
+    s_stats[1] = need_q && p.draft_logits != nullptr && !q_from_qpart ? ldg_pod(w.rowd + r * kp1 + st0.emit_row)
+                                                                      : VStats::empty();
+    s_dq = need_q && p.draft_logits == nullptr ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + st0.emit_row)
+                                               : int64_t(-1);
+  }
+  __syncthreads();
+  if (q_from_qpart && threadIdx.x < 32) {  // the emitting draft row's statistics, merged as decide merges rows
+    const ReqState st0 = s_st;
+    if (!(st0.flags & (kDone | kFull)) && (st0.flags & kSampled)) {
+      const VStats pq = warp_merge_chunks(w.chunks, VStats::empty(),
+                                          [&](int64_t cc) { return ldg_pod(w.qpart + r * w.chunks + cc); });
+      if (threadIdx.x == 0) s_stats[1] = pq;
     }
   }
   __syncthreads();
@@ -549,7 +578,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(VerifyChainParams p
   const int64_t end = begin + w.chunk < p.V ? begin + w.chunk : p.V;
   const TT* trow = static_cast<const TT*>(p.target) + (st.start + row) * p.V;
   const TD* drow = (onehot || full) ? nullptr : draft_row<TD>(p, r, row);
-  const rng::Philox ph = rng::load_philox(p.rng_key);
+  const rng::Philox ph = s_ph;
   SamplePartial part = SamplePartial::empty();
   // One Philox block per 4 consecutive tokens (chunks start at multiples of 32 tokens): thread i takes quads
   // i, i + blockDim.x, ... of the chunk, element by element (this pass reads one row per request).
@@ -583,7 +612,7 @@ __global__ void __launch_bounds__(kDecideWarps * 32) finish_kernel(VerifyChainPa
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecideWarps + (threadIdx.x >> 5);
   if (r >= p.N) return;
-  const ReqState st = ldg_pod(w.state + r);
+  const ReqState st = warp_state(w.state + r);
   if ((st.flags & kDone) || !(st.flags & kSampled)) return;
   const SamplePartial s = warp_merge_chunks(w.chunks, SamplePartial::empty(),
                                             [&](int64_t c) { return ldg_pod(w.spart + r * w.chunks + c); });
