@@ -285,14 +285,14 @@ def test_bad_input_names_the_argument():
 def test_opcheck():
     torch.manual_seed(0)
     n, k, vocab = 3, 4, 13
-    args = (torch.randn(n, k + 1, vocab), None, torch.randint(0, vocab, (n, k)), torch.randn(n, k, vocab),
+    args = (torch.randn(n, k + 1, vocab), None, torch.randint(0, vocab, (n, k)), torch.randn(n, k, vocab), None,
             torch.tensor([4, 2, 0]), None, None, torch.tensor([0.0, 1.0, 0.7]), torch.tensor([3, 4]),
             torch.tensor([5]), "block", "reference")
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, args)
     cu = torch.tensor([0, 5, 6, 9], dtype=torch.int32)
-    packed = (torch.randn(9, vocab), cu) + args[2:10] + ("token", "reference")
+    packed = (torch.randn(9, vocab), cu) + args[2:11] + ("token", "reference")
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, packed)
-    greedy = args[:7] + (None,) + args[8:]   # temperature None: every request greedy
+    greedy = args[:8] + (None,) + args[9:]   # temperature None: every request greedy
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, greedy)
 
 
@@ -349,3 +349,337 @@ def test_triton_nan_logits_stay_in_range(triton_device, method):
         out = dk.verify_chain(target, drafts, temperature=t, method=method, backend="triton")
         emitted = out.tokens[out.tokens >= 0]
         assert ((emitted >= 0) & (emitted < 9)).all() and out.num_accepted.tolist() == [0, 0, 0]
+
+
+# ---------------------------------------------------------------- draft_logprobs (every backend)
+def draft_logprobs_of(draft_logits, drafts, temperature):
+    """log q(d_j) at each request's temperature, as the drafter sampled them (1 for greedy requests)."""
+    n, k, vocab = draft_logits.shape
+    if not isinstance(temperature, torch.Tensor):
+        temperature = torch.full((n,), float(temperature) or 1.0)
+    t = torch.where(temperature.float() > 0, temperature.float(), 1.0).view(n, 1, 1)
+    lp = torch.log_softmax(draft_logits.float() / t, -1)
+    return lp.gather(-1, drafts.long().clamp(0, vocab - 1).unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_reference_with_logprobs_equals_without(method):
+    """q(d_j) from draft_logprobs or from the draft rows: the same outputs on many random cases."""
+    for seed in range(40):
+        gen = torch.Generator().manual_seed(seed)
+        n, k, vocab = 16, 1 + seed % 7, [5, 17, 300][seed % 3]
+        target = torch.randn(n, k + 1, vocab, generator=gen) * 2
+        draft_logits = target[:, :k] + torch.randn(n, k, vocab, generator=gen)
+        temps = torch.tensor([0.0, 1.0, 0.6, 1.7] * 4)
+        drafts = torch.multinomial(torch.softmax(draft_logits.view(-1, vocab), -1), 1, generator=gen).view(n, k)
+        kw = dict(draft_logits=draft_logits, temperature=temps, seed=seed, method=method, backend="reference")
+        a = dk.verify_chain(target, drafts, **kw)
+        b = dk.verify_chain(target, drafts, draft_logprobs=draft_logprobs_of(draft_logits, drafts, temps), **kw)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), seed
+
+
+def test_draft_logprobs_bad_input():
+    t, d = torch.zeros(2, 4, 9), torch.zeros(2, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="draft_logprobs"):
+        dk.verify_chain(t, d, draft_logprobs=torch.zeros(2, 3))              # without draft_logits
+    with pytest.raises(ValueError, match="draft_logprobs"):
+        dk.verify_chain(t, d, draft_logits=torch.zeros(2, 3, 9), draft_logprobs=torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="draft_logprobs"):
+        dk.verify_chain(t, d, draft_logits=torch.zeros(2, 3, 9), draft_logprobs=torch.zeros(2, 3).double())
+
+
+# ---------------------------------------------------------------- CUDA kernels (SIMT harness on the CPU, or a GPU)
+NAN = float("nan")
+
+
+def make_case(n, k, vocab, dtype, draft_mode, packed, temp_mode, seed, draft_dtype=None):
+    """Positional args and kwargs of one verify_chain call (CPU tensors) with the adversarial features mixed in:
+    a greedy request that accepts everything, an invalid draft, a stop token, verify_lens beyond K, survival
+    thresholds, and temperatures that are 0, negative and NaN (greedy) next to sampled ones."""
+    gen = torch.Generator().manual_seed(seed)
+    target = (torch.randn(n, k + 1, vocab, generator=gen) * 2).to(dtype)
+    draft_logits = (target[:, :k].float() + torch.randn(n, k, vocab, generator=gen)).to(draft_dtype or dtype)
+    drafts = torch.multinomial(torch.softmax(draft_logits.float().view(-1, vocab), -1), 1, generator=gen).view(n, k)
+    drafts[0] = target[0, :k].float().argmax(-1)
+    if n > 2:
+        drafts[2, k // 2] = vocab + 3
+    if temp_mode == "greedy":
+        temps = 0.0
+    else:
+        temps = torch.tensor([0.0, 1.0, 0.6, -1.0, 1.3, NAN, 0.9] * n)[:n]
+    kwargs = dict(temperature=temps, method="token", seed=seed, offset=k, stop_token_ids=drafts[-1, :1].clone(),
+                  verify_lens=torch.randint(0, k + 3, (n,), generator=gen),
+                  survival=torch.rand(n, k, generator=gen).sort(-1, descending=True).values,
+                  thresholds=torch.full((k,), 0.1))
+    if draft_mode != "none":
+        kwargs["draft_logits"] = draft_logits
+    if draft_mode == "logprobs":
+        kwargs["draft_logprobs"] = draft_logprobs_of(draft_logits, drafts, temps)
+    if packed:
+        counts = torch.randint(0, k + 2, (n,), generator=gen)
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32)
+        rows = torch.cat([target[r, : int(counts[r])] for r in range(n)]) if int(cu[-1]) else target[:0, 0]
+        return (rows, drafts.to(torch.int32)), dict(kwargs, cu_seqlens=cu)
+    return (target, drafts), kwargs
+
+
+def run_both(cuda_device, simt_check, args, kwargs):
+    ref = dk.verify_chain(*args, backend="reference", **kwargs)
+    on_dev = {key: val.to(cuda_device) if isinstance(val, torch.Tensor) else val for key, val in kwargs.items()}
+    out = simt_check(lambda: dk.verify_chain(*(a.to(cuda_device) for a in args), backend="cuda", **on_dev))
+    out = type(out)(*(t.cpu() for t in out))
+    assert torch.equal(out.tokens, ref.tokens), (out.tokens, ref.tokens)
+    assert torch.equal(out.num_accepted, ref.num_accepted)
+    assert torch.equal(out.accept_mask, ref.accept_mask)
+    return out
+
+
+CUDA_CASES = [  # N, K, V, dtype, method, drafts ("none" = one-hot, "logits", "logprobs"), packed, temperatures
+    (1, 1, 1, torch.float32, "token", "none", False, "mixed"),
+    (3, 5, 17, torch.bfloat16, "block", "logits", True, "mixed"),
+    (3, 7, 1000, torch.float16, "token", "logprobs", False, "mixed"),
+    (3, 16, 17, torch.float32, "block", "none", False, "mixed"),
+    (17, 5, 4099, torch.bfloat16, "token", "logprobs", True, "mixed"),
+    (64, 1, 17, torch.float32, "block", "logits", True, "mixed"),
+    (64, 7, 1000, torch.float32, "token", "logits", False, "mixed"),
+    (3, 7, 32003, torch.bfloat16, "block", "logprobs", False, "mixed"),
+    (17, 16, 1000, torch.float16, "block", "logprobs", True, "mixed"),
+    (17, 1, 32003, torch.float32, "token", "none", True, "mixed"),
+    (64, 5, 1000, torch.bfloat16, "token", "logits", False, "greedy"),
+    (3, 16, 4099, torch.float16, "block", "none", True, "greedy"),
+]
+
+
+@pytest.mark.parametrize("n,k,vocab,dtype,method,draft_mode,packed,temps", CUDA_CASES)
+def test_cuda_matches_reference(cuda_device, simt_check, n, k, vocab, dtype, method, draft_mode, packed, temps):
+    args, kwargs = make_case(n, k, vocab, dtype, draft_mode, packed, temps, seed=n * 1000 + k * 10 + vocab)
+    kwargs["method"] = method
+    run_both(cuda_device, simt_check, args, kwargs)
+
+
+def test_cuda_mixed_draft_dtype_and_large_vocab(cuda_device, simt_check):
+    """Draft logits in another dtype than the target's; one headline-sized vocabulary (V = 151936)."""
+    args, kwargs = make_case(3, 5, 1000, torch.float16, "logprobs", False, "mixed", seed=5, draft_dtype=torch.float32)
+    run_both(cuda_device, simt_check, args, kwargs)
+    args, kwargs = make_case(1, 3, 151936, torch.bfloat16, "logprobs", False, "sampled", seed=6)
+    kwargs.update(temperature=torch.tensor([0.8]), verify_lens=None, survival=None, thresholds=None)
+    kwargs["draft_logprobs"] = draft_logprobs_of(kwargs["draft_logits"], args[1], kwargs["temperature"])
+    run_both(cuda_device, simt_check, args, kwargs)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_cuda_adversarial_rows(cuda_device, simt_check, method):
+    """NaN, -inf and +inf rows, ties, all-accept, reject-first, out-of-range drafts, stop tokens at every position,
+    verify_lens beyond K: the CUDA kernels give the reference's tokens exactly."""
+    gen = torch.Generator().manual_seed(11)
+    n, k, vocab = 12, 4, 17
+    target = torch.randn(n, k + 1, vocab, generator=gen) * 2
+    target[1, 0] = NAN                         # a NaN row
+    target[2, 1, 3] = NAN                      # one NaN in a row
+    target[3, :2] = float("-inf")              # -inf rows
+    target[4, 0, 5] = float("inf")             # +inf
+    target[5, :, 2] = 9.0
+    target[5, :, 7] = 9.0                      # ties
+    draft_logits = target[:, :k].clone()
+    draft_logits[6:] += torch.randn(n - 6, k, vocab, generator=gen) * 3
+    draft_logits[7, 0] = NAN                   # a NaN draft row
+    drafts = torch.where(torch.isnan(target[:, :k]), -1e9, target[:, :k]).argmax(-1)   # all accept greedily
+    drafts[8] = target[8, :k].argmin(-1)       # reject first
+    drafts[9, 0], drafts[9, 1], drafts[10, 2] = -1, vocab, vocab + 100                   # out of range
+    target[11, 0, drafts[11, 0]] = float("-inf")  # p(d_1) = 0
+    for temperature in (0.0, torch.tensor([1.0, 0.5, 2.0, 1.0, 0.7, 1.0, 1.0, 1.5, 1.0, 0.0, 1.0, 1.0])):
+        for mode in ("none", "logits", "logprobs"):
+            kwargs = dict(temperature=temperature, method=method, seed=3, verify_lens=torch.tensor([5, 9] * 6))
+            if mode != "none":
+                kwargs["draft_logits"] = draft_logits
+            if mode == "logprobs":
+                kwargs["draft_logprobs"] = draft_logprobs_of(draft_logits, drafts, temperature)
+            run_both(cuda_device, simt_check, (target, drafts), kwargs)
+    for pos in range(k):  # a stop token at every position
+        kwargs = dict(temperature=torch.ones(n), method=method, seed=pos, draft_logits=draft_logits,
+                      stop_token_ids=drafts[:, pos].unique())
+        run_both(cuda_device, simt_check, (target, drafts), kwargs)
+
+
+def test_cuda_no_rows_and_empty_batch(cuda_device, simt_check):
+    target = torch.randn(4, 9)
+    drafts = torch.randint(0, 9, (3, 2))
+    cu = torch.tensor([0, 0, 7, 9])   # request 0: no rows; request 1 runs past R; request 2: two rows
+    run_both(cuda_device, simt_check, (target, drafts), dict(cu_seqlens=cu, temperature=1.0))
+    run_both(cuda_device, simt_check, (torch.randn(0, 3, 5), torch.zeros(0, 2, dtype=torch.int64)), {})
+
+
+# ---------------------------------------------------------------- CUDA: bytes moved, CTAs, launches
+def _record(fn, sm_count=None):
+    from dspark_kernels import simt
+    with simt.record(sm_count=sm_count) as rec:
+        out = fn()
+    return out, rec
+
+
+@pytest.mark.simt
+def test_cuda_fills_the_gpu_at_batch_one(monkeypatch):
+    """N = 1, K = 7, V = 151936 bf16: the split-V kernel launches enough CTAs for every one of 132 SMs; greedy is
+    two launches and reads each verified target row once."""
+    monkeypatch.setenv("DSPARK_SIMT", "1")
+    gen = torch.Generator().manual_seed(0)
+    n, k, vocab = 1, 7, 151936
+    target = torch.randn(n, k + 1, vocab, generator=gen).to(torch.bfloat16)
+    drafts = target[:, :k].float().argmax(-1)
+    drafts[0, 5] = (drafts[0, 5] + 1) % vocab
+    out, rec = _record(lambda: dk.verify_chain(target, drafts, backend="cuda"))
+    assert out.num_accepted.tolist() == [5]
+    assert len(rec.launches) == 2
+    stats = rec.launches[0]
+    assert stats["kernel"] == "verify_chain_stats" and stats["ctas"] >= 4 * 132
+    floor = (k + 1) * vocab * 2
+    assert floor <= rec.bytes_read <= 1.05 * floor
+
+
+def _bytes_case(method, draft_mode, temperature):
+    gen = torch.Generator().manual_seed(1)
+    n, k, vocab = 4, 7, 32003
+    target = (torch.randn(n, k + 1, vocab, generator=gen) * 2).to(torch.bfloat16)
+    draft_logits = (target[:, :k].float() + torch.randn(n, k, vocab, generator=gen) * 2).to(torch.bfloat16)
+    drafts = torch.multinomial(torch.softmax(draft_logits.float().view(-1, vocab), -1), 1, generator=gen).view(n, k)
+    kwargs = dict(temperature=temperature, method=method, seed=1, verify_lens=torch.tensor([7, 3, 0, 5]))
+    if draft_mode != "none":
+        kwargs["draft_logits"] = draft_logits
+    if draft_mode == "logprobs":
+        kwargs["draft_logprobs"] = draft_logprobs_of(draft_logits, drafts, temperature)
+    return target, drafts, kwargs
+
+
+@pytest.mark.simt
+@pytest.mark.parametrize("method,draft_mode,temperature", [
+    ("token", "logits", 0.0), ("token", "logprobs", 1.0), ("token", "logits", 1.0), ("token", "none", 1.0),
+    ("block", "logprobs", 1.0)])
+def test_cuda_bytes_against_the_floor(monkeypatch, method, draft_mode, temperature):
+    """Bytes read against the floor (N = 4, K = 7, V = 32003 bf16; verify lengths 7, 3, 0, 5).
+
+    floor: every verified target row once (greedy); + with draft_logprobs the draft row each rejecting request
+    samples its correction from; + without them every verified draft row once. On top, the kernels read the
+    emitting row again (target, and draft when a residual is sampled; the qstats pass reads that draft row once
+    more). Bookkeeping allowance:
+    64 bytes per (row, chunk) partial plus 1 KiB per request. Block verification reads the verified target and
+    draft rows twice (statistics, then the residual masses S_i with rho_i).
+    """
+    monkeypatch.setenv("DSPARK_SIMT", "1")
+    target, drafts, kwargs = _bytes_case(method, draft_mode, temperature)
+    n, k1, vocab = target.shape
+    out, rec = _record(lambda: dk.verify_chain(target, drafts, backend="cuda", **kwargs))
+    ref = dk.verify_chain(target, drafts, backend="reference", **kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(out, ref))
+    row = vocab * 2
+    lens = kwargs["verify_lens"].tolist()
+    n_acc = out.num_accepted.tolist()
+    stats = rec.launches[0]
+    chunks = stats["grid"][0] // (n * k1)
+    allowance = 64 * n * k1 * chunks * 4 + 1024 * n
+    floor = sum(L + 1 for L in lens) * row
+    reread = 0
+    if temperature:
+        rejected = [a < L for a, L in zip(n_acc, lens)]
+        if draft_mode == "logprobs" and method == "token":
+            floor += sum(rejected) * row
+            reread = n * row + 2 * sum(rejected) * row - sum(rejected) * row
+        elif draft_mode != "none":
+            floor += sum(lens) * row
+            reread = n * row + sum(rejected) * row
+        else:
+            reread = n * row
+        if method == "block":
+            floor = sum(2 * L + 1 for L in lens) * row
+            reread = n * row + sum(rejected) * row + sum(2 * max(L - 1, 0) for L in lens) * row
+    expected = {("token", 0.0): 2, ("token", 1.0): 4 + (draft_mode == "logprobs"), ("block", 1.0): 6}
+    assert len(rec.launches) == expected[(method, float(temperature))], rec.kernels()
+    assert floor <= rec.bytes_read <= 1.05 * (floor + reread) + allowance, (rec.bytes_read, floor, reread)
+    assert rec.bytes_written <= allowance + n * (k1 * 8 + 8)
+
+
+# ---------------------------------------------------------------- CUDA: losslessness on the joint law
+def simulate_joint(method, backend, trials, seed, use_logprobs, k=3, length=2, vocab=4, p_scale=2.5, q_scale=3.0):
+    """``length`` tokens per request from repeated draft + verify (target/draft laws depend on the absolute
+    position only); returns the tokens [trials, length] and the target's per-position distributions."""
+    gen = torch.Generator().manual_seed(seed)
+    table = length + k + 1
+    p_logits = torch.randn(table, vocab, generator=gen) * p_scale
+    q_logits = p_logits + torch.randn(table, vocab, generator=gen) * q_scale
+    out = torch.full((trials, length), -1, dtype=torch.int64)
+    made = torch.zeros(trials, dtype=torch.int64)
+    step = 0
+    while bool((made < length).any()):
+        pos = (made.unsqueeze(1) + torch.arange(k + 1)).clamp(max=table - 1)
+        draft_l = q_logits[pos[:, :k]]
+        drafts = torch.multinomial(torch.softmax(draft_l, -1).view(-1, vocab), 1, generator=gen).view(trials, k)
+        kw = dict(draft_logits=draft_l, temperature=1.0, seed=seed + 1, offset=step, method=method, backend=backend)
+        if use_logprobs:
+            kw["draft_logprobs"] = draft_logprobs_of(draft_l, drafts, 1.0)
+        res = dk.verify_chain(p_logits[pos], drafts, **kw)
+        emitted = res.tokens >= 0
+        slot = made.unsqueeze(1) + torch.cumsum(emitted.long(), 1) - 1
+        keep = emitted & (slot < length)
+        out[torch.nonzero(keep, as_tuple=True)[0], slot[keep]] = res.tokens[keep]
+        made += emitted.long().sum(1)
+        step += 1
+    return out, torch.softmax(p_logits[:length], -1)
+
+
+def joint_passes(tokens, p):
+    """Chi-square of the joint law of all generated positions against the product of the target's laws."""
+    length, vocab = p.shape
+    idx = torch.zeros(tokens.shape[0], dtype=torch.int64)
+    expected = torch.ones(1)
+    for m in range(length):
+        idx = idx * vocab + tokens[:, m]
+        expected = (expected.unsqueeze(-1) * p[m]).flatten()
+    return passes(counts(idx, vocab ** length), expected * tokens.shape[0])
+
+
+JOINT_TRIALS, JOINT_SEED = 3000, 1
+
+
+def test_joint_law_detects_a_block_residual_without_rho(monkeypatch):
+    """The joint test below has the power to fail: the reference with rho_tau dropped from the block residual
+    (max(0, p - q) instead of max(0, rho_tau p - q)) fails it on the same case, the true reference passes."""
+    import importlib
+    ref_mod = importlib.import_module("dspark_kernels.reference.verify_chain")
+    tokens, p = simulate_joint("block", "reference", JOINT_TRIALS, JOINT_SEED, False)
+    assert joint_passes(tokens, p)
+    block_accept = ref_mod._block_accept
+
+    def without_rho(*a):
+        tau, rho = block_accept(*a)
+        return tau, torch.ones_like(rho)
+    monkeypatch.setattr(ref_mod, "_block_accept", without_rho)
+    tokens, p = simulate_joint("block", "reference", JOINT_TRIALS, JOINT_SEED, False)
+    assert not joint_passes(tokens, p)
+
+
+@pytest.mark.parametrize("method,use_logprobs", [("block", False), ("token", True)])
+def test_cuda_lossless_joint_law(cuda_device, method, use_logprobs):
+    tokens, p = simulate_joint(method, "cuda", JOINT_TRIALS, JOINT_SEED, use_logprobs)
+    if cuda_device.type == "cpu":
+        ref, _ = simulate_joint(method, "reference", JOINT_TRIALS, JOINT_SEED, use_logprobs)
+        assert torch.equal(tokens, ref)
+    assert joint_passes(tokens, p)
+
+
+@pytest.mark.simt
+def test_cuda_opcheck(monkeypatch):
+    monkeypatch.setenv("DSPARK_SIMT", "1")
+    from dspark_kernels import simt
+    simt.module()
+    torch.manual_seed(0)
+    n, k, vocab = 3, 4, 13
+    dl = torch.randn(n, k, vocab)
+    drafts = torch.randint(0, vocab, (n, k))
+    temps = torch.tensor([0.0, 1.0, 0.7])
+    args = (torch.randn(n, k + 1, vocab), None, drafts, dl, draft_logprobs_of(dl, drafts, temps),
+            torch.tensor([4, 2, 0]), None, None, temps, torch.tensor([3, 4]), torch.tensor([5]), "block")
+    torch.library.opcheck(torch.ops.dspark_simt.verify_chain.default, args)
+    cu = torch.tensor([0, 5, 6, 9], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.dspark_simt.verify_chain.default,
+                          (torch.randn(9, vocab), cu) + args[2:11] + ("token",))
+    torch.library.opcheck(torch.ops.dspark_simt.verify_chain.default, args[:8] + (None,) + args[9:])

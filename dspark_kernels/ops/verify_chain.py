@@ -6,7 +6,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from .. import reference
+from .. import _ext, reference
 from ..rng import make_rng_key
 from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
 
@@ -22,25 +22,37 @@ class VerifyOutput(NamedTuple):
 @torch.library.custom_op("dspark::verify_chain", mutates_args=())
 def _verify_chain_op(
     target_logits: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
-    draft_logits: Optional[torch.Tensor], verify_lens: Optional[torch.Tensor], survival: Optional[torch.Tensor],
-    thresholds: Optional[torch.Tensor], temperature: Optional[torch.Tensor], rng_key: torch.Tensor,
-    stop_token_ids: Optional[torch.Tensor], method: str, backend: str,
+    draft_logits: Optional[torch.Tensor], draft_logprobs: Optional[torch.Tensor], verify_lens: Optional[torch.Tensor],
+    survival: Optional[torch.Tensor], thresholds: Optional[torch.Tensor], temperature: Optional[torch.Tensor],
+    rng_key: torch.Tensor, stop_token_ids: Optional[torch.Tensor], method: str, backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     args = (target_logits, cu_seqlens, draft_tokens, draft_logits, verify_lens, survival, thresholds, temperature,
             rng_key, stop_token_ids, method)
     if backend == "triton":
         from ..triton.verify_chain import verify_chain as triton_verify_chain
-        return triton_verify_chain(*args)
+        return triton_verify_chain(*args, draft_logprobs=draft_logprobs)
     if backend == "cuda":
-        raise NotImplementedError("verify_chain has no cuda backend yet; use backend='triton' or 'reference'")
-    return reference.verify_chain(*args)
+        contig = [t.contiguous() if isinstance(t, torch.Tensor) else t for t in
+                  (target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival,
+                   thresholds, temperature, rng_key, stop_token_ids)]
+        return tuple(_ext.kernels(draft_tokens.device).verify_chain(*contig, method))
+    return reference.verify_chain(*args, draft_logprobs=draft_logprobs)
+
+
+def _fake_outputs(draft_tokens):
+    n, k = draft_tokens.shape
+    new = draft_tokens.new_empty
+    return new((n, k + 1), dtype=torch.int64), new((n,), dtype=torch.int32), new((n, k), dtype=torch.bool)
 
 
 @_verify_chain_op.register_fake
 def _(target_logits, cu_seqlens, draft_tokens, *rest):
-    n, k = draft_tokens.shape
-    new = draft_tokens.new_empty
-    return new((n, k + 1), dtype=torch.int64), new((n,), dtype=torch.int32), new((n, k), dtype=torch.bool)
+    return _fake_outputs(draft_tokens)
+
+
+@_ext.register_fake("verify_chain")
+def _(target_logits, cu_seqlens, draft_tokens, *rest):
+    return _fake_outputs(draft_tokens)
 
 
 def verify_chain(
@@ -49,6 +61,7 @@ def verify_chain(
     *,
     cu_seqlens: Optional[torch.Tensor] = None,
     draft_logits: Optional[torch.Tensor] = None,
+    draft_logprobs: Optional[torch.Tensor] = None,
     verify_lens: Optional[torch.Tensor] = None,
     survival: Optional[torch.Tensor] = None,
     thresholds: Optional[torch.Tensor] = None,
@@ -69,6 +82,11 @@ def verify_chain(
             ``cu[r]..cu[r+1]-1``, so its verify length is ``cu[r+1] - cu[r] - 1``).
         draft_logits: float ``[N, K, V]``, the logits the drafts were sampled from (``draft_block(...,
             return_logits=True)``); None means one-hot drafts (``q(d_j) = 1``).
+        draft_logprobs: float32 ``[N, K]`` (needs ``draft_logits``): ``log q_j(d_j)``, the log-probability at the
+            request's temperature with which each draft was sampled (``draft_block`` returns it). The accept tests
+            then use ``q(d_j) = exp(draft_logprobs)`` instead of the draft rows, so the CUDA backend reads only the
+            draft row it samples the correction from; the residual still uses ``softmax(draft_logits / T)``. Must
+            equal ``log_softmax(draft_logits / T)`` at the drafts for the result to be lossless.
         verify_lens: int ``[N]``, verify at most this many drafts (clamped to [0, K]).
         survival, thresholds: float ``[N, K]`` and ``[K]``: verify the leading positions with
             ``survival[r, j] >= thresholds[j]``. Combined lengths take the minimum.
@@ -99,6 +117,10 @@ def verify_chain(
         raise ValueError("target_logits must have V >= 1")
     check_tensor("draft_logits", draft_logits, shape=(n, k_len, vocab), dtypes=FLOAT_DTYPES, device=dev,
                  optional=True)
+    check_tensor("draft_logprobs", draft_logprobs, shape=(n, k_len), dtypes=(torch.float32,), device=dev,
+                 optional=True)
+    if draft_logprobs is not None and draft_logits is None:
+        raise ValueError("draft_logprobs needs draft_logits (the residual is sampled from the draft rows)")
     check_tensor("verify_lens", verify_lens, shape=(n,), dtypes=INT_DTYPES, device=dev, optional=True)
     if (survival is None) != (thresholds is None):
         raise ValueError("survival and thresholds must be given together")
@@ -110,5 +132,5 @@ def verify_chain(
     temps = temperature_tensor(temperature, n, dev)
     rng_key = make_rng_key(seed, offset, dev)
     return VerifyOutput(*_verify_chain_op(
-        target_logits, cu_seqlens, draft_tokens, draft_logits, verify_lens, survival, thresholds, temps, rng_key,
-        stop_token_ids, method, resolve_backend(backend, dev, "verify_chain")))
+        target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival, thresholds, temps,
+        rng_key, stop_token_ids, method, resolve_backend(backend, dev, "verify_chain")))

@@ -6,7 +6,7 @@ bonus token. With ``L`` the verify length of the request:
 greedy (temperature 0):
     accept while ``d_j == argmax(row j-1)``; emit ``argmax`` of the first mismatching row, or of row L.
 token (lossless rejection sampling, Leviathan et al. 2023; Chen et al. 2023), ``p = softmax(row / T)``,
-``q = softmax(draft_logits / T)`` or one-hot at the draft:
+``q = softmax(draft_logits / T)`` or one-hot at the draft (``q(d_j) = exp(draft_logprobs)`` when those are given):
     accept ``d_j`` iff ``u_j * q(d_j) < p(d_j)``; at the first rejection emit a sample of ``max(0, p - q)``
     (normalised; drawn from ``p`` when its mass is below ``RESIDUAL_EPS``); if all L are accepted, a sample of
     ``p`` at row L.
@@ -64,8 +64,13 @@ def verify_chain(
     rng_key: torch.Tensor,
     stop_token_ids: Optional[torch.Tensor],
     method: str,
+    draft_logprobs: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """See ``dspark_kernels.ops.verify_chain`` for shapes; returns (tokens, num_accepted, accept_mask)."""
+    """See ``dspark_kernels.ops.verify_chain`` for shapes; returns (tokens, num_accepted, accept_mask).
+
+    With ``draft_logprobs``, ``q(d_j) = exp(draft_logprobs[r, j])`` in the accept tests (token and block); the
+    residual rows still use ``softmax(draft_logits / T)``.
+    """
     n, k_len = draft_tokens.shape
     vocab = target_logits.shape[-1]
     dev = draft_tokens.device
@@ -100,6 +105,8 @@ def verify_chain(
             q = torch.zeros(n, k_len, vocab, device=dev).scatter_(-1, safe_drafts, valid.unsqueeze(-1).float())
         p_d = p[:, :k_len].gather(-1, safe_drafts).squeeze(-1) * valid
         q_d = q.gather(-1, safe_drafts).squeeze(-1)
+        if draft_logprobs is not None:
+            q_d = draft_logprobs.float().exp()
         u_accept = uniform_rows(rng_key, requests.unsqueeze(-1), pos[:k_len], STREAM_ACCEPT, 1).squeeze(-1)
         if method == "token":
             n_sampled = _leading_true((u_accept * q_d < p_d) & in_block)

@@ -235,8 +235,11 @@ def _verify_chain_kernel(
 
 
 def verify_chain(target_logits, cu_seqlens, draft_tokens, draft_logits, verify_lens, survival, thresholds,
-                 temperature, rng_key, stop_token_ids, method):
-    """Same flat arguments and results as ``dspark_kernels.reference.verify_chain`` (checked by the wrapper)."""
+                 temperature, rng_key, stop_token_ids, method, draft_logprobs=None):
+    """Same flat arguments and results as ``dspark_kernels.reference.verify_chain`` (checked by the wrapper).
+
+    ``draft_logprobs`` is accepted and not used: this kernel reads each draft row anyway, and ``q(d_j)`` from the
+    row equals ``exp(draft_logprobs)`` when the log-probabilities are what the contract says they are."""
     n, k = draft_tokens.shape
     v = target_logits.shape[-1]
     dev = draft_tokens.device
