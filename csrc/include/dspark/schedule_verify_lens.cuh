@@ -1,7 +1,7 @@
 // dspark/schedule_verify_lens.cuh: the confidence scheduler on the device, one CTA, one launch, no host sync
 // (no torch). Meaning: dspark_kernels/reference/schedule_verify_lens.py (the spec).
 //
-// One CTA of 1024 threads does everything; its arrays (cleaned candidate survival, sort keys, the Theta curve) live
+// One CTA does everything (256 threads up to 4096 candidates, 1024 above); its arrays (cleaned candidate survival, sort keys, the Theta curve) live
 // in shared memory when they fit (N*K up to about 8000 candidates: the decode case, N = 256, K = 7 is 1792) and in
 // the workspace (global memory, L2-resident) otherwise, so any N*K works (no cap; 20 bytes per candidate).
 //   1. load + clean (NaN -> 0, clamp to [0, 1], -0 -> +0), running minimum along K (or, from conf_logits,
@@ -12,7 +12,7 @@
 //      is skipped): each warp owns a contiguous segment, ranks by ballots (peer masks of equal digits), per-warp
 //      digit counters in shared memory, one block scan of the 256 x 32 counters per pass. Stable = ties stay in
 //      flat (r, j) order, the reference's stable sort;
-//   3. the curve: tau_m = n + sum(j < min_len) + (sum of the first m sorted survivals), summed EXACTLY in a
+//   3. the curve (8 consecutive sorted survivals per thread, one block scan per 8 x blockDim): tau_m = n + sum(j < min_len) + (sum of the first m sorted survivals), summed EXACTLY in a
 //      two-word fixed point (each float32 survival split into 2^-H and 2^-(H+L) parts, H = L = 62 - log2(n(K+1)):
 //      2^-86 resolution at N*K = 2^18) and rounded once to float64 - equal to the reference's float64 sums
 //      whenever those are exact (always for survivals >= 2^-12 or multiples of 2^-35); Theta_m = tau_m * SPS(B_m)
@@ -61,8 +61,10 @@ struct ScheduleVerifyLensParams {
 };
 
 namespace sched_detail {
-constexpr int kThreads = 1024;
-constexpr int kWarps = kThreads / 32;
+constexpr int kSmallThreads = 256;            // M <= kSmallM: a 256-thread CTA (fewer warps in every barrier)
+constexpr int kThreads = 1024;                // larger M
+constexpr int64_t kSmallM = 4096;
+constexpr int kItems = 8;                     // consecutive sorted survivals per thread in the Theta scan
 constexpr int kTableSmem = 256;               // cost-table points cached in shared memory
 constexpr size_t kSmemLimit = 160 * 1024;     // arrays in shared memory up to this size
 constexpr uint32_t kOneBits = 0x3F800000u;    // bits of 1.0f: key = kOneBits - bits(a)
@@ -236,6 +238,13 @@ DSPARK_DEVICE Fixed make_fixed(int64_t n, int64_t hi_len) {
   return f;
 }
 
+DSPARK_DEVICE float key_value(uint32_t key) {
+  const uint32_t bits = kOneBits - key;
+  float v;
+  memcpy(&v, &bits, 4);
+  return v;
+}
+
 // The lowest lane of each group of lanes holding the same 8-bit digit, and the group's mask.
 DSPARK_DEVICE unsigned peer_mask(bool valid, unsigned d) {
   unsigned peers = __ballot_sync(0xffffffffu, valid);
@@ -249,9 +258,10 @@ DSPARK_DEVICE unsigned peer_mask(bool valid, unsigned d) {
 }
 
 // One stable LSD pass over keys src[0, M) -> dst by the digit (key >> shift) & 255.
-template <bool kSmem>
+template <int kThreads, bool kSmem>
 DSPARK_DEVICE void radix_pass(const uint32_t* src, uint32_t* dst, int64_t M, int shift, int32_t* counts,
                               int64_t* scratch) {
+  constexpr int kWarps = kThreads / 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t seg = (M + kWarps - 1) / kWarps;
   const int64_t s0 = warp * seg, s1 = (s0 + seg < M ? s0 + seg : M);
@@ -300,7 +310,9 @@ DSPARK_DEVICE void radix_pass(const uint32_t* src, uint32_t* dst, int64_t M, int
   __syncthreads();
 }
 
+template <int kThreads>
 DSPARK_DEVICE uint32_t block_or_u32(uint32_t v, int64_t* scratch) {
+  constexpr int kWarps = kThreads / 32;
   v = __reduce_or_sync(0xffffffffu, v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) scratch[warp] = static_cast<int64_t>(v);
@@ -313,7 +325,7 @@ DSPARK_DEVICE uint32_t block_or_u32(uint32_t v, int64_t* scratch) {
 
 // The admission curve of one survival: cleaned candidates -> sorted keys (returned) and theta[0..M].
 // Returns the buffer holding the sorted keys. abuf (optional) receives the cleaned candidates [n, W].
-template <bool kSmem>
+template <int kThreads, bool kSmem>
 DSPARK_DEVICE const uint32_t* curve(const ScheduleVerifyLensParams& p, bool budget, const Table& tb, double* theta,
                                     uint32_t* ka, uint32_t* kb, float* abuf, int32_t* counts, int64_t* scratch) {
   const int tid = threadIdx.x;
@@ -364,14 +376,14 @@ DSPARK_DEVICE const uint32_t* curve(const ScheduleVerifyLensParams& p, bool budg
   }
   h0 = block_sum_int(h0, scratch);
   l0 = block_sum_int(l0, scratch);
-  const uint32_t diff = block_or_u32(kor, scratch) & ~(~block_or_u32(~kand, scratch));  // bits that differ
+  const uint32_t diff = block_or_u32<kThreads>(kor, scratch) & block_or_u32<kThreads>(~kand, scratch);  // bits that differ
   // 2. stable radix sort of the keys (ascending key = descending survival, ties in flat order)
   uint32_t* src = ka;
   uint32_t* dst = kb;
   if (M > 1) {
     for (int shift = 0; shift < 32; shift += 8) {
       if (((diff >> shift) & 255u) == 0) continue;  // every key has the same digit: the pass is the identity
-      radix_pass<kSmem>(src, dst, M, shift, counts, scratch);
+      radix_pass<kThreads, kSmem>(src, dst, M, shift, counts, scratch);
       uint32_t* t = src;
       src = dst;
       dst = t;
@@ -382,20 +394,25 @@ DSPARK_DEVICE const uint32_t* curve(const ScheduleVerifyLensParams& p, bool budg
   const double b0 = static_cast<double>(n * (1 + lo));
   if (tid == 0) bst<kSmem>(theta, dmul(fx.value(A0, l0), tb.sps(b0)));
   int64_t carry_h = 0, carry_l = 0;
-  for (int64_t base = 0; base < M; base += kThreads) {
-    const int64_t q = base + tid;
-    int64_t a = 0, b = 0;
-    if (q < M) {
-      const uint32_t bits = kOneBits - bld<kSmem>(src + q);
-      float v;
-      memcpy(&v, &bits, 4);
-      fx.split(v, &a, &b);
+  for (int64_t base = 0; base < M; base += int64_t(kThreads) * kItems) {
+    const int64_t q0 = base + int64_t(tid) * kItems;  // this thread's kItems consecutive admissions
+    int64_t sa = 0, sb = 0;
+    for (int u = 0; u < kItems && q0 + u < M; ++u) {
+      int64_t a, b;
+      fx.split(key_value(bld<kSmem>(src + q0 + u)), &a, &b);
+      sa += a;
+      sb += b;
     }
     int64_t th, tl;
-    const int64_t ea = block_exclusive_scan(a, scratch, &th);
-    const int64_t eb = block_exclusive_scan(b, scratch, &tl);
-    if (q < M) {
-      const double tau = fx.value(A0 + carry_h + ea + a, l0 + carry_l + eb + b);
+    int64_t ea = block_exclusive_scan(sa, scratch, &th);
+    int64_t eb = block_exclusive_scan(sb, scratch, &tl);
+    for (int u = 0; u < kItems && q0 + u < M; ++u) {
+      const int64_t q = q0 + u;
+      int64_t a, b;
+      fx.split(key_value(bld<kSmem>(src + q)), &a, &b);
+      ea += a;
+      eb += b;
+      const double tau = fx.value(A0 + carry_h + ea, l0 + carry_l + eb);
       bst<kSmem>(theta + q + 1, dmul(tau, tb.sps(dadd(b0, static_cast<double>(q + 1)))));
     }
     carry_h += th;
@@ -406,8 +423,9 @@ DSPARK_DEVICE const uint32_t* curve(const ScheduleVerifyLensParams& p, bool budg
 }
 
 // First maximum of theta[0..M] (every thread gets the index).
-template <bool kSmem>
+template <int kThreads, bool kSmem>
 DSPARK_DEVICE int64_t first_argmax(const double* theta, int64_t M, double* dscratch, int64_t* scratch) {
+  constexpr int kWarps = kThreads / 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   double best = -INFINITY;
   int64_t bi = INT64_MAX;
@@ -446,11 +464,11 @@ DSPARK_DEVICE int64_t first_argmax(const double* theta, int64_t M, double* dscra
 
 }  // namespace sched_detail
 
-template <bool kSmem>
-__global__ void __launch_bounds__(sched_detail::kThreads)
+template <int kThreads, bool kSmem>
+__global__ void __launch_bounds__(kThreads)
     schedule_verify_lens_kernel(ScheduleVerifyLensParams p, void* __restrict__ workspace) {
   using namespace sched_detail;
-  DSPARK_SHARED_ARRAY(int32_t, counts, 256 * kWarps);
+  DSPARK_SHARED_ARRAY(int32_t, counts, 256 * (kThreads / 32));
   DSPARK_SHARED_ARRAY(int64_t, scratch, 32);
   DSPARK_SHARED_ARRAY(double, dscratch, 32);
   DSPARK_SHARED_ARRAY(double, table_c, kTableSmem);
@@ -474,10 +492,10 @@ __global__ void __launch_bounds__(sched_detail::kThreads)
 
   int64_t m_budget = 0;
   if (!p.exact && p.budget_survival != nullptr) {
-    curve<kSmem>(p, true, tb, theta, ka, kb, nullptr, counts, scratch);
-    m_budget = first_argmax<kSmem>(theta, lay.Mb, dscratch, scratch);
+    curve<kThreads, kSmem>(p, true, tb, theta, ka, kb, nullptr, counts, scratch);
+    m_budget = first_argmax<kThreads, kSmem>(theta, lay.Mb, dscratch, scratch);
   }
-  const uint32_t* sorted = curve<kSmem>(p, false, tb, theta, ka, kb, abuf, counts, scratch);
+  const uint32_t* sorted = curve<kThreads, kSmem>(p, false, tb, theta, ka, kb, abuf, counts, scratch);
 
   int64_t m_star;
   if (p.exact) {
@@ -486,8 +504,8 @@ __global__ void __launch_bounds__(sched_detail::kThreads)
       if (!(bld<kSmem>(theta + q + 1) > bld<kSmem>(theta + q)) && q < first) first = q;
     m_star = block_min_int(first, scratch);
   } else {
-    m_star = p.budget_survival != nullptr ? (m_budget < M ? m_budget : M) : first_argmax<kSmem>(theta, M, dscratch,
-                                                                                                scratch);
+    m_star = p.budget_survival != nullptr ? (m_budget < M ? m_budget : M) : first_argmax<kThreads, kSmem>(
+                                                                      theta, M, dscratch, scratch);
     if (bld<kSmem>(theta + m_star) < dmul(p.gain, bld<kSmem>(theta + M))) m_star = M;
   }
   if (tid == 0) stg(p.theta, static_cast<float>(bld<kSmem>(theta + m_star)));
@@ -549,24 +567,32 @@ inline cudaError_t launch_schedule_verify_lens(const ScheduleVerifyLensParams& p
   if (!l.smem && workspace == nullptr) return cudaErrorInvalidValue;
   LaunchConfig cfg;
   cfg.grid = dim3(1);
-  cfg.block = dim3(kThreads);
   cfg.stream = stream;
+  if (l.Mmax <= kSmallM && l.smem) {
+    cfg.block = dim3(kSmallThreads);
+    cfg.smem = l.bytes;
+    return launch("schedule_verify_lens_kernel<256, smem>", schedule_verify_lens_kernel<kSmallThreads, true>, cfg, p,
+                  workspace);
+  }
+  cfg.block = dim3(kThreads);
   if (l.smem) {
     cfg.smem = l.bytes;
 #if !defined(DSPARK_SIMT)
     if (l.bytes > 48 * 1024) {
       static bool raised = false;  // once per process (a host-side attribute, no sync)
       if (!raised) {
-        const cudaError_t e = cudaFuncSetAttribute(schedule_verify_lens_kernel<true>,
+        const cudaError_t e = cudaFuncSetAttribute(schedule_verify_lens_kernel<kThreads, true>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit));
         if (e != cudaSuccess) return e;
         raised = true;
       }
     }
 #endif
-    return launch("schedule_verify_lens_kernel<smem>", schedule_verify_lens_kernel<true>, cfg, p, workspace);
+    return launch("schedule_verify_lens_kernel<1024, smem>", schedule_verify_lens_kernel<kThreads, true>, cfg, p,
+                  workspace);
   }
-  return launch("schedule_verify_lens_kernel<global>", schedule_verify_lens_kernel<false>, cfg, p, workspace);
+  return launch("schedule_verify_lens_kernel<1024, global>", schedule_verify_lens_kernel<kThreads, false>, cfg, p,
+                workspace);
 }
 
 }  // namespace dspark
