@@ -119,6 +119,7 @@ int scan_params(const dspark_accept_prefix_scan_args* a, dspark::AcceptPrefixSca
     if (any && a->kv_slots == nullptr)
       return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": kv_slots is NULL (required with block_table)");
     p->max_blocks = a->max_blocks;
+    p->has_block_table = true;
     p->block_size = a->block_size;
   }
   DSPARK_TRY(int_array(fn, "max_seq_lens", a->max_seq_lens, a->max_seq_lens_dtype, true, &p->max_seq_lens));

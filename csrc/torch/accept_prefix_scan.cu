@@ -55,6 +55,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     TORCH_CHECK(block_size > 0, kScanOp, ": block_size must be > 0, got ", block_size);
     p.block_table = scan_int_array("block_table", block_table, tokens, -1);
     p.max_blocks = block_table->size(1);
+    p.has_block_table = true;
     p.block_size = block_size;
   }
   p.max_seq_lens = scan_int_array("max_seq_lens", max_seq_lens, tokens, N);

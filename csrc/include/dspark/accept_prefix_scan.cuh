@@ -44,7 +44,8 @@ struct AcceptPrefixScanParams {
   IntArray num_accepted{nullptr, true}; // [N] or null (then accept_mask)
   const uint8_t* accept_mask = nullptr; // [N, K] bool or null
   IntArray verify_cu_seqlens{nullptr, true};  // [N+1] or null (dense r*(K+1))
-  IntArray block_table{nullptr, true};  // [N, max_blocks] or null
+  IntArray block_table{nullptr, true};  // [N, max_blocks] (may be null when max_blocks == 0)
+  bool has_block_table = false;         // write kv_slots
   int64_t max_blocks = 0, block_size = 1;
   IntArray max_seq_lens{nullptr, true}; // [N] or null
   IntArray stop_token_ids{nullptr, true};  // [num_stops] or null
@@ -164,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
   // have their token and block-table loads in flight together
   const int64_t tile = cnt * kp1;
   const int64_t dense0 = r0 * kp1;
-  const bool has_table = p.block_table.present() && p.kv_slots != nullptr;
+  const bool has_table = p.has_block_table && p.kv_slots != nullptr;
   for (int64_t q0 = tid; q0 < tile; q0 += int64_t(U) * kThreads) {
     int64_t tok[U], bid[U];
 #pragma unroll

@@ -75,7 +75,7 @@ struct Layout {
   size_t bytes;         // theta (double) [Mmax+1], keys (u32) [2 Mmax], cleaned survival (float) [M]
   bool smem;
 };
-inline Layout layout(const ScheduleVerifyLensParams& p) {
+DSPARK_HOST_DEVICE_FN Layout layout(const ScheduleVerifyLensParams& p) {
   Layout l;
   l.M = p.N * (p.max_len - p.min_len);
   l.Mb = 0;
