@@ -89,7 +89,8 @@ typedef struct dspark_accept_prefix_scan_args {
   const uint8_t* accept_mask;    /* ... [N, K] bool (0/1) accept flags (leading run counts): exactly one of them */
   const void* verify_cu_seqlens; /* [N+1] verify-batch row offsets, or NULL (dense r*(K+1)) */
   int verify_cu_seqlens_dtype;
-  const void* block_table;       /* [N, max_blocks] paged-KV block ids (negative = unallocated), or NULL */
+  const void* block_table;       /* [N, max_blocks] paged-KV block ids (negative = unallocated), or NULL (non-NULL
+                                    even when max_blocks == 0: then every kv slot is -1) */
   int block_table_dtype;
   int64_t max_blocks;
   int64_t block_size;            /* > 0 with block_table */
@@ -137,7 +138,7 @@ typedef struct dspark_schedule_verify_lens_args {
   double fixed_overhead_ms;      /* >= 0 */
   int64_t min_len, max_len;      /* 0 <= min_len <= max_len <= K */
   int mode;                      /* DSPARK_SCHEDULE_EXACT or DSPARK_SCHEDULE_ARGMAX */
-  const void* budget_survival;   /* [NB, KB] float or NULL (argmax only) */
+  const void* budget_survival;   /* [NB, KB] float or NULL (argmax only; non-NULL even when NB*KB == 0) */
   int budget_survival_dtype;
   int64_t NB, KB;
   double min_gain;               /* >= 0 (argmax only) */

@@ -207,6 +207,7 @@ int schedule_params(const dspark_schedule_verify_lens_args* a, dspark::ScheduleV
       return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": NB and KB must be >= 0");
     DSPARK_TRY(float_dtype(fn, "budget_survival", a->budget_survival_dtype, &p->budget_dtype));
     p->budget_survival = a->budget_survival;
+    p->has_budget = true;
     p->NB = a->NB;
     p->KB = a->KB;
   }

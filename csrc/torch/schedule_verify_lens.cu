@@ -72,6 +72,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
     TORCH_CHECK(budget_survival->dim() == 2, kSchedOp, ": budget_survival must have shape [N', K'], got ",
                 budget_survival->sizes());
     p.budget_survival = budget_survival->data_ptr();
+    p.has_budget = true;
     p.budget_dtype = float_dtype(kSchedOp, "budget_survival", *budget_survival);
     p.NB = budget_survival->size(0);
     p.KB = budget_survival->size(1);

@@ -51,7 +51,8 @@ struct ScheduleVerifyLensParams {
   double fixed_overhead_ms = 0.0;
   int64_t min_len = 0, max_len = 0;        // 0 <= min_len <= max_len <= K
   bool exact = true;                       // "exact" or "argmax"
-  const void* budget_survival = nullptr;   // [NB, KB] or null (argmax only)
+  const void* budget_survival = nullptr;   // [NB, KB] (argmax only; may be null when NB * KB == 0)
+  bool has_budget = false;                 // argmax count from budget_survival
   DType budget_dtype = DType::kFloat32;
   int64_t NB = 0, KB = 0;
   double gain = 1.0;                       // 1 + min_gain (argmax only)
@@ -79,7 +80,7 @@ DSPARK_HOST_DEVICE_FN Layout layout(const ScheduleVerifyLensParams& p) {
   Layout l;
   l.M = p.N * (p.max_len - p.min_len);
   l.Mb = 0;
-  if (!p.exact && p.budget_survival != nullptr) {
+  if (!p.exact && p.has_budget) {
     const int64_t hib = p.max_len < p.KB ? p.max_len : p.KB;
     const int64_t lob = p.min_len < hib ? p.min_len : hib;
     l.Mb = p.NB * (hib - lob);
@@ -491,7 +492,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t M = lay.M, W = p.max_len - p.min_len;
 
   int64_t m_budget = 0;
-  if (!p.exact && p.budget_survival != nullptr) {
+  if (!p.exact && p.has_budget) {
     curve<kThreads, kSmem>(p, true, tb, theta, ka, kb, nullptr, counts, scratch);
     m_budget = first_argmax<kThreads, kSmem>(theta, lay.Mb, dscratch, scratch);
   }
@@ -504,7 +505,7 @@ __global__ void __launch_bounds__(kThreads)
       if (!(bld<kSmem>(theta + q + 1) > bld<kSmem>(theta + q)) && q < first) first = q;
     m_star = block_min_int(first, scratch);
   } else {
-    m_star = p.budget_survival != nullptr ? (m_budget < M ? m_budget : M) : first_argmax<kThreads, kSmem>(
+    m_star = p.has_budget ? (m_budget < M ? m_budget : M) : first_argmax<kThreads, kSmem>(
                                                                       theta, M, dscratch, scratch);
     if (bld<kSmem>(theta + m_star) < dmul(p.gain, bld<kSmem>(theta + M))) m_star = M;
   }
