@@ -752,3 +752,27 @@ def test_cuda_random_cases(cuda_device):
                 nb, kb = int(torch.randint(0, 20, (1,), generator=g)), int(torch.randint(0, 17, (1,), generator=g))
                 kw["budget_survival"] = _random_survival(g, nb, kb, case % 4)
         _cuda_vs_reference(cuda_device, lambda f: f(), surv, **kw)
+
+
+def test_cuda_rounding_adversarial(cuda_device):
+    """Flat Theta (a one-point cost table, or every B below the first point) with survivals spread over 2^-70..1:
+    admissions far below an ulp of tau tie in Theta, so the schedule hinges on the reference's exact float64
+    rounding (n + sum, then its sequential cumsum). The kernel must agree bit for bit, Theta included."""
+    g = torch.Generator().manual_seed(7)
+    for case in range(600):
+        n = int(torch.randint(1, 20, (1,), generator=g))
+        k = int(torch.randint(1, 17, (1,), generator=g))
+        s = torch.rand(n, k, generator=g) * torch.pow(2.0, torch.randint(-70, 1, (n, k), generator=g).float())
+        s = torch.cummin(s, 1).values
+        if case % 3 == 0:
+            s[torch.rand(n, k, generator=g) < 0.3] = 0.0
+        min_len = int(torch.randint(0, k + 1, (1,), generator=g))
+        max_len = int(torch.randint(min_len, k + 1, (1,), generator=g))
+        table = (dk.CostTable([1], [float(torch.rand(1, generator=g)) * 20 + 1]) if case % 2 else
+                 dk.CostTable([10000, 20000], [5.0, 9.0], fixed_overhead_ms=1.0))
+        for mode in ("exact", "argmax"):
+            kw = dict(cost_table=table, min_len=min_len, max_len=max_len, mode=mode)
+            ref = dk.schedule_verify_lens(s, backend="reference", **kw)
+            out = dk.schedule_verify_lens(s.to(cuda_device), backend="cuda", **kw)
+            assert out.verify_lens.cpu().tolist() == ref.verify_lens.tolist(), (case, mode)
+            assert out.theta.item() == ref.theta.item(), (case, mode)

@@ -12,10 +12,15 @@
 //      is skipped): each warp owns a contiguous segment, ranks by ballots (peer masks of equal digits), per-warp
 //      digit counters in shared memory, one block scan of the 256 x 32 counters per pass. Stable = ties stay in
 //      flat (r, j) order, the reference's stable sort;
-//   3. the curve (8 consecutive sorted survivals per thread, one block scan per 8 x blockDim): tau_m = n + sum(j < min_len) + (sum of the first m sorted survivals), summed EXACTLY in a
-//      two-word fixed point (each float32 survival split into 2^-H and 2^-(H+L) parts, H = L = 62 - log2(n(K+1)):
-//      2^-86 resolution at N*K = 2^18) and rounded once to float64 - equal to the reference's float64 sums
-//      whenever those are exact (always for survivals >= 2^-12 or multiples of 2^-35); Theta_m = tau_m * SPS(B_m)
+//   3. the curve: the reference's float64 tau_m = fl(fl(n + fl(sum of j < min_len)) + C_m), C_m its sequential
+//      float64 cumsum of the sorted survivals. The prefix sums are first taken EXACTLY (8 consecutive sorted
+//      survivals per thread, one block scan per 8 x blockDim) in a two-word fixed point (each float32 split into
+//      2^-H and 2^-(H+L) parts, H = L = 62 - log2(n(K+1)): 2^-86 resolution at N*K = 2^18); while every exact
+//      prefix is a float64, the sequential sums never rounded and C_m is that prefix; from the first prefix that
+//      is not (tiny survivals far below the running sum), one thread continues the sequential float64 sum, so C_m
+//      is the reference's cumsum bit for bit (survivals below 2^-(H+L) count as 0 in the exactness test: they can
+//      move tau only where n + the sum lies within ~2^-70 of a float64 rounding midpoint). The sum of j < min_len
+//      is rounded once, which is torch's .sum() whenever its pairwise partial sums are exact; Theta_m = tau_m * SPS(B_m)
 //      with the cost table interpolated by the reference's float64 operations in its order (no FMA contraction;
 //      1000 / x as reciprocal(x) * 1000, as torch evaluates it);
 //   4. m*: exact = the first admission that does not strictly raise Theta; argmax = the first maximum (on the
@@ -208,13 +213,20 @@ struct Fixed {
     *hi = static_cast<int64_t>(h);
     *lo = static_cast<int64_t>(floor((s - h) * sL));
   }
-  // round-to-nearest float64 of (A 2^L + Ls) 2^-(H+L); A, Ls >= 0, A < 2^63, Ls < 2^63.
-  DSPARK_DEVICE double value(int64_t A, int64_t Ls) const {
+  // X = A 2^L + Ls as 128 bits (xh, xl); A, Ls >= 0, A < 2^63, Ls < 2^63.
+  DSPARK_DEVICE void wide(int64_t A, int64_t Ls, uint64_t* xh, uint64_t* xl) const {
     const uint64_t ua = static_cast<uint64_t>(A);
-    uint64_t xh = L == 0 ? 0 : (ua >> (64 - L));
-    const uint64_t xl0 = L == 0 ? ua : (ua << L);
-    const uint64_t xl = xl0 + static_cast<uint64_t>(Ls);
-    xh += xl < xl0 ? 1 : 0;
+    uint64_t h = L == 0 ? 0 : (ua >> (64 - L));
+    const uint64_t l0 = L == 0 ? ua : (ua << L);
+    const uint64_t l = l0 + static_cast<uint64_t>(Ls);
+    h += l < l0 ? 1 : 0;
+    *xh = h;
+    *xl = l;
+  }
+  // The float64 nearest to X 2^-(H+L) (one rounding).
+  DSPARK_DEVICE double value(int64_t A, int64_t Ls) const {
+    uint64_t xh, xl;
+    wide(A, Ls, &xh, &xl);
     double v;
     if (xh == 0) {
       v = u64_to_double(xl);
@@ -225,6 +237,15 @@ struct Fixed {
       v = dmul(u64_to_double(top), ldexp(1.0, s));
     }
     return dmul(v, inv);
+  }
+  // Whether X 2^-(H+L) is exactly a float64 (at most 53 significant bits).
+  DSPARK_DEVICE bool exact(int64_t A, int64_t Ls) const {
+    uint64_t xh, xl;
+    wide(A, Ls, &xh, &xl);
+    if (xh == 0 && xl == 0) return true;
+    const int tz = xl != 0 ? __ffsll(static_cast<long long>(xl)) - 1 : 64 + __ffsll(static_cast<long long>(xh)) - 1;
+    const int len = xh != 0 ? 128 - __clzll(static_cast<long long>(xh)) : 64 - __clzll(static_cast<long long>(xl));
+    return len - tz <= 53;
   }
 };
 
@@ -390,11 +411,15 @@ DSPARK_DEVICE const uint32_t* curve(const ScheduleVerifyLensParams& p, bool budg
       dst = t;
     }
   }
-  // 3. Theta after each admission
-  const int64_t A0 = n * (int64_t(1) << fx.H) + h0;
+  // 3. Theta after each admission, rounded as the reference rounds: tau0 = n + fl(sum of j < min_len),
+  // C_m = its sequential float64 cumsum of the sorted survivals, tau_m = tau0 + C_m. The exact prefix sums give
+  // C_m wherever every prefix up to m is exactly a float64 (then the sequential sums never rounded); from the
+  // first prefix that is not, one thread continues the sequential float64 sum (tiny survivals far below the
+  // running sum: rare, and short).
+  const double tau0 = dadd(static_cast<double>(n), fx.value(h0, l0));
   const double b0 = static_cast<double>(n * (1 + lo));
-  if (tid == 0) bst<kSmem>(theta, dmul(fx.value(A0, l0), tb.sps(b0)));
-  int64_t carry_h = 0, carry_l = 0;
+  if (tid == 0) bst<kSmem>(theta, dmul(tau0, tb.sps(b0)));
+  int64_t carry_h = 0, carry_l = 0, first_inexact = M;
   for (int64_t base = 0; base < M; base += int64_t(kThreads) * kItems) {
     const int64_t q0 = base + int64_t(tid) * kItems;  // this thread's kItems consecutive admissions
     int64_t sa = 0, sb = 0;
@@ -413,11 +438,25 @@ DSPARK_DEVICE const uint32_t* curve(const ScheduleVerifyLensParams& p, bool budg
       fx.split(key_value(bld<kSmem>(src + q)), &a, &b);
       ea += a;
       eb += b;
-      const double tau = fx.value(A0 + carry_h + ea, l0 + carry_l + eb);
-      bst<kSmem>(theta + q + 1, dmul(tau, tb.sps(dadd(b0, static_cast<double>(q + 1)))));
+      const int64_t A = carry_h + ea, Ls = carry_l + eb;
+      if (!fx.exact(A, Ls) && q < first_inexact) first_inexact = q;
+      bst<kSmem>(theta + q + 1, fx.value(A, Ls));  // C_{q+1}
     }
     carry_h += th;
     carry_l += tl;
+  }
+  first_inexact = block_min_int(first_inexact, scratch);
+  if (first_inexact < M && tid == 0) {
+    double c = first_inexact == 0 ? 0.0 : bld<kSmem>(theta + first_inexact);
+    for (int64_t q = first_inexact; q < M; ++q) {
+      c = dadd(c, static_cast<double>(key_value(bld<kSmem>(src + q))));
+      bst<kSmem>(theta + q + 1, c);
+    }
+  }
+  __syncthreads();
+  for (int64_t q = tid; q < M; q += kThreads) {
+    const double c = bld<kSmem>(theta + q + 1);
+    bst<kSmem>(theta + q + 1, dmul(dadd(tau0, c), tb.sps(dadd(b0, static_cast<double>(q + 1)))));
   }
   __syncthreads();
   return src;
