@@ -91,7 +91,7 @@ def verify_chain_cases(dev, quick, dtype):
 
 
 def accept_prefix_scan_cases(dev, quick):
-    for n, k in ([(64, 7)] if quick else [(64, 7), (1024, 7)]):
+    for n, k in ([(64, 7)] if quick else [(64, 7), (1024, 7), (65536, 16)]):
         tokens = torch.randint(0, 1000, (n, k + 1), device=dev)
         n_acc = torch.randint(0, k + 1, (n,), device=dev, dtype=torch.int32)
         seq_lens = torch.randint(1, 4000, (n,), device=dev, dtype=torch.int32)
@@ -104,7 +104,7 @@ def accept_prefix_scan_cases(dev, quick):
 
 def schedule_verify_lens_cases(dev, quick):
     table = dk.CostTable([1, 64, 256, 1024], [10.0, 11.0, 14.0, 30.0])
-    for n, k in ([(64, 7)] if quick else [(64, 7), (512, 7)]):
+    for n, k in ([(64, 7)] if quick else [(64, 7), (256, 7), (512, 7), (16384, 16)]):
         survival = torch.rand(n, k, device=dev).cumprod(-1)
         for mode in ("exact", "argmax"):
             yield Case("schedule_verify_lens", dict(N=n, K=k, mode=mode), nbytes(survival) + n * 4 + (n + 1) * 4,
