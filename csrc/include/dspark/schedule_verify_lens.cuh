@@ -1,7 +1,7 @@
 // dspark/schedule_verify_lens.cuh: the confidence scheduler on the device, one CTA, one launch, no host sync
 // (no torch). Meaning: dspark_kernels/reference/schedule_verify_lens.py (the spec).
 //
-// One CTA does everything (256 threads up to 4096 candidates, 1024 above); its arrays (cleaned candidate survival, sort keys, the Theta curve) live
+// One CTA does everything (256 threads up to 4096 candidates, 512 above); its arrays (cleaned candidate survival, sort keys, the Theta curve) live
 // in shared memory when they fit (N*K up to about 8000 candidates: the decode case, N = 256, K = 7 is 1792) and in
 // the workspace (global memory, L2-resident) otherwise, so any N*K works (no cap; 20 bytes per candidate).
 //   1. load + clean (NaN -> 0, clamp to [0, 1], -0 -> +0), running minimum along K (or, from conf_logits,
@@ -68,7 +68,7 @@ struct ScheduleVerifyLensParams {
 
 namespace sched_detail {
 constexpr int kSmallThreads = 256;            // M <= kSmallM: a 256-thread CTA (fewer warps in every barrier)
-constexpr int kThreads = 1024;                // larger M
+constexpr int kThreads = 512;                 // larger M (512: up to 128 registers, no spills)
 constexpr int64_t kSmallM = 4096;
 constexpr int kItems = 8;                     // consecutive sorted survivals per thread in the Theta scan
 constexpr int kTableSmem = 256;               // cost-table points cached in shared memory
@@ -505,7 +505,7 @@ DSPARK_DEVICE int64_t first_argmax(const double* theta, int64_t M, double* dscra
 }  // namespace sched_detail
 
 template <int kThreads, bool kSmem>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     schedule_verify_lens_kernel(ScheduleVerifyLensParams p, void* __restrict__ workspace) {
   using namespace sched_detail;
   DSPARK_SHARED_ARRAY(int32_t, counts, 256 * (kThreads / 32));
@@ -628,10 +628,10 @@ inline cudaError_t launch_schedule_verify_lens(const ScheduleVerifyLensParams& p
       }
     }
 #endif
-    return launch("schedule_verify_lens_kernel<1024, smem>", schedule_verify_lens_kernel<kThreads, true>, cfg, p,
+    return launch("schedule_verify_lens_kernel<512, smem>", schedule_verify_lens_kernel<kThreads, true>, cfg, p,
                   workspace);
   }
-  return launch("schedule_verify_lens_kernel<1024, global>", schedule_verify_lens_kernel<kThreads, false>, cfg, p,
+  return launch("schedule_verify_lens_kernel<512, global>", schedule_verify_lens_kernel<kThreads, false>, cfg, p,
                 workspace);
 }
 
