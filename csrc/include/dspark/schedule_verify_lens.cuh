@@ -599,6 +599,22 @@ inline size_t schedule_verify_lens_workspace_bytes(const ScheduleVerifyLensParam
   return l.smem ? 0 : l.bytes;
 }
 
+namespace sched_detail {
+// Opt `kernel` in to more than 48 KB of dynamic shared memory on the current device (a host-side attribute set
+// before each such launch, no sync; kSmemLimit fits every GPU of sm_80 and later).
+template <typename Kernel>
+inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+#if defined(DSPARK_SIMT)
+  (void)kernel;
+  (void)bytes;
+  return cudaSuccess;
+#else
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit));
+#endif
+}
+}  // namespace sched_detail
+
 // Launch on `stream`; the caller has checked the arguments (see ScheduleVerifyLensParams). One CTA.
 inline cudaError_t launch_schedule_verify_lens(const ScheduleVerifyLensParams& p, void* workspace,
                                                cudaStream_t stream) {
@@ -608,26 +624,18 @@ inline cudaError_t launch_schedule_verify_lens(const ScheduleVerifyLensParams& p
   LaunchConfig cfg;
   cfg.grid = dim3(1);
   cfg.stream = stream;
+  cfg.smem = l.smem ? l.bytes : 0;
   if (l.Mmax <= kSmallM && l.smem) {
     cfg.block = dim3(kSmallThreads);
-    cfg.smem = l.bytes;
+    const cudaError_t e = allow_dynamic_smem(schedule_verify_lens_kernel<kSmallThreads, true>, cfg.smem);
+    if (e != cudaSuccess) return e;
     return launch("schedule_verify_lens_kernel<256, smem>", schedule_verify_lens_kernel<kSmallThreads, true>, cfg, p,
                   workspace);
   }
   cfg.block = dim3(kThreads);
   if (l.smem) {
-    cfg.smem = l.bytes;
-#if !defined(DSPARK_SIMT)
-    if (l.bytes > 48 * 1024) {
-      static bool raised = false;  // once per process (a host-side attribute, no sync)
-      if (!raised) {
-        const cudaError_t e = cudaFuncSetAttribute(schedule_verify_lens_kernel<kThreads, true>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit));
-        if (e != cudaSuccess) return e;
-        raised = true;
-      }
-    }
-#endif
+    const cudaError_t e = allow_dynamic_smem(schedule_verify_lens_kernel<kThreads, true>, cfg.smem);
+    if (e != cudaSuccess) return e;
     return launch("schedule_verify_lens_kernel<512, smem>", schedule_verify_lens_kernel<kThreads, true>, cfg, p,
                   workspace);
   }
