@@ -776,3 +776,19 @@ def test_cuda_rounding_adversarial(cuda_device):
             out = dk.schedule_verify_lens(s.to(cuda_device), backend="cuda", **kw)
             assert out.verify_lens.cpu().tolist() == ref.verify_lens.tolist(), (case, mode)
             assert out.theta.item() == ref.theta.item(), (case, mode)
+
+
+def test_auto_never_picks_a_capped_backend(monkeypatch):
+    """Where "auto" would pick the Triton twin (a GPU without the CUDA extension) for a batch above its one-program
+    cap, it runs the reference instead of failing; an explicit backend="triton" still raises."""
+    import sys
+    mod = sys.modules["dspark_kernels.ops.schedule_verify_lens"]  # the module (the package exports the function)
+    from dspark_kernels.triton.schedule_verify_lens import MAX_ELEMENTS
+    monkeypatch.setattr(mod, "resolve_backend",
+                        lambda backend, device, op: "triton" if backend in (None, "auto") else backend)
+    surv = torch.rand(MAX_ELEMENTS + 1, 1, generator=torch.Generator().manual_seed(0))
+    o = dk.schedule_verify_lens(surv, cost_table=LINEAR_TABLE, mode="argmax")
+    ref = dk.schedule_verify_lens(surv, cost_table=LINEAR_TABLE, mode="argmax", backend="reference")
+    assert torch.equal(o.verify_lens, ref.verify_lens) and torch.equal(o.theta, ref.theta)
+    with pytest.raises(ValueError, match="N\\*K <= 16384"):
+        dk.schedule_verify_lens(surv, cost_table=LINEAR_TABLE, mode="argmax", backend="triton")

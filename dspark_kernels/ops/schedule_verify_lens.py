@@ -97,7 +97,8 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
         mode: "exact" or "argmax".
         budget_survival: float ``[N', K']`` (argmax mode only).
         min_gain: float >= 0 (argmax mode only).
-        backend: "auto" | "cuda" | "triton" | "reference".
+        backend: "auto" | "cuda" | "triton" | "reference". "auto" on a GPU: CUDA where the extension builds (any
+            N*K), else Triton up to its one-program size (N*K <= 16384), else the reference.
 
     Returns:
         :class:`ScheduleOutput`: ``verify_lens`` int32 ``[N]``, ``cu_seqlens`` int32 ``[N+1]``,
@@ -134,7 +135,14 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
         raise ValueError("budget_survival and min_gain apply to mode='argmax' only")
 
     token_counts, step_time_ms = cost_table.tensors(dev)
+    chosen = resolve_backend(backend, dev, "schedule_verify_lens")
+    if chosen == "triton" and backend in (None, "auto"):
+        # "auto" never picks a backend that cannot take the batch: the Triton twin sorts in one program (N*K <=
+        # MAX_ELEMENTS); the CUDA kernel (picked first where the extension exists) and the reference have no cap
+        from ..triton.schedule_verify_lens import MAX_ELEMENTS
+        if x.numel() > MAX_ELEMENTS or (budget_survival is not None and budget_survival.numel() > MAX_ELEMENTS):
+            chosen = "reference"
     verify_lens, cu_seqlens, theta = _schedule_verify_lens_op(
         survival, conf_logits, sts_temperatures, token_counts, step_time_ms, cost_table.fixed_overhead_ms,
-        min_len, max_len, mode, budget_survival, min_gain, resolve_backend(backend, dev, "schedule_verify_lens"))
+        min_len, max_len, mode, budget_survival, min_gain, chosen)
     return ScheduleOutput(verify_lens, cu_seqlens, theta)
