@@ -447,7 +447,10 @@ DSPARK_DEVICE const uint32_t* curve(const ScheduleVerifyLensParams& p, bool budg
   }
   first_inexact = block_min_int(first_inexact, scratch);
   if (first_inexact < M && tid == 0) {
+    // (0 admissions of 1792 at N = 256, K = 7 with calibrated survival; ~500 of 4096 at K = 16 when the
+    // confidences are uniform on (0, 1) and the deep survivals reach 1e-20; the loads are independent of c)
     double c = first_inexact == 0 ? 0.0 : bld<kSmem>(theta + first_inexact);
+#pragma unroll 4
     for (int64_t q = first_inexact; q < M; ++q) {
       c = dadd(c, static_cast<double>(key_value(bld<kSmem>(src + q))));
       bst<kSmem>(theta + q + 1, c);
