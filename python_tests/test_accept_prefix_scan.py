@@ -1,5 +1,7 @@
 """dk.accept_prefix_scan: hand-worked cases, defined results for bad values, argument checks, opcheck."""
 
+import os
+
 import pytest
 import torch
 
@@ -424,3 +426,219 @@ def test_triton_large_batch_carry(triton_device):
                              block_table=torch.randperm(n * 300, generator=g).view(n, 300), block_size=16,
                              stop_token_ids=t([5]))
     assert int(o.cu_out[-1]) > 2 ** 15
+
+
+# ---------------------------------------------------------------- CUDA kernel (SIMT harness on the CPU; GPU)
+
+def _cuda_vs_reference(device, run, tokens, seq_lens, **kw):
+    """Reference on the CPU vs the CUDA kernel on ``device`` (``run`` = simt_check or a plain call): identical
+    outputs, values and dtypes."""
+    ref = dk.accept_prefix_scan(tokens, seq_lens, backend="reference", **kw)
+    on_device = {key: val.to(device) if isinstance(val, torch.Tensor) else val for key, val in kw.items()}
+    out = run(lambda: dk.accept_prefix_scan(tokens.to(device), seq_lens.to(device), backend="cuda", **on_device))
+    for name, x, y in zip(ref._fields, ref, out):
+        if x is None:
+            assert y is None, name
+            continue
+        y = y.cpu()
+        assert x.dtype == y.dtype and x.shape == y.shape, (name, x.dtype, y.dtype, x.shape, y.shape)
+        assert torch.equal(x, y), (name, x.tolist(), y.tolist())
+    return out
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(num_accepted=None, accept_mask=torch.tensor(ACCEPT_MASK)),
+    dict(verify_cu_seqlens=t([0, 4, 6, 7, 10], I32)),
+    dict(verify_cu_seqlens=t([0, 2, 4, 5, 8])),                      # inconsistent: rows outside r0's own -> -1
+    dict(block_table=t(TABLE4, I32), block_size=4),
+    dict(max_seq_lens=t([12, 100, 1, 8]), block_table=t(TABLE4), block_size=4, stop_token_ids=t([42, 13], I32)),
+    dict(stop_token_ids=t([14])),
+    dict(stop_token_ids=t([], I64)),
+    dict(stop_token_ids=torch.arange(100, 30, -1)),                  # > 64 stop tokens: read from global memory
+    dict(num_accepted=t([7, -2, 1 << 40, -(1 << 40)])),               # clamped to [0, K]
+])
+def test_cuda_hand_cases(cuda_device, simt_check, kw):
+    kw = dict(kw)
+    if "num_accepted" not in kw:
+        kw["num_accepted"] = t(NUM_ACCEPTED)
+    if kw["num_accepted"] is None:
+        del kw["num_accepted"]
+    _cuda_vs_reference(cuda_device, simt_check, t(TOKENS), t(SEQ_LENS, I32), **kw)
+    _cuda_vs_reference(cuda_device, simt_check, t(TOKENS, I32), t(SEQ_LENS), **kw)
+
+
+def test_cuda_bad_positions_blocks_and_empty(cuda_device, simt_check):
+    table = t([[1, 0], [-1, 0], [0, 1]], I32)
+    o = _cuda_vs_reference(cuda_device, simt_check, t([[5, 6], [7, 8], [9, 10]]), t([0, 2, 1000]),
+                           num_accepted=t([1, 1, 1]), block_table=table, block_size=2)
+    assert o.kv_slots.cpu().tolist() == [-1, 2, -1, 0, -1, -1]
+    _cuda_vs_reference(cuda_device, simt_check, t([[5, 6], [7, 8], [9, 10]]), t([1 << 40, -7, 3]),
+                       num_accepted=t([1, 1, 5]), block_table=torch.zeros(3, 0, dtype=I64), block_size=3,
+                       max_seq_lens=t([0, 1 << 41, 2]))
+    o = _cuda_vs_reference(cuda_device, simt_check, torch.zeros(0, 4, dtype=I64), torch.zeros(0, dtype=I32),
+                           accept_mask=torch.zeros(0, 3, dtype=torch.bool), block_table=torch.zeros(0, 2, dtype=I32),
+                           block_size=4, max_seq_lens=torch.zeros(0, dtype=I64), stop_token_ids=t([1]))
+    assert o.cu_out.cpu().tolist() == [0]
+    _cuda_vs_reference(cuda_device, simt_check, t([[3], [-1], [5]]), t([1, 2, 0]), num_accepted=t([0, 2, -1]),
+                       block_table=t([[0], [1], [2]]), block_size=2)  # K = 0
+
+
+def _random_scan_inputs(g, n, k, use_mask, dtypes=(I64, I64)):
+    bs = int(torch.randint(1, 9, (1,), generator=g))
+    tokens = torch.randint(0, 60, (n, k + 1), generator=g)
+    n_acc = torch.randint(-3, k + 4, (n,), generator=g)
+    nc = n_acc.clamp(0, k)
+    no_bonus = torch.rand(n, generator=g) < 0.3
+    tokens[torch.arange(n), nc] = torch.where(no_bonus, -1, tokens[torch.arange(n), nc])
+    mask = torch.rand(n, k, generator=g) < 0.8
+    seq = torch.randint(-2, 50, (n,), generator=g)
+    mb = int(torch.randint(0, (k + 50) // bs + 2, (1,), generator=g))
+    table = torch.randint(-2, n * mb + 1, (n, mb), generator=g)
+    counts = torch.randint(-1, k + 3, (n,), generator=g)
+    vcu = torch.cat([torch.zeros(1, dtype=I64), counts.cumsum(0)]) + int(torch.randint(-3, 4, (1,), generator=g))
+    d0, d1 = dtypes
+    kw = dict(accept_mask=mask) if use_mask else dict(num_accepted=n_acc.to(d1))
+    kw.update(block_table=table.to(d1), block_size=bs, verify_cu_seqlens=vcu.to(d0),
+              max_seq_lens=(seq + torch.randint(-3, k + 3, (n,), generator=g)).to(d1),
+              stop_token_ids=t([3, 17, 59]).to(d0))
+    return tokens.to(d0), seq.to(d1), kw
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (3, 5), (17, 7), (64, 7), (1000, 16), (3, 16), (64, 1), (1024, 3)])
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_cuda_random_against_reference(cuda_device, simt_check, n, k, use_mask):
+    g = torch.Generator().manual_seed(n * 100 + k * 2 + use_mask + 1)
+    tokens, seq, kw = _random_scan_inputs(g, n, k, use_mask, (I32, I64) if n % 2 else (I64, I32))
+    _cuda_vs_reference(cuda_device, simt_check, tokens, seq, **kw)
+    _cuda_vs_reference(cuda_device, simt_check, tokens, seq,
+                       **({"accept_mask": kw["accept_mask"]} if use_mask else {"num_accepted": kw["num_accepted"]}))
+
+
+def test_cuda_cooperative_chunks(cuda_device, simt_check):
+    """N > 1024: several CTAs in one cooperative launch, one grid barrier, the chunk totals carried across."""
+    g = torch.Generator().manual_seed(11)
+    tokens, seq, kw = _random_scan_inputs(g, 5000, 7, False)
+    if cuda_device.type == "cpu":
+        from dspark_kernels import simt
+        with simt.record() as rec:
+            _cuda_vs_reference(cuda_device, simt_check, tokens, seq, **kw)
+        launch = rec.launches[-1]
+        assert len(rec.launches) == 3  # one launch per call (simt_check runs three schedules)
+        assert launch["cooperative"] and launch["grid_barriers"] == 1
+        assert launch["ctas"] == -(-5000 // 256) and launch["threads"] == 256
+    else:
+        _cuda_vs_reference(cuda_device, simt_check, tokens, seq, **kw)
+
+
+def test_cuda_65536_requests(cuda_device):
+    """The issue's largest batch in one launch. The harness runs a cooperative grid as fibers whose stacks are
+    mmap'd (two mappings each, vm.max_map_count = 65530), so on the CPU it models 16 SMs (96 CTAs); a GPU runs
+    its real grid."""
+    g = torch.Generator().manual_seed(12)
+    n, k = 65536, 16
+    tokens = torch.randint(0, 1000, (n, k + 1), generator=g)
+    tokens[:, -1] = torch.where(torch.rand(n, generator=g) < 0.5, -1, tokens[:, -1])
+    kw = dict(num_accepted=torch.randint(0, k + 1, (n,), generator=g),
+              block_table=torch.randperm(n * 8, generator=g).view(n, 8), block_size=16,
+              stop_token_ids=t([5]), max_seq_lens=torch.randint(1, 200, (n,), generator=g))
+    seq = torch.randint(1, 120, (n,), generator=g)
+    if cuda_device.type == "cpu":
+        from dspark_kernels import simt
+        with simt.record(sm_count=16) as rec:
+            o = _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)
+        (launch,) = rec.launches
+        assert launch["ctas"] == 96 and launch["grid_barriers"] == 1
+    else:
+        o = _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)
+    assert int(o.cu_out[-1]) > 2 ** 17
+
+
+def test_cuda_bytes_and_launches(cuda_device):
+    """One launch; every output byte written exactly once (bytes_written = the outputs' size); inputs read at most
+    once per distinct address (unique bytes <= the inputs' size); the re-reads (the bonus token, the block-table
+    entry of each kept position) are L1 hits on a GPU."""
+    if cuda_device.type != "cpu":
+        pytest.skip("byte counters exist in the SIMT harness only")
+    from dspark_kernels import simt
+    g = torch.Generator().manual_seed(5)
+    n, k, mb = 256, 7, 4
+    tokens, seq, kw = _random_scan_inputs(g, n, k, False)
+    kw["block_table"] = torch.randint(0, 1000, (n, mb), generator=g)
+    with simt.record() as rec:
+        dk.accept_prefix_scan(tokens, seq, backend="cuda", **kw)
+    (launch,) = rec.launches
+    assert launch["ctas"] == 1 and launch["threads"] == 1024 and not launch["cooperative"]
+    slots = n * (k + 1)
+    written = 4 * (n + 1) + 8 * slots + 4 * n + 8 * n + 4 * slots + 8 * slots + n
+    assert launch["bytes_written"] == written == launch["unique_bytes_written"]
+    inputs = sum(v.numel() * v.element_size() for v in [tokens, seq] + [x for x in kw.values()
+                                                                        if isinstance(x, torch.Tensor)])
+    assert launch["unique_bytes_read"] <= inputs
+    # the per-slot re-read allowance: 8 bytes of block table per slot + the bonus token per request
+    assert launch["bytes_read"] <= inputs + 8 * slots + 8 * n
+
+
+def test_cuda_single_request_one_cta(cuda_device):
+    if cuda_device.type != "cpu":
+        pytest.skip("launch records exist in the SIMT harness only")
+    from dspark_kernels import simt
+    with simt.record() as rec:
+        o = dk.accept_prefix_scan(t([[4, 5, 6]]), t([3]), num_accepted=t([2]), backend="cuda")
+    assert o.out_tokens.tolist() == [4, 5, 6] and o.cu_out.tolist() == [0, 3]
+    assert [r["ctas"] for r in rec.launches] == [1]  # launch-bound: N = 1 is one CTA by design
+
+
+def test_cuda_opcheck(cuda_device):
+    if cuda_device.type != "cpu":
+        pytest.skip("opcheck runs on the SIMT library here")
+    op = torch.ops.dspark_simt.accept_prefix_scan.default
+    table = t([[2, 0, 5], [1, 4, 3], [3, 1, 0], [5, 2, 4]], I32)
+    samples = [
+        (t(TOKENS), t(SEQ_LENS, I32), t(NUM_ACCEPTED), None, None, None, 1, None, None),
+        (t(TOKENS), t(SEQ_LENS), None, torch.tensor(ACCEPT_MASK), t([0, 4, 6, 7, 10], I32), table, 4,
+         t([12, 100, 1, 8]), t([42, 13])),
+        (torch.zeros(0, 2, dtype=I64), torch.zeros(0, dtype=I64), torch.zeros(0, dtype=I32), None, None,
+         torch.zeros(0, 1, dtype=I32), 2, None, None),
+    ]
+    for args in samples:
+        torch.library.opcheck(op, args)
+
+
+def test_cuda_bad_arguments_named(cuda_device):
+    if cuda_device.type != "cpu":
+        pytest.skip("checked through the SIMT library here")
+    op = torch.ops.dspark_simt.accept_prefix_scan
+    with pytest.raises(RuntimeError, match="num_accepted"):
+        op(t(TOKENS), t(SEQ_LENS), torch.zeros(4), None, None, None, 1, None, None)
+    with pytest.raises(RuntimeError, match="accept_mask"):
+        op(t(TOKENS), t(SEQ_LENS), None, torch.zeros(4, 2, dtype=torch.bool), None, None, 1, None, None)
+    with pytest.raises(RuntimeError, match="block_size"):
+        op(t(TOKENS), t(SEQ_LENS), t(NUM_ACCEPTED), None, None, t(TABLE4), 0, None, None)
+
+
+RANDOM_CASES = int(os.environ.get("DSPARK_RANDOM_CASES", "10000"))
+
+
+def test_cuda_random_cases(cuda_device):
+    """DSPARK_RANDOM_CASES (10,000 by default) random cases, one op call each: random N (0..12), K (0..9),
+    integer widths, accept form, verify rows (consistent or not), block tables (0 columns, unallocated ids),
+    lengths (negative, far past the table), limits and stop lists (0..70 ids: the > 64 path reads them from global
+    memory); every integer output equals the reference."""
+    g = torch.Generator().manual_seed(20240)
+    for case in range(RANDOM_CASES):
+        n = int(torch.randint(0, 13, (1,), generator=g))
+        k = int(torch.randint(0, 10, (1,), generator=g))
+        bits = int(torch.randint(0, 16, (1,), generator=g))
+        tokens, seq, kw = _random_scan_inputs(g, n, k, bool(bits & 1), (I32 if bits & 2 else I64,
+                                                                        I32 if bits & 4 else I64))
+        if bits & 8:
+            kw.pop("verify_cu_seqlens")
+        if case % 5 == 0:
+            kw.pop("block_table")
+            kw.pop("block_size")
+        if case % 7 == 0:
+            kw.pop("max_seq_lens")
+        if case % 11 == 0:
+            kw["stop_token_ids"] = torch.randint(0, 60, (int(torch.randint(0, 71, (1,), generator=g)),), generator=g)
+        _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)

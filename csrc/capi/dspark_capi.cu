@@ -1,16 +1,39 @@
 // dspark_capi: the C ABI (csrc/capi/dspark.h) over the header-only templates of csrc/include/dspark.
+//
+// Built twice by CMakeLists.txt: by nvcc into the library dspark_capi (the GPU), and by the host compiler with
+// DSPARK_SIMT against csrc/simt/runtime.cpp (no cudart), where the same entries run the kernels on the CPU through
+// the SIMT harness on host buffers - that build is what ctest runs against the reference's vectors.
+#if defined(DSPARK_SIMT)
+#include "dspark_simt/runtime.h"  // its keyword macros must precede every CUDA header
+#endif
 #include "dspark.h"
 
 #include <stdio.h>
 
+#include <exception>
 #include <string>
 
+#include "dspark/accept_prefix_scan.cuh"
 #include "dspark/rng.cuh"
 #include "dspark/rng_uniform.cuh"
+#include "dspark/schedule_verify_lens.cuh"
+
+static_assert(DSPARK_DTYPE_F32 == static_cast<int>(dspark::DType::kFloat32) &&
+                  DSPARK_DTYPE_BF16 == static_cast<int>(dspark::DType::kBFloat16) &&
+                  DSPARK_DTYPE_F16 == static_cast<int>(dspark::DType::kFloat16),
+              "DSPARK_DTYPE_* must equal dspark::DType");
 
 namespace {
 
 thread_local std::string g_last_error;
+
+std::string cuda_message(cudaError_t err) {
+#if defined(DSPARK_SIMT)
+  return "CUDA error " + std::to_string(static_cast<int>(err));  // no cudart in the SIMT build
+#else
+  return cudaGetErrorString(err);
+#endif
+}
 
 int fail(int code, const std::string& msg) {
   g_last_error = msg;
@@ -19,6 +42,183 @@ int fail(int code, const std::string& msg) {
 
 int ok() {
   g_last_error.clear();
+  return DSPARK_OK;
+}
+
+// An integer array argument: DSPARK_DTYPE_I32 / I64 (NULL allowed when optional).
+int int_array(const char* fn, const char* name, const void* ptr, int dtype, bool optional, dspark::IntArray* out) {
+  if (ptr == nullptr) {
+    if (!optional) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": " + name + " is NULL");
+    *out = dspark::IntArray{nullptr, true};
+    return DSPARK_OK;
+  }
+  if (dtype != DSPARK_DTYPE_I32 && dtype != DSPARK_DTYPE_I64)
+    return fail(DSPARK_ERR_BAD_DTYPE, std::string(fn) + ": " + name +
+                                          "_dtype must be DSPARK_DTYPE_I32 or DSPARK_DTYPE_I64, got " +
+                                          std::to_string(dtype));
+  *out = dspark::IntArray{ptr, dtype == DSPARK_DTYPE_I64};
+  return DSPARK_OK;
+}
+
+int float_dtype(const char* fn, const char* name, int dtype, dspark::DType* out) {
+  if (dtype != DSPARK_DTYPE_F32 && dtype != DSPARK_DTYPE_BF16 && dtype != DSPARK_DTYPE_F16)
+    return fail(DSPARK_ERR_BAD_DTYPE, std::string(fn) + ": " + name +
+                                          "_dtype must be DSPARK_DTYPE_F32, DSPARK_DTYPE_BF16 or DSPARK_DTYPE_F16, got " +
+                                          std::to_string(dtype));
+  *out = static_cast<dspark::DType>(dtype);
+  return DSPARK_OK;
+}
+
+#define DSPARK_TRY(expr)      \
+  do {                        \
+    const int rc_ = (expr);   \
+    if (rc_ != DSPARK_OK) return rc_; \
+  } while (0)
+
+// Runs a launch function; the SIMT runtime reports a fault by throwing.
+template <typename F>
+int run_launch(const char* fn, F&& f) {
+  cudaError_t err;
+  try {
+    err = f();
+  } catch (const std::exception& e) {
+    return fail(DSPARK_ERR_CUDA, std::string(fn) + ": kernel failed: " + e.what());
+  }
+  if (err != cudaSuccess) return fail(DSPARK_ERR_CUDA, std::string(fn) + ": launch failed: " + cuda_message(err));
+  return ok();
+}
+
+// ---- accept_prefix_scan
+int scan_params(const dspark_accept_prefix_scan_args* a, dspark::AcceptPrefixScanParams* p) {
+  constexpr const char* fn = "dspark_accept_prefix_scan";
+  if (a == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": args is NULL");
+  if (a->N < 0 || a->K < 0)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N and K must be >= 0, got N=" + std::to_string(a->N) +
+                                          " K=" + std::to_string(a->K));
+  if (a->N > 0 && (a->K + 1) > ((int64_t(1) << 31) - 1) / a->N)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N*(K+1) must be < 2^31 (cu_out is int32)");
+  p->N = a->N;
+  p->K = a->K;
+  const bool any = a->N > 0;
+  DSPARK_TRY(int_array(fn, "tokens", a->tokens, a->tokens_dtype, !any, &p->tokens));
+  DSPARK_TRY(int_array(fn, "seq_lens", a->seq_lens, a->seq_lens_dtype, !any, &p->seq_lens));
+  if (any && (a->num_accepted == nullptr) == (a->accept_mask == nullptr))
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": exactly one of num_accepted and accept_mask must be given");
+  DSPARK_TRY(int_array(fn, "num_accepted", a->num_accepted, a->num_accepted_dtype, true, &p->num_accepted));
+  p->accept_mask = a->accept_mask;
+  DSPARK_TRY(int_array(fn, "verify_cu_seqlens", a->verify_cu_seqlens, a->verify_cu_seqlens_dtype, true,
+                       &p->verify_cu_seqlens));
+  DSPARK_TRY(int_array(fn, "block_table", a->block_table, a->block_table_dtype, true, &p->block_table));
+  if (a->block_table != nullptr) {
+    if (a->block_size <= 0)
+      return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": block_size must be > 0 with block_table, got " +
+                                            std::to_string(a->block_size));
+    if (a->max_blocks < 0)
+      return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": max_blocks must be >= 0, got " +
+                                            std::to_string(a->max_blocks));
+    if (any && a->kv_slots == nullptr)
+      return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": kv_slots is NULL (required with block_table)");
+    p->max_blocks = a->max_blocks;
+    p->has_block_table = true;
+    p->block_size = a->block_size;
+  }
+  DSPARK_TRY(int_array(fn, "max_seq_lens", a->max_seq_lens, a->max_seq_lens_dtype, true, &p->max_seq_lens));
+  if (a->num_stops < 0)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": num_stops must be >= 0, got " +
+                                          std::to_string(a->num_stops));
+  DSPARK_TRY(int_array(fn, "stop_token_ids", a->stop_token_ids, a->stop_token_ids_dtype, a->num_stops == 0,
+                       &p->stop_token_ids));
+  p->num_stops = a->stop_token_ids != nullptr ? a->num_stops : 0;
+  if (a->cu_out == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": cu_out is NULL");
+  if (any) {
+    const char* missing = a->out_tokens == nullptr ? "out_tokens"
+                          : a->new_seq_lens == nullptr ? "new_seq_lens"
+                          : a->next_anchor == nullptr ? "next_anchor"
+                          : a->hidden_rows == nullptr ? "hidden_rows"
+                          : a->finished == nullptr ? "finished" : nullptr;
+    if (missing) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": " + missing + " is NULL");
+  }
+  p->cu_out = a->cu_out;
+  p->out_tokens = a->out_tokens;
+  p->new_seq_lens = a->new_seq_lens;
+  p->next_anchor = a->next_anchor;
+  p->hidden_rows = a->hidden_rows;
+  p->kv_slots = a->block_table != nullptr ? a->kv_slots : nullptr;
+  p->finished = a->finished;
+  if (!dspark::accept_prefix_scan_plan(a->N).ok)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N = " + std::to_string(a->N) +
+                                          " requests exceed what one launch keeps resident on this device");
+  return DSPARK_OK;
+}
+
+// ---- schedule_verify_lens
+int schedule_params(const dspark_schedule_verify_lens_args* a, dspark::ScheduleVerifyLensParams* p) {
+  constexpr const char* fn = "dspark_schedule_verify_lens";
+  if (a == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": args is NULL");
+  if (a->N < 0 || a->K < 0)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N and K must be >= 0, got N=" + std::to_string(a->N) +
+                                          " K=" + std::to_string(a->K));
+  if (!(0 <= a->min_len && a->min_len <= a->max_len && a->max_len <= a->K))
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": need 0 <= min_len <= max_len <= K=" +
+                                          std::to_string(a->K) + ", got min_len=" + std::to_string(a->min_len) +
+                                          ", max_len=" + std::to_string(a->max_len));
+  if (a->mode != DSPARK_SCHEDULE_EXACT && a->mode != DSPARK_SCHEDULE_ARGMAX)
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": mode must be DSPARK_SCHEDULE_EXACT or "
+                                                        "DSPARK_SCHEDULE_ARGMAX, got " + std::to_string(a->mode));
+  p->N = a->N;
+  p->K = a->K;
+  const bool any = a->N > 0 && a->K > 0;
+  if ((a->survival == nullptr) == (a->conf_logits == nullptr) && any)
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": exactly one of survival and conf_logits must be given");
+  if (a->survival != nullptr) {
+    DSPARK_TRY(float_dtype(fn, "survival", a->survival_dtype, &p->survival_dtype));
+    if (a->sts_temperatures != nullptr)
+      return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": sts_temperatures is only used with conf_logits");
+    p->survival = a->survival;
+  } else if (a->conf_logits != nullptr) {
+    DSPARK_TRY(float_dtype(fn, "conf_logits", a->conf_logits_dtype, &p->conf_dtype));
+    p->conf_logits = a->conf_logits;
+    if (a->sts_temperatures != nullptr) {
+      DSPARK_TRY(float_dtype(fn, "sts_temperatures", a->sts_temperatures_dtype, &p->sts_dtype));
+      p->sts_temperatures = a->sts_temperatures;
+    }
+  } else {
+    p->survival = a->survival;  // nothing to read (N == 0 or K == 0)
+  }
+  if (a->P < 1) return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": P (cost-table points) must be >= 1");
+  if (a->token_counts == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": token_counts is NULL");
+  if (a->step_time_ms == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": step_time_ms is NULL");
+  if (!(a->fixed_overhead_ms >= 0.0 && a->fixed_overhead_ms < INFINITY))
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": fixed_overhead_ms must be finite and >= 0");
+  p->token_counts = a->token_counts;
+  p->step_time_ms = a->step_time_ms;
+  p->P = a->P;
+  p->fixed_overhead_ms = a->fixed_overhead_ms;
+  p->min_len = a->min_len;
+  p->max_len = a->max_len;
+  p->exact = a->mode == DSPARK_SCHEDULE_EXACT;
+  if (!(a->min_gain >= 0.0 && a->min_gain < INFINITY))
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": min_gain must be finite and >= 0");
+  if (p->exact && (a->budget_survival != nullptr || a->min_gain != 0.0))
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": budget_survival and min_gain apply to "
+                                                        "DSPARK_SCHEDULE_ARGMAX only");
+  if (a->budget_survival != nullptr) {
+    if (a->NB < 0 || a->KB < 0)
+      return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": NB and KB must be >= 0");
+    DSPARK_TRY(float_dtype(fn, "budget_survival", a->budget_survival_dtype, &p->budget_dtype));
+    p->budget_survival = a->budget_survival;
+    p->has_budget = true;
+    p->NB = a->NB;
+    p->KB = a->KB;
+  }
+  p->gain = 1.0 + a->min_gain;
+  if (a->verify_lens == nullptr && a->N > 0)
+    return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": verify_lens is NULL");
+  if (a->cu_seqlens == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": cu_seqlens is NULL");
+  if (a->theta == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": theta is NULL");
+  p->verify_lens = a->verify_lens;
+  p->cu_seqlens = a->cu_seqlens;
+  p->theta = a->theta;
   return DSPARK_OK;
 }
 
@@ -44,7 +244,7 @@ DSPARK_API int dspark_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, c
   if (rng_key_device == nullptr) return fail(DSPARK_ERR_NULL_POINTER, "dspark_rng_uniform: rng_key_device is NULL");
   const cudaError_t err = dspark::launch_rng_uniform(out, N, K, V, rng_key_device, stream, s);
   if (err != cudaSuccess)
-    return fail(DSPARK_ERR_CUDA, std::string("dspark_rng_uniform: launch failed: ") + cudaGetErrorString(err));
+    return fail(DSPARK_ERR_CUDA, std::string("dspark_rng_uniform: launch failed: ") + cuda_message(err));
   return ok();
 }
 
@@ -70,6 +270,48 @@ DSPARK_API int dspark_philox4x32_10_host(const uint32_t counter[4], const uint32
   out[2] = r.z;
   out[3] = r.w;
   return ok();
+}
+
+DSPARK_API int dspark_accept_prefix_scan_workspace_size(const dspark_accept_prefix_scan_args* args, size_t* bytes) {
+  if (bytes == nullptr) return fail(DSPARK_ERR_NULL_POINTER, "dspark_accept_prefix_scan_workspace_size: bytes is NULL");
+  dspark::AcceptPrefixScanParams p;
+  DSPARK_TRY(scan_params(args, &p));
+  *bytes = dspark::accept_prefix_scan_workspace_bytes(p.N);
+  return ok();
+}
+
+DSPARK_API int dspark_accept_prefix_scan(const dspark_accept_prefix_scan_args* args, void* workspace,
+                                         size_t workspace_bytes, cudaStream_t stream) {
+  dspark::AcceptPrefixScanParams p;
+  DSPARK_TRY(scan_params(args, &p));
+  const size_t need = dspark::accept_prefix_scan_workspace_bytes(p.N);
+  if (workspace_bytes < need || (need > 0 && workspace == nullptr))
+    return fail(DSPARK_ERR_WORKSPACE, "dspark_accept_prefix_scan: workspace must hold " + std::to_string(need) +
+                                          " bytes, got " + std::to_string(workspace_bytes));
+  return run_launch("dspark_accept_prefix_scan",
+                    [&] { return dspark::launch_accept_prefix_scan(p, need ? workspace : nullptr, stream); });
+}
+
+DSPARK_API int dspark_schedule_verify_lens_workspace_size(const dspark_schedule_verify_lens_args* args,
+                                                          size_t* bytes) {
+  if (bytes == nullptr)
+    return fail(DSPARK_ERR_NULL_POINTER, "dspark_schedule_verify_lens_workspace_size: bytes is NULL");
+  dspark::ScheduleVerifyLensParams p;
+  DSPARK_TRY(schedule_params(args, &p));
+  *bytes = dspark::schedule_verify_lens_workspace_bytes(p);
+  return ok();
+}
+
+DSPARK_API int dspark_schedule_verify_lens(const dspark_schedule_verify_lens_args* args, void* workspace,
+                                           size_t workspace_bytes, cudaStream_t stream) {
+  dspark::ScheduleVerifyLensParams p;
+  DSPARK_TRY(schedule_params(args, &p));
+  const size_t need = dspark::schedule_verify_lens_workspace_bytes(p);
+  if (workspace_bytes < need || (need > 0 && workspace == nullptr))
+    return fail(DSPARK_ERR_WORKSPACE, "dspark_schedule_verify_lens: workspace must hold " + std::to_string(need) +
+                                          " bytes, got " + std::to_string(workspace_bytes));
+  return run_launch("dspark_schedule_verify_lens",
+                    [&] { return dspark::launch_schedule_verify_lens(p, need ? workspace : nullptr, stream); });
 }
 
 }  // extern "C"

@@ -6,7 +6,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .. import reference
+from .. import _ext, reference
 from ._common import INT_DTYPES, check_tensor, resolve_backend
 
 
@@ -46,14 +46,29 @@ def _accept_prefix_scan_op(tokens: torch.Tensor, seq_lens: torch.Tensor, num_acc
         return triton_accept_prefix_scan(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens,
                                          block_table, block_size, max_seq_lens, stop_token_ids)
     if backend == "cuda":
-        raise NotImplementedError("accept_prefix_scan has no cuda backend yet; use backend='triton' or 'reference'")
+        return tuple(_ext.kernels(tokens.device).accept_prefix_scan(
+            tokens.contiguous(), seq_lens.contiguous(), _contig(num_accepted), _contig(accept_mask),
+            _contig(verify_cu_seqlens), _contig(block_table), block_size, _contig(max_seq_lens),
+            _contig(stop_token_ids)))
     return reference.accept_prefix_scan(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens,
                                         block_table, block_size, max_seq_lens, stop_token_ids)
+
+
+def _contig(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.contiguous()
 
 
 @_accept_prefix_scan_op.register_fake
 def _(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table, block_size, max_seq_lens,
       stop_token_ids, backend):
+    return _scan_fake(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table, block_size,
+                      max_seq_lens, stop_token_ids)
+
+
+@_ext.register_fake("accept_prefix_scan")
+def _scan_fake(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table, block_size,
+               max_seq_lens, stop_token_ids):
+    """Fake of the C++ op (torch.ops.dspark_C / dspark_simt.accept_prefix_scan): the shapes the kernel returns."""
     n, kp1 = tokens.shape
     dev = tokens.device
     return (tokens.new_empty((n + 1,), dtype=torch.int32),

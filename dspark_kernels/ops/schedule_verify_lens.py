@@ -7,8 +7,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .. import reference
-from ..calibration import CostTable
+from .. import _ext, reference
+from ..calibration import CostTable, survival_from_conf
 from ._common import FLOAT_DTYPES, check_tensor, resolve_backend
 
 MODES = ("exact", "argmax")
@@ -40,7 +40,14 @@ def _schedule_verify_lens_op(survival: Optional[torch.Tensor], conf_logits: Opti
         return triton_schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, step_time_ms,
                                            fixed_overhead_ms, min_len, max_len, mode, budget_survival, min_gain)
     if backend == "cuda":
-        raise NotImplementedError("schedule_verify_lens has no cuda backend yet; use backend='triton' or 'reference'")
+        if survival is None:
+            # the reference's own float32 survival (bit-identical on the same device); the kernel's in-kernel
+            # conf_logits path (used by the C ABI) may differ from torch's sigmoid in the last bit
+            survival = survival_from_conf(conf_logits, sts_temperatures)
+        return tuple(_ext.kernels(survival.device).schedule_verify_lens(
+            survival.contiguous(), None, None, token_counts.contiguous(), step_time_ms.contiguous(),
+            float(fixed_overhead_ms), min_len, max_len, mode,
+            None if budget_survival is None or mode == "exact" else budget_survival.contiguous(), float(min_gain)))
     return reference.schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, step_time_ms,
                                           fixed_overhead_ms, min_len, max_len, mode, budget_survival, min_gain)
 
@@ -48,6 +55,14 @@ def _schedule_verify_lens_op(survival: Optional[torch.Tensor], conf_logits: Opti
 @_schedule_verify_lens_op.register_fake
 def _(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
       mode, budget_survival, min_gain, backend):
+    return _schedule_fake(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms,
+                          min_len, max_len, mode, budget_survival, min_gain)
+
+
+@_ext.register_fake("schedule_verify_lens")
+def _schedule_fake(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len,
+                   max_len, mode, budget_survival, min_gain):
+    """Fake of the C++ op (torch.ops.dspark_C / dspark_simt.schedule_verify_lens)."""
     x = survival if survival is not None else conf_logits
     n = x.shape[0]
     return (x.new_empty((n,), dtype=torch.int32), x.new_empty((n + 1,), dtype=torch.int32),
@@ -82,7 +97,8 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
         mode: "exact" or "argmax".
         budget_survival: float ``[N', K']`` (argmax mode only).
         min_gain: float >= 0 (argmax mode only).
-        backend: "auto" | "cuda" | "triton" | "reference".
+        backend: "auto" | "cuda" | "triton" | "reference". "auto" on a GPU: CUDA where the extension builds (any
+            N*K), else Triton up to its one-program size (N*K <= 16384), else the reference.
 
     Returns:
         :class:`ScheduleOutput`: ``verify_lens`` int32 ``[N]``, ``cu_seqlens`` int32 ``[N+1]``,
@@ -119,7 +135,14 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
         raise ValueError("budget_survival and min_gain apply to mode='argmax' only")
 
     token_counts, step_time_ms = cost_table.tensors(dev)
+    chosen = resolve_backend(backend, dev, "schedule_verify_lens")
+    if chosen == "triton" and backend in (None, "auto"):
+        # "auto" never picks a backend that cannot take the batch: the Triton twin sorts in one program (N*K <=
+        # MAX_ELEMENTS); the CUDA kernel (picked first where the extension exists) and the reference have no cap
+        from ..triton.schedule_verify_lens import MAX_ELEMENTS
+        if x.numel() > MAX_ELEMENTS or (budget_survival is not None and budget_survival.numel() > MAX_ELEMENTS):
+            chosen = "reference"
     verify_lens, cu_seqlens, theta = _schedule_verify_lens_op(
         survival, conf_logits, sts_temperatures, token_counts, step_time_ms, cost_table.fixed_overhead_ms,
-        min_len, max_len, mode, budget_survival, min_gain, resolve_backend(backend, dev, "schedule_verify_lens"))
+        min_len, max_len, mode, budget_survival, min_gain, chosen)
     return ScheduleOutput(verify_lens, cu_seqlens, theta)

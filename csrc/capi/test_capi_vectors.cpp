@@ -1,0 +1,398 @@
+// ctest of the C ABI on the CPU: dspark_capi.cu built with DSPARK_SIMT (the kernels run on host buffers through
+// the SIMT harness) must reproduce python_tests/data/capi_vectors.json, the reference's outputs of
+// accept_prefix_scan and schedule_verify_lens (written by python_tests/data/make_capi_vectors.py), exactly for the
+// integer outputs and to 1e-6 for theta; plus argument errors that name the argument.
+// Usage: test_capi_vectors <path/to/capi_vectors.json>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dspark.h"
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    ++failures;
+    fprintf(stderr, "FAIL: %s\n", what.c_str());
+  }
+}
+
+// ---- a tiny JSON reader: null, true/false, numbers (also NaN / Infinity / -Infinity, as Python writes them),
+// strings without escapes, arrays, objects.
+struct Json {
+  enum Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = kNull;
+  std::string text;  // the number's or string's text
+  std::vector<Json> items;
+  std::map<std::string, Json> fields;
+  bool is_null() const { return kind == kNull; }
+  const Json& operator[](const std::string& key) const {
+    static const Json null_value;
+    auto it = fields.find(key);
+    return it == fields.end() ? null_value : it->second;
+  }
+  int64_t i() const { return strtoll(text.c_str(), nullptr, 10); }
+  double d() const {
+    if (text == "NaN") return NAN;
+    if (text == "Infinity") return INFINITY;
+    if (text == "-Infinity") return -INFINITY;
+    return strtod(text.c_str(), nullptr);
+  }
+};
+
+struct Parser {
+  const std::string& s;
+  size_t p = 0;
+  void ws() {
+    while (p < s.size() && (s[p] == ' ' || s[p] == '\n' || s[p] == '\t' || s[p] == '\r')) ++p;
+  }
+  bool eat(const char* word) {
+    const size_t n = strlen(word);
+    if (s.compare(p, n, word) == 0) {
+      p += n;
+      return true;
+    }
+    return false;
+  }
+  Json value() {
+    ws();
+    Json v;
+    if (p >= s.size()) throw std::runtime_error("unexpected end of JSON");
+    const char c = s[p];
+    if (c == '{') {
+      v.kind = Json::kObject;
+      ++p;
+      ws();
+      if (s[p] == '}') {
+        ++p;
+        return v;
+      }
+      for (;;) {
+        ws();
+        Json key = value();
+        ws();
+        if (s[p++] != ':') throw std::runtime_error("expected ':' in JSON");
+        v.fields[key.text] = value();
+        ws();
+        if (s[p] == ',') { ++p; continue; }
+        if (s[p++] != '}') throw std::runtime_error("expected '}' in JSON");
+        return v;
+      }
+    }
+    if (c == '[') {
+      v.kind = Json::kArray;
+      ++p;
+      ws();
+      if (s[p] == ']') {
+        ++p;
+        return v;
+      }
+      for (;;) {
+        v.items.push_back(value());
+        ws();
+        if (s[p] == ',') { ++p; continue; }
+        if (s[p++] != ']') throw std::runtime_error("expected ']' in JSON");
+        return v;
+      }
+    }
+    if (c == '"') {
+      const size_t e = s.find('"', p + 1);
+      v.kind = Json::kString;
+      v.text = s.substr(p + 1, e - p - 1);
+      p = e + 1;
+      return v;
+    }
+    if (eat("null")) return v;
+    if (eat("true")) { v.kind = Json::kBool; v.text = "1"; return v; }
+    if (eat("false")) { v.kind = Json::kBool; v.text = "0"; return v; }
+    v.kind = Json::kNumber;
+    const size_t b = p;
+    if (eat("NaN") || eat("Infinity") || eat("-Infinity")) {
+      v.text = s.substr(b, p - b);
+      return v;
+    }
+    while (p < s.size() && strchr("+-0123456789.eE", s[p])) ++p;
+    if (p == b) throw std::runtime_error("bad JSON value at offset " + std::to_string(p));
+    v.text = s.substr(b, p - b);
+    return v;
+  }
+};
+
+// An input array in the vector file's form ({"dtype": ..., "data": [...]}) as bytes of its dtype.
+struct Buf {
+  std::vector<unsigned char> bytes;
+  int dtype = -1;
+  const void* ptr() const { return bytes.empty() ? nullptr : bytes.data(); }
+};
+
+Buf int_buf(const Json& j) {
+  Buf b;
+  if (j.is_null()) return b;
+  const bool is64 = j["dtype"].text == "i64";
+  b.dtype = is64 ? DSPARK_DTYPE_I64 : DSPARK_DTYPE_I32;
+  for (const Json& x : j["data"].items) {
+    const int64_t v = x.i();
+    if (is64) {
+      unsigned char c[8];
+      memcpy(c, &v, 8);
+      b.bytes.insert(b.bytes.end(), c, c + 8);
+    } else {
+      const int32_t w = static_cast<int32_t>(v);
+      unsigned char c[4];
+      memcpy(c, &w, 4);
+      b.bytes.insert(b.bytes.end(), c, c + 4);
+    }
+  }
+  if (b.bytes.empty()) b.bytes.resize(8);  // a present but empty array: a valid pointer
+  return b;
+}
+
+Buf float_buf(const Json& j) {
+  Buf b;
+  if (j.is_null()) return b;
+  const std::string& dt = j["dtype"].text;
+  b.dtype = dt == "f32" ? DSPARK_DTYPE_F32 : (dt == "bf16" ? DSPARK_DTYPE_BF16 : DSPARK_DTYPE_F16);
+  for (const Json& x : j["data"].items) {
+    if (b.dtype == DSPARK_DTYPE_F32) {
+      const float f = static_cast<float>(x.d());
+      unsigned char c[4];
+      memcpy(c, &f, 4);
+      b.bytes.insert(b.bytes.end(), c, c + 4);
+    } else {
+      const uint16_t h = static_cast<uint16_t>(x.i());
+      unsigned char c[2];
+      memcpy(c, &h, 2);
+      b.bytes.insert(b.bytes.end(), c, c + 2);
+    }
+  }
+  if (b.bytes.empty()) b.bytes.resize(8);
+  return b;
+}
+
+template <typename T>
+void expect_equal(const std::vector<T>& got, const Json& want, const std::string& what) {
+  if (want.items.size() != got.size()) {
+    check(false, what + ": " + std::to_string(got.size()) + " values, want " + std::to_string(want.items.size()));
+    return;
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (static_cast<int64_t>(got[i]) != want.items[i].i()) {
+      check(false, what + "[" + std::to_string(i) + "] = " + std::to_string(static_cast<int64_t>(got[i])) +
+                       ", want " + want.items[i].text);
+      return;
+    }
+  }
+}
+
+void run_scan(const Json& c, int index) {
+  const std::string name = "scan case " + std::to_string(index);
+  const int64_t N = c["N"].i(), K = c["K"].i(), W = N * (K + 1);
+  const Buf tokens = int_buf(c["tokens"]), seq = int_buf(c["seq_lens"]), nacc = int_buf(c["num_accepted"]);
+  const Buf vcu = int_buf(c["verify_cu_seqlens"]), table = int_buf(c["block_table"]);
+  const Buf maxl = int_buf(c["max_seq_lens"]), stops = int_buf(c["stop_token_ids"]);
+  std::vector<uint8_t> mask;
+  for (const Json& x : c["accept_mask"].items) mask.push_back(static_cast<uint8_t>(x.i()));
+  std::vector<int32_t> cu(N + 1, 12345), rows(W, 12345), new_seq(N, 12345);
+  std::vector<int64_t> out(W, 12345), anchor(N, 12345), slots(W, 12345);
+  std::vector<uint8_t> fin(N, 7);
+  dspark_accept_prefix_scan_args a;
+  memset(&a, 0, sizeof a);
+  a.N = N;
+  a.K = K;
+  a.tokens = tokens.ptr();
+  a.tokens_dtype = tokens.dtype;
+  a.seq_lens = seq.ptr();
+  a.seq_lens_dtype = seq.dtype;
+  a.num_accepted = nacc.ptr();
+  a.num_accepted_dtype = nacc.dtype;
+  a.accept_mask = c["accept_mask"].is_null() ? nullptr : (mask.empty() ? fin.data() : mask.data());
+  a.verify_cu_seqlens = vcu.ptr();
+  a.verify_cu_seqlens_dtype = vcu.dtype;
+  a.block_table = table.ptr();
+  a.block_table_dtype = table.dtype;
+  a.max_blocks = c["max_blocks"].i();
+  a.block_size = c["block_size"].i();
+  a.max_seq_lens = maxl.ptr();
+  a.max_seq_lens_dtype = maxl.dtype;
+  a.stop_token_ids = stops.ptr();
+  a.stop_token_ids_dtype = stops.dtype;
+  a.num_stops = c["stop_token_ids"].is_null() ? 0 : static_cast<int64_t>(c["stop_token_ids"]["data"].items.size());
+  a.cu_out = cu.data();
+  a.out_tokens = out.data();
+  a.new_seq_lens = new_seq.data();
+  a.next_anchor = anchor.data();
+  a.hidden_rows = rows.data();
+  a.kv_slots = slots.data();
+  a.finished = fin.data();
+  size_t bytes = 99;
+  check(dspark_accept_prefix_scan_workspace_size(&a, &bytes) == DSPARK_OK, name + ": workspace size: " +
+                                                                               dspark_last_error());
+  std::vector<unsigned char> ws(bytes + 1);
+  const int rc = dspark_accept_prefix_scan(&a, ws.data(), bytes, nullptr);
+  check(rc == DSPARK_OK, name + ": dspark_accept_prefix_scan returned " + std::to_string(rc) + ": " +
+                             dspark_last_error());
+  if (rc != DSPARK_OK) return;
+  const Json& e = c["expect"];
+  expect_equal(cu, e["cu_out"], name + " cu_out");
+  expect_equal(out, e["out_tokens"], name + " out_tokens");
+  expect_equal(new_seq, e["new_seq_lens"], name + " new_seq_lens");
+  expect_equal(anchor, e["next_anchor"], name + " next_anchor");
+  expect_equal(rows, e["hidden_rows"], name + " hidden_rows");
+  if (!e["kv_slots"].is_null()) expect_equal(slots, e["kv_slots"], name + " kv_slots");
+  expect_equal(fin, e["finished"], name + " finished");
+}
+
+void run_schedule(const Json& c, int index) {
+  const std::string name = "schedule case " + std::to_string(index);
+  const int64_t N = c["N"].i();
+  const Buf surv = float_buf(c["survival"]), conf = float_buf(c["conf_logits"]);
+  const Buf sts = float_buf(c["sts_temperatures"]), budget = float_buf(c["budget_survival"]);
+  std::vector<float> counts, times;
+  for (const Json& x : c["token_counts"].items) counts.push_back(static_cast<float>(x.d()));
+  for (const Json& x : c["step_time_ms"].items) times.push_back(static_cast<float>(x.d()));
+  std::vector<int32_t> lens(N, 12345), cu(N + 1, 12345);
+  float theta = -1.0f;
+  dspark_schedule_verify_lens_args a;
+  memset(&a, 0, sizeof a);
+  a.N = N;
+  a.K = c["K"].i();
+  a.survival = surv.ptr();
+  a.survival_dtype = surv.dtype;
+  a.conf_logits = conf.ptr();
+  a.conf_logits_dtype = conf.dtype;
+  a.sts_temperatures = sts.ptr();
+  a.sts_temperatures_dtype = sts.dtype;
+  a.token_counts = counts.data();
+  a.step_time_ms = times.data();
+  a.P = static_cast<int64_t>(counts.size());
+  a.fixed_overhead_ms = c["fixed_overhead_ms"].d();
+  a.min_len = c["min_len"].i();
+  a.max_len = c["max_len"].i();
+  a.mode = c["mode"].text == "exact" ? DSPARK_SCHEDULE_EXACT : DSPARK_SCHEDULE_ARGMAX;
+  a.budget_survival = budget.ptr();
+  a.budget_survival_dtype = budget.dtype;
+  a.NB = c["NB"].i();
+  a.KB = c["KB"].i();
+  a.min_gain = c["min_gain"].d();
+  a.verify_lens = lens.data();
+  a.cu_seqlens = cu.data();
+  a.theta = &theta;
+  size_t bytes = 99;
+  check(dspark_schedule_verify_lens_workspace_size(&a, &bytes) == DSPARK_OK, name + ": workspace size: " +
+                                                                                 dspark_last_error());
+  std::vector<unsigned char> ws(bytes + 16);
+  const int rc = dspark_schedule_verify_lens(&a, bytes ? ws.data() : nullptr, bytes, nullptr);
+  check(rc == DSPARK_OK, name + ": dspark_schedule_verify_lens returned " + std::to_string(rc) + ": " +
+                             dspark_last_error());
+  if (rc != DSPARK_OK) return;
+  const Json& e = c["expect"];
+  expect_equal(lens, e["verify_lens"], name + " verify_lens");
+  expect_equal(cu, e["cu_seqlens"], name + " cu_seqlens");
+  const double want = e["theta"].d();
+  check(fabs(theta - want) <= 1e-6 * fabs(want), name + " theta " + std::to_string(theta) + ", want " +
+                                                     e["theta"].text);
+}
+
+void argument_errors() {
+  dspark_accept_prefix_scan_args a;
+  memset(&a, 0, sizeof a);
+  int32_t cu[3];
+  int64_t tok[4] = {1, 2, 3, 4};
+  a.N = 2;
+  a.K = 1;
+  a.tokens = tok;
+  a.tokens_dtype = DSPARK_DTYPE_F32;  // not an integer dtype
+  a.cu_out = cu;
+  size_t bytes = 0;
+  check(dspark_accept_prefix_scan_workspace_size(&a, &bytes) == DSPARK_ERR_BAD_DTYPE &&
+            strstr(dspark_last_error(), "tokens_dtype") != nullptr,
+        "a float tokens_dtype must be rejected, naming tokens_dtype");
+  a.tokens_dtype = DSPARK_DTYPE_I64;
+  check(dspark_accept_prefix_scan(&a, nullptr, 0, nullptr) == DSPARK_ERR_NULL_POINTER &&
+            strstr(dspark_last_error(), "seq_lens") != nullptr,
+        "a NULL seq_lens must be rejected, naming seq_lens");
+  a.N = -1;
+  check(dspark_accept_prefix_scan(&a, nullptr, 0, nullptr) == DSPARK_ERR_BAD_SHAPE, "N < 0 must be rejected");
+  check(dspark_accept_prefix_scan(nullptr, nullptr, 0, nullptr) == DSPARK_ERR_NULL_POINTER, "NULL args");
+
+  dspark_schedule_verify_lens_args s;
+  memset(&s, 0, sizeof s);
+  float surv[2] = {0.5f, 0.4f}, c1 = 1.0f, t1 = 10.0f, theta = 0;
+  int32_t lens[1], cus[2];
+  s.N = 1;
+  s.K = 2;
+  s.survival = surv;
+  s.token_counts = &c1;
+  s.step_time_ms = &t1;
+  s.P = 1;
+  s.min_len = 0;
+  s.max_len = 3;  // > K
+  s.verify_lens = lens;
+  s.cu_seqlens = cus;
+  s.theta = &theta;
+  check(dspark_schedule_verify_lens(&s, nullptr, 0, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "max_len") != nullptr,
+        "max_len > K must be rejected, naming max_len");
+  s.max_len = 2;
+  s.survival_dtype = 9;
+  check(dspark_schedule_verify_lens(&s, nullptr, 0, nullptr) == DSPARK_ERR_BAD_DTYPE &&
+            strstr(dspark_last_error(), "survival_dtype") != nullptr,
+        "a bad survival_dtype must be rejected");
+  s.survival_dtype = DSPARK_DTYPE_F32;
+  s.mode = DSPARK_SCHEDULE_EXACT;
+  s.min_gain = 0.5;
+  check(dspark_schedule_verify_lens(&s, nullptr, 0, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "min_gain") != nullptr,
+        "min_gain in exact mode must be rejected");
+  s.min_gain = 0.0;
+  check(dspark_schedule_verify_lens(&s, nullptr, 0, nullptr) == DSPARK_OK, "a valid schedule call");
+  check(lens[0] == 2 && cus[0] == 0 && cus[1] == 3, "flat cost table: both drafts verified");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s path/to/capi_vectors.json\n", argv[0]);
+    return 2;
+  }
+  std::ifstream in(argv[1]);
+  if (!in) {
+    fprintf(stderr, "cannot open %s\n", argv[1]);
+    return 2;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  Json root;
+  try {
+    Parser parser{text};
+    root = parser.value();
+  } catch (const std::exception& e) {
+    fprintf(stderr, "%s: %s\n", argv[1], e.what());
+    return 2;
+  }
+  int n_scan = 0, n_sched = 0;
+  for (const Json& c : root["scan"].items) run_scan(c, n_scan++);
+  for (const Json& c : root["schedule"].items) run_schedule(c, n_sched++);
+  check(n_scan > 0 && n_sched > 0, "no vectors read");
+  argument_errors();
+  if (failures) {
+    fprintf(stderr, "test_capi_vectors: %d failures\n", failures);
+    return 1;
+  }
+  printf("test_capi_vectors: %d accept_prefix_scan and %d schedule_verify_lens vectors ok (C ABI on the SIMT "
+         "harness)\n", n_scan, n_sched);
+  return 0;
+}
