@@ -53,6 +53,7 @@ __global__ void shuffle_mask_kernel(float* y, int variant) {
   float v = static_cast<float>(threadIdx.x);
   const unsigned lane = threadIdx.x & 31;
   if (variant == 0) {
+    __syncwarp();
     v += __shfl_xor_sync(kFullMask, v, 1);
   } else if (lane < 16) {
     v += __shfl_xor_sync(kFullMask, v, 1);

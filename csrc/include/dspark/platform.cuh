@@ -132,7 +132,7 @@ inline cudaError_t launch(const char* name, void (*kernel)(Params...), const Lau
   simt::launch(simt::LaunchSpec{name, cfg.grid, cfg.block, cfg.smem, cfg.cooperative},
                [&]() { std::apply(kernel, params); });
   return cudaSuccess;
-#elif defined(__CUDACC__)
+#else
   (void)name;
   if (cfg.cooperative) {
     std::tuple<Params...> params(static_cast<Params>(std::forward<Args>(args))...);
@@ -146,14 +146,6 @@ inline cudaError_t launch(const char* name, void (*kernel)(Params...), const Lau
   }
   kernel<<<cfg.grid, cfg.block, cfg.smem, cfg.stream>>>(static_cast<Params>(std::forward<Args>(args))...);
   return cudaGetLastError();
-#else
-  // A host-only translation unit (e.g. csrc/torch/registration.cpp, compiled by the host compiler) may include
-  // this header but cannot launch: kernels are launched from .cu files.
-  (void)name;
-  (void)kernel;
-  (void)cfg;
-  ((void)args, ...);
-  return cudaErrorNotSupported;
 #endif
 }
 
@@ -161,7 +153,7 @@ inline cudaError_t launch(const char* name, void (*kernel)(Params...), const Lau
 DSPARK_DEVICE void grid_sync() {
 #if defined(DSPARK_SIMT)
   simt::grid_sync(DSPARK_SIMT_SITE);
-#elif defined(__CUDACC__)
+#else
   cooperative_groups::this_grid().sync();
 #endif
 }

@@ -143,7 +143,7 @@ size_t pending_records();
 #define __syncthreads_or(p) (::dspark::simt::syncthreads_count(DSPARK_SIMT_SITE, (p)) != 0)
 #define __syncthreads_and(p) \
   (::dspark::simt::syncthreads_count(DSPARK_SIMT_SITE, (p)) == static_cast<int>(blockDim.x * blockDim.y * blockDim.z))
-#define __syncwarp(...) ::dspark::simt::detail::syncwarp(DSPARK_SIMT_SITE, ##__VA_ARGS__)
+#define __syncwarp ::dspark::simt::detail::SyncWarp{DSPARK_SIMT_SITE}  // __syncwarp() or __syncwarp(mask)
 #define __shfl_sync(mask, v, src, ...) ::dspark::simt::detail::shfl(DSPARK_SIMT_SITE, 0, mask, v, src, ##__VA_ARGS__)
 #define __shfl_xor_sync(mask, v, m, ...) ::dspark::simt::detail::shfl(DSPARK_SIMT_SITE, 1, mask, v, m, ##__VA_ARGS__)
 #define __shfl_down_sync(mask, v, d, ...) ::dspark::simt::detail::shfl(DSPARK_SIMT_SITE, 2, mask, v, d, ##__VA_ARGS__)
@@ -178,10 +178,13 @@ inline T from_bits(uint64_t b) {
   return v;
 }
 
-inline void syncwarp(Site site, unsigned mask = 0xffffffffu) {
-  uint64_t values[32];
-  warp_collective(site, mask, 0, values);
-}
+struct SyncWarp {
+  Site site;
+  void operator()(unsigned mask = 0xffffffffu) const {
+    uint64_t values[32];
+    warp_collective(site, mask, 0, values);
+  }
+};
 
 // kind: 0 = idx, 1 = xor, 2 = down, 3 = up (CUDA's semantics, including `width` sub-warps).
 template <typename T>
