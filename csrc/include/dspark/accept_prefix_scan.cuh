@@ -32,7 +32,7 @@ struct IntArray {
   const void* ptr;
   bool is64;
   DSPARK_DEVICE int64_t at(int64_t i) const {
-    return is64 ? ldg(static_cast<const int64_t*>(ptr) + i) : static_cast<int64_t>(ldg(static_cast<const int32_t*>(ptr) + i));
+    return load_int(ptr, is64, i);
   }
   DSPARK_HOST_DEVICE_FN bool present() const { return ptr != nullptr; }
 };

@@ -163,24 +163,6 @@ DSPARK_HOST_DEVICE_FN size_t dtype_size(DType t) { return t == DType::kFloat32 ?
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
 // ------------------------------------------------------------------------------------------------ loads
-DSPARK_DEVICE float load_any(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kBFloat16: return to_float(ldg(static_cast<const __nv_bfloat16*>(p) + i));
-    case DType::kFloat16: return to_float(ldg(static_cast<const __half*>(p) + i));
-    default: return ldg(static_cast<const float*>(p) + i);
-  }
-}
-
-// for_each_element over elements [0, len) of a row of runtime dtype `t`.
-template <typename F>
-DSPARK_DEVICE void visit_row(const void* row, DType t, int64_t len, int lane, int lanes, F&& f) {
-  switch (t) {
-    case DType::kBFloat16: for_each_element(static_cast<const __nv_bfloat16*>(row), 0, len, lane, lanes, f); break;
-    case DType::kFloat16: for_each_element(static_cast<const __half*>(row), 0, len, lane, lanes, f); break;
-    default: for_each_element(static_cast<const float*>(row), 0, len, lane, lanes, f); break;
-  }
-}
-
 DSPARK_DEVICE const void* offset_row(const void* p, DType t, int64_t elems) {
   return static_cast<const char*>(p) + elems * static_cast<int64_t>(dtype_size(t));
 }
@@ -188,7 +170,7 @@ DSPARK_DEVICE const void* offset_row(const void* p, DType t, int64_t elems) {
 // One warp: row . z over `len` elements (z in shared memory); every lane gets the sum.
 DSPARK_DEVICE float warp_dot(const void* row, DType t, int64_t len, const float* z, int lane) {
   float acc = 0.0f;
-  visit_row(row, t, len, lane, 32, [&](int64_t i, float w) { acc = fmaf(w, z[i], acc); });
+  for_each_element(row, t, 0, len, lane, 32, [&](int64_t i, float w) { acc = fmaf(w, z[i], acc); });
   return warp_sum(acc);
 }
 
@@ -250,7 +232,7 @@ DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& pla
     }
     float* erow = (p.head == kVanilla ? ws.v : ws.e) + n * R;
     if (x >= 0 && x < V) {
-      visit_row(offset_row(p.w1, p.w1_dtype, x * R), p.w1_dtype, R, t, blockDim.x, [&](int64_t i, float w) {
+      for_each_element(offset_row(p.w1, p.w1_dtype, x * R), p.w1_dtype, 0, R, t, blockDim.x, [&](int64_t i, float w) {
         zs[i] = w;
         stg(erow + i, w);
       });
@@ -264,12 +246,12 @@ DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& pla
       __syncthreads();
       const void* hrow = offset_row(p.hidden, p.hidden_dtype, (n * K + k) * D);
       float acc = 0.0f;
-      visit_row(p.conf_w, p.conf_w_dtype, D + R, t, blockDim.x, [&](int64_t i, float w) {
-        acc = fmaf(w, i < D ? load_any(hrow, p.hidden_dtype, i) : zs[i - D], acc);
+      for_each_element(p.conf_w, p.conf_w_dtype, 0, D + R, t, blockDim.x, [&](int64_t i, float w) {
+        acc = fmaf(w, i < D ? load_float(hrow, p.hidden_dtype, i) : zs[i - D], acc);
       });
-      const float z = block_sum(acc, sum_scratch) + load_any(p.conf_b, p.conf_b_dtype, 0);
+      const float z = block_sum(acc, sum_scratch) + load_float(p.conf_b, p.conf_b_dtype, 0);
       if (t == 0) {
-        const float temp = p.sts != nullptr ? load_any(p.sts, p.sts_dtype, k) : 1.0f;
+        const float temp = p.sts != nullptr ? load_float(p.sts, p.sts_dtype, k) : 1.0f;
         const float prev = k == 0 ? 1.0f : ld_coherent(p.survival + n * K + (k - 1));
         stg(p.conf + n * K + k, z);
         stg(p.survival + n * K + k, prev * sigmoidf_(z / temp));
@@ -323,13 +305,13 @@ DSPARK_DRAFT_PHASE void phase_matvec(const DraftBlockParams& p, const Plan& plan
         if (nl < nz && col < width) {
           const int64_t hrow = (n * K + k) * D;
           if (M == 1) {
-            z = col < D ? load_any(p.hidden, p.hidden_dtype, hrow + col) : ld_coherent(ws.e + n * R + (col - D));
+            z = col < D ? load_float(p.hidden, p.hidden_dtype, hrow + col) : ld_coherent(ws.e + n * R + (col - D));
           } else if (col < R) {
             z = k == 0 ? 0.0f : ld_coherent(s_old + n * R + col);
           } else if (col < 2 * R) {
             z = ld_coherent(ws.e + n * R + (col - R));
           } else {
-            z = load_any(p.hidden, p.hidden_dtype, hrow + (col - 2 * R));
+            z = load_float(p.hidden, p.hidden_dtype, hrow + (col - 2 * R));
           }
         }
         zt[nl * kZStride + c] = z;
@@ -337,7 +319,7 @@ DSPARK_DRAFT_PHASE void phase_matvec(const DraftBlockParams& p, const Plan& plan
       for (int64_t i = t; i < int64_t(M) * rows_item * kCC; i += blockDim.x) {
         const int64_t rr = i / kCC, c = i - rr * kCC;
         const int64_t m = rr / rows_item, jl = rr - m * rows_item, col = c0 + c;
-        wt[i] = jl < nrows && col < width ? load_any(w, wdt, (m * R + j0 + jl) * width + col) : 0.0f;
+        wt[i] = jl < nrows && col < width ? load_float(w, wdt, (m * R + j0 + jl) * width + col) : 0.0f;
       }
       __syncthreads();
       const float* zrow = zt + lane * kZStride;
@@ -363,12 +345,12 @@ DSPARK_DRAFT_PHASE void phase_matvec(const DraftBlockParams& p, const Plan& plan
         if (jl < nrows) {
           const int64_t j = j0 + jl;
           if (M == 1) {
-            const float g = sigmoidf_(acc[0][q] + load_any(p.bg, p.bg_dtype, j));
+            const float g = sigmoidf_(acc[0][q] + load_float(p.bg, p.bg_dtype, j));
             stg(ws.v + n * R + j, g * ld_coherent(ws.e + n * R + j));
           } else {
-            const float sg = sigmoidf_(acc[0][q] + load_any(p.bj, p.bj_dtype, j));
-            const float c = acc[1 % M][q] + load_any(p.bj, p.bj_dtype, R + j);
-            const float o = acc[2 % M][q] + load_any(p.bj, p.bj_dtype, 2 * R + j);
+            const float sg = sigmoidf_(acc[0][q] + load_float(p.bj, p.bj_dtype, j));
+            const float c = acc[1 % M][q] + load_float(p.bj, p.bj_dtype, R + j);
+            const float o = acc[2 % M][q] + load_float(p.bj, p.bj_dtype, 2 * R + j);
             const float s = k == 0 ? 0.0f : ld_coherent(s_old + n * R + j);
             stg(s_new + n * R + j, sg * s + (1.0f - sg) * tanhf(c));
             stg(ws.v + n * R + j, tanhf(o));
@@ -472,7 +454,7 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
             Part pt = Part::empty();
             for (int i = lane; i < rows; i += 32) {
               const int64_t v = tile0 + i;
-              const float l = load_any(p.base, p.base_dtype, row0 + v) + lt[warp * kThreads + i];
+              const float l = load_float(p.base, p.base_dtype, row0 + v) + lt[warp * kThreads + i];
               if (p.logits != nullptr) stg(p.logits + row0 + v, l);
               const float xs = l / tdiv;
               const float sc = sampled ? gumbel_score(xs, ph.uniform(n, k, rng::kStreamDraft, v)) : nan_to_neg_inf(l);

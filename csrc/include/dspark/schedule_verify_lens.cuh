@@ -156,14 +156,6 @@ DSPARK_DEVICE void bst(T* p, T v) {
   else stg(p, v);
 }
 
-DSPARK_DEVICE float load_float(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::kBFloat16: return to_float(ldg(static_cast<const __nv_bfloat16*>(p) + i));
-    case DType::kFloat16: return to_float(ldg(static_cast<const __half*>(p) + i));
-    default: return ldg(static_cast<const float*>(p) + i);
-  }
-}
-
 // NaN -> 0, clamped to [0, 1], -0 -> +0.
 DSPARK_DEVICE float clean(float x) { return x > 0.0f ? (x < 1.0f ? x : 1.0f) : 0.0f; }
 

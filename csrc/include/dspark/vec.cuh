@@ -97,4 +97,30 @@ DSPARK_DEVICE void for_each_element(const T* row, int64_t begin, int64_t end, in
   for (int64_t i = tail + t; i < end; i += nthreads) f(i, to_float(ldg(row + i)));
 }
 
+#if defined(__CUDACC__) || defined(DSPARK_SIMT)
+// Element i of a float array whose dtype is known only at run time, as float32.
+DSPARK_DEVICE float load_float(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kBFloat16: return to_float(ldg(static_cast<const __nv_bfloat16*>(p) + i));
+    case DType::kFloat16: return to_float(ldg(static_cast<const __half*>(p) + i));
+    default: return ldg(static_cast<const float*>(p) + i);
+  }
+}
+
+// Element i of an int32 (is64 false) or int64 array, as int64.
+DSPARK_DEVICE int64_t load_int(const void* p, bool is64, int64_t i) {
+  return is64 ? ldg(static_cast<const int64_t*>(p) + i) : static_cast<int64_t>(ldg(static_cast<const int32_t*>(p) + i));
+}
+
+// for_each_element over elements [begin, end) of a row whose dtype is known only at run time.
+template <typename F>
+DSPARK_DEVICE void for_each_element(const void* row, DType t, int64_t begin, int64_t end, int lane, int lanes, F&& f) {
+  switch (t) {
+    case DType::kBFloat16: for_each_element(static_cast<const __nv_bfloat16*>(row), begin, end, lane, lanes, f); break;
+    case DType::kFloat16: for_each_element(static_cast<const __half*>(row), begin, end, lane, lanes, f); break;
+    default: for_each_element(static_cast<const float*>(row), begin, end, lane, lanes, f); break;
+  }
+}
+#endif
+
 }  // namespace dspark

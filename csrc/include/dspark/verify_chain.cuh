@@ -151,18 +151,6 @@ struct Workspace {
   int64_t chunk, chunks;
 };
 
-DSPARK_DEVICE int64_t load_int(const void* p, bool i64, int64_t i) {
-  return i64 ? static_cast<int64_t>(ldg(static_cast<const int64_t*>(p) + i))
-             : static_cast<int64_t>(ldg(static_cast<const int32_t*>(p) + i));
-}
-DSPARK_DEVICE float load_float(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::kBFloat16: return to_float(ldg(static_cast<const __nv_bfloat16*>(p) + i));
-    case DType::kFloat16: return to_float(ldg(static_cast<const __half*>(p) + i));
-    default: return ldg(static_cast<const float*>(p) + i);
-  }
-}
-
 template <typename T>
 DSPARK_DEVICE const T* target_row(const VerifyChainParams& p, const ReqInfo& ri, int64_t j) {
   return static_cast<const T*>(p.target) + (ri.start + j) * p.V;

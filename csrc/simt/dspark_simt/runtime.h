@@ -283,53 +283,36 @@ inline void __nanosleep(unsigned) {}
 inline long long clock64() { return 0; }
 
 // Atomics: a read and a write of sizeof(T) each (fibers never run concurrently, so plain C++ is atomic here).
-template <typename T>
-inline T atomicAdd(T* p, T v) {
-  ::dspark::simt::count_read(p, sizeof(T));
-  ::dspark::simt::count_write(p, sizeof(T));
+namespace dspark {
+namespace simt {
+namespace detail {
+template <typename T, typename F>
+inline T atomic_rmw(T* p, F&& f) {
+  count_read(p, sizeof(T));
+  count_write(p, sizeof(T));
   const T old = *p;
-  *p = static_cast<T>(old + v);
+  *p = f(old);
   return old;
 }
+}  // namespace detail
+}  // namespace simt
+}  // namespace dspark
+
 template <typename T>
-inline T atomicSub(T* p, T v) { return atomicAdd(p, static_cast<T>(-v)); }
+inline T atomicAdd(T* p, T v) { return ::dspark::simt::detail::atomic_rmw(p, [&](T o) { return T(o + v); }); }
 template <typename T>
-inline T atomicMax(T* p, T v) {
-  ::dspark::simt::count_read(p, sizeof(T));
-  ::dspark::simt::count_write(p, sizeof(T));
-  const T old = *p;
-  if (v > old) *p = v;
-  return old;
-}
+inline T atomicSub(T* p, T v) { return ::dspark::simt::detail::atomic_rmw(p, [&](T o) { return T(o - v); }); }
 template <typename T>
-inline T atomicMin(T* p, T v) {
-  ::dspark::simt::count_read(p, sizeof(T));
-  ::dspark::simt::count_write(p, sizeof(T));
-  const T old = *p;
-  if (v < old) *p = v;
-  return old;
-}
+inline T atomicMax(T* p, T v) { return ::dspark::simt::detail::atomic_rmw(p, [&](T o) { return v > o ? v : o; }); }
 template <typename T>
-inline T atomicExch(T* p, T v) {
-  ::dspark::simt::count_read(p, sizeof(T));
-  ::dspark::simt::count_write(p, sizeof(T));
-  const T old = *p;
-  *p = v;
-  return old;
-}
+inline T atomicMin(T* p, T v) { return ::dspark::simt::detail::atomic_rmw(p, [&](T o) { return v < o ? v : o; }); }
+template <typename T>
+inline T atomicExch(T* p, T v) { return ::dspark::simt::detail::atomic_rmw(p, [&](T) { return v; }); }
 template <typename T>
 inline T atomicCAS(T* p, T compare, T v) {
-  ::dspark::simt::count_read(p, sizeof(T));
-  ::dspark::simt::count_write(p, sizeof(T));
-  const T old = *p;
-  if (old == compare) *p = v;
-  return old;
+  return ::dspark::simt::detail::atomic_rmw(p, [&](T o) { return o == compare ? v : o; });
 }
 template <typename T>
-inline T atomicOr(T* p, T v) {
-  ::dspark::simt::count_read(p, sizeof(T));
-  ::dspark::simt::count_write(p, sizeof(T));
-  const T old = *p;
-  *p = old | v;
-  return old;
-}
+inline T atomicOr(T* p, T v) { return ::dspark::simt::detail::atomic_rmw(p, [&](T o) { return T(o | v); }); }
+template <typename T>
+inline T atomicAnd(T* p, T v) { return ::dspark::simt::detail::atomic_rmw(p, [&](T o) { return T(o & v); }); }
