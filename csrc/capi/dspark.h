@@ -4,16 +4,17 @@
  * failure (naming the argument) for the calling thread. Kernels run asynchronously on the given stream: a
  * DSPARK_ERR_CUDA return reports a launch error only, as with any CUDA launch.
  *
- * Conventions of the op entries (dspark_accept_prefix_scan, dspark_schedule_verify_lens): every array is a
- * contiguous device buffer; a parameter struct mirrors the op's arguments (dspark_kernels.accept_prefix_scan /
- * schedule_verify_lens, whose documentation is the spec); dtypes are DSPARK_DTYPE_* values; the caller allocates
- * the outputs and a workspace of at least dspark_<op>_workspace_size() bytes (0 is possible: then workspace may
- * be NULL) - nothing is allocated inside a call, nothing synchronises with the host, and a call enqueues exactly
- * one kernel on the given stream. The workspace needs no initialisation and may be reused once the call's kernel
- * has finished (stream order). Integer outputs equal the reference's exactly.
- *
- * draft_block and verify_chain have no entries here yet: their launch functions (launch_draft_block /
- * launch_verify_chain) are being written separately; their entries will follow the same conventions.
+ * Conventions of the op entries (dspark_accept_prefix_scan, dspark_schedule_verify_lens, dspark_draft_block,
+ * dspark_verify_chain): every array is a contiguous device buffer; a parameter struct mirrors the op's arguments
+ * (dspark_kernels.accept_prefix_scan / schedule_verify_lens / draft_block / verify_chain, whose documentation is
+ * the spec); dtypes are DSPARK_DTYPE_* values; the caller allocates the outputs and a workspace of at least
+ * dspark_<op>_workspace_size() bytes (0 is possible: then workspace may be NULL; a non-NULL workspace must be
+ * 16-byte aligned, as cudaMalloc's are) - nothing is allocated inside a call and nothing synchronises with the
+ * host. accept_prefix_scan, schedule_verify_lens and draft_block enqueue exactly one kernel on the given stream
+ * (draft_block's a cooperative launch), verify_chain two to six in stream order. The workspace needs no
+ * initialisation and may be reused once the call's kernels have finished (stream order). Integer outputs equal
+ * the reference's exactly. Values that cannot be checked without reading device memory (token ids,
+ * temperatures, offsets) are not checked: they get the reference's defined results, stated per entry.
  *
  * Random numbers come from the package's generator (dspark_kernels/rng.py, csrc/include/dspark/rng.cuh):
  * Philox4x32-10, key = (seed_lo, seed_hi ^ offset_hi), counter = (token >> 2, position | stream << 24,
@@ -153,6 +154,132 @@ DSPARK_API int dspark_schedule_verify_lens_workspace_size(const dspark_schedule_
                                                           size_t* bytes);
 DSPARK_API int dspark_schedule_verify_lens(const dspark_schedule_verify_lens_args* args, void* workspace,
                                            size_t workspace_bytes, cudaStream_t stream);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * draft_block: the sequential Markov head over a parallel drafter's block of K positions, one cooperative launch
+ * for all N requests (dspark_kernels.draft_block; reference: dspark_kernels/reference/draft_block.py). With x the
+ * token before a position (the anchor, then the previous draft) and e = W1[x] (a zero row for x outside [0, V)):
+ *   vanilla v = e;  gated v = sigmoid(Wg [h_k; e] + bg) * e;
+ *   rnn [g, c, o] = Wj [s; e; h_k] + bj, s = sigmoid(g) s + (1 - sigmoid(g)) tanh(c) (s starts at 0), v = tanh(o);
+ *   logits_k = U_k + W2 v;  token = argmax(logits_k) (greedy; ties to the lowest index) or
+ *   argmax(logits_k / T - log(-log u)) (T > 0; u = uniform(request, position, DSPARK_STREAM_DRAFT, token));
+ *   logprob_k = log_softmax(logits_k / T)[token] (T = 1 for greedy requests);
+ *   conf_k = w . [h_k; e] + b,  survival_k = prod_{i<=k} sigmoid(conf_i / T_sts_i).
+ * All arithmetic is float32 whatever the input dtypes; every float input has its own DSPARK_DTYPE_F32 / BF16 /
+ * F16 field. Defined results for unchecked values: an anchor outside [0, V) reads a zero embedding; NaN logits
+ * never yield a token outside [0, V); a NaN or negative temperature counts as greedy; logprob is NaN for a row
+ * holding a NaN or +inf logit (or only -inf), as torch.log_softmax gives. */
+enum { DSPARK_HEAD_VANILLA = 0, DSPARK_HEAD_GATED = 1, DSPARK_HEAD_RNN = 2 };
+
+typedef struct dspark_draft_block_args {
+  int64_t N, K, V;               /* requests, block positions (K < 2^24), vocabulary (V < 2^31); any may be 0
+                                    (then the call does nothing and needs no pointers) */
+  int64_t R;                     /* rank r of the Markov head (>= 0) */
+  int64_t D;                     /* hidden size d (>= 0; ignored, taken as 0, when hidden is not used) */
+  const void* base_logits;       /* [N, K, V] float: the backbone's logits U of the K positions */
+  int base_logits_dtype;
+  const void* anchor_tokens;     /* [N] int32/int64: the last committed token of each request (x_0) */
+  int anchor_tokens_dtype;
+  int head_kind;                 /* DSPARK_HEAD_VANILLA, DSPARK_HEAD_GATED or DSPARK_HEAD_RNN */
+  const void* w1;                /* [V, R] float: the embedding of the previous token */
+  int w1_dtype;
+  const void* w2;                /* [V, R] float: the correction W2 (an nn.Linear(r, V) weight) */
+  int w2_dtype;
+  const void* wg;                /* [R, D + R] float: the gate (DSPARK_HEAD_GATED: required; ignored otherwise) */
+  int wg_dtype;
+  const void* bg;                /* [R] float: the gate's bias (DSPARK_HEAD_GATED: required; ignored otherwise) */
+  int bg_dtype;
+  const void* wj;                /* [3R, 2R + D] float: the joint map (DSPARK_HEAD_RNN: required; ignored
+                                    otherwise) */
+  int wj_dtype;
+  const void* bj;                /* [3R] float: its bias (DSPARK_HEAD_RNN: required; ignored otherwise) */
+  int bj_dtype;
+  const void* hidden;            /* [N, K, D] float: the backbone's hidden states; required by the gated and rnn
+                                    heads and by the confidence head, ignored (with D) otherwise */
+  int hidden_dtype;
+  const void* conf_weight;       /* [D + R] float: the confidence head's weight, or NULL (no confidence head) */
+  int conf_weight_dtype;
+  const void* conf_bias;         /* [1] float: its bias (required with conf_weight) */
+  int conf_bias_dtype;
+  const void* sts_temperatures;  /* [K] float STS temperatures T_sts, or NULL (all 1); only with conf_weight */
+  int sts_temperatures_dtype;
+  const float* temperature;      /* [N] float32 per-request sampling temperatures, or NULL (every request greedy:
+                                    no random numbers are read); T <= 0 or NaN: greedy for that request */
+  const int64_t* rng_key;        /* device int64 [2] = (seed, offset), read by the kernel (graph-safe); required
+                                    with temperature, may be NULL without */
+  /* outputs (float32) */
+  int64_t* tokens;               /* [N, K] drafted tokens */
+  float* draft_logprobs;         /* [N, K] log q(token) under softmax(logits / T) (T = 1 for greedy requests) */
+  float* logits;                 /* [N, K, V] the corrected logits U + W2 v, or NULL (not written; verify_chain's
+                                    lossless sampling needs them) */
+  float* conf_logits;            /* [N, K] raw confidence logits z (required with conf_weight, ignored without) */
+  float* survival;               /* [N, K] survival (required with conf_weight, ignored without) */
+} dspark_draft_block_args;
+
+/* Bytes of workspace (depends on N, R, the head and the device; a few KB per request): 0 when N, K or V is 0.
+ * DSPARK_ERR_BAD_SHAPE when no launch configuration fits the device (R too large for shared memory). */
+DSPARK_API int dspark_draft_block_workspace_size(const dspark_draft_block_args* args, size_t* bytes);
+/* One cooperative launch (every CTA resident: the call fails with DSPARK_ERR_CUDA where the device or the
+ * driver refuses it, e.g. under MPS limits). */
+DSPARK_API int dspark_draft_block(const dspark_draft_block_args* args, void* workspace, size_t workspace_bytes,
+                                  cudaStream_t stream);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * verify_chain: verify each request's draft chain [anchor, d_1..d_L] against one target forward: greedy, lossless
+ * token-level rejection sampling or block verification (Sun et al. 2024) (dspark_kernels.verify_chain;
+ * reference: dspark_kernels/reference/verify_chain.py). Row j of a request scores draft d_{j+1}, row L the
+ * bonus token. Random numbers: uniform(request, j, DSPARK_STREAM_ACCEPT, 0) for the accept tests,
+ * uniform(request, row, DSPARK_STREAM_RESIDUAL, token) for the correction / bonus token. fp32 math.
+ * Defined results for unchecked values: a draft outside [0, V) is rejected at its position; NaN logits never yield
+ * a token outside [0, V); packed rows outside [0, total_rows) are never read and a request with no rows emits
+ * nothing; verify_lens are clamped to [0, K]; a NaN or negative temperature counts as greedy. */
+enum { DSPARK_VERIFY_TOKEN = 0, DSPARK_VERIFY_BLOCK = 1 };
+
+typedef struct dspark_verify_chain_args {
+  int64_t N;                     /* requests (>= 0; 0: the call does nothing) */
+  int64_t K;                     /* drafts per request, 1 <= K <= 16 */
+  int64_t V;                     /* vocabulary, 1 <= V < 2^34 */
+  const void* target_logits;     /* dense [N, K+1, V] (cu_seqlens NULL) or packed [total_rows, V] float */
+  int target_logits_dtype;
+  const void* cu_seqlens;        /* [N+1] int32/int64 row offsets of the packed layout (request r owns rows
+                                    cu[r]..cu[r+1]-1, verify length cu[r+1] - cu[r] - 1), or NULL (dense) */
+  int cu_seqlens_dtype;
+  int64_t total_rows;            /* rows of the packed target_logits (>= 0; ignored when dense) */
+  const void* draft_tokens;      /* [N, K] int32/int64 */
+  int draft_tokens_dtype;
+  const void* draft_logits;      /* [N, K, V] float: the logits the drafts were sampled from (draft_block's
+                                    logits), or NULL (one-hot drafts: q(d_j) = 1) */
+  int draft_logits_dtype;
+  const float* draft_logprobs;   /* [N, K] float32 log q_j(d_j) at the request's temperature (draft_block's
+                                    draft_logprobs), or NULL; needs draft_logits. The accept tests then use
+                                    exp(draft_logprobs); the residual is still sampled from the draft rows */
+  const void* verify_lens;       /* [N] int32/int64: verify at most this many drafts (clamped to [0, K]), or NULL */
+  int verify_lens_dtype;
+  const void* survival;          /* [N, K] float, or NULL ... */
+  int survival_dtype;
+  const void* thresholds;        /* ... [K] float (given together): verify the leading positions with
+                                    survival[r, j] >= thresholds[j]. Combined lengths take the minimum */
+  int thresholds_dtype;
+  const float* temperature;      /* [N] float32, or NULL (every request greedy: no random numbers are read);
+                                    T <= 0 or NaN: greedy for that request */
+  const int64_t* rng_key;        /* device int64 [2] = (seed, offset) (graph-safe); required with temperature,
+                                    may be NULL without */
+  const void* stop_token_ids;    /* [num_stops] int32/int64, or NULL: an accepted stop token ends acceptance right
+                                    after it, with no bonus token */
+  int stop_token_ids_dtype;
+  int64_t num_stops;             /* >= 0 */
+  int method;                    /* DSPARK_VERIFY_TOKEN or DSPARK_VERIFY_BLOCK (both lossless; greedy requests
+                                    ignore it) */
+  /* outputs */
+  int64_t* tokens;               /* [N, K+1]: accepted drafts, then the bonus/correction token, then -1 */
+  int32_t* num_accepted;         /* [N] */
+  uint8_t* accept_mask;          /* [N, K] bool (0/1) */
+} dspark_verify_chain_args;
+
+/* Bytes of workspace (depends on N, K, V and the device's SM count; never 0 for N > 0). */
+DSPARK_API int dspark_verify_chain_workspace_size(const dspark_verify_chain_args* args, size_t* bytes);
+DSPARK_API int dspark_verify_chain(const dspark_verify_chain_args* args, void* workspace, size_t workspace_bytes,
+                                   cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -14,10 +14,16 @@
 #include <string>
 
 #include "dspark/accept_prefix_scan.cuh"
+#include "dspark/draft_block.cuh"
 #include "dspark/rng.cuh"
 #include "dspark/rng_uniform.cuh"
 #include "dspark/schedule_verify_lens.cuh"
+#include "dspark/verify_chain.cuh"
 
+static_assert(DSPARK_HEAD_VANILLA == static_cast<int>(dspark::draft::kVanilla) &&
+                  DSPARK_HEAD_GATED == static_cast<int>(dspark::draft::kGated) &&
+                  DSPARK_HEAD_RNN == static_cast<int>(dspark::draft::kRnn),
+              "DSPARK_HEAD_* must equal dspark::draft::Head");
 static_assert(DSPARK_DTYPE_F32 == static_cast<int>(dspark::DType::kFloat32) &&
                   DSPARK_DTYPE_BF16 == static_cast<int>(dspark::DType::kBFloat16) &&
                   DSPARK_DTYPE_F16 == static_cast<int>(dspark::DType::kFloat16),
@@ -66,6 +72,31 @@ int float_dtype(const char* fn, const char* name, int dtype, dspark::DType* out)
                                           "_dtype must be DSPARK_DTYPE_F32, DSPARK_DTYPE_BF16 or DSPARK_DTYPE_F16, got " +
                                           std::to_string(dtype));
   *out = static_cast<dspark::DType>(dtype);
+  return DSPARK_OK;
+}
+
+// A float array argument: NULL is an error naming it unless optional; else its dtype must be a float one.
+int float_array(const char* fn, const char* name, const void* ptr, int dtype, bool optional, dspark::DType* out) {
+  if (ptr == nullptr) {
+    if (!optional) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": " + name + " is NULL");
+    return DSPARK_OK;
+  }
+  return float_dtype(fn, name, dtype, out);
+}
+
+int null_pointer(const char* fn, const char* name, const char* why = nullptr) {
+  return fail(DSPARK_ERR_NULL_POINTER,
+              std::string(fn) + ": " + name + " is NULL" + (why ? std::string(" (") + why + ")" : ""));
+}
+
+// The workspace a call got against what it needs (a non-NULL workspace must be 16-byte aligned).
+int check_workspace(const char* fn, void* workspace, size_t workspace_bytes, size_t need) {
+  if (workspace_bytes < need || (need > 0 && workspace == nullptr))
+    return fail(DSPARK_ERR_WORKSPACE, std::string(fn) + ": workspace must hold " + std::to_string(need) +
+                                          " bytes, got " + std::to_string(workspace_bytes) +
+                                          (workspace == nullptr && need > 0 ? " (workspace is NULL)" : ""));
+  if (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    return fail(DSPARK_ERR_WORKSPACE, std::string(fn) + ": workspace must be 16-byte aligned");
   return DSPARK_OK;
 }
 
@@ -222,6 +253,177 @@ int schedule_params(const dspark_schedule_verify_lens_args* a, dspark::ScheduleV
   return DSPARK_OK;
 }
 
+// ---- draft_block
+int draft_params(const dspark_draft_block_args* a, dspark::DraftBlockParams* p, bool* empty) {
+  constexpr const char* fn = "dspark_draft_block";
+  *p = dspark::DraftBlockParams{};
+  if (a == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": args is NULL");
+  if (a->N < 0 || a->K < 0 || a->V < 0 || a->R < 0 || a->D < 0)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N, K, V, R, D must be >= 0, got N=" +
+                                          std::to_string(a->N) + " K=" + std::to_string(a->K) + " V=" +
+                                          std::to_string(a->V) + " R=" + std::to_string(a->R) + " D=" +
+                                          std::to_string(a->D));
+  if (a->K >= (int64_t(1) << 24))
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": K (positions) must be < 2^24, got " + std::to_string(a->K));
+  if (a->V >= (int64_t(1) << 31))
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": V (vocabulary) must be < 2^31, got " + std::to_string(a->V));
+  if (a->head_kind != DSPARK_HEAD_VANILLA && a->head_kind != DSPARK_HEAD_GATED && a->head_kind != DSPARK_HEAD_RNN)
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": head_kind must be DSPARK_HEAD_VANILLA, DSPARK_HEAD_GATED "
+                                                        "or DSPARK_HEAD_RNN, got " + std::to_string(a->head_kind));
+  *empty = a->N == 0 || a->K == 0 || a->V == 0;
+  if (*empty) return DSPARK_OK;  // nothing to read or write
+  p->N = a->N;
+  p->K = a->K;
+  p->V = a->V;
+  p->R = a->R;
+  p->head = a->head_kind;
+  DSPARK_TRY(float_array(fn, "base_logits", a->base_logits, a->base_logits_dtype, false, &p->base_dtype));
+  p->base = a->base_logits;
+  dspark::IntArray anchors;
+  DSPARK_TRY(int_array(fn, "anchor_tokens", a->anchor_tokens, a->anchor_tokens_dtype, false, &anchors));
+  p->anchors = anchors.ptr;
+  p->anchors_int64 = anchors.is64;
+  DSPARK_TRY(float_array(fn, "w1", a->w1, a->w1_dtype, false, &p->w1_dtype));
+  p->w1 = a->w1;
+  DSPARK_TRY(float_array(fn, "w2", a->w2, a->w2_dtype, false, &p->w2_dtype));
+  p->w2 = a->w2;
+  const bool has_conf = a->conf_weight != nullptr;
+  const bool needs_hidden = a->head_kind != DSPARK_HEAD_VANILLA || has_conf;
+  if (needs_hidden) {
+    if (a->hidden == nullptr)
+      return null_pointer(fn, "hidden", a->head_kind != DSPARK_HEAD_VANILLA
+                                            ? "required by the gated and rnn heads"
+                                            : "required by the confidence head");
+    DSPARK_TRY(float_array(fn, "hidden", a->hidden, a->hidden_dtype, false, &p->hidden_dtype));
+    p->hidden = a->hidden;
+    p->D = a->D;
+  }
+  if (a->head_kind == DSPARK_HEAD_GATED) {
+    DSPARK_TRY(float_array(fn, "wg", a->wg, a->wg_dtype, false, &p->wg_dtype));
+    DSPARK_TRY(float_array(fn, "bg", a->bg, a->bg_dtype, false, &p->bg_dtype));
+    p->wg = a->wg;
+    p->bg = a->bg;
+  } else if (a->head_kind == DSPARK_HEAD_RNN) {
+    DSPARK_TRY(float_array(fn, "wj", a->wj, a->wj_dtype, false, &p->wj_dtype));
+    DSPARK_TRY(float_array(fn, "bj", a->bj, a->bj_dtype, false, &p->bj_dtype));
+    p->wj = a->wj;
+    p->bj = a->bj;
+  }
+  if (has_conf) {
+    DSPARK_TRY(float_array(fn, "conf_weight", a->conf_weight, a->conf_weight_dtype, false, &p->conf_w_dtype));
+    p->conf_w = a->conf_weight;
+    if (a->conf_bias == nullptr) return null_pointer(fn, "conf_bias", "required with conf_weight");
+    DSPARK_TRY(float_array(fn, "conf_bias", a->conf_bias, a->conf_bias_dtype, false, &p->conf_b_dtype));
+    p->conf_b = a->conf_bias;
+    DSPARK_TRY(float_array(fn, "sts_temperatures", a->sts_temperatures, a->sts_temperatures_dtype, true,
+                           &p->sts_dtype));
+    p->sts = a->sts_temperatures;
+    if (a->conf_logits == nullptr) return null_pointer(fn, "conf_logits", "required with conf_weight");
+    if (a->survival == nullptr) return null_pointer(fn, "survival", "required with conf_weight");
+    p->conf = a->conf_logits;
+    p->survival = a->survival;
+  } else if (a->sts_temperatures != nullptr) {
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": sts_temperatures is only used with conf_weight");
+  }
+  p->temperature = a->temperature;
+  if (a->temperature != nullptr && a->rng_key == nullptr)
+    return null_pointer(fn, "rng_key", "required with temperature");
+  p->rng_key = a->rng_key;
+  if (a->tokens == nullptr) return null_pointer(fn, "tokens");
+  if (a->draft_logprobs == nullptr) return null_pointer(fn, "draft_logprobs");
+  p->tokens = a->tokens;
+  p->logprobs = a->draft_logprobs;
+  p->logits = a->logits;
+  return DSPARK_OK;
+}
+
+// ---- verify_chain
+int verify_params(const dspark_verify_chain_args* a, dspark::VerifyChainParams* p) {
+  constexpr const char* fn = "dspark_verify_chain";
+  *p = dspark::VerifyChainParams{};
+  if (a == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": args is NULL");
+  if (a->N < 0) return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N must be >= 0, got " + std::to_string(a->N));
+  if (a->K < 1 || a->K > dspark::vc::kMaxK)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": K must be in [1, " + std::to_string(dspark::vc::kMaxK) +
+                                          "], got " + std::to_string(a->K));
+  if (a->V < 1 || a->V >= (int64_t(1) << 34))
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": V must be in [1, 2^34), got " + std::to_string(a->V));
+  if (a->method != DSPARK_VERIFY_TOKEN && a->method != DSPARK_VERIFY_BLOCK)
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": method must be DSPARK_VERIFY_TOKEN or "
+                                                        "DSPARK_VERIFY_BLOCK, got " + std::to_string(a->method));
+  if (a->num_stops < 0)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": num_stops must be >= 0, got " +
+                                          std::to_string(a->num_stops));
+  p->N = a->N;
+  p->K = a->K;
+  p->V = a->V;
+  p->block_method = a->method == DSPARK_VERIFY_BLOCK;
+  if (a->N == 0) return DSPARK_OK;  // nothing to read or write
+  // one CTA per (row, chunk) of the widest kernel: the grid must fit gridDim.x
+  const dspark::vc::Plan plan = dspark::vc::make_plan(a->N, a->K, a->V);
+  if (a->N > (int64_t(1) << 31) / (a->K + 1) ||
+      a->N * (a->K + 1) * plan.split.chunks > (int64_t(1) << 31) - 1)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N = " + std::to_string(a->N) +
+                                          " requests exceed one launch's grid");
+  DSPARK_TRY(float_array(fn, "target_logits", a->target_logits, a->target_logits_dtype, false, &p->target_dtype));
+  p->target = a->target_logits;
+  dspark::IntArray arr;
+  if (a->cu_seqlens != nullptr) {
+    if (a->total_rows < 0)
+      return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": total_rows must be >= 0 with cu_seqlens, got " +
+                                            std::to_string(a->total_rows));
+    DSPARK_TRY(int_array(fn, "cu_seqlens", a->cu_seqlens, a->cu_seqlens_dtype, false, &arr));
+    p->cu_seqlens = arr.ptr;
+    p->cu_i64 = arr.is64;
+    p->total_rows = a->total_rows;
+  }
+  DSPARK_TRY(int_array(fn, "draft_tokens", a->draft_tokens, a->draft_tokens_dtype, false, &arr));
+  p->draft_tokens = arr.ptr;
+  p->drafts_i64 = arr.is64;
+  p->draft_dtype = p->target_dtype;
+  if (a->draft_logits != nullptr) {
+    DSPARK_TRY(float_array(fn, "draft_logits", a->draft_logits, a->draft_logits_dtype, false, &p->draft_dtype));
+    p->draft_logits = a->draft_logits;
+  }
+  if (a->draft_logprobs != nullptr) {
+    if (a->draft_logits == nullptr)
+      return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": draft_logprobs needs draft_logits (the residual is "
+                                                          "sampled from the draft rows)");
+    p->draft_logprobs = a->draft_logprobs;
+  }
+  if (a->verify_lens != nullptr) {
+    DSPARK_TRY(int_array(fn, "verify_lens", a->verify_lens, a->verify_lens_dtype, false, &arr));
+    p->verify_lens = arr.ptr;
+    p->lens_i64 = arr.is64;
+  }
+  if ((a->survival == nullptr) != (a->thresholds == nullptr))
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": survival and thresholds must be given together (" +
+                                          (a->survival == nullptr ? "survival" : "thresholds") + " is NULL)");
+  if (a->survival != nullptr) {
+    DSPARK_TRY(float_array(fn, "survival", a->survival, a->survival_dtype, false, &p->survival_dtype));
+    DSPARK_TRY(float_array(fn, "thresholds", a->thresholds, a->thresholds_dtype, false, &p->thresholds_dtype));
+    p->survival = a->survival;
+    p->thresholds = a->thresholds;
+  }
+  p->temperature = a->temperature;
+  if (a->temperature != nullptr && a->rng_key == nullptr)
+    return null_pointer(fn, "rng_key", "required with temperature");
+  p->rng_key = a->rng_key;
+  if (a->num_stops > 0) {
+    DSPARK_TRY(int_array(fn, "stop_token_ids", a->stop_token_ids, a->stop_token_ids_dtype, false, &arr));
+    p->stop_ids = arr.ptr;
+    p->stops_i64 = arr.is64;
+    p->num_stops = a->num_stops;
+  }
+  if (a->tokens == nullptr) return null_pointer(fn, "tokens");
+  if (a->num_accepted == nullptr) return null_pointer(fn, "num_accepted");
+  if (a->accept_mask == nullptr) return null_pointer(fn, "accept_mask");
+  p->out_tokens = a->tokens;
+  p->out_num_accepted = a->num_accepted;
+  p->out_accept_mask = a->accept_mask;
+  return DSPARK_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -312,6 +514,68 @@ DSPARK_API int dspark_schedule_verify_lens(const dspark_schedule_verify_lens_arg
                                           " bytes, got " + std::to_string(workspace_bytes));
   return run_launch("dspark_schedule_verify_lens",
                     [&] { return dspark::launch_schedule_verify_lens(p, need ? workspace : nullptr, stream); });
+}
+
+DSPARK_API int dspark_draft_block_workspace_size(const dspark_draft_block_args* args, size_t* bytes) {
+  constexpr const char* fn = "dspark_draft_block_workspace_size";
+  if (bytes == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": bytes is NULL");
+  dspark::DraftBlockParams p;
+  bool empty = false;
+  DSPARK_TRY(draft_params(args, &p, &empty));
+  if (empty) {
+    *bytes = 0;
+    return ok();
+  }
+  size_t need = 0;
+  try {
+    need = dspark::draft_block_workspace_bytes(p);
+  } catch (const std::exception& e) {
+    return fail(DSPARK_ERR_CUDA, std::string(fn) + ": " + e.what());
+  }
+  if (need == 0)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": no launch configuration fits this device (R = " +
+                                          std::to_string(p.R) + ")");
+  *bytes = need;
+  return ok();
+}
+
+DSPARK_API int dspark_draft_block(const dspark_draft_block_args* args, void* workspace, size_t workspace_bytes,
+                                  cudaStream_t stream) {
+  constexpr const char* fn = "dspark_draft_block";
+  dspark::DraftBlockParams p;
+  bool empty = false;
+  DSPARK_TRY(draft_params(args, &p, &empty));
+  if (empty) return ok();
+  size_t need = 0;
+  try {
+    need = dspark::draft_block_workspace_bytes(p);
+  } catch (const std::exception& e) {
+    return fail(DSPARK_ERR_CUDA, std::string(fn) + ": " + e.what());
+  }
+  if (need == 0)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": no launch configuration fits this device (R = " +
+                                          std::to_string(p.R) + ")");
+  DSPARK_TRY(check_workspace(fn, workspace, workspace_bytes, need));
+  return run_launch(fn, [&] { return dspark::launch_draft_block(p, workspace, stream); });
+}
+
+DSPARK_API int dspark_verify_chain_workspace_size(const dspark_verify_chain_args* args, size_t* bytes) {
+  if (bytes == nullptr) return fail(DSPARK_ERR_NULL_POINTER, "dspark_verify_chain_workspace_size: bytes is NULL");
+  dspark::VerifyChainParams p;
+  DSPARK_TRY(verify_params(args, &p));
+  *bytes = p.N > 0 ? dspark::verify_chain_workspace_bytes(p.N, p.K, p.V) : 0;
+  return ok();
+}
+
+DSPARK_API int dspark_verify_chain(const dspark_verify_chain_args* args, void* workspace, size_t workspace_bytes,
+                                   cudaStream_t stream) {
+  constexpr const char* fn = "dspark_verify_chain";
+  dspark::VerifyChainParams p;
+  DSPARK_TRY(verify_params(args, &p));
+  if (p.N == 0) return ok();
+  const size_t need = dspark::verify_chain_workspace_bytes(p.N, p.K, p.V);
+  DSPARK_TRY(check_workspace(fn, workspace, workspace_bytes, need));
+  return run_launch(fn, [&] { return dspark::launch_verify_chain(p, workspace, stream); });
 }
 
 }  // extern "C"

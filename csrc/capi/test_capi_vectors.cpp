@@ -1,7 +1,9 @@
 // ctest of the C ABI on the CPU: dspark_capi.cu built with DSPARK_SIMT (the kernels run on host buffers through
 // the SIMT harness) must reproduce python_tests/data/capi_vectors.json, the reference's outputs of
-// accept_prefix_scan and schedule_verify_lens (written by python_tests/data/make_capi_vectors.py), exactly for the
-// integer outputs and to 1e-6 for theta; plus argument errors that name the argument.
+// accept_prefix_scan, schedule_verify_lens, draft_block and verify_chain (written by
+// python_tests/data/make_capi_vectors.py): integer outputs (tokens, counts, masks, lengths) exactly, theta to 1e-6
+// relative, and draft_block's float32 outputs (logits, draft_logprobs, conf_logits, survival) to
+// 1e-5 relative + 1e-6 absolute (NaN must match NaN); plus argument errors that name the argument.
 // Usage: test_capi_vectors <path/to/capi_vectors.json>
 #include <math.h>
 #include <stdint.h>
@@ -16,6 +18,9 @@
 #include <string>
 #include <vector>
 
+#if defined(DSPARK_SIMT)
+#include "dspark_simt/runtime.h"  // the harness's schedule settings; must precede the CUDA headers
+#endif
 #include "dspark.h"
 
 namespace {
@@ -360,6 +365,272 @@ void argument_errors() {
   check(lens[0] == 2 && cus[0] == 0 && cus[1] == 3, "flat cost table: both drafts verified");
 }
 
+// float32 outputs against the reference's: |got - want| <= kRtol |want| + kAtol, NaN where the reference has NaN.
+constexpr double kRtol = 1e-5, kAtol = 1e-6;
+void expect_close(const std::vector<float>& got, const Json& want_arr, const std::string& what) {
+  const Json& want = want_arr["data"];
+  if (want.items.size() != got.size()) {
+    check(false, what + ": " + std::to_string(got.size()) + " values, want " + std::to_string(want.items.size()));
+    return;
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double w = want.items[i].d(), x = got[i];
+    const bool ok = (w != w) ? (x != x) : (x == w || fabs(x - w) <= kRtol * fabs(w) + kAtol);
+    if (!ok) {
+      char buf[128];
+      snprintf(buf, sizeof buf, "[%zu] = %.9g, want %.9g", i, x, w);
+      check(false, what + buf);
+      return;
+    }
+  }
+}
+
+std::vector<int64_t> rng_key_of(const Json& c) {
+  std::vector<int64_t> key;
+  for (const Json& x : c["rng_key"].items) key.push_back(x.i());
+  return key;
+}
+
+int head_of(const std::string& s) {
+  return s == "vanilla" ? DSPARK_HEAD_VANILLA : s == "gated" ? DSPARK_HEAD_GATED : DSPARK_HEAD_RNN;
+}
+
+void run_draft(const Json& c, int index) {
+  const std::string name = "draft_block case " + std::to_string(index) + " (" + c["head"].text + ")";
+  const int64_t N = c["N"].i(), K = c["K"].i(), V = c["V"].i();
+  const Buf base = float_buf(c["base_logits"]), anchors = int_buf(c["anchor_tokens"]);
+  const Buf w1 = float_buf(c["w1"]), w2 = float_buf(c["w2"]), wg = float_buf(c["wg"]), bg = float_buf(c["bg"]);
+  const Buf wj = float_buf(c["wj"]), bj = float_buf(c["bj"]), hidden = float_buf(c["hidden"]);
+  const Buf cw = float_buf(c["conf_weight"]), cb = float_buf(c["conf_bias"]), sts = float_buf(c["sts_temperatures"]);
+  const Buf temps = float_buf(c["temperature"]);
+  const std::vector<int64_t> key = rng_key_of(c);
+  const bool has_conf = !c["conf_weight"].is_null(), with_logits = c["return_logits"].text == "1";
+  std::vector<int64_t> tokens(N * K, 12345);
+  std::vector<float> logprobs(N * K, -7.0f), logits(with_logits ? N * K * V : 0, -7.0f);
+  std::vector<float> conf(has_conf ? N * K : 0, -7.0f), surv(has_conf ? N * K : 0, -7.0f);
+  dspark_draft_block_args a;
+  memset(&a, 0, sizeof a);
+  a.N = N;
+  a.K = K;
+  a.V = V;
+  a.R = c["R"].i();
+  a.D = c["D"].i();
+  a.base_logits = base.ptr();
+  a.base_logits_dtype = base.dtype;
+  a.anchor_tokens = anchors.ptr();
+  a.anchor_tokens_dtype = anchors.dtype;
+  a.head_kind = head_of(c["head"].text);
+  a.w1 = w1.ptr();
+  a.w1_dtype = w1.dtype;
+  a.w2 = w2.ptr();
+  a.w2_dtype = w2.dtype;
+  a.wg = wg.ptr();
+  a.wg_dtype = wg.dtype;
+  a.bg = bg.ptr();
+  a.bg_dtype = bg.dtype;
+  a.wj = wj.ptr();
+  a.wj_dtype = wj.dtype;
+  a.bj = bj.ptr();
+  a.bj_dtype = bj.dtype;
+  a.hidden = hidden.ptr();
+  a.hidden_dtype = hidden.dtype;
+  a.conf_weight = cw.ptr();
+  a.conf_weight_dtype = cw.dtype;
+  a.conf_bias = cb.ptr();
+  a.conf_bias_dtype = cb.dtype;
+  a.sts_temperatures = sts.ptr();
+  a.sts_temperatures_dtype = sts.dtype;
+  a.temperature = static_cast<const float*>(temps.ptr());
+  a.rng_key = key.data();
+  a.tokens = tokens.data();
+  a.draft_logprobs = logprobs.data();
+  a.logits = with_logits ? logits.data() : nullptr;
+  a.conf_logits = has_conf ? conf.data() : nullptr;
+  a.survival = has_conf ? surv.data() : nullptr;
+  size_t bytes = 0;
+  check(dspark_draft_block_workspace_size(&a, &bytes) == DSPARK_OK && bytes > 0,
+        name + ": workspace size: " + dspark_last_error());
+  std::vector<double> ws(bytes / sizeof(double) + 2);  // 16-byte aligned storage
+  const int rc = dspark_draft_block(&a, ws.data(), bytes, nullptr);
+  check(rc == DSPARK_OK, name + ": dspark_draft_block returned " + std::to_string(rc) + ": " + dspark_last_error());
+  if (rc != DSPARK_OK) return;
+  const Json& e = c["expect"];
+  expect_equal(tokens, e["tokens"], name + " tokens");
+  expect_close(logprobs, e["draft_logprobs"], name + " draft_logprobs");
+  if (with_logits) expect_close(logits, e["logits"], name + " logits");
+  if (has_conf) {
+    expect_close(conf, e["conf_logits"], name + " conf_logits");
+    expect_close(surv, e["survival"], name + " survival");
+  }
+}
+
+void run_verify(const Json& c, int index) {
+  const std::string name = "verify_chain case " + std::to_string(index) + " (" + c["method"].text + ")";
+  const int64_t N = c["N"].i(), K = c["K"].i();
+  const Buf target = float_buf(c["target_logits"]), cu = int_buf(c["cu_seqlens"]);
+  const Buf drafts = int_buf(c["draft_tokens"]), dlogits = float_buf(c["draft_logits"]);
+  const Buf dlogprobs = float_buf(c["draft_logprobs"]), lens = int_buf(c["verify_lens"]);
+  const Buf surv = float_buf(c["survival"]), thr = float_buf(c["thresholds"]), temps = float_buf(c["temperature"]);
+  const Buf stops = int_buf(c["stop_token_ids"]);
+  const std::vector<int64_t> key = rng_key_of(c);
+  std::vector<int64_t> tokens(N * (K + 1), 12345);
+  std::vector<int32_t> n_acc(N, 12345);
+  std::vector<uint8_t> mask(N * K, 7);
+  dspark_verify_chain_args a;
+  memset(&a, 0, sizeof a);
+  a.N = N;
+  a.K = K;
+  a.V = c["V"].i();
+  a.target_logits = target.ptr();
+  a.target_logits_dtype = target.dtype;
+  a.cu_seqlens = cu.ptr();
+  a.cu_seqlens_dtype = cu.dtype;
+  a.total_rows = c["total_rows"].i();
+  a.draft_tokens = drafts.ptr();
+  a.draft_tokens_dtype = drafts.dtype;
+  a.draft_logits = dlogits.ptr();
+  a.draft_logits_dtype = dlogits.dtype;
+  a.draft_logprobs = static_cast<const float*>(dlogprobs.ptr());
+  a.verify_lens = lens.ptr();
+  a.verify_lens_dtype = lens.dtype;
+  a.survival = surv.ptr();
+  a.survival_dtype = surv.dtype;
+  a.thresholds = thr.ptr();
+  a.thresholds_dtype = thr.dtype;
+  a.temperature = static_cast<const float*>(temps.ptr());
+  a.rng_key = c["temperature"].is_null() ? nullptr : key.data();  // greedy calls need no key
+  a.stop_token_ids = stops.ptr();
+  a.stop_token_ids_dtype = stops.dtype;
+  a.num_stops = c["stop_token_ids"].is_null() ? 0 : static_cast<int64_t>(c["stop_token_ids"]["data"].items.size());
+  a.method = c["method"].text == "block" ? DSPARK_VERIFY_BLOCK : DSPARK_VERIFY_TOKEN;
+  a.tokens = tokens.data();
+  a.num_accepted = n_acc.data();
+  a.accept_mask = mask.data();
+  size_t bytes = 0;
+  check(dspark_verify_chain_workspace_size(&a, &bytes) == DSPARK_OK && bytes > 0,
+        name + ": workspace size: " + dspark_last_error());
+  std::vector<double> ws(bytes / sizeof(double) + 2);
+  const int rc = dspark_verify_chain(&a, ws.data(), bytes, nullptr);
+  check(rc == DSPARK_OK, name + ": dspark_verify_chain returned " + std::to_string(rc) + ": " + dspark_last_error());
+  if (rc != DSPARK_OK) return;
+  const Json& e = c["expect"];
+  expect_equal(tokens, e["tokens"], name + " tokens");
+  expect_equal(n_acc, e["num_accepted"], name + " num_accepted");
+  expect_equal(mask, e["accept_mask"], name + " accept_mask");
+}
+
+void draft_verify_argument_errors() {
+  // draft_block: a NULL required pointer names the field; a bad enum; a bad dtype; the hidden requirement
+  float base[2 * 3] = {0}, w[3 * 2] = {0}, lp[2];
+  int64_t anchor[1] = {0}, tok[2];
+  dspark_draft_block_args d;
+  memset(&d, 0, sizeof d);
+  d.N = 1;
+  d.K = 2;
+  d.V = 3;
+  d.R = 2;
+  d.base_logits = base;
+  d.anchor_tokens = anchor;
+  d.anchor_tokens_dtype = DSPARK_DTYPE_I64;
+  d.head_kind = DSPARK_HEAD_VANILLA;
+  d.w1 = w;
+  d.w2 = nullptr;  // missing
+  d.tokens = tok;
+  d.draft_logprobs = lp;
+  size_t bytes = 0;
+  check(dspark_draft_block_workspace_size(&d, &bytes) == DSPARK_ERR_NULL_POINTER &&
+            strstr(dspark_last_error(), "w2") != nullptr,
+        std::string("a NULL w2 must be rejected, naming w2; got: ") + dspark_last_error());
+  d.w2 = w;
+  d.head_kind = 7;
+  check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "head_kind") != nullptr,
+        "a bad head_kind must be rejected, naming head_kind");
+  d.head_kind = DSPARK_HEAD_GATED;
+  check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_ERR_NULL_POINTER &&
+            strstr(dspark_last_error(), "hidden") != nullptr,
+        "the gated head without hidden must be rejected, naming hidden");
+  d.head_kind = DSPARK_HEAD_VANILLA;
+  d.w1_dtype = DSPARK_DTYPE_I32;
+  check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_ERR_BAD_DTYPE &&
+            strstr(dspark_last_error(), "w1_dtype") != nullptr,
+        "an integer w1_dtype must be rejected, naming w1_dtype");
+  d.w1_dtype = DSPARK_DTYPE_F32;
+  d.temperature = lp;  // sampling without a key
+  check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_ERR_NULL_POINTER &&
+            strstr(dspark_last_error(), "rng_key") != nullptr,
+        "temperature without rng_key must be rejected, naming rng_key");
+  d.temperature = nullptr;
+  check(dspark_draft_block_workspace_size(&d, &bytes) == DSPARK_OK && bytes > 0, "a valid draft_block size query");
+  check(dspark_draft_block(&d, nullptr, bytes, nullptr) == DSPARK_ERR_WORKSPACE &&
+            strstr(dspark_last_error(), "workspace") != nullptr,
+        "a NULL workspace must be rejected");
+  d.K = 0;  // nothing to do: no pointers needed
+  d.base_logits = nullptr;
+  check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_OK, "K = 0 is a no-op");
+  d.K = -1;
+  check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_ERR_BAD_SHAPE, "K < 0 must be rejected");
+  check(dspark_draft_block(nullptr, nullptr, 0, nullptr) == DSPARK_ERR_NULL_POINTER, "NULL draft_block args");
+
+  // verify_chain
+  float target[1 * 2 * 4] = {0};
+  int64_t drafts[1] = {0}, out[2];
+  int32_t nacc[1];
+  uint8_t mask[1];
+  dspark_verify_chain_args v;
+  memset(&v, 0, sizeof v);
+  v.N = 1;
+  v.K = 1;
+  v.V = 4;
+  v.target_logits = target;
+  v.draft_tokens = nullptr;  // missing
+  v.draft_tokens_dtype = DSPARK_DTYPE_I64;
+  v.tokens = out;
+  v.num_accepted = nacc;
+  v.accept_mask = mask;
+  check(dspark_verify_chain_workspace_size(&v, &bytes) == DSPARK_ERR_NULL_POINTER &&
+            strstr(dspark_last_error(), "draft_tokens") != nullptr,
+        std::string("a NULL draft_tokens must be rejected, naming draft_tokens; got: ") + dspark_last_error());
+  v.draft_tokens = drafts;
+  v.K = 17;
+  check(dspark_verify_chain(&v, nullptr, 0, nullptr) == DSPARK_ERR_BAD_SHAPE &&
+            strstr(dspark_last_error(), "K must be in [1, 16]") != nullptr,
+        "K > 16 must be rejected");
+  v.K = 1;
+  v.method = 2;
+  check(dspark_verify_chain(&v, nullptr, 0, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "method") != nullptr,
+        "a bad method must be rejected, naming method");
+  v.method = DSPARK_VERIFY_TOKEN;
+  v.draft_logprobs = target;
+  check(dspark_verify_chain(&v, nullptr, 0, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "draft_logprobs") != nullptr,
+        "draft_logprobs without draft_logits must be rejected");
+  v.draft_logprobs = nullptr;
+  v.thresholds = target;
+  check(dspark_verify_chain(&v, nullptr, 0, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "survival") != nullptr,
+        "thresholds without survival must be rejected");
+  v.thresholds = nullptr;
+  v.accept_mask = nullptr;
+  check(dspark_verify_chain(&v, nullptr, 0, nullptr) == DSPARK_ERR_NULL_POINTER &&
+            strstr(dspark_last_error(), "accept_mask") != nullptr,
+        "a NULL accept_mask must be rejected, naming accept_mask");
+  v.accept_mask = mask;
+  check(dspark_verify_chain_workspace_size(&v, &bytes) == DSPARK_OK && bytes > 0, "a valid verify_chain size query");
+  std::vector<double> ws(bytes / sizeof(double) + 2);
+  check(dspark_verify_chain(&v, reinterpret_cast<char*>(ws.data()) + 4, bytes, nullptr) == DSPARK_ERR_WORKSPACE &&
+            strstr(dspark_last_error(), "aligned") != nullptr,
+        "a misaligned workspace must be rejected");
+  check(dspark_verify_chain(&v, ws.data(), bytes, nullptr) == DSPARK_OK, std::string("a valid greedy verify_chain "
+                                                                                      "call without rng_key: ") +
+                                                                              dspark_last_error());
+  check(nacc[0] == 1 && out[0] == 0 && out[1] == 0 && mask[0] == 1, "all-zero logits: draft 0 accepted, bonus 0");
+  v.N = 0;
+  v.target_logits = nullptr;
+  check(dspark_verify_chain(&v, nullptr, 0, nullptr) == DSPARK_OK, "N = 0 is a no-op");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -383,16 +654,35 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s: %s\n", argv[1], e.what());
     return 2;
   }
-  int n_scan = 0, n_sched = 0;
-  for (const Json& c : root["scan"].items) run_scan(c, n_scan++);
-  for (const Json& c : root["schedule"].items) run_schedule(c, n_sched++);
-  check(n_scan > 0 && n_sched > 0, "no vectors read");
+  int n_scan = 0, n_sched = 0, n_draft = 0, n_verify = 0;
+  // Every vector under three thread/block schedules with different shared-memory poison bytes (as simt_check
+  // does for the torch ops): a missing barrier or an uninitialised shared read shows up as a mismatch.
+  struct Schedule {
+    dspark::simt::Order order;
+    uint64_t seed;
+    unsigned char poison;
+  };
+  const Schedule schedules[] = {{dspark::simt::Order::kForward, 0, 0xFF},
+                                {dspark::simt::Order::kReverse, 0, 0x00},
+                                {dspark::simt::Order::kRandom, 7, 0xA5}};
+  for (const Schedule& sc : schedules) {
+    dspark::simt::settings().order = sc.order;
+    dspark::simt::settings().seed = sc.seed;
+    dspark::simt::settings().poison = sc.poison;
+    n_scan = n_sched = n_draft = n_verify = 0;
+    for (const Json& c : root["scan"].items) run_scan(c, n_scan++);
+    for (const Json& c : root["schedule"].items) run_schedule(c, n_sched++);
+    for (const Json& c : root["draft"].items) run_draft(c, n_draft++);
+    for (const Json& c : root["verify"].items) run_verify(c, n_verify++);
+  }
+  check(n_scan > 0 && n_sched > 0 && n_draft > 0 && n_verify > 0, "no vectors read");
   argument_errors();
+  draft_verify_argument_errors();
   if (failures) {
     fprintf(stderr, "test_capi_vectors: %d failures\n", failures);
     return 1;
   }
-  printf("test_capi_vectors: %d accept_prefix_scan and %d schedule_verify_lens vectors ok (C ABI on the SIMT "
-         "harness)\n", n_scan, n_sched);
+  printf("test_capi_vectors: %d accept_prefix_scan, %d schedule_verify_lens, %d draft_block and %d verify_chain "
+         "vectors ok under 3 schedules (C ABI on the SIMT harness)\n", n_scan, n_sched, n_draft, n_verify);
   return 0;
 }

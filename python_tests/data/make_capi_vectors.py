@@ -1,15 +1,16 @@
 #!/usr/bin/env python
-"""Write python_tests/data/capi_vectors.json: inputs and the reference's outputs of accept_prefix_scan and
-schedule_verify_lens, which csrc/capi/test_capi_vectors.cpp (ctest) feeds to the C ABI running on the CPU through
+"""Write python_tests/data/capi_vectors.json: inputs and the reference's outputs of accept_prefix_scan,
+schedule_verify_lens, draft_block and verify_chain, which csrc/capi/test_capi_vectors.cpp (ctest) feeds to the C ABI running on the CPU through
 the SIMT harness. python_tests/test_capi_vectors.py regenerates them and requires the checked-in file to be
 identical, so the two cannot drift.
 
 Usage: python python_tests/data/make_capi_vectors.py [out.json]
 
-Format: {"scan": [case...], "schedule": [case...]}. Integer arrays are lists of ints with a dtype "i32" / "i64";
+Format: {"scan": [case...], "schedule": [case...], "draft": [case...], "verify": [case...]}. Integer arrays are lists of ints with a dtype "i32" / "i64";
 float arrays are lists of floats (float32 values, NaN / Infinity as Python's json writes them) with a dtype "f32",
 or lists of raw 16-bit patterns with "bf16" / "f16". A missing optional input is null. "expect" holds the
-reference's outputs (theta as a float).
+reference's outputs (theta as a float; draft_block's float outputs as f32 arrays). Float inputs of draft_block and
+verify_chain are small multiples of 1/16 (short to write, exact in every dtype). rng_key is [seed, offset].
 """
 
 import json
@@ -80,6 +81,156 @@ def _sched_case(table, mode, survival=None, conf_logits=None, sts_temperatures=N
         "KB": 0 if budget_survival is None else budget_survival.shape[1], "min_gain": min_gain,
         "expect": {"verify_lens": lens.tolist(), "cu_seqlens": cu.tolist(), "theta": float(theta)},
     }
+
+
+def _q(shape, g, scale=16, lo=-48, hi=48):
+    """float32 multiples of 1/scale in [lo, hi) / scale: short JSON, exact in bf16/fp16, exact small products."""
+    return torch.randint(lo, hi, shape, generator=g).float() / scale
+
+
+def _draft_case(base, anchors, kind, w1, w2, wg=None, bg=None, wj=None, bj=None, hidden=None, conf_weight=None,
+                conf_bias=None, sts=None, temperature=None, key=(0, 0), return_logits=False):
+    rng_key = torch.tensor(list(key), dtype=torch.int64)
+    tokens, logits, conf, surv, logprobs = reference.draft_block(
+        base, anchors, kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias, sts, temperature, rng_key,
+        return_logits)
+    n, k, v = base.shape
+    has_conf = conf_weight is not None
+    return {
+        "N": n, "K": k, "V": v, "R": w1.shape[1], "D": 0 if hidden is None else hidden.shape[2], "head": kind,
+        "base_logits": _floats(base), "anchor_tokens": _ints(anchors), "w1": _floats(w1), "w2": _floats(w2),
+        "wg": _floats(wg), "bg": _floats(bg), "wj": _floats(wj), "bj": _floats(bj), "hidden": _floats(hidden),
+        "conf_weight": _floats(conf_weight), "conf_bias": _floats(conf_bias), "sts_temperatures": _floats(sts),
+        "temperature": _floats(temperature), "rng_key": list(key), "return_logits": bool(return_logits),
+        "expect": {"tokens": tokens.flatten().tolist(), "draft_logprobs": _floats(logprobs),
+                   "logits": _floats(logits) if return_logits else None,
+                   "conf_logits": _floats(conf) if has_conf else None,
+                   "survival": _floats(surv) if has_conf else None},
+    }
+
+
+def _verify_case(target, draft_tokens, cu_seqlens=None, draft_logits=None, draft_logprobs=None, verify_lens=None,
+                 survival=None, thresholds=None, temperature=None, key=(0, 0), stop_token_ids=None, method="token"):
+    rng_key = torch.tensor(list(key), dtype=torch.int64)
+    tokens, n_acc, mask = reference.verify_chain(target, cu_seqlens, draft_tokens, draft_logits, verify_lens,
+                                                 survival, thresholds, temperature, rng_key, stop_token_ids, method,
+                                                 draft_logprobs=draft_logprobs)
+    n, k = draft_tokens.shape
+    return {
+        "N": n, "K": k, "V": target.shape[-1], "target_logits": _floats(target), "cu_seqlens": _ints(cu_seqlens),
+        "total_rows": target.shape[0] if cu_seqlens is not None else 0, "draft_tokens": _ints(draft_tokens),
+        "draft_logits": _floats(draft_logits), "draft_logprobs": _floats(draft_logprobs),
+        "verify_lens": _ints(verify_lens), "survival": _floats(survival), "thresholds": _floats(thresholds),
+        "temperature": _floats(temperature), "rng_key": list(key), "stop_token_ids": _ints(stop_token_ids),
+        "method": method,
+        "expect": {"tokens": tokens.flatten().tolist(), "num_accepted": n_acc.tolist(),
+                   "accept_mask": [int(x) for x in mask.flatten().tolist()]},
+    }
+
+
+def _draft_vectors(g):
+    f = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+    draft = []
+    n, k, v, r, d = 3, 4, 24, 8, 4
+
+    def head(kind):
+        w = dict(w1=_q((v, r), g), w2=_q((v, r), g))
+        if kind == "gated":
+            w.update(wg=_q((r, d + r), g), bg=_q((r,), g))
+        elif kind == "rnn":
+            w.update(wj=_q((3 * r, 2 * r + d), g), bj=_q((3 * r,), g))
+        return w
+
+    def conf():
+        return dict(conf_weight=_q((d + r,), g, lo=-8, hi=8), conf_bias=f([0.25]), sts=f([1.0, 2.0, 0.5, 1.5]))
+
+    anchors = torch.tensor([3, 17, v + 5], dtype=torch.int64)  # the last one is outside [0, V): a zero embedding
+    # vanilla, greedy, no hidden, with the logits
+    draft.append(_draft_case(_q((n, k, v), g), anchors, "vanilla", **head("vanilla"), return_logits=True))
+    # vanilla, sampled (mixed temperatures: 0 and negative are greedy), confidence + STS, int32 anchors
+    draft.append(_draft_case(_q((n, k, v), g), anchors.to(torch.int32), "vanilla", **head("vanilla"),
+                             hidden=_q((n, k, d), g), **conf(), temperature=f([0.7, 0.0, 1.3]), key=(1234, 5)))
+    # gated, greedy, confidence (no STS)
+    c = conf()
+    c.pop("sts")
+    draft.append(_draft_case(_q((n, k, v), g), anchors, "gated", **head("gated"), hidden=_q((n, k, d), g), **c))
+    # gated, sampled
+    draft.append(_draft_case(_q((n, k, v), g), anchors, "gated", **head("gated"), hidden=_q((n, k, d), g),
+                             temperature=f([1.0, 0.5, -1.0]), key=(7, 2 ** 33 + 1)))
+    # rnn, greedy, confidence + STS
+    draft.append(_draft_case(_q((n, k, v), g), anchors, "rnn", **head("rnn"), hidden=_q((n, k, d), g), **conf()))
+    # rnn, sampled, confidence + STS, bf16 base logits
+    draft.append(_draft_case(_q((n, k, v), g).to(torch.bfloat16), anchors, "rnn", **head("rnn"),
+                             hidden=_q((n, k, d), g), **conf(), temperature=f([0.9, 1.1, 2.0]), key=(99, 0)))
+    return draft
+
+
+def _verify_vectors(g):
+    f = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+    t = lambda x, dt=torch.int64: torch.tensor(x, dtype=dt)  # noqa: E731
+    verify = []
+    n, k, v = 3, 4, 20
+
+    def near_argmax(target, agree):
+        """drafts equal to the target's argmax on the leading `agree[r]` rows, then a different token."""
+        am = target[:, :k].argmax(-1)
+        d = am.clone()
+        for r, a in enumerate(agree):
+            if a < k:
+                d[r, a] = (am[r, a] + 1) % v
+        return d
+
+    target = _q((n, k + 1, v), g)
+    # greedy, dense, one-hot drafts, a draft outside [0, V)
+    drafts = near_argmax(target, [4, 1, 2])
+    drafts[2, 3] = v + 3
+    verify.append(_verify_case(target, drafts))
+    # greedy with verify_lens and stop tokens, int32 drafts
+    target = _q((n, k + 1, v), g)
+    drafts = near_argmax(target, [4, 4, 3])
+    verify.append(_verify_case(target, drafts.to(torch.int32), verify_lens=t([2, 9, -1], torch.int32),
+                               stop_token_ids=t([int(drafts[1, 1]), v + 100])))
+    # token, sampled, drafts from the draft model's logits (draft_block at T) with draft_logprobs
+    dlog = _q((n, k, v), g)
+    temps = f([0.8, 1.0, 1.5])
+    target = dlog.new_zeros(n, k + 1, v)
+    target[:, :k] = dlog + _q((n, k, v), g, lo=-8, hi=8)  # a target close to the draft: long acceptances
+    target[:, k] = _q((n, v), g)
+    q = torch.softmax(dlog / temps.view(n, 1, 1), -1)
+    drafts = torch.multinomial(q.view(-1, v), 1, generator=g).view(n, k)
+    logprobs = torch.log_softmax(dlog / temps.view(n, 1, 1), -1).gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+    verify.append(_verify_case(target, drafts, draft_logits=dlog, draft_logprobs=logprobs, temperature=temps,
+                               key=(42, 7)))
+    # token, sampled, draft logits without draft_logprobs, one greedy request
+    verify.append(_verify_case(target, drafts, draft_logits=dlog, temperature=f([0.8, 0.0, 1.5]), key=(42, 8)))
+    # block, sampled, draft logits
+    verify.append(_verify_case(target, drafts, draft_logits=dlog, temperature=temps, key=(5, 1), method="block"))
+    # block, sampled, draft_logprobs, stop tokens
+    verify.append(_verify_case(target, drafts, draft_logits=dlog, draft_logprobs=logprobs, temperature=temps,
+                               key=(5, 2), method="block", stop_token_ids=t([int(drafts[0, 1])], torch.int32)))
+    # packed rows with cu_seqlens (verify lengths 4, 1, 0, 2; the last request runs past the rows), greedy
+    n4 = 4
+    cu = t([0, 5, 7, 8, 11], torch.int32)
+    packed = _q((10, v), g)
+    drafts = torch.randint(0, v, (n4, k), generator=g)
+    drafts[0, :2] = packed[0:2].argmax(-1)
+    drafts[1, 0] = packed[5].argmax(-1)
+    verify.append(_verify_case(packed, drafts, cu_seqlens=cu))
+    # packed, sampled token method with survival thresholds and verify_lens, one-hot drafts
+    verify.append(_verify_case(packed, drafts, cu_seqlens=cu.long(), verify_lens=t([3, 4, 4, 1]),
+                               survival=f([[0.9, 0.8, 0.7, 0.2], [0.9, 0.9, 0.9, 0.9], [0.1, 0.0, 0.0, 0.0],
+                                           [0.95, 0.9, 0.5, 0.4]]), thresholds=f([0.5, 0.5, 0.6, 0.3]),
+                               temperature=f([1.0, 0.6, 1.0, 2.0]), key=(11, 3)))
+    # packed, block method, draft logits (bf16 target), stop tokens
+    dl4 = _q((n4, k, v), g)
+    verify.append(_verify_case(packed.to(torch.bfloat16), drafts, cu_seqlens=cu, draft_logits=dl4,
+                               temperature=f([1.0, 1.0, 0.5, 1.2]), key=(3, 3), method="block",
+                               stop_token_ids=t([int(drafts[0, 0]), int(drafts[3, 1])])))
+    # dense, one-hot drafts sampled with the block method, K = 1
+    target1 = _q((n, 2, v), g)
+    verify.append(_verify_case(target1, target1[:, 0].argmax(-1, keepdim=True), temperature=f([1.0, 0.3, 3.0]),
+                               key=(8, 8), method="block"))
+    return verify
 
 
 def make_vectors() -> dict:
@@ -162,7 +313,7 @@ def make_vectors() -> dict:
     z = f([[2.0, 1.0, -1.0], [3.0, 3.0, 0.5]])
     sched.append(_sched_case(tables[0], "argmax", conf_logits=z, sts_temperatures=f([1.0, 2.0, 0.5])))
     sched.append(_sched_case(linear, "exact", conf_logits=z))
-    return {"scan": scan, "schedule": sched}
+    return {"scan": scan, "schedule": sched, "draft": _draft_vectors(g), "verify": _verify_vectors(g)}
 
 
 def dumps(vectors: dict) -> str:
