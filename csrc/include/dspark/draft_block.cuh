@@ -511,7 +511,7 @@ inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 // The launch shape for `sms` multiprocessors holding `per_sm` CTAs each (per_sm from the occupancy of `smem`).
 inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm) {
   Plan pl{};
-  const int64_t N = p.N, V = p.V, R = p.R, D = p.D;
+  const int64_t N = p.N, V = p.V, R = p.R;
   pl.rpad = round_up(R > 0 ? R : 1, kRK);
   int64_t group = kGroupFloats / pl.rpad;
   if (group > kMaxGroup) group = kMaxGroup;
