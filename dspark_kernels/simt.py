@@ -26,8 +26,8 @@ import torch
 
 from . import _ext
 
-__all__ = ["available", "enabled", "module", "configure", "settings", "record", "schedule", "check", "Recording",
-           "H200_SMS"]
+__all__ = ["available", "enabled", "module", "configure", "settings", "record", "schedule", "check",
+           "default_schedules", "Recording", "H200_SMS"]
 
 H200_SMS = 132  # what the harness reports as the device's multiprocessor count unless told otherwise
 
@@ -135,18 +135,25 @@ def record(*, sm_count: Optional[int] = None) -> Iterator[Recording]:
 CHECK_SCHEDULES = (("forward", 0, 0xFF), ("reverse", 0, 0x00), ("random", 12345, 0x5A))
 
 
+def default_schedules():
+    """The schedules :func:`check` runs by default: :data:`CHECK_SCHEDULES`, cut to its first
+    ``DSPARK_SIMT_CHECK_RUNS`` entries when that variable is set."""
+    runs = int(os.environ.get("DSPARK_SIMT_CHECK_RUNS", len(CHECK_SCHEDULES)))
+    return CHECK_SCHEDULES[:max(1, runs)]
+
+
 def check(fn: Callable[[], Any], schedules=None) -> Any:
     """Run ``fn()`` once per schedule (order, seed, poison) and require bit-identical results; return the first.
 
-    ``schedules`` defaults to :data:`CHECK_SCHEDULES`, cut to its first ``DSPARK_SIMT_CHECK_RUNS`` entries when that
-    variable is set (CI's sanitized rerun uses 1: the schedule comparison already ran in the plain run).
+    ``schedules`` defaults to :func:`default_schedules` (CI's sanitized rerun sets ``DSPARK_SIMT_CHECK_RUNS=1``: the
+    schedule comparison already ran in the plain run).
 
     ``fn`` must be deterministic given its inputs (the package's ops are: randomness comes from the counter-based
     generator) and return a tensor or a (nested) tuple / list / dict of tensors and plain values. A difference means a
     data race on shared or global memory, or a read of shared memory nobody wrote: AssertionError names the output.
     """
     if schedules is None:
-        schedules = CHECK_SCHEDULES[:max(1, int(os.environ.get("DSPARK_SIMT_CHECK_RUNS", len(CHECK_SCHEDULES))))]
+        schedules = default_schedules()
     results = []
     for order, seed, poison in schedules:
         with schedule(order, seed=seed, poison=poison):
