@@ -220,7 +220,9 @@ class SpeculativeDecoder:
             toks = torch.where(j == 0, anchor[req], d.tokens[req, (j - 1).clamp(min=0)])
             pos = (seq_lens[req] - 1 + j).long()
             out = tgt(toks, pos, cu, k + 1, ctx_len + k + 1)
-            v = dk.verify_chain(out.logits, d.tokens, cu_seqlens=cu, draft_logits=d.logits, temperature=temp,
+            # draft_logprobs: the accept tests use log q(d) from the drafter, so only rejected draft rows are read
+            v = dk.verify_chain(out.logits, d.tokens, cu_seqlens=cu, draft_logits=d.logits,
+                                draft_logprobs=d.draft_logprobs if d.logits is not None else None, temperature=temp,
                                 seed=self.seed, offset=2 * steps + 1, stop_token_ids=stops, method=self.method,
                                 backend=bk)
             clock.mark("verify")
