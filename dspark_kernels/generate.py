@@ -28,26 +28,52 @@ def _stop_ids(target_dir):
     return sorted(set(ids))
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default; a required option has none, and an option whose default is None says in its
+    own help text what happens without it (``(default: ...)``)."""
+
+    def _get_help_string(self, action):
+        if action.required or action.default is None or "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m dspark_kernels.generate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", required=True, help="target checkpoint folder (Qwen3 / Llama, HF layout)")
-    p.add_argument("--draft", required=True, help="DSpark draft checkpoint folder")
-    p.add_argument("--prompt", action="append", default=[], help="prompt text (repeat for a batch)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--mode", default="fixed", choices=["fixed", "threshold", "exact", "argmax"])
-    p.add_argument("--verify-len", type=int, default=None, help="fixed mode: drafts verified per step")
-    p.add_argument("--thresholds", type=float, nargs="+", default=None, help="threshold mode: one per position")
-    p.add_argument("--cost-table", default=None, help="cost table JSON (exact / argmax modes)")
-    p.add_argument("--sts", default=None, help="STS temperatures JSON (from --calibrate)")
-    p.add_argument("--stop-token-ids", type=int, nargs="*", default=None, help="default: the checkpoint's eos ids")
-    p.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() else "float32", choices=list(DTYPES))
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--profile-cost-table", metavar="OUT", default=None, help="time the target, write a cost table")
-    p.add_argument("--calibrate", metavar="OUT", default=None, help="fit STS temperatures on the prompts")
+    p = argparse.ArgumentParser(prog="python -m dspark_kernels.generate", description=__doc__.split("\n\n")[0],
+                                formatter_class=_HelpFormatter)
+    p.add_argument("--target", required=True, help="target checkpoint folder (Qwen3 / Llama, HF layout, with "
+                   "tokenizer.json)")
+    p.add_argument("--draft", required=True, help="DSpark draft checkpoint folder (DeepSpec layout)")
+    p.add_argument("--prompt", action="append", default=[], help="prompt text (repeat for a batch) (default: none; "
+                   "at least one is needed except with --profile-cost-table)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
+    p.add_argument("--mode", default="fixed", choices=["fixed", "threshold", "exact", "argmax"],
+                   help="how many drafts each request verifies per step: fixed (--verify-len), threshold "
+                   "(--thresholds on the confidence head's survival), exact / argmax (the scheduler on --cost-table)")
+    p.add_argument("--verify-len", type=int, default=None,
+                   help="fixed mode: drafts verified per step (default: the drafter's block size K)")
+    p.add_argument("--thresholds", type=float, nargs="+", default=None,
+                   help="threshold mode: one survival threshold per draft position (default: none; required there)")
+    p.add_argument("--cost-table", default=None, help="cost table JSON, e.g. from --profile-cost-table (default: "
+                   "none; required by the exact and argmax modes)")
+    p.add_argument("--sts", default=None, help="STS temperatures JSON from --calibrate (default: none, the "
+                   "confidence head uncalibrated)")
+    p.add_argument("--stop-token-ids", type=int, nargs="*", default=None,
+                   help="stop generation after these token ids (default: the checkpoint's eos ids)")
+    p.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() else "float32", choices=list(DTYPES),
+                   help="weight and activation dtype")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "triton", "reference"],
+                   help="op backend (auto: CUDA where it loads, else Triton on a GPU, else the reference)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (shown for --max-new-tokens >= 64)")
+    p.add_argument("--profile-cost-table", metavar="OUT", default=None,
+                   help="time the target, write a cost table to OUT and exit (default: off)")
+    p.add_argument("--profile-repeats", type=int, default=5,
+                   help="--profile-cost-table: timed repeats per token count (the median is kept)")
+    p.add_argument("--calibrate", metavar="OUT", default=None,
+                   help="fit STS temperatures on the prompts, write them to OUT and exit (default: off)")
     return p
 
 
@@ -68,7 +94,7 @@ def main(argv=None) -> int:
     dec = SpeculativeDecoder(target, drafter, seed=args.seed, backend=args.backend)
     if args.profile_cost_table:
         counts = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-        table = profile_cost_table(target, counts, path=args.profile_cost_table)
+        table = profile_cost_table(target, counts, repeats=args.profile_repeats, path=args.profile_cost_table)
         print(json.dumps(table.to_dict()))
         return 0
     tok_file = os.path.join(args.target, "tokenizer.json")

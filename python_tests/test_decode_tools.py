@@ -82,3 +82,20 @@ def test_cli_bad_input(folders, capsys):
     assert cli.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "nothing"), "--prompt", "x"]) == 2
     assert "error" in capsys.readouterr().err
     assert cli.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft")]) == 2
+
+
+def test_cli_help_documents_every_option(capsys):
+    """Every option has help text; every optional one shows its default (argparse's "(default: ...)", or the help
+    text's own "(default: ...)" where the default is None)."""
+    parser = cli.build_parser()
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, action.option_strings
+        text = formatter._expand_help(action)
+        assert action.required or "(default:" in text, (action.option_strings, text)
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "(default: 128)" in out and "(default: fixed)" in out and "(default: the checkpoint's eos ids)" in out
