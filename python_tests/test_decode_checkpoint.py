@@ -119,3 +119,26 @@ def test_bad_generate_input(target):
     other = tiny_target(seed=1, vocab=40)
     with pytest.raises(ValueError, match="vocab"):
         SpeculativeDecoder(other, drafter)
+
+
+@pytest.mark.parametrize("ids,bad", [((0, 5), [5]), ((-2, 0, 1), [-2]), ((0, 2), [2])])
+def test_layer_ids_checked_at_creation(tmp_path, target, ids, bad):
+    """A drafter whose target_layer_ids do not fit the target fails where it is created against the target
+    (valid ids: [-1, L-1) for L target layers), naming the field, the bad ids and the target's layer count."""
+    from dspark_kernels.decode import DSparkDrafter
+    from dspark_kernels.decode.testing import tiny_drafter_config
+    match = rf"target_layer_ids .*{bad[0]}.*\b{target.num_layers} layers"
+    with pytest.raises(ValueError, match=match) as err:
+        tiny_drafter(target, layer_ids=ids)
+    assert str(bad) in str(err.value)
+    cfg = tiny_drafter_config(target, layer_ids=ids)
+    with pytest.raises(ValueError, match=match):
+        DSparkDrafter.for_target(cfg, target)
+    with pytest.raises(ValueError, match=match):
+        DSparkDrafter(cfg, target.input_embeddings, target.lm_head_weight, num_target_layers=target.num_layers)
+    # a drafter made against the target and edited afterwards is checked again when saved
+    drafter = tiny_drafter(target)
+    drafter.config.target_layer_ids = list(ids)
+    with pytest.raises(ValueError, match=match):
+        save_drafter(drafter, tmp_path / "d")
+    assert not (tmp_path / "d" / "model.safetensors").exists()

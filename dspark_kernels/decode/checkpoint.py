@@ -111,14 +111,18 @@ def load_drafter(path, target, *, dtype=None, device=None) -> DSparkDrafter:
         if name in tensors and tensors[name].shape != ref.shape:
             raise ValueError(f"draft {name} has shape {tuple(tensors[name].shape)} but the target's is "
                              f"{tuple(ref.shape)} (mismatched vocabularies)")
-    drafter = DSparkDrafter(cfg, emb, target.lm_head_weight)
+    drafter = DSparkDrafter(cfg, emb, target.lm_head_weight, num_target_layers=target.num_layers)
     _load_checked(drafter, tensors, "draft", dtype)
     return drafter.to(device or emb.weight.device).eval()
 
 
 def save_drafter(drafter: DSparkDrafter, path) -> None:
-    """The published layout, embedding and LM head included (as DeepSpec's save_pretrained writes them)."""
+    """The published layout, embedding and LM head included (as DeepSpec's save_pretrained writes them).
+    ``target_layer_ids`` are checked again when the drafter knows its target's layer count (``num_target_layers``,
+    set by ``DSparkDrafter.for_target`` / ``load_drafter``); a drafter built without it saves unchecked."""
     from safetensors.torch import save_file
+    if getattr(drafter, "num_target_layers", None) is not None:
+        check_layer_ids(drafter.config.target_layer_ids, drafter.num_target_layers)
     os.makedirs(path, exist_ok=True)
     sd = {k: v.contiguous() for k, v in drafter.state_dict().items()}
     sd["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().contiguous()

@@ -66,11 +66,15 @@ class DrafterConfig:
 
 def check_layer_ids(layer_ids, num_target_layers: int) -> None:
     """As DeepSpec: ids in [-1, L-1) (-1 = embeddings), strictly increasing, never the final layer (whose
-    Hugging Face hidden state is already normed)."""
-    ids = list(layer_ids)
-    if not ids or any(not -1 <= i < num_target_layers - 1 for i in ids) or ids != sorted(set(ids)):
-        raise ValueError(f"target_layer_ids {ids} must be strictly increasing in [-1, {num_target_layers - 1}) "
-                         f"for a target of {num_target_layers} layers (the final layer is not allowed)")
+    Hugging Face hidden state is already normed). Raises ValueError naming the ids that do not fit."""
+    ids, n = list(layer_ids), int(num_target_layers)
+    bad = [i for i in ids if not -1 <= i < n - 1]
+    if bad:
+        final = " (the final layer is not allowed: its hidden state is already normed)" if n - 1 in bad else ""
+        raise ValueError(f"target_layer_ids {ids} do not fit a target of {n} layers: {bad} outside [-1, {n - 1})"
+                         f"{final}")
+    if not ids or ids != sorted(set(ids)):
+        raise ValueError(f"target_layer_ids {ids} must be non-empty and strictly increasing (target of {n} layers)")
 
 
 class MarkovHeadModule(nn.Module):
@@ -103,9 +107,16 @@ class DrafterLayer(nn.Module):
 
 
 class DSparkDrafter(nn.Module):
-    def __init__(self, cfg: DrafterConfig, embed_tokens: nn.Embedding, lm_head_weight: torch.Tensor):
+    """``num_target_layers``: the target's layer count; when given (``for_target`` and ``load_drafter`` give it),
+    ``target_layer_ids`` are checked against it here, at creation, and again by ``save_drafter``."""
+
+    def __init__(self, cfg: DrafterConfig, embed_tokens: nn.Embedding, lm_head_weight: torch.Tensor,
+                 num_target_layers: Optional[int] = None):
         super().__init__()
         b = cfg.backbone
+        if num_target_layers is not None:
+            check_layer_ids(cfg.target_layer_ids, num_target_layers)
+        self.num_target_layers = num_target_layers
         if embed_tokens.weight.shape != (b.vocab_size, b.hidden_size):
             raise ValueError(f"the drafter expects a [{b.vocab_size}, {b.hidden_size}] target embedding, got "
                              f"{tuple(embed_tokens.weight.shape)} (target and drafter vocabularies differ?)")
@@ -126,6 +137,11 @@ class DSparkDrafter(nn.Module):
         # shared with the target: kept out of state_dict()/parameters() (plain attributes)
         self.__dict__["embed_tokens"], self.__dict__["lm_head_weight"] = embed_tokens, lm_head_weight
         self.cache: Optional[PagedKVCache] = None
+
+    @classmethod
+    def for_target(cls, cfg: DrafterConfig, target) -> "DSparkDrafter":
+        """A drafter for ``target`` (TargetModel or HFTarget): its embedding and LM head, its layer count checked."""
+        return cls(cfg, target.input_embeddings, target.lm_head_weight, num_target_layers=target.num_layers)
 
     @property
     def block_size(self) -> int:

@@ -36,8 +36,7 @@ def tiny_drafter_config(target: TargetModel, block_size: int = 4, markov: str = 
 
 
 def tiny_drafter(target: TargetModel, seed: int = 1, **kw) -> DSparkDrafter:
-    return DSparkDrafter(tiny_drafter_config(target, **kw), target.input_embeddings,
-                         target.lm_head_weight).init_random(seed).eval()
+    return DSparkDrafter.for_target(tiny_drafter_config(target, **kw), target).init_random(seed).eval()
 
 
 class OracleDrafter(DSparkDrafter):
@@ -65,5 +64,4 @@ class OracleDrafter(DSparkDrafter):
 
 
 def oracle_drafter(target: TargetModel, seed: int = 1, **kw) -> OracleDrafter:
-    return OracleDrafter(tiny_drafter_config(target, **kw), target.input_embeddings,
-                         target.lm_head_weight).init_random(seed).eval()
+    return OracleDrafter.for_target(tiny_drafter_config(target, **kw), target).init_random(seed).eval()
