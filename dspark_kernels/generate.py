@@ -133,7 +133,11 @@ def main(argv=None) -> int:
     print("conditional acceptance  " + " ".join(f"{a:.2f}" for a in s.conditional_acceptance))
     print(f"verified tokens / step  {s.verified_tokens_per_step:.2f}")
     print("time (s)                " + " ".join(f"{k}={v:.3f}" for k, v in s.time_s.items()))
-    print(f"tokens / second         {s.tokens_per_second:.1f}")
+    if s.warmup_steps:
+        print(f"tokens / second         {s.tokens_per_second:.1f} (steady state: after the first, warm-up step; "
+              f"{s.tokens_per_second_with_warmup:.1f} with it)")
+    else:
+        print(f"tokens / second         {s.tokens_per_second:.1f} (one step: warm-up included)")
     return 0
 
 

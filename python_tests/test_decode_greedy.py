@@ -168,3 +168,35 @@ def test_drafter_context_equals_a_fresh_prefill(target, reference):
     slots = cache.slots(req, pos)
     torch.testing.assert_close(got_k[:, slots], drafter.cache.k[:, slots], rtol=1e-5, atol=1e-5)
     assert res.stats.acceptance_length > 1.5
+
+
+def test_tokens_per_second_excludes_the_warmup_step(target, reference, monkeypatch):
+    """The timed window starts after the first (warm-up) step: with a fake clock that loses 1000 s inside the
+    first step's draft and ticks 1 s per read otherwise, the steady-state tokens/s sees none of the 1000 s."""
+    drafter = oracle_drafter(target, block_size=4)
+    drafter.set_reference([p + r for p, r in zip(PROMPTS5, reference)])
+    dec = SpeculativeDecoder(target, drafter, kv_block_size=4)
+    reads = [0]
+
+    def fake_clock():  # read 1: t0, read 2: the loop's first mark, read 3: the end of step 0's draft
+        reads[0] += 1
+        return float(reads[0] + (1000 if reads[0] >= 3 else 0))
+    monkeypatch.setattr(decoder_mod, "_now", fake_clock)
+    res = dec.generate(PROMPTS5, MAX_NEW, scheduler=scheduler("fixed", 4))
+    st = res.stats
+    assert res.tokens == reference and st.steps > 2 and st.warmup_steps == 1
+    # step 0: mark(None) -> draft (1001 s), then verify, bookkeeping, draft, bookkeeping (1 s each)
+    assert st.time_s["warmup"] == 1001 + 4
+    # each later step: 5 marks of 1 s; the final iteration drafts once more, then stops
+    assert st.time_s["timed"] == 5 * (st.steps - 1) + 1
+    assert st.time_s["draft"] + st.time_s["verify"] + st.time_s["bookkeeping"] == st.time_s["timed"]
+    assert st.time_s["total"] == reads[0] - 1 + 1000
+    assert 0 < st.warmup_tokens < st.generated_tokens
+    assert st.tokens_per_second == (st.generated_tokens - st.warmup_tokens) / st.time_s["timed"]
+    assert st.tokens_per_second_with_warmup == st.generated_tokens / st.time_s["total"]
+    assert st.tokens_per_second > 0.1 > st.tokens_per_second_with_warmup
+    # a single-step call has no steady state: both rates are the whole call's
+    reads[0] = 0
+    one = dec.generate(PROMPTS5, 1).stats
+    assert one.steps == 1 and one.warmup_steps == 0 and one.warmup_tokens == 0 and one.time_s["warmup"] == 0
+    assert one.tokens_per_second == one.tokens_per_second_with_warmup == 5 / one.time_s["total"]

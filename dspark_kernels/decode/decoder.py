@@ -37,13 +37,24 @@ class Scheduler:
 
 @dataclass
 class GenerationStats:
+    """Timing excludes one-time warm-up: the first decode step of a call (where first-call costs land: kernel
+    compilation and loading, allocator growth, lazy initialisation) is the warm-up step. It is timed on its own
+    (``time_s["warmup"]``, its tokens in ``warmup_tokens``) and left out of ``tokens_per_second`` and of the
+    draft / verify / bookkeeping split, which cover the steps after it (``time_s["timed"]``). ``time_s["total"]``
+    and ``tokens_per_second_with_warmup`` cover the whole loop. A call of a single step has no steady state: then
+    ``warmup_steps`` is 0 and ``tokens_per_second`` equals ``tokens_per_second_with_warmup``. Prefill is not timed.
+    ``conditional_acceptance[j]`` is NaN where no draft at position j+1 was verified after an accepted prefix."""
     steps: int = 0
     generated_tokens: int = 0
     acceptance_length: float = 0.0          # tokens committed per request-step, the bonus token included
     conditional_acceptance: List[float] = field(default_factory=list)  # P(accept d_k | d_1..d_{k-1} accepted, verified)
     verified_tokens_per_step: float = 0.0    # target rows per step (sum over the batch of L_r + 1)
-    time_s: dict = field(default_factory=dict)  # draft / verify / bookkeeping / total
-    tokens_per_second: float = 0.0
+    time_s: dict = field(default_factory=dict)  # draft / verify / bookkeeping / timed (after warm-up), warmup, total
+    tokens_per_second: float = 0.0           # steady state: tokens of the steps after the warm-up step / their time
+    tokens_per_second_with_warmup: float = 0.0  # all generated tokens / the whole loop's wall time
+    warmup_steps: int = 0                    # steps left out of tokens_per_second (1, or 0 for a one-step call)
+    warmup_tokens: int = 0                   # tokens those steps committed
+    drafts_verified: int = 0                 # drafts sent to the target over the call (all requests, all steps)
 
 
 @dataclass
@@ -57,11 +68,14 @@ def _host_read(t: torch.Tensor) -> list:
     return t.tolist()
 
 
+_now = time.perf_counter  # the host clock (a module attribute so tests can substitute a fake one)
+
+
 class _Clock:
     """Phase timer: CUDA events on a GPU (read once at the end), perf_counter on the CPU."""
 
     def __init__(self, device):
-        self.cuda, self.marks = device.type == "cuda", []
+        self.cuda, self.marks, self.warm_at = device.type == "cuda", [], None
 
     def mark(self, phase: Optional[str]):
         if self.cuda:
@@ -69,13 +83,23 @@ class _Clock:
             ev.record()
             self.marks.append((phase, ev))
         else:
-            self.marks.append((phase, time.perf_counter()))
+            self.marks.append((phase, _now()))
 
-    def totals(self) -> dict:
+    def end_warmup(self):
+        """The warm-up ends at the latest mark: totals(warm=False) starts there."""
+        self.warm_at = len(self.marks) - 1
+
+    def totals(self, warm: bool = False) -> dict:
+        """Phase times after the warm-up (``warm=False``; all marks if it never ended) or of the warm-up alone."""
         if self.cuda:
             torch.cuda.synchronize()
+        w = self.warm_at
+        if w is None:
+            marks = [] if warm else self.marks
+        else:
+            marks = self.marks[:w + 1] if warm else self.marks[w:]
         out = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
-        for (_, a), (phase, b) in zip(self.marks, self.marks[1:]):
+        for (_, a), (phase, b) in zip(marks, marks[1:]):
             dt = a.elapsed_time(b) / 1e3 if self.cuda else b - a
             out[phase or "bookkeeping"] = out.get(phase or "bookkeeping", 0.0) + dt
         return out
@@ -190,14 +214,15 @@ class SpeculativeDecoder:
         out_buf = torch.full((n * width + 1,), -1, dtype=torch.long, device=dev)  # last element: trash slot
         gen_len = torch.zeros(n, dtype=torch.long, device=dev)
         reached = torch.zeros(k, dtype=torch.long, device=dev)
+        n_verified = torch.zeros(k, dtype=torch.long, device=dev)
         accepted = torch.zeros(k, dtype=torch.long, device=dev)
         kpos = torch.arange(k, device=dev)
         cols = torch.arange(k + 1, device=dev)
-        rows_total = active_total = steps = 0
+        rows_total = active_total = steps = warm_tokens = 0
         prev_survival = None
         bar = _progress(progress, n * max_new_tokens)
         clock = _Clock(dev)
-        t0 = time.perf_counter()
+        t0 = _now()
         clock.mark(None)
         while True:
             # 1-3: draft a block per request, choose verify lengths
@@ -209,6 +234,8 @@ class SpeculativeDecoder:
             cu = torch.nn.functional.pad((vlen + 1).cumsum(0), (1, 0)).int()
             clock.mark("draft")
             num_rows, num_active, emitted = _host_read(torch.stack([cu[-1].long(), (~finished).sum(), gen_len.sum()]))
+            if steps == 1:
+                warm_tokens = emitted  # committed by the warm-up step (read with this step's designated read)
             if bar is not None:
                 bar.update(emitted - bar.n)
             if num_active == 0:
@@ -252,6 +279,7 @@ class SpeculativeDecoder:
             verified = (kpos < vlen.view(n, 1)) & ~finished.view(n, 1)
             reached += (verified & (kpos <= n_acc)).sum(0)
             accepted += (verified & (kpos < n_acc)).sum(0)
+            n_verified += verified.sum(0)
             if log is not None:
                 for key, val in (("conf_logits", d.conf_logits), ("verify_lens", vlen), ("num_accepted", n_acc[:, 0]),
                                  ("active", ~finished)):
@@ -260,7 +288,9 @@ class SpeculativeDecoder:
             prev_survival = d.survival
             rows_total, active_total, steps = rows_total + num_rows, active_total + num_active, steps + 1
             clock.mark("bookkeeping")
-        wall = time.perf_counter() - t0
+            if steps == 1:
+                clock.end_warmup()  # step 0 is the warm-up step: timed apart (host-side mark, no sync)
+        wall = _now() - t0
         if bar is not None:
             bar.close()
         tokens = _host_read(out_buf[:-1].view(n, width)[:, :max_new_tokens])
@@ -270,15 +300,25 @@ class SpeculativeDecoder:
             cut = next((i + 1 for i, t in enumerate(row) if t in stop_set), len(row))
             tokens[r] = row[:cut]
         generated = sum(map(len, tokens))
-        reached_l, accepted_l = _host_read(torch.stack([reached, accepted]))
+        reached_l, accepted_l, verified_l = _host_read(torch.stack([reached, accepted, n_verified]))
+        steady = steps > 1
+        if not steady:
+            clock.warm_at = None  # one step: no steady state, time the whole loop
         times = clock.totals()
+        timed = sum(times.values())
+        times["timed"] = timed
+        times["warmup"] = sum(clock.totals(warm=True).values())
         times["total"] = wall
+        with_warmup = generated / wall if wall > 0 else 0.0
+        steady = steady and timed > 0
         stats = GenerationStats(
             steps=steps, generated_tokens=generated,
             acceptance_length=generated / max(active_total, 1),
             conditional_acceptance=[a / r if r else float("nan") for a, r in zip(accepted_l, reached_l)],
             verified_tokens_per_step=rows_total / max(steps, 1), time_s=times,
-            tokens_per_second=generated / wall if wall > 0 else 0.0)
+            tokens_per_second=max(generated - warm_tokens, 0) / timed if steady else with_warmup,
+            tokens_per_second_with_warmup=with_warmup, warmup_steps=1 if steady else 0,
+            warmup_tokens=warm_tokens if steady else 0, drafts_verified=int(sum(verified_l)))
         return GenerationResult(tokens, stats)
 
 
