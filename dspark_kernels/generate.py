@@ -94,7 +94,11 @@ def main(argv=None) -> int:
     dec = SpeculativeDecoder(target, drafter, seed=args.seed, backend=args.backend)
     if args.profile_cost_table:
         counts = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-        table = profile_cost_table(target, counts, repeats=args.profile_repeats, path=args.profile_cost_table)
+        table = profile_cost_table(target, counts, repeats=args.profile_repeats, warn=False,
+                                   path=args.profile_cost_table)
+        if table.noisy:
+            print("warning: this machine was too noisy for a trustworthy cost table (the table written is the "
+                  "running maximum of the medians): " + "; ".join(table.noise), file=sys.stderr)
         print(json.dumps(table.to_dict()))
         return 0
     tok_file = os.path.join(args.target, "tokenizer.json")

@@ -1,6 +1,7 @@
 """Cost-table profiling, STS calibration and the command line."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -18,11 +19,56 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def test_profile_cost_table(tmp_path):
     target = tiny_target(seed=0)
-    table = profile_cost_table(target, [1, 8, 32], context_len=16, warmup=1, repeats=2, path=tmp_path / "c.json")
+    table = profile_cost_table(target, [1, 8, 32], context_len=16, warmup=1, repeats=2, path=tmp_path / "c.json",
+                               warn=False)  # real timings on a shared machine: noise is expected here
+    assert all(a <= b for a, b in zip(table.step_time_ms, table.step_time_ms[1:]))
     assert table.token_counts == (1, 8, 32) and all(t > 0 for t in table.step_time_ms)
     again = dk.CostTable.from_json(tmp_path / "c.json")
     assert again.token_counts == table.token_counts
     assert set(json.loads((tmp_path / "c.json").read_text())) >= {"token_counts", "step_time_ms"}
+
+
+def _fake_timer(monkeypatch, durations_ms):
+    """Every pair of timer reads (start, end) of profile_cost_table spans the next of ``durations_ms``."""
+    from dspark_kernels.decode import tools
+    it, state = iter(durations_ms), {"t": 0.0, "start": True}
+
+    def timer():
+        if not state["start"]:
+            state["t"] += next(it) / 1e3
+        state["start"] = not state["start"]
+        return state["t"]
+    monkeypatch.setattr(tools, "_timer", timer)
+
+
+def test_profile_cost_table_noisy_machine(tmp_path, monkeypatch):
+    """Medians of the repeats (the warm-up runs untimed), a monotone table (running max), and a warning, a flag
+    and reasons when a point's spread is large or the medians fall (the issue's 36, 297, 560, 58 ms)."""
+    target = tiny_target(seed=0)
+    slow = 10_000.0  # the warm-up run of each point: never in the table
+    _fake_timer(monkeypatch, [slow, 36, 35, 37, 36, 36,
+                              slow, 297, 290, 300, 295, 299,
+                              slow, 300, 560, 900, 400, 700,   # IQR / median = 300 / 560
+                              slow, 58, 58, 59, 57, 58])       # 90% below the smaller batch's median
+    with pytest.warns(RuntimeWarning, match="too noisy") as rec:
+        table = profile_cost_table(target, [1, 8, 32, 64], context_len=8, warmup=1, repeats=5,
+                                   path=tmp_path / "c.json")
+    assert table.raw_median_ms == pytest.approx((36.0, 297.0, 560.0, 58.0))
+    assert table.step_time_ms == pytest.approx((36.0, 297.0, 560.0, 560.0))          # monotone non-decreasing
+    assert table.noisy and table.repeats == 5 and len(table.noise) == 2
+    assert "B=32" in table.noise[0] and "spread" in table.noise[0] and "B=64" in table.noise[1]
+    assert "B=32" in str(rec[0].message) and "B=64" in str(rec[0].message)
+    assert table.spread[2] == pytest.approx(300 / 560) and table.spread[0] < 0.1
+    saved = dk.CostTable.from_json(tmp_path / "c.json")  # the file is a plain cost table, the monotone one
+    assert saved.step_time_ms == table.step_time_ms
+    # a quiet machine: no warning, the medians as they are
+    _fake_timer(monkeypatch, [slow, 10, 11, 10] + [slow, 20, 20, 21] + [slow, 19.5, 19.5, 19.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = profile_cost_table(target, [1, 8, 32], context_len=8, warmup=1, repeats=3)
+    assert not quiet.noisy and quiet.noise == ()
+    assert quiet.raw_median_ms == pytest.approx((10.0, 20.0, 19.5))
+    assert quiet.step_time_ms == pytest.approx((10.0, 20.0, 20.0))
 
 
 def test_calibration_run(tmp_path):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
-from typing import Optional, Sequence
+import warnings
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -19,15 +21,46 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+_timer = time.perf_counter  # a module attribute so tests can substitute a fake clock
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfiledCostTable(dk.CostTable):
+    """A ``dk.CostTable`` measured by ``profile_cost_table``, with how it was measured. ``step_time_ms`` is the
+    monotone table (running maximum of the per-point medians); ``raw_median_ms`` the medians as measured;
+    ``spread`` each point's IQR / median over its repeats; ``noisy`` whether the machine was too noisy for a
+    trustworthy table, with the reasons in ``noise``. ``to_dict`` / ``to_json`` write the plain cost table."""
+    raw_median_ms: Tuple[float, ...] = ()
+    spread: Tuple[float, ...] = ()
+    repeats: int = 0
+    noisy: bool = False
+    noise: Tuple[str, ...] = ()
+
+
+def _iqr(samples) -> float:
+    if len(samples) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return q3 - q1
+
+
 @torch.no_grad()
 def profile_cost_table(target, token_counts: Sequence[int], *, rows_per_request: int = 8, context_len: int = 256,
                        warmup: int = 2, repeats: int = 5, fixed_overhead_ms: float = 0.0,
-                       path: Optional[str] = None) -> dk.CostTable:
+                       max_spread: float = 0.25, max_drop: float = 0.10, warn: bool = True,
+                       path: Optional[str] = None) -> ProfiledCostTable:
     """Time one target forward of B packed tokens for each B in ``token_counts`` (a verify-like batch: requests
-    of ``rows_per_request`` rows, each after ``context_len`` cached positions); median of ``repeats``.
-    Returns a ``dk.CostTable`` (also written as JSON to ``path``)."""
+    of ``rows_per_request`` rows, each after ``context_len`` cached positions): ``warmup`` untimed runs, then the
+    median of ``repeats`` timed ones. A bigger batch never costs less, so the table is made monotone
+    non-decreasing (running maximum of the medians). The machine is reported too noisy (``noisy``, the reasons in
+    ``noise``, and a ``warnings.warn`` unless ``warn=False``) when a point's spread, IQR / median over its
+    repeats, exceeds ``max_spread``, or when a median falls more than ``max_drop`` (a fraction) below the largest
+    median of the smaller counts. Returns a ``ProfiledCostTable`` (the plain table also written as JSON to
+    ``path``)."""
+    if int(repeats) < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     dev = target.input_embeddings.weight.device
-    times = []
+    medians, spreads = [], []
     for b in token_counts:
         b = int(b)
         n = max(1, -(-b // rows_per_request))
@@ -37,15 +70,33 @@ def profile_cost_table(target, token_counts: Sequence[int], *, rows_per_request:
         pos = torch.cat([torch.arange(context_len, context_len + s, device=dev) for s in sizes])
         toks = torch.randint(0, target.vocab_size, (b,), device=dev)
         samples = []
-        for i in range(warmup + repeats):
+        for i in range(warmup + int(repeats)):
             _sync(dev)
-            t0 = time.perf_counter()
+            t0 = _timer()
             target(toks, pos, cu, max(sizes), context_len + max(sizes))
             _sync(dev)
+            dt_ms = (_timer() - t0) * 1e3
             if i >= warmup:
-                samples.append((time.perf_counter() - t0) * 1e3)
-        times.append(max(statistics.median(samples), 1e-6))
-    table = dk.CostTable([int(b) for b in token_counts], times, fixed_overhead_ms=fixed_overhead_ms)
+                samples.append(dt_ms)
+        med = max(statistics.median(samples), 1e-6)
+        medians.append(med)
+        spreads.append(_iqr(samples) / med)
+    counts = [int(b) for b in token_counts]
+    monotone, noise, top = [], [], 0.0
+    for b, med, spr in zip(counts, medians, spreads):
+        if spr > max_spread:
+            noise.append(f"B={b}: spread (IQR / median) {spr:.2f} > {max_spread:.2f}")
+        if top > 0 and med < (1.0 - max_drop) * top:
+            noise.append(f"B={b}: median {med:.3g} ms is {100 * (1 - med / top):.0f}% below a smaller batch's "
+                         f"{top:.3g} ms")
+        top = max(top, med)
+        monotone.append(top)
+    table = ProfiledCostTable(counts, monotone, fixed_overhead_ms=fixed_overhead_ms, raw_median_ms=tuple(medians),
+                              spread=tuple(spreads), repeats=int(repeats), noisy=bool(noise), noise=tuple(noise))
+    if noise and warn:
+        warnings.warn("profile_cost_table: this machine is too noisy for a trustworthy cost table (the table was "
+                      "made monotone; profile again on a quiet machine or with more repeats): " + "; ".join(noise),
+                      RuntimeWarning, stacklevel=3)  # the caller (through torch.no_grad's wrapper)
     if path:
         table.to_json(path)
     return table
