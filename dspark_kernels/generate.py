@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -77,6 +78,33 @@ def build_parser():
     return p
 
 
+def conditional_acceptance_lines(values) -> list:
+    """The per-position conditional acceptance, ``n/a`` where no draft was verified at that position (NaN)."""
+    line = "conditional acceptance  " + " ".join("n/a" if math.isnan(a) else f"{a:.2f}" for a in values)
+    missing = [j + 1 for j, a in enumerate(values) if math.isnan(a)]
+    if not missing:
+        return [line]
+    return [line, f"                        (n/a: no drafts verified at position{'s' if len(missing) > 1 else ''} "
+                  f"{', '.join(map(str, missing))})"]
+
+
+def no_drafts_explanation(args, stats):
+    """One line saying why a run verified no drafts at all, or None when some were verified."""
+    if stats.drafts_verified > 0:
+        return None
+    if args.mode == "exact":
+        return ("exact mode verified no drafts: with this cost table the first draft's expected gain does not pay "
+                "for its verify cost (the scheduler stops before its first admission); use --mode argmax or a cost "
+                "table profiled on this machine (--profile-cost-table)")
+    if args.mode == "argmax":
+        return ("argmax mode verified no drafts: with this cost table no verify length's predicted throughput beats "
+                "verifying none; use a cost table profiled on this machine (--profile-cost-table)")
+    if args.mode == "threshold":
+        return (f"threshold mode verified no drafts: no first draft's survival reached --thresholds[0] = "
+                f"{args.thresholds[0]}; lower the thresholds")
+    return "fixed mode verified no drafts (--verify-len 0)"
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import dspark_kernels as dk
@@ -134,8 +162,12 @@ def main(argv=None) -> int:
     print("--- stats")
     print(f"generated tokens        {s.generated_tokens} in {s.steps} steps")
     print(f"acceptance length       {s.acceptance_length:.3f} (tokens per request-step, bonus included)")
-    print("conditional acceptance  " + " ".join(f"{a:.2f}" for a in s.conditional_acceptance))
-    print(f"verified tokens / step  {s.verified_tokens_per_step:.2f}")
+    for line in conditional_acceptance_lines(s.conditional_acceptance):
+        print(line)
+    print(f"verified tokens / step  {s.verified_tokens_per_step:.2f} ({s.drafts_verified} drafts verified)")
+    why = no_drafts_explanation(args, s)
+    if why:
+        print(why)
     print("time (s)                " + " ".join(f"{k}={v:.3f}" for k, v in s.time_s.items()))
     if s.warmup_steps:
         print(f"tokens / second         {s.tokens_per_second:.1f} (steady state: after the first, warm-up step; "

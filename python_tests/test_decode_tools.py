@@ -8,7 +8,7 @@ import torch
 import tokenizers
 
 import dspark_kernels as dk
-from dspark_kernels.decode import SpeculativeDecoder, calibrate, profile_cost_table, save_drafter, save_target
+from dspark_kernels.decode import Scheduler, SpeculativeDecoder, calibrate, profile_cost_table, save_drafter, save_target
 from dspark_kernels.decode.testing import oracle_drafter, tiny_drafter, tiny_target
 from dspark_kernels.decode.model import greedy_reference
 from dspark_kernels import generate as cli
@@ -145,3 +145,47 @@ def test_cli_help_documents_every_option(capsys):
         cli.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "(default: 128)" in out and "(default: fixed)" in out and "(default: the checkpoint's eos ids)" in out
+
+
+def test_cli_exact_mode_that_verifies_nothing_says_why(folders, capsys):
+    """A cost table under which the first draft never pays for its verify cost: exact mode verifies no drafts,
+    the CLI says why in one line and prints no nan for the conditional acceptance."""
+    tmp_path, _ = folders
+    dk.CostTable([1, 2], [1.0, 1000.0]).to_json(tmp_path / "steep.json")
+    rc = cli.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompt", "the cat",
+                   "--mode", "exact", "--cost-table", str(tmp_path / "steep.json"), "--max-new-tokens", "6"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "nan" not in out.lower()
+    assert "conditional acceptance  n/a n/a n/a n/a" in out
+    assert "(n/a: no drafts verified at positions 1, 2, 3, 4)" in out
+    why = [line for line in out.splitlines() if line.startswith("exact mode verified no drafts")]
+    assert len(why) == 1 and "cost table" in why[0] and "--mode argmax" in why[0]
+    assert "(0 drafts verified)" in out
+    # with a table under which drafts pay, no explanation; positions never reached still print n/a, not nan
+    dk.CostTable([1, 64], [1.0, 1.01]).to_json(tmp_path / "flat.json")
+    assert cli.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompt",
+                     "the cat", "--mode", "exact", "--cost-table", str(tmp_path / "flat.json"),
+                     "--max-new-tokens", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "verified no drafts" not in out and "nan" not in out.lower() and "(0 drafts verified)" not in out
+
+
+def test_conditional_acceptance_formatting():
+    nan = float("nan")
+    assert cli.conditional_acceptance_lines([0.5, 0.25]) == ["conditional acceptance  0.50 0.25"]
+    lines = cli.conditional_acceptance_lines([0.5, nan, nan])
+    assert lines[0] == "conditional acceptance  0.50 n/a n/a" and "no drafts verified at positions 2, 3" in lines[1]
+    assert "at position 3)" in cli.conditional_acceptance_lines([0.5, 0.1, nan])[1]
+
+
+def test_decoder_counts_verified_drafts():
+    target = tiny_target(seed=0)
+    dec = SpeculativeDecoder(target, tiny_drafter(target, block_size=4))
+    steep = Scheduler("exact", cost_table=dk.CostTable([1, 2], [1.0, 1000.0]))
+    st = dec.generate([[1, 2, 3], [4]], 6, scheduler=steep).stats
+    assert st.drafts_verified == 0 and st.verified_tokens_per_step == 2.0
+    assert all(a != a for a in st.conditional_acceptance)  # NaN: no draft verified at any position
+    st = dec.generate([[1, 2, 3], [4]], 6, scheduler=Scheduler("fixed", verify_len=2)).stats
+    active_request_steps = round(st.generated_tokens / st.acceptance_length)
+    assert st.drafts_verified == 2 * active_request_steps > 0
