@@ -487,9 +487,7 @@ DSPARK_API int dspark_accept_prefix_scan(const dspark_accept_prefix_scan_args* a
   dspark::AcceptPrefixScanParams p;
   DSPARK_TRY(scan_params(args, &p));
   const size_t need = dspark::accept_prefix_scan_workspace_bytes(p.N);
-  if (workspace_bytes < need || (need > 0 && workspace == nullptr))
-    return fail(DSPARK_ERR_WORKSPACE, "dspark_accept_prefix_scan: workspace must hold " + std::to_string(need) +
-                                          " bytes, got " + std::to_string(workspace_bytes));
+  DSPARK_TRY(check_workspace("dspark_accept_prefix_scan", workspace, workspace_bytes, need));
   return run_launch("dspark_accept_prefix_scan",
                     [&] { return dspark::launch_accept_prefix_scan(p, need ? workspace : nullptr, stream); });
 }
@@ -509,9 +507,7 @@ DSPARK_API int dspark_schedule_verify_lens(const dspark_schedule_verify_lens_arg
   dspark::ScheduleVerifyLensParams p;
   DSPARK_TRY(schedule_params(args, &p));
   const size_t need = dspark::schedule_verify_lens_workspace_bytes(p);
-  if (workspace_bytes < need || (need > 0 && workspace == nullptr))
-    return fail(DSPARK_ERR_WORKSPACE, "dspark_schedule_verify_lens: workspace must hold " + std::to_string(need) +
-                                          " bytes, got " + std::to_string(workspace_bytes));
+  DSPARK_TRY(check_workspace("dspark_schedule_verify_lens", workspace, workspace_bytes, need));
   return run_launch("dspark_schedule_verify_lens",
                     [&] { return dspark::launch_schedule_verify_lens(p, need ? workspace : nullptr, stream); });
 }
