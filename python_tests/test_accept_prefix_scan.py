@@ -331,13 +331,12 @@ def test_reference_never_syncs():
     assert all(o.device == m for o in out)
 
 
-# ---------------------------------------------------------------- Triton twin (interpreter on the CPU)
-
-def _triton_vs_reference(device, tokens, seq_lens, **kw):
-    """Run both backends (Triton on ``device``) and require identical outputs (values and dtypes)."""
+def _vs_reference(backend, device, tokens, seq_lens, run=lambda f: f(), **kw):
+    """Reference on the CPU vs ``backend`` on ``device`` (``run`` = simt_check or a plain call): identical outputs,
+    values and dtypes."""
     ref = dk.accept_prefix_scan(tokens, seq_lens, backend="reference", **kw)
     on_device = {key: val.to(device) if isinstance(val, torch.Tensor) else val for key, val in kw.items()}
-    out = dk.accept_prefix_scan(tokens.to(device), seq_lens.to(device), backend="triton", **on_device)
+    out = run(lambda: dk.accept_prefix_scan(tokens.to(device), seq_lens.to(device), backend=backend, **on_device))
     for name, x, y in zip(ref._fields, ref, out):
         if x is None:
             assert y is None, name
@@ -348,10 +347,16 @@ def _triton_vs_reference(device, tokens, seq_lens, **kw):
     return out
 
 
+# ---------------------------------------------------------------- Triton twin (interpreter on the CPU)
+
+def _triton_vs_reference(device, tokens, seq_lens, **kw):
+    return _vs_reference("triton", device, tokens, seq_lens, **kw)
+
+
 TABLE4 = [[2, 0, 5], [1, 4, 3], [3, 1, 0], [5, 2, 4]]
 
 
-@pytest.mark.parametrize("kw", [
+HAND_CASES = [
     dict(),
     dict(num_accepted=None, accept_mask=torch.tensor(ACCEPT_MASK)),
     dict(verify_cu_seqlens=t([0, 4, 6, 7, 10], I32)),
@@ -361,7 +366,10 @@ TABLE4 = [[2, 0, 5], [1, 4, 3], [3, 1, 0], [5, 2, 4]]
     dict(stop_token_ids=t([14])),
     dict(stop_token_ids=t([], I64)),
     dict(num_accepted=t([7, -2, 1 << 40, -(1 << 40)])),               # clamped to [0, K]
-])
+]
+
+
+@pytest.mark.parametrize("kw", HAND_CASES)
 def test_triton_hand_cases(triton_device, kw):
     kw = dict(kw)
     if "num_accepted" not in kw:
@@ -431,32 +439,11 @@ def test_triton_large_batch_carry(triton_device):
 # ---------------------------------------------------------------- CUDA kernel (SIMT harness on the CPU; GPU)
 
 def _cuda_vs_reference(device, run, tokens, seq_lens, **kw):
-    """Reference on the CPU vs the CUDA kernel on ``device`` (``run`` = simt_check or a plain call): identical
-    outputs, values and dtypes."""
-    ref = dk.accept_prefix_scan(tokens, seq_lens, backend="reference", **kw)
-    on_device = {key: val.to(device) if isinstance(val, torch.Tensor) else val for key, val in kw.items()}
-    out = run(lambda: dk.accept_prefix_scan(tokens.to(device), seq_lens.to(device), backend="cuda", **on_device))
-    for name, x, y in zip(ref._fields, ref, out):
-        if x is None:
-            assert y is None, name
-            continue
-        y = y.cpu()
-        assert x.dtype == y.dtype and x.shape == y.shape, (name, x.dtype, y.dtype, x.shape, y.shape)
-        assert torch.equal(x, y), (name, x.tolist(), y.tolist())
-    return out
+    return _vs_reference("cuda", device, tokens, seq_lens, run=run, **kw)
 
 
-@pytest.mark.parametrize("kw", [
-    dict(),
-    dict(num_accepted=None, accept_mask=torch.tensor(ACCEPT_MASK)),
-    dict(verify_cu_seqlens=t([0, 4, 6, 7, 10], I32)),
-    dict(verify_cu_seqlens=t([0, 2, 4, 5, 8])),                      # inconsistent: rows outside r0's own -> -1
-    dict(block_table=t(TABLE4, I32), block_size=4),
-    dict(max_seq_lens=t([12, 100, 1, 8]), block_table=t(TABLE4), block_size=4, stop_token_ids=t([42, 13], I32)),
-    dict(stop_token_ids=t([14])),
-    dict(stop_token_ids=t([], I64)),
+@pytest.mark.parametrize("kw", HAND_CASES + [
     dict(stop_token_ids=torch.arange(100, 30, -1)),                  # > 64 stop tokens: read from global memory
-    dict(num_accepted=t([7, -2, 1 << 40, -(1 << 40)])),               # clamped to [0, K]
 ])
 def test_cuda_hand_cases(cuda_device, simt_check, kw):
     kw = dict(kw)

@@ -360,24 +360,30 @@ def test_reference_never_syncs(mode):
     assert all(o.device == m for o in out)
 
 
-# ---------------------------------------------------------------- Triton twin (interpreter on the CPU)
-
-def _triton_vs_reference(device, survival=None, **kw):
-    """Run both backends (Triton on ``device``): identical integer outputs, Theta to float32 rounding."""
+def _vs_reference(backend, device, survival=None, run=lambda f: f(), **kw):
+    """Reference on the CPU vs ``backend`` on ``device`` (``run`` = simt_check or a plain call): identical integer
+    outputs, Theta to float32 rounding (equal in practice: the CUDA kernel's sums are exact and its cost-table
+    arithmetic is the reference's)."""
     ref = dk.schedule_verify_lens(survival, backend="reference", **kw)
     on_device = {key: val.to(device) if isinstance(val, torch.Tensor) else val for key, val in kw.items()}
-    out = dk.schedule_verify_lens(survival.to(device) if survival is not None else None, backend="triton",
-                                  **on_device)
+    out = run(lambda: dk.schedule_verify_lens(survival.to(device) if survival is not None else None,
+                                              backend=backend, **on_device))
     out = type(out)(*(x.cpu() for x in out))
     assert out.verify_lens.dtype == torch.int32 and out.cu_seqlens.dtype == torch.int32
     assert out.theta.dtype == F32 and out.theta.shape == ()
-    assert out.verify_lens.tolist() == ref.verify_lens.tolist()
+    assert out.verify_lens.tolist() == ref.verify_lens.tolist(), (out.verify_lens.tolist(), ref.verify_lens.tolist())
     assert out.cu_seqlens.tolist() == ref.cu_seqlens.tolist()
     assert out.theta.item() == pytest.approx(ref.theta.item(), rel=1e-6)
     return out
 
 
-@pytest.mark.parametrize("survival,table,kw", [
+# ---------------------------------------------------------------- Triton twin (interpreter on the CPU)
+
+def _triton_vs_reference(device, survival=None, **kw):
+    return _vs_reference("triton", device, survival, **kw)
+
+
+HAND_CASES = [
     ([[0.8, 0.72]], APPENDIX_TABLE, dict(mode="exact")),
     ([[0.8, 0.72]], APPENDIX_TABLE, dict(mode="argmax")),
     ([[0.8, 0.0]], APPENDIX_TABLE, dict(mode="argmax")),
@@ -399,7 +405,10 @@ def _triton_vs_reference(device, survival=None, **kw):
     (CURRENT, LINEAR_TABLE, dict(mode="argmax", min_gain=0.1)),
     ([[0.9], [0.01]], LINEAR_TABLE, dict(mode="exact")),
     ([[float("inf"), float("-inf")], [-0.0, 2.0]], LINEAR_TABLE, dict(mode="argmax")),
-])
+]
+
+
+@pytest.mark.parametrize("survival,table,kw", HAND_CASES)
 def test_triton_hand_cases(triton_device, survival, table, kw):
     _triton_vs_reference(triton_device, torch.tensor(survival, dtype=F32), cost_table=table, **kw)
 
@@ -476,43 +485,10 @@ def test_triton_size_limit(triton_device):
 # ---------------------------------------------------------------- CUDA kernel (SIMT harness on the CPU; GPU)
 
 def _cuda_vs_reference(device, run, survival=None, **kw):
-    """Reference on the CPU vs the CUDA kernel on ``device``: identical integer outputs, Theta to float32 rounding
-    (equal in practice: the kernel's sums are exact and its cost-table arithmetic is the reference's)."""
-    ref = dk.schedule_verify_lens(survival, backend="reference", **kw)
-    on_device = {key: val.to(device) if isinstance(val, torch.Tensor) else val for key, val in kw.items()}
-    out = run(lambda: dk.schedule_verify_lens(survival.to(device) if survival is not None else None, backend="cuda",
-                                              **on_device))
-    out = type(out)(*(x.cpu() for x in out))
-    assert out.verify_lens.dtype == torch.int32 and out.cu_seqlens.dtype == torch.int32
-    assert out.theta.dtype == F32 and out.theta.shape == ()
-    assert out.verify_lens.tolist() == ref.verify_lens.tolist(), (out.verify_lens.tolist(), ref.verify_lens.tolist())
-    assert out.cu_seqlens.tolist() == ref.cu_seqlens.tolist()
-    assert out.theta.item() == pytest.approx(ref.theta.item(), rel=1e-6)
-    return out
+    return _vs_reference("cuda", device, survival, run=run, **kw)
 
 
-CUDA_HAND_CASES = [
-    ([[0.8, 0.72]], APPENDIX_TABLE, dict(mode="exact")),
-    ([[0.8, 0.72]], APPENDIX_TABLE, dict(mode="argmax")),
-    ([[0.8, 0.0]], APPENDIX_TABLE, dict(mode="argmax")),
-    ([[0.8, 0.72]], APPENDIX_TABLE, dict(mode="argmax", budget_survival=torch.tensor([[0.8, 0.0]]))),
-    ([[0.8, 0.0]], APPENDIX_TABLE, dict(mode="argmax", budget_survival=torch.tensor([[0.8, 0.72]]))),
-    ([[0.05, 0.05], [1.0, 1.0]], LINEAR_TABLE, dict(mode="exact")),
-    ([[0.9, 0.0]], dk.CostTable([1], [10.0]), dict(mode="exact")),      # a zero gain is not admitted
-    ([[0.9, 0.0]], dk.CostTable([1], [10.0]), dict(mode="argmax")),     # the first maximum
-    ([[0.2, 0.9], [float("nan"), 0.9]], LINEAR_TABLE, dict(mode="argmax")),
-    ([[0.9, 0.8, 0.7], [0.0, 0.0, 0.0]], dk.CostTable([1], [10.0]), dict(mode="argmax", min_len=1, max_len=2)),
-    ([[0.9, 0.8, 0.7]], dk.CostTable([1], [10.0]), dict(mode="exact", min_len=3)),
-    (CURRENT, LINEAR_TABLE, dict(mode="exact")),
-    (CURRENT, LINEAR_TABLE, dict(mode="argmax")),
-    (CURRENT, LINEAR_TABLE, dict(mode="argmax", budget_survival=torch.tensor([[0.9, 0.8], [0.5, 0.05]]))),
-    (CURRENT, LINEAR_TABLE, dict(mode="argmax", budget_survival=torch.tensor([[0.0]]))),
-    (CURRENT, LINEAR_TABLE, dict(mode="argmax", budget_survival=torch.zeros(0, 3))),
-    ([[0.6, 0.5]], LINEAR_TABLE, dict(mode="argmax", budget_survival=torch.tensor([[0.9, 0.8], [0.5, 0.05]]))),
-    (CURRENT, LINEAR_TABLE, dict(mode="argmax", min_gain=0.05)),
-    (CURRENT, LINEAR_TABLE, dict(mode="argmax", min_gain=0.1)),
-    ([[0.9], [0.01]], LINEAR_TABLE, dict(mode="exact")),
-    ([[float("inf"), float("-inf")], [-0.0, 2.0]], LINEAR_TABLE, dict(mode="argmax")),
+CUDA_HAND_CASES = HAND_CASES + [
     ([[1e-30, 1e-42], [2.0 ** -60, 0.5]], dk.CostTable([1], [10.0]), dict(mode="exact")),   # tiny and denormal
     ([[1e-30, 1e-42], [2.0 ** -60, 0.5]], dk.CostTable([1], [10.0]), dict(mode="argmax")),
 ]
