@@ -500,3 +500,29 @@ def test_cuda_opcheck(cuda_device):
             True)
     torch.library.opcheck(torch.ops.dspark_simt.draft_block.default, args)
     torch.library.opcheck(torch.ops.dspark.draft_block.default, args + ("cuda",))
+
+
+@pytest.mark.parametrize("w2_dtype", [torch.bfloat16, torch.float16])
+def test_cuda_tensor_core_bias_error(cuda_device, w2_dtype):
+    """The tensor-core sweep splits the float32 v into hi + lo rows of W2's type (two MMAs): its biases W2 @ v
+    (the logits with U = 0) against a float64 reference of the same W2 and v, next to plain PyTorch in W2's dtype
+    (v rounded to it, W2 @ v in that dtype). The split must be far closer than plain PyTorch (16 or 22 significant
+    bits of v instead of 8 or 11): at most 1/16 of its error, and within float32-level tolerance of the reference."""
+    n, vocab, rank = 9, 700, 96
+    g = torch.Generator().manual_seed(5)
+    w1 = torch.randn(vocab, rank, generator=g) * torch.logspace(-3, 1, rank)  # float32 v rows, wide magnitudes
+    w2 = torch.randn(vocab, rank, generator=g).to(w2_dtype)
+    anchors = torch.randint(0, vocab, (n,), generator=g)
+    base = torch.zeros(n, 1, vocab)
+    dev = lambda x: x.to(cuda_device)  # noqa: E731
+    out = dk.draft_block(dev(base), dev(anchors), dk.MarkovHead("vanilla", dev(w1), dev(w2)), return_logits=True,
+                         backend="cuda")
+    v = w1[anchors].double()
+    want = v @ w2.double().T
+    err = (out.logits[:, 0].cpu().double() - want).abs().max().item()
+    plain = (w1[anchors].to(w2_dtype) @ w2.T).double()
+    err_plain = (plain - want).abs().max().item()
+    scale = (v.abs() @ w2.double().abs().T).max().item()
+    print(f"{w2_dtype}: split max abs err {err:.3g} ({err / scale:.3g} of sum|w v|), plain {err_plain:.3g}")
+    assert err <= err_plain / 16, (err, err_plain)
+    assert err <= (2 ** -14 if w2_dtype == torch.bfloat16 else 2 ** -19) * scale, (err, scale)
