@@ -18,21 +18,33 @@
 //     phase 1b (gated / rnn only): the gate / rnn matrix-vector products for the whole batch at once (items =
 //        blocks of output rows x groups of 32 requests, weights staged in shared memory and read once per group):
 //        v (and the rnn state, ping-ponged between two rows) into the workspace.  grid barrier
-//     phase 2 (the vocabulary sweep): CTA b owns rows [b*chunk, (b+1)*chunk) of the vocabulary. For each group
-//        of up to NB requests it copies their v rows into shared memory, then streams its W2 slice once: a tile
-//        of 128 rows x 32 columns is staged in shared memory (coalesced 16-byte loads, converted to float32),
-//        thread t owns row t of the tile and accumulates W2[row] . v_n for every request of the group in
-//        registers (an FP32 FMA loop; each W2 element is read from global memory once per position and group).
-//        The tile's biases go through shared memory to one warp per request, which adds U, writes the logits
-//        when asked, and folds (argmax or Gumbel race winner, softmax statistics of logits / T) into the CTA's
-//        running partial for that request. The bias never reaches global memory. Partials go to a workspace
-//        [G, N].
+//     phase 2 (the vocabulary sweep): CTA b owns rows [b*chunk, (b+1)*chunk) of the vocabulary and streams its
+//        W2 slice once per position and request group (up to 64 requests; fewer when r is large):
+//        * bf16 / fp16 W2 (r <= 2048), on tensor cores (dspark/mma.cuh, m32n8k16): the group's float32 v rows
+//          are split into hi + lo rows of W2's type after a per-request power-of-two scale (max |v| -> [2^13,
+//          2^14): 16 significant bits of v with bf16, 22 with fp16), the group padded to a multiple of 8 with
+//          zero rows. Per tile of 128 vocabulary rows, chunks of 64 columns of W2 are staged in shared memory in
+//          their own type (16-byte copies); warp w loads the A fragment of rows 32w..32w+31 once per 16 columns
+//          and issues two MMAs (hi, lo) per 8 requests into float32 accumulators (8 x 8 floats per lane for 64
+//          requests). The accumulators go to a shared [NB, 128] bias tile, unscaled when folded.
+//        * fp32 W2 (and 16-bit W2 with r > 2048): the FMA sweep: a tile of 128 rows x 32 columns is staged as
+//          float32, thread t owns row t and accumulates W2[row] . v_n for every request of the group in
+//          registers.
+//        The fold: one warp per request adds U to the tile's biases, writes the logits when asked, and folds
+//        (argmax or Gumbel race winner, softmax statistics of logits / T) into the CTA's running partial for
+//        that request. The bias never reaches global memory. Partials go to a workspace [G, N].
+//        CTAs: all resident, >= 128 vocabulary rows each, and the per-position broadcast of the v rows to every
+//        CTA (N * r * 4 bytes each) at most 1/12 of the position's U + W2 bytes (N = 1: 132 CTAs; the headline
+//        N = 64, r = 256, V = 151936 bf16: 123 CTAs).
 //     grid barrier
 //   final: the last position's partials are merged (one CTA per request) into its tokens and log-probabilities.
 //
 // Every random draw is keyed by (request, position, STREAM_DRAFT, token), so the race winner does not depend on
 // the split. Ties go to the lowest index, NaN scores count as -inf (infinities stay), so tokens equal the
-// reference's whenever the float32 logits agree. All arithmetic is float32; offsets are 64-bit.
+// reference's whenever the float32 logits agree. All arithmetic is float32 (the tensor cores form exact products of
+// 16-bit operands and accumulate them in float32; the v split keeps 16 / 22 bits of v, so the biases sit within
+// ~2^-17 / 2^-22 of sum |W2 v| of the float32 ones); offsets are 64-bit. The tensor-core path has run only in the
+// SIMT harness's emulation of dspark/mma.cuh (and compiled for sm_80 / sm_90a), not yet on a GPU.
 #pragma once
 
 #include <math.h>
@@ -55,7 +67,7 @@ constexpr int64_t kGroupFloats = 16384;  // shared floats for the v rows of one 
 constexpr int kMaxGroup = 64;            // requests per group (the register tile of the sweep)
 constexpr int kMaxCtasPerSm = 1;
 constexpr int64_t kMinRowsPerCta = 128;
-constexpr int64_t kBroadcastShare = 16;  // v broadcast to the CTAs <= 1/16 of a position's U + W2 bytes
+constexpr int64_t kBroadcastShare = 12;  // v broadcast to the CTAs <= 1/12 of a position's U + W2 bytes
 // The tensor-core sweep (16-bit W2): W2 tile columns per staged chunk, its row stride (elements; a multiple of 8
 // that keeps every warp's 32-row block 32-byte aligned and spreads the rows over the banks), the bias tile's
 // stride (floats), the widest rank it takes (a request's hi / lo rows must fit in the group area), and the
@@ -117,56 +129,37 @@ struct Plan {
   int64_t off_wt, off_l, off_parts, off_temp, off_scale;
 };
 
-// Per-request running partial of a slice of the vocabulary: softmax statistics of the scaled logits, the winner
-// (argmax of the logits or of the race scores) and the winner's scaled logit, and whether a NaN was seen.
+// Per-request running partial of a slice of the vocabulary, built from reduce.cuh's pieces: the softmax statistics
+// of the scaled logits (SoftmaxStats: -inf and NaN carry no mass), the winner (ArgMax of the logits, or of the race
+// scores; the package's tie rule) with the winner's scaled logit, and whether a NaN was seen.
 struct Part {
-  float m, s;
-  float score;
-  int32_t index;
+  SoftmaxStats stats;
+  ArgMax win;
   float scaled;
   int32_t bad;
 
-  DSPARK_HOST_DEVICE_FN static Part empty() { return Part{neg_inf(), 0.0f, neg_inf(), INT32_MAX, neg_inf(), 0}; }
-  // `score` is NaN-free; `x` is the scaled logit of token `i`.
-  DSPARK_HOST_DEVICE_FN void add(float x, float sc, int32_t i) {
-    if (sc > score || (sc == score && i < index)) {
-      score = sc;
-      index = i;
+  DSPARK_HOST_DEVICE_FN static Part empty() { return Part{SoftmaxStats::empty(), ArgMax::empty(), neg_inf(), 0}; }
+  // `sc` is NaN-free; `x` is the scaled logit of token `i`.
+  DSPARK_HOST_DEVICE_FN void add(float x, float sc, int64_t i) {
+    if (win.beaten_by(sc, i)) {
+      win = ArgMax{sc, i};
       scaled = x;
     }
-    if (x != x) {
-      bad = 1;
-    } else if (x > neg_inf()) {
-      if (x > m) {
-        s = s * expf(m - x) + 1.0f;
-        m = x;
-      } else {
-        s += expf(x - m);
-      }
-    }
+    if (x != x) bad = 1;
+    stats.update(x);
   }
   DSPARK_HOST_DEVICE_FN void merge(const Part& o) {
-    if (o.score > score || (o.score == score && o.index < index)) {
-      score = o.score;
-      index = o.index;
+    if (win.beaten_by(o.win.value, o.win.index)) {
+      win = o.win;
       scaled = o.scaled;
     }
     bad |= o.bad;
-    if (o.m > neg_inf()) {
-      if (!(m > neg_inf())) {
-        m = o.m;
-        s = o.s;
-      } else {
-        const float nm = m > o.m ? m : o.m;
-        s = s * expf(m - nm) + o.s * expf(o.m - nm);
-        m = nm;
-      }
-    }
+    stats.merge(o.stats);
   }
   // log_softmax(x)[winner] as torch computes it: NaN for a row with a NaN or +inf entry, or only -inf ones.
   DSPARK_HOST_DEVICE_FN float logprob() const {
-    if (bad || !(m > neg_inf()) || !(m < INFINITY)) return NAN;
-    return scaled - (m + logf(s));
+    if (bad || !(stats.m > neg_inf()) || !(stats.m < INFINITY)) return NAN;
+    return scaled - stats.log_sum_exp();
   }
 };
 
@@ -202,16 +195,17 @@ struct Workspace {
 };
 
 DSPARK_DEVICE void store_part(Part* p, const Part& v) {
-  stg(&p->m, v.m);
-  stg(&p->s, v.s);
-  stg(&p->score, v.score);
-  stg(&p->index, v.index);
+  stg(&p->stats.m, v.stats.m);
+  stg(&p->stats.s, v.stats.s);
+  stg(&p->win.value, v.win.value);
+  stg(&p->win.index, v.win.index);
   stg(&p->scaled, v.scaled);
   stg(&p->bad, v.bad);
 }
 DSPARK_DEVICE Part load_part(const Part* p) {
-  return Part{ld_coherent(&p->m), ld_coherent(&p->s), ld_coherent(&p->score), ld_coherent(&p->index),
-              ld_coherent(&p->scaled), ld_coherent(&p->bad)};
+  return Part{SoftmaxStats{ld_coherent(&p->stats.m), ld_coherent(&p->stats.s)},
+              ArgMax{ld_coherent(&p->win.value), ld_coherent(&p->win.index)}, ld_coherent(&p->scaled),
+              ld_coherent(&p->bad)};
 }
 
 // Request n's partials of the last sweep, merged by the whole block (every thread gets the result).
@@ -235,7 +229,7 @@ DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& pla
                           : static_cast<int64_t>(ldg(static_cast<const int32_t*>(p.anchors) + n));
     } else {
       const Part pt = merge_parts(ws, plan.grid, N, n, part_scratch);
-      x = pt.index;
+      x = pt.win.index;
       if (t == 0) {
         stg(p.tokens + n * K + (k - 1), x);
         stg(p.logprobs + n * K + (k - 1), pt.logprob());
@@ -388,7 +382,7 @@ DSPARK_DEVICE void fold_tile(const DraftBlockParams& p, const rng::Philox& ph, i
     if (p.logits != nullptr) stg(p.logits + row0 + v, l);
     const float xs = l / tdiv;
     const float sc = sampled ? gumbel_score(xs, ph.uniform(n, k, rng::kStreamDraft, v)) : nan_to_neg_inf(l);
-    pt.add(xs, sc, static_cast<int32_t>(v));
+    pt.add(xs, sc, v);
   }
   pt = warp_allreduce(pt);
   if (lane == 0) run->merge(pt);
@@ -669,7 +663,7 @@ __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockPara
   for (int64_t n = blockIdx.x; n < p.N; n += gridDim.x) {  // the last position's tokens
     const Part pt = merge_parts(ws, plan.grid, p.N, n, part_scratch);
     if (threadIdx.x == 0) {
-      stg(p.tokens + n * p.K + (p.K - 1), static_cast<int64_t>(pt.index));
+      stg(p.tokens + n * p.K + (p.K - 1), pt.win.index);
       stg(p.logprobs + n * p.K + (p.K - 1), pt.logprob());
     }
   }
