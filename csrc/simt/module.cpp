@@ -91,6 +91,12 @@ void selftest(const std::string& name, const torch::Tensor& x, torch::Tensor& y,
     launch("shuffle_mask_kernel", selftest::shuffle_mask_kernel, cfg, yp, variant);
   } else if (name == "oob_read") {
     launch("oob_read_kernel", selftest::oob_read_kernel, cfg, xp, yp, x.numel(), variant);
+  } else if (name == "mma") {
+    if (variant == 1) {
+      launch("mma_kernel", selftest::mma_kernel<__half>, cfg, xp, yp, variant);
+    } else {
+      launch("mma_kernel", selftest::mma_kernel<__nv_bfloat16>, cfg, xp, yp, variant);
+    }
   } else if (name == "grid_barrier") {
     cfg.cooperative = variant == 0;  // the broken variant uses the grid barrier in a plain launch
     launch("grid_barrier_kernel", selftest::grid_barrier_kernel, cfg, ap, yp);

@@ -477,6 +477,9 @@ void release(std::vector<Fiber*>& waiters) {
 
 }  // namespace
 
+// A fault raised by a device-side helper of the shared headers (e.g. a misaligned MMA operand).
+void device_fault(const char* msg) { fault(msg); }
+
 // ------------------------------------------------------------------------------------------- public API
 ThreadCtx& ctx() {
   if (g_current == nullptr) throw std::runtime_error("dspark SIMT: a device built-in was used outside a kernel");

@@ -18,27 +18,40 @@
 //     phase 1b (gated / rnn only): the gate / rnn matrix-vector products for the whole batch at once (items =
 //        blocks of output rows x groups of 32 requests, weights staged in shared memory and read once per group):
 //        v (and the rnn state, ping-ponged between two rows) into the workspace.  grid barrier
-//     phase 2 (the vocabulary sweep): CTA b owns rows [b*chunk, (b+1)*chunk) of the vocabulary. For each group
-//        of up to NB requests it copies their v rows into shared memory, then streams its W2 slice once: a tile
-//        of 128 rows x 32 columns is staged in shared memory (coalesced 16-byte loads, converted to float32),
-//        thread t owns row t of the tile and accumulates W2[row] . v_n for every request of the group in
-//        registers (an FP32 FMA loop; each W2 element is read from global memory once per position and group).
-//        The tile's biases go through shared memory to one warp per request, which adds U, writes the logits
-//        when asked, and folds (argmax or Gumbel race winner, softmax statistics of logits / T) into the CTA's
-//        running partial for that request. The bias never reaches global memory. Partials go to a workspace
-//        [G, N].
+//     phase 2 (the vocabulary sweep): CTA b owns rows [b*chunk, (b+1)*chunk) of the vocabulary and streams its
+//        W2 slice once per position and request group (up to 64 requests; fewer when r is large):
+//        * bf16 / fp16 W2 (r <= 2048), on tensor cores (dspark/mma.cuh, m32n8k16): the group's float32 v rows
+//          are split into hi + lo rows of W2's type after a per-request power-of-two scale (max |v| -> [2^13,
+//          2^14): 16 significant bits of v with bf16, 22 with fp16), the group padded to a multiple of 8 with
+//          zero rows. Per tile of 128 vocabulary rows, chunks of 64 columns of W2 are staged in shared memory in
+//          their own type (16-byte copies); warp w loads the A fragment of rows 32w..32w+31 once per 16 columns
+//          and issues two MMAs (hi, lo) per 8 requests into float32 accumulators (8 x 8 floats per lane for 64
+//          requests). The accumulators go to a shared [NB, 128] bias tile, unscaled when folded.
+//        * fp32 W2 (and 16-bit W2 with r > 2048): the FMA sweep: a tile of 128 rows x 32 columns is staged as
+//          float32, thread t owns row t and accumulates W2[row] . v_n for every request of the group in
+//          registers.
+//        The fold: one warp per request adds U to the tile's biases, writes the logits when asked, and folds
+//        (argmax or Gumbel race winner, softmax statistics of logits / T) into the CTA's running partial for
+//        that request. The bias never reaches global memory. Partials go to a workspace [G, N].
+//        CTAs: all resident, >= 128 vocabulary rows each, and the per-position broadcast of the v rows to every
+//        CTA (N * r * 4 bytes each) at most 1/12 of the position's U + W2 bytes (N = 1: 132 CTAs; the headline
+//        N = 64, r = 256, V = 151936 bf16: 123 CTAs).
 //     grid barrier
 //   final: the last position's partials are merged (one CTA per request) into its tokens and log-probabilities.
 //
 // Every random draw is keyed by (request, position, STREAM_DRAFT, token), so the race winner does not depend on
 // the split. Ties go to the lowest index, NaN scores count as -inf (infinities stay), so tokens equal the
-// reference's whenever the float32 logits agree. All arithmetic is float32; offsets are 64-bit.
+// reference's whenever the float32 logits agree. All arithmetic is float32 (the tensor cores form exact products of
+// 16-bit operands and accumulate them in float32; the v split keeps 16 / 22 bits of v, so the biases sit within
+// ~2^-17 / 2^-22 of sum |W2 v| of the float32 ones); offsets are 64-bit. The tensor-core path has run only in the
+// SIMT harness's emulation of dspark/mma.cuh (and compiled for sm_80 / sm_90a), not yet on a GPU.
 #pragma once
 
 #include <math.h>
 #include <stdint.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "utils.cuh"
 
@@ -54,7 +67,16 @@ constexpr int64_t kGroupFloats = 16384;  // shared floats for the v rows of one 
 constexpr int kMaxGroup = 64;            // requests per group (the register tile of the sweep)
 constexpr int kMaxCtasPerSm = 1;
 constexpr int64_t kMinRowsPerCta = 128;
-constexpr int64_t kBroadcastShare = 16;  // v broadcast to the CTAs <= 1/16 of a position's U + W2 bytes
+constexpr int64_t kBroadcastShare = 12;  // v broadcast to the CTAs <= 1/12 of a position's U + W2 bytes
+// The tensor-core sweep (16-bit W2): W2 tile columns per staged chunk, its row stride (elements; a multiple of 8
+// that keeps every warp's 32-row block 32-byte aligned and spreads the rows over the banks), the bias tile's
+// stride (floats), the widest rank it takes (a request's hi / lo rows must fit in the group area), and the
+// exponent the split scales every request's largest |v| to (hi / lo stay normal numbers in fp16).
+constexpr int kRKm = 64;
+constexpr int kWtStrideM = kRKm + 8;
+constexpr int kLtStrideM = kThreads + 4;
+constexpr int64_t kMaxMmaRank = 2048;
+constexpr int kSplitExp = 14;
 
 enum Head : int { kVanilla = 0, kGated = 1, kRnn = 2 };
 
@@ -96,6 +118,7 @@ struct DraftBlockParams {
 
 // The launch shape, decided on the host from the shapes and the device (the same code in both builds).
 struct Plan {
+  bool mma;           // the tensor-core sweep (16-bit W2, R <= kMaxMmaRank)
   int grid;           // CTAs (all resident)
   int64_t chunk;      // vocabulary rows per CTA
   int group;          // requests per sweep group (NB)
@@ -103,59 +126,40 @@ struct Plan {
   int64_t rpad;       // R rounded up to kRK
   size_t smem;        // dynamic shared memory
   // dynamic shared memory layout (float offsets)
-  int64_t off_wt, off_l, off_parts, off_temp;
+  int64_t off_wt, off_l, off_parts, off_temp, off_scale;
 };
 
-// Per-request running partial of a slice of the vocabulary: softmax statistics of the scaled logits, the winner
-// (argmax of the logits or of the race scores) and the winner's scaled logit, and whether a NaN was seen.
+// Per-request running partial of a slice of the vocabulary, built from reduce.cuh's pieces: the softmax statistics
+// of the scaled logits (SoftmaxStats: -inf and NaN carry no mass), the winner (ArgMax of the logits, or of the race
+// scores; the package's tie rule) with the winner's scaled logit, and whether a NaN was seen.
 struct Part {
-  float m, s;
-  float score;
-  int32_t index;
+  SoftmaxStats stats;
+  ArgMax win;
   float scaled;
   int32_t bad;
 
-  DSPARK_HOST_DEVICE_FN static Part empty() { return Part{neg_inf(), 0.0f, neg_inf(), INT32_MAX, neg_inf(), 0}; }
-  // `score` is NaN-free; `x` is the scaled logit of token `i`.
-  DSPARK_HOST_DEVICE_FN void add(float x, float sc, int32_t i) {
-    if (sc > score || (sc == score && i < index)) {
-      score = sc;
-      index = i;
+  DSPARK_HOST_DEVICE_FN static Part empty() { return Part{SoftmaxStats::empty(), ArgMax::empty(), neg_inf(), 0}; }
+  // `sc` is NaN-free; `x` is the scaled logit of token `i`.
+  DSPARK_HOST_DEVICE_FN void add(float x, float sc, int64_t i) {
+    if (win.beaten_by(sc, i)) {
+      win = ArgMax{sc, i};
       scaled = x;
     }
-    if (x != x) {
-      bad = 1;
-    } else if (x > neg_inf()) {
-      if (x > m) {
-        s = s * expf(m - x) + 1.0f;
-        m = x;
-      } else {
-        s += expf(x - m);
-      }
-    }
+    if (x != x) bad = 1;
+    stats.update(x);
   }
   DSPARK_HOST_DEVICE_FN void merge(const Part& o) {
-    if (o.score > score || (o.score == score && o.index < index)) {
-      score = o.score;
-      index = o.index;
+    if (win.beaten_by(o.win.value, o.win.index)) {
+      win = o.win;
       scaled = o.scaled;
     }
     bad |= o.bad;
-    if (o.m > neg_inf()) {
-      if (!(m > neg_inf())) {
-        m = o.m;
-        s = o.s;
-      } else {
-        const float nm = m > o.m ? m : o.m;
-        s = s * expf(m - nm) + o.s * expf(o.m - nm);
-        m = nm;
-      }
-    }
+    stats.merge(o.stats);
   }
   // log_softmax(x)[winner] as torch computes it: NaN for a row with a NaN or +inf entry, or only -inf ones.
   DSPARK_HOST_DEVICE_FN float logprob() const {
-    if (bad || !(m > neg_inf()) || !(m < INFINITY)) return NAN;
-    return scaled - (m + logf(s));
+    if (bad || !(stats.m > neg_inf()) || !(stats.m < INFINITY)) return NAN;
+    return scaled - stats.log_sum_exp();
   }
 };
 
@@ -191,16 +195,17 @@ struct Workspace {
 };
 
 DSPARK_DEVICE void store_part(Part* p, const Part& v) {
-  stg(&p->m, v.m);
-  stg(&p->s, v.s);
-  stg(&p->score, v.score);
-  stg(&p->index, v.index);
+  stg(&p->stats.m, v.stats.m);
+  stg(&p->stats.s, v.stats.s);
+  stg(&p->win.value, v.win.value);
+  stg(&p->win.index, v.win.index);
   stg(&p->scaled, v.scaled);
   stg(&p->bad, v.bad);
 }
 DSPARK_DEVICE Part load_part(const Part* p) {
-  return Part{ld_coherent(&p->m), ld_coherent(&p->s), ld_coherent(&p->score), ld_coherent(&p->index),
-              ld_coherent(&p->scaled), ld_coherent(&p->bad)};
+  return Part{SoftmaxStats{ld_coherent(&p->stats.m), ld_coherent(&p->stats.s)},
+              ArgMax{ld_coherent(&p->win.value), ld_coherent(&p->win.index)}, ld_coherent(&p->scaled),
+              ld_coherent(&p->bad)};
 }
 
 // Request n's partials of the last sweep, merged by the whole block (every thread gets the result).
@@ -224,7 +229,7 @@ DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& pla
                           : static_cast<int64_t>(ldg(static_cast<const int32_t*>(p.anchors) + n));
     } else {
       const Part pt = merge_parts(ws, plan.grid, N, n, part_scratch);
-      x = pt.index;
+      x = pt.win.index;
       if (t == 0) {
         stg(p.tokens + n * K + (k - 1), x);
         stg(p.logprobs + n * K + (k - 1), pt.logprob());
@@ -362,6 +367,27 @@ DSPARK_DRAFT_PHASE void phase_matvec(const DraftBlockParams& p, const Plan& plan
 }
 
 // ------------------------------------------------------------------------------------------------ phase 2
+// One warp folds a tile's biases of request n (bias[i] * bscale for vocabulary row tile0 + i) into the request's
+// running partial `run` (shared memory): adds U, writes the logits when asked, and takes the argmax (greedy,
+// temp == 0) or the Gumbel race winner of logits / temp, with the softmax statistics of the scaled logits.
+DSPARK_DEVICE void fold_tile(const DraftBlockParams& p, const rng::Philox& ph, int64_t n, int64_t k, int64_t tile0,
+                             int rows, const float* bias, float bscale, float temp, int lane, Part* run) {
+  const bool sampled = temp > 0.0f;
+  const float tdiv = sampled ? temp : 1.0f;
+  const int64_t row0 = (n * p.K + k) * p.V;
+  Part pt = Part::empty();
+  for (int i = lane; i < rows; i += 32) {
+    const int64_t v = tile0 + i;
+    const float l = load_float(p.base, p.base_dtype, row0 + v) + bias[i] * bscale;
+    if (p.logits != nullptr) stg(p.logits + row0 + v, l);
+    const float xs = l / tdiv;
+    const float sc = sampled ? gumbel_score(xs, ph.uniform(n, k, rng::kStreamDraft, v)) : nan_to_neg_inf(l);
+    pt.add(xs, sc, v);
+  }
+  pt = warp_allreduce(pt);
+  if (lane == 0) run->merge(pt);
+}
+
 template <typename TW, int NBT>
 DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                const rng::Philox& ph, float* smem) {
@@ -446,22 +472,7 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
           __syncthreads();
           const int jl = cc * kWarps + warp;
           if (jl < nb) {
-            const int64_t n = g0 + jl;
-            const float temp = temps[jl];
-            const bool sampled = temp > 0.0f;
-            const float tdiv = sampled ? temp : 1.0f;
-            const int64_t row0 = (n * K + k) * V;
-            Part pt = Part::empty();
-            for (int i = lane; i < rows; i += 32) {
-              const int64_t v = tile0 + i;
-              const float l = load_float(p.base, p.base_dtype, row0 + v) + lt[warp * kThreads + i];
-              if (p.logits != nullptr) stg(p.logits + row0 + v, l);
-              const float xs = l / tdiv;
-              const float sc = sampled ? gumbel_score(xs, ph.uniform(n, k, rng::kStreamDraft, v)) : nan_to_neg_inf(l);
-              pt.add(xs, sc, static_cast<int32_t>(v));
-            }
-            pt = warp_allreduce(pt);
-            if (lane == 0) run[jl].merge(pt);
+            fold_tile(p, ph, g0 + jl, k, tile0, rows, lt + warp * kThreads, 1.0f, temps[jl], lane, run + jl);
           }
           __syncthreads();
         }
@@ -472,9 +483,159 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
   }
 }
 
+// x ~= hi + lo in a 16-bit type (an infinite or NaN hi carries no lo).
+template <typename TW>
+DSPARK_DEVICE void split_store(float x, TW* hi, TW* lo) {
+  const TW h = from_float<TW>(x);
+  const float hf = to_float(h);
+  *hi = h;
+  *lo = from_float<TW>(hf - hf == 0.0f ? x - hf : 0.0f);
+}
+
+// The tensor-core sweep for a 16-bit W2 (bf16 / fp16). Per request group (NBT a multiple of 8; the group pads to
+// it with zero rows):
+//   * the group's float32 v rows are split into two rows of W2's type, hi = T(v * s), lo = T(v * s - hi), with s
+//     a power of two per request that brings max |v| to [2^13, 2^14) (fp16's range; exact, undone on the bias),
+//     so hi + lo carries 16 (bf16) or 22 (fp16) significant bits of v; B operand layout [NB][hi row | lo row];
+//   * per tile of 128 vocabulary rows (warp w owns rows 32w..32w+31), chunks of kRKm columns of W2 are staged in
+//     shared memory in their own type (16-byte copies, no conversion); per 16 columns each warp loads its A
+//     fragment once and issues two m32n8k16 MMAs (hi and lo) per 8 requests into float32 accumulators;
+//   * the accumulators go to a shared [NB, 128] bias tile, and one warp per request folds it (fold_tile).
 template <typename TW, int NBT>
+DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
+                                        const rng::Philox& ph, float* smem) {
+  static_assert(NBT % mma::kN == 0, "the request group pads to the MMA's N");
+  constexpr int kFrags = NBT / mma::kN;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t N = p.N, V = p.V, R = p.R, rpad = plan.rpad;
+  TW* vt = reinterpret_cast<TW*>(smem);                     // [NB][2][rpad]: hi row, lo row
+  TW* wt = reinterpret_cast<TW*>(smem + plan.off_wt);       // [kThreads][kWtStrideM]
+  float* lt = smem + plan.off_l;                            // [NB][kLtStrideM]: the tile's biases
+  Part* run = reinterpret_cast<Part*>(smem + plan.off_parts);  // [NB]
+  float* temps = smem + plan.off_temp;                      // [NB]: T, or 0 for greedy
+  float* unscale = smem + plan.off_scale;                   // [NB]: 1 / s
+  const int64_t v0 = static_cast<int64_t>(blockIdx.x) * plan.chunk;
+  const int64_t v1 = v0 + plan.chunk < V ? v0 + plan.chunk : V;
+  constexpr int kEpv = static_cast<int>(16 / sizeof(TW));
+  const TW* w2 = static_cast<const TW*>(p.w2);
+  const bool vec = (R * static_cast<int64_t>(sizeof(TW))) % 16 == 0 && is_aligned16(w2);
+  const int ldb = static_cast<int>(2 * rpad);
+  for (int64_t g0 = 0; g0 < N; g0 += plan.group) {
+    const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
+    const int nbp = (nb + mma::kN - 1) / mma::kN * mma::kN;
+    __syncthreads();
+    // the split of v, one warp per request (rows nb..nbp-1 are zero)
+    for (int j = warp; j < nbp; j += kWarps) {
+      TW* hi = vt + static_cast<int64_t>(j) * ldb;
+      TW* lo = hi + rpad;
+      if (j < nb) {
+        const float* vrow = ws.v + (g0 + j) * R;
+        constexpr int kHold = 16;  // R <= 512: the row stays in registers between the max and the split
+        float held[kHold];
+        float amax = 0.0f;
+        if (R <= 32 * kHold) {
+#pragma unroll
+          for (int q = 0; q < kHold; ++q) {
+            const int64_t c = lane + 32 * q;
+            held[q] = c < R ? ld_coherent(vrow + c) : 0.0f;
+            amax = fmaxf(amax, fabsf(held[q]));
+          }
+        } else {
+          for (int64_t c = lane; c < R; c += 32) amax = fmaxf(amax, fabsf(ld_coherent(vrow + c)));
+        }
+        amax = warp_max(amax);
+        int e = 0;
+        if (amax > 0.0f && amax < INFINITY) {
+          frexpf(amax, &e);
+          e = kSplitExp - e;
+          e = e < -100 ? -100 : (e > 100 ? 100 : e);
+        }
+        const float sc = ldexpf(1.0f, e);
+        if (lane == 0) unscale[j] = ldexpf(1.0f, -e);
+        if (R <= 32 * kHold) {
+#pragma unroll
+          for (int q = 0; q < kHold; ++q) {
+            const int64_t c = lane + 32 * q;
+            if (c < rpad) split_store(held[q] * sc, hi + c, lo + c);
+          }
+        } else {
+          for (int64_t c = lane; c < rpad; c += 32) split_store(c < R ? ld_coherent(vrow + c) * sc : 0.0f, hi + c, lo + c);
+        }
+      } else {
+        for (int64_t c = lane; c < rpad; c += 32) {
+          hi[c] = from_float<TW>(0.0f);
+          lo[c] = from_float<TW>(0.0f);
+        }
+      }
+    }
+    for (int j = t; j < nb; j += kThreads) {
+      run[j] = Part::empty();
+      const float temp = p.temperature != nullptr ? ldg(p.temperature + g0 + j) : 0.0f;
+      temps[j] = temp > 0.0f ? temp : 0.0f;
+    }
+    for (int64_t tile0 = v0; tile0 < v1; tile0 += kThreads) {
+      const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
+      mma::Acc acc[kFrags];
+#pragma unroll
+      for (int f = 0; f < kFrags; ++f) mma::zero(acc[f]);
+      for (int64_t rc = 0; rc < rpad; rc += kRKm) {
+        const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);  // a multiple of 32
+        __syncthreads();  // the previous chunk (or the group's setup, or the last fold) is done
+        if (vec) {
+          const int vpr = width / kEpv;  // vectors per staged row
+          for (int i = t; i < kThreads * vpr; i += kThreads) {
+            const int row = i / vpr, q = i - row * vpr;
+            const int64_t col = rc + q * kEpv;
+            Vec16<TW> w;
+            if (row < rows && col < R) {
+              w = load16(w2 + (tile0 + row) * R + col);
+            } else {
+#pragma unroll
+              for (int e = 0; e < kEpv; ++e) w.v[e] = from_float<TW>(0.0f);
+            }
+            *reinterpret_cast<Vec16<TW>*>(wt + row * kWtStrideM + q * kEpv) = w;
+          }
+        } else {
+          for (int i = t; i < kThreads * width; i += kThreads) {
+            const int row = i / width, c = i - row * width;
+            const int64_t col = rc + c;
+            wt[row * kWtStrideM + c] = row < rows && col < R ? ldg(w2 + (tile0 + row) * R + col) : from_float<TW>(0.0f);
+          }
+        }
+        __syncthreads();
+        const TW* aw = wt + warp * mma::kM * kWtStrideM;
+        for (int kk = 0; kk < width; kk += mma::kK) {
+          mma::FragA<TW> fa;
+          mma::load_a(fa, aw + kk, kWtStrideM);
+#pragma unroll
+          for (int f = 0; f < kFrags; ++f) {
+            if (f * mma::kN < nb) {  // warp-uniform
+              mma::FragB<TW> fb;
+              const TW* b = vt + static_cast<int64_t>(f * mma::kN) * ldb + rc + kk;
+              mma::load_b(fb, b, ldb);
+              mma::mma(acc[f], fa, fb);
+              mma::load_b(fb, b + rpad, ldb);
+              mma::mma(acc[f], fa, fb);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int f = 0; f < kFrags; ++f)
+        if (f * mma::kN < nb) mma::store(lt + f * mma::kN * kLtStrideM + warp * mma::kM, kLtStrideM, acc[f]);
+      __syncthreads();
+      for (int jl = warp; jl < nb; jl += kWarps)
+        fold_tile(p, ph, g0 + jl, k, tile0, rows, lt + jl * kLtStrideM, unscale[jl], temps[jl], lane, run + jl);
+    }
+    __syncthreads();
+    for (int j = t; j < nb; j += kThreads) store_part(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + j, run[j]);
+  }
+}
+
+template <typename TW, int NBT, bool kMma>
 __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockParams p, Plan plan, Workspace ws) {
-  DSPARK_DYNAMIC_SMEM(float, smem);
+  DSPARK_DYNAMIC_SMEM(unsigned char, smem_raw);
+  float* smem = reinterpret_cast<float*>(smem_raw + ((32u - (reinterpret_cast<uintptr_t>(smem_raw) & 31u)) & 31u));
   DSPARK_SHARED_ARRAY(Part, part_scratch, 32);
   DSPARK_SHARED_ARRAY(float, sum_scratch, 32);
   DSPARK_SHARED(rng::Philox, ph_s);
@@ -492,13 +653,17 @@ __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockPara
       }
       grid_sync();
     }
-    phase_sweep<TW, NBT>(p, plan, ws, k, ph, smem);
+    if constexpr (kMma) {
+      phase_sweep_mma<TW, NBT>(p, plan, ws, k, ph, smem);
+    } else {
+      phase_sweep<TW, NBT>(p, plan, ws, k, ph, smem);
+    }
     grid_sync();
   }
   for (int64_t n = blockIdx.x; n < p.N; n += gridDim.x) {  // the last position's tokens
     const Part pt = merge_parts(ws, plan.grid, p.N, n, part_scratch);
     if (threadIdx.x == 0) {
-      stg(p.tokens + n * p.K + (p.K - 1), static_cast<int64_t>(pt.index));
+      stg(p.tokens + n * p.K + (p.K - 1), pt.win.index);
       stg(p.logprobs + n * p.K + (p.K - 1), pt.logprob());
     }
   }
@@ -513,19 +678,29 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm) {
   Plan pl{};
   const int64_t N = p.N, V = p.V, R = p.R;
   pl.rpad = round_up(R > 0 ? R : 1, kRK);
+  pl.mma = p.w2_dtype != DType::kFloat32 && pl.rpad <= kMaxMmaRank;
   int64_t group = kGroupFloats / pl.rpad;
   if (group > kMaxGroup) group = kMaxGroup;
+  if (pl.mma) group = group / 8 * 8;  // the tensor-core sweep pads its groups to multiples of 8 anyway
   if (group < 1) group = 1;
   pl.group = static_cast<int>(N < group ? (N > 0 ? N : 1) : group);
   const int m = p.head == kRnn ? 3 : 1;
   const int64_t max_rows = int64_t(kWarps) * (kPerWarp / m);
-  const int64_t area = std::max<int64_t>({static_cast<int64_t>(pl.group) * pl.rpad, R,
-                                          int64_t(kZGroup) * kZStride + m * max_rows * kCC});
-  pl.off_wt = round_up(area, 4);
-  pl.off_l = pl.off_wt + int64_t(kThreads) * kWtStride;
-  pl.off_parts = pl.off_l + int64_t(kWarps) * kThreads;
+  // the v rows of a group: float32 (FMA sweep) or hi + lo 16-bit rows padded to 8 requests (same floats per row)
+  const int64_t vrows = pl.mma ? round_up(pl.group, 8) : pl.group;
+  const int64_t area = std::max<int64_t>({vrows * pl.rpad, R, int64_t(kZGroup) * kZStride + m * max_rows * kCC});
+  pl.off_wt = round_up(area, 8);  // 32-byte aligned (the MMA operands)
+  if (pl.mma) {
+    pl.off_l = pl.off_wt + round_up(int64_t(kThreads) * kWtStrideM / 2, 8);
+    pl.off_parts = pl.off_l + vrows * kLtStrideM;
+  } else {
+    pl.off_l = pl.off_wt + int64_t(kThreads) * kWtStride;
+    pl.off_parts = pl.off_l + int64_t(kWarps) * kThreads;
+  }
   pl.off_temp = pl.off_parts + int64_t(pl.group) * int64_t(sizeof(Part) / sizeof(float));
-  pl.smem = static_cast<size_t>(pl.off_temp + round_up(pl.group, 4)) * sizeof(float);
+  pl.off_scale = pl.off_temp + round_up(pl.group, 4);
+  // + 32 bytes: the kernel aligns the dynamic shared memory's start to 32 bytes (WMMA's operand alignment)
+  pl.smem = static_cast<size_t>(pl.off_scale + round_up(pl.group, 4)) * sizeof(float) + 32;
   // CTAs: all resident, at least kMinRowsPerCta vocabulary rows each, and the per-position broadcast of the
   // group's v rows to every CTA (N * R * 4 bytes each) at most 1/kBroadcastShare of the position's U + W2 bytes.
   const int64_t resident = int64_t(sms) * (per_sm < kMaxCtasPerSm ? per_sm : kMaxCtasPerSm);
@@ -558,9 +733,9 @@ inline size_t workspace_bytes_for(const DraftBlockParams& p, const Plan& pl) {
 }
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
-template <typename TW, int NBT>
+template <typename TW, int NBT, bool kMma>
 inline cudaError_t launch_typed(const DraftBlockParams& p, void* workspace, cudaStream_t stream, Plan* out_plan) {
-  auto kernel = draft_block_kernel<TW, NBT>;
+  auto kernel = draft_block_kernel<TW, NBT, kMma>;
   // the plan's shared memory does not depend on the occupancy: size it first, then ask how many CTAs fit
   Plan pl = make_plan(p, device_sm_count(), 1);
 #if !defined(DSPARK_SIMT)
@@ -589,14 +764,21 @@ inline cudaError_t launch_typed(const DraftBlockParams& p, void* workspace, cuda
   cfg.smem = pl.smem;
   cfg.stream = stream;
   cfg.cooperative = true;
-  return launch("draft_block_kernel", kernel, cfg, p, pl, ws);
+  // the name says which sweep runs (the harness records it): tensor cores or the FP32 FMA loop
+  return launch(kMma ? "draft_block_kernel[mma]" : "draft_block_kernel[fma]", kernel, cfg, p, pl, ws);
 }
 
 template <typename TW>
 inline cudaError_t launch_w2(const DraftBlockParams& p, void* workspace, cudaStream_t stream, Plan* out_plan) {
   const Plan probe = make_plan(p, 1, 1);
-  if (probe.group <= 8) return launch_typed<TW, 8>(p, workspace, stream, out_plan);
-  return launch_typed<TW, kMaxGroup>(p, workspace, stream, out_plan);
+  if constexpr (std::is_same<TW, float>::value) {  // float32 W2: the FMA sweep
+    if (probe.group <= 8) return launch_typed<TW, 8, false>(p, workspace, stream, out_plan);
+    return launch_typed<TW, kMaxGroup, false>(p, workspace, stream, out_plan);
+  } else {
+    if (!probe.mma) return launch_typed<TW, 8, false>(p, workspace, stream, out_plan);  // R > kMaxMmaRank
+    if (probe.group <= 8) return launch_typed<TW, 8, true>(p, workspace, stream, out_plan);
+    return launch_typed<TW, kMaxGroup, true>(p, workspace, stream, out_plan);
+  }
 }
 
 inline cudaError_t dispatch(const DraftBlockParams& p, void* workspace, cudaStream_t stream, Plan* out_plan) {

@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "mma.cuh"
 #include "platform.cuh"
 #include "reduce.cuh"
 #include "rng.cuh"

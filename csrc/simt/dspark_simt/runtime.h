@@ -90,6 +90,8 @@ void grid_sync(Site site);
 // the warp deposited (lanes outside the mask keep the caller's own value). Returns the mask of lanes that arrived.
 unsigned warp_collective(Site site, unsigned mask, uint64_t value, uint64_t* values);
 unsigned active_mask();
+// Fails the launch from device code with `msg` (what the shared headers' operand checks call).
+[[noreturn]] void device_fault(const char* msg);
 
 // Shared memory of the running block: a static allocation keyed by its call site, or the dynamic region.
 void* shared_alloc(const void* key, size_t bytes, size_t align);
