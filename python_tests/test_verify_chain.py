@@ -502,6 +502,25 @@ def test_cuda_adversarial_rows(cuda_device, simt_check, method):
         run_both(cuda_device, simt_check, (target, drafts), kwargs)
 
 
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_cuda_wide_logit_range(cuda_device, simt_check, method):
+    """Logits spread far apart (most tokens more than 16.7 below a thread's candidates: the stats pass bounds
+    their race keys without drawing their uniforms), at several temperatures and draft modes."""
+    gen = torch.Generator().manual_seed(21)
+    n, k, vocab = 6, 3, 3000
+    target = torch.randn(n, k + 1, vocab, generator=gen) * 12
+    draft_logits = target[:, :k] + torch.randn(n, k, vocab, generator=gen) * 6
+    drafts = torch.multinomial(torch.softmax(draft_logits.view(-1, vocab), -1), 1, generator=gen).view(n, k)
+    temps = torch.tensor([1.0, 0.3, 2.0, 1.0, 0.05, 1.0])
+    for mode in ("none", "logits", "logprobs"):
+        kwargs = dict(temperature=temps, method=method, seed=5)
+        if mode != "none":
+            kwargs["draft_logits"] = draft_logits
+        if mode == "logprobs":
+            kwargs["draft_logprobs"] = draft_logprobs_of(draft_logits, drafts, temps)
+        run_both(cuda_device, simt_check, (target, drafts), kwargs)
+
+
 def test_cuda_no_rows_and_empty_batch(cuda_device, simt_check):
     target = torch.randn(4, 9)
     drafts = torch.randint(0, 9, (3, 2))

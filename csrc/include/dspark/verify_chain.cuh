@@ -75,6 +75,7 @@ constexpr float kResidualEps = 1e-6f;
 constexpr int kMaxK = 16;
 constexpr int kTopM = 8;        // candidates kept per (row, chunk) for the emitted token
 constexpr int kThreadTop = 4;   // candidates a thread keeps before the CTA merges them
+constexpr float kMaxGumbel = 16.7f;  // > -log(-log(u)) for every uniform u <= 1 - 2^-24 the generator gives
 
 // Softmax statistics plus a flag for the rows torch's softmax turns into NaN everywhere (a NaN or +inf scaled logit).
 struct VStats {
@@ -594,7 +595,13 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(VerifyChainParams p, Wo
     part.amax.update(x, i);
     const float l = x / t;
     part.t.update(l);
-    top.insert(nan_to_neg_inf(l - logf(ex(i))), l, i);
+    // -log(E) <= -log(-log(1 - 2^-24)) < 16.7, so key <= l + 16.7: a token that far below the thread's 4th best
+    // key cannot enter, and needs neither its uniform nor the logs (most of a real row); the 4th best bounds it.
+    if (l + kMaxGumbel < top.c[kThreadTop - 1].key) {
+      top.rest = fmaxf(top.rest, top.c[kThreadTop - 1].key);
+    } else {
+      top.insert(nan_to_neg_inf(l - logf(ex(i))), l, i);
+    }
   });
   if (draft_stats && j < ri.length)
     for_each_element(draft_row<TD>(p, r, j), begin, end, threadIdx.x, blockDim.x,
