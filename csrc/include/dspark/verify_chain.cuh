@@ -7,18 +7,26 @@
 //
 // Parallel structure: every row of V logits is split into `chunks` chunks (dspark::split_v) so that even N = 1
 // fills the GPU. Kernels, in launch order (the host skips those a call does not need):
-//   1. stats   (row, chunk): softmax stats of target/T (and draft/T where whole draft rows are read), raw argmax.
-//   2. decide  (request, one warp): merges the chunk partials row by row; p(d_j), q(d_j); greedy / token
-//              acceptance, or block's rho_i; stop tokens; writes the outputs of every request already decided.
-//   3. mass    (block only; request, row, chunk): S_i = sum max(rho_i p_i - q_i, 0) for rows 1..L-1.
-//   4. tau     (block only; request, one warp): h_i, tau, stop tokens.
-//   5. qstats  (token with draft_logprobs; request, chunk): softmax stats of the one draft row to sample at.
-//   6. sample  (request, chunk): the emitted token's exponential race over max(0, rho p - q) and the Gumbel race
-//              over target/T with the same uniforms (uniform(r, row, RESIDUAL, v)), and the residual's mass.
-//   7. finish  (request, one warp): picks the residual winner or, for a full acceptance / a residual mass below
-//              1e-6, the Gumbel winner; writes the outputs.
-// Bytes: greedy reads every verified target row once. Sampling reads every verified target row once, plus the
-// emitting row's target and draft rows once more (twice for the draft row with draft_logprobs: stats, then race).
+//   1. stats   (row, chunk): softmax stats of target/T (and draft/T where whole draft rows are read), raw argmax;
+//              for sampled requests also the chunk's kTopM best tokens by the race key over p alone,
+//              l - log(E) with E from the row's RESIDUAL uniforms, and a bound on every other token's key.
+//   2. decide  (request, one CTA): warp 0 merges the chunk partials row by row; p(d_j), q(d_j); greedy / token
+//              acceptance, or block's rho_i; stop tokens; then the CTA emits the sampled token (emit_sampled) of
+//              every request already decided, unless its draft row's statistics are still to come (qstats).
+//   3. mass    (block with K > 1; request, row, chunk): S_i = sum max(rho_i p_i - q_i, 0) for rows 1..L-1; the
+//              last CTA of a request (atomic ticket) takes tau, the stop cut and emits.
+//   3'. qstats (token sampling with draft_logprobs; request, chunk): softmax stats of the one draft row to sample
+//              at; the last CTA of a request emits.
+// emit_sampled: the emitted token is the winner of an exponential race with uniforms uniform(r, row, RESIDUAL, v)
+// over max(0, rho p - q) (or over p: the Gumbel race, for a full acceptance or a residual mass below 1e-6). Since
+// max(0, rho p - q) <= p, a token's residual score is at most exp(key - log Z_p): the race is run over the kept
+// candidates only (their draft logits gathered), and its winner is certified when it beats every chunk's bound; the
+// mass is certified when the candidates alone reach 1e-6. What is not certified (rare) falls back to an exact
+// joint pass over target and draft row of the chunks concerned (the whole row for the mass).
+// Bytes: greedy reads every verified target row once. Token sampling reads every verified target row once, plus
+// every verified draft row once (draft rows) or the rejecting request's draft row once (draft_logprobs), plus
+// O(rows * chunks * kTopM) bookkeeping and gathers, plus the rare fallback. Block verification also reads target
+// and draft rows 1..L-1 a second time (S_i needs rho_i, known only after the first pass).
 // Winners use the counter RNG keyed by token, so they do not depend on the split; softmax normalisers are merged in
 // a fixed order, so equal rows give bit-equal probabilities.
 #pragma once
@@ -65,6 +73,9 @@ constexpr int kThreads = 256;
 constexpr int kDecideWarps = 4;
 constexpr float kResidualEps = 1e-6f;
 constexpr int kMaxK = 16;
+constexpr int kTopM = 8;        // candidates kept per (row, chunk) for the emitted token
+constexpr int kThreadTop = 4;   // candidates a thread keeps before the CTA merges them
+constexpr float kMaxGumbel = 16.7f;  // > -log(-log(u)) for every uniform u <= 1 - 2^-24 the generator gives
 
 // Softmax statistics plus a flag for the rows torch's softmax turns into NaN everywhere (a NaN or +inf scaled logit).
 struct VStats {
@@ -99,18 +110,78 @@ struct StatsPartial {
   }
 };
 
-// Partial of the sampling pass over one (request, chunk).
-struct SamplePartial {
-  ArgMax gumbel;  // Gumbel race over target / T
-  ArgMax race;    // exponential race over the residual
-  float mass;     // residual mass
+// One candidate of a (row, chunk) for the emitted token: its race key base = l - log(E) over p alone (l = a / T,
+// E = -log(uniform(r, row, RESIDUAL, token))), its scaled logit l and its token. Ordered by the argmax rule.
+struct Cand {
+  float key;
+  float lg;
+  int64_t idx;
+  DSPARK_HOST_DEVICE_FN static Cand empty() { return Cand{-INFINITY, 0.f, INT64_MAX}; }
+  DSPARK_HOST_DEVICE_FN bool beats(const Cand& o) const { return key > o.key || (key == o.key && idx < o.idx); }
+  DSPARK_HOST_DEVICE_FN void merge(const Cand& o) {
+    if (o.beats(*this)) *this = o;
+  }
+};
+
+// The kTopM best candidates of a (row, chunk) by key, best first (empty slots: Cand::empty()), and an upper bound
+// of the key of every other token of the chunk (-inf: there is none with a finite key).
+struct TopList {
+  Cand c[kTopM];
+  float bound;
   uint32_t pad;
-  DSPARK_HOST_DEVICE_FN static SamplePartial empty() { return SamplePartial{ArgMax::empty(), ArgMax::empty(), 0.f, 0u}; }
-  DSPARK_HOST_DEVICE_FN void merge(const SamplePartial& o) {
-    gumbel.merge(o.gumbel);
+};
+
+// A thread's kThreadTop best candidates (sorted, best first) and the best key it dropped.
+struct ThreadTop {
+  Cand c[kThreadTop];
+  float rest;
+  DSPARK_DEVICE void init() {
+#pragma unroll
+    for (int s = 0; s < kThreadTop; ++s) c[s] = Cand::empty();
+    rest = -INFINITY;
+  }
+  DSPARK_DEVICE void insert(float key, float lg, int64_t idx) {
+    const Cand n{key, lg, idx};
+    if (!n.beats(c[kThreadTop - 1])) {
+      rest = fmaxf(rest, key);
+      return;
+    }
+    rest = fmaxf(rest, c[kThreadTop - 1].key);
+    bool placed = false;
+#pragma unroll
+    for (int s = kThreadTop - 1; s >= 0; --s) {
+      if (!placed) {
+        if (s > 0 && n.beats(c[s > 0 ? s - 1 : 0])) {
+          c[s] = c[s > 0 ? s - 1 : 0];
+        } else {
+          c[s] = n;
+          placed = true;
+        }
+      }
+    }
+  }
+  DSPARK_DEVICE void pop() {
+#pragma unroll
+    for (int s = 0; s + 1 < kThreadTop; ++s) c[s] = c[s + 1];
+    c[kThreadTop - 1] = Cand::empty();
+  }
+};
+
+// The residual race and its mass over a set of tokens.
+struct RaceMass {
+  ArgMax race;  // exponential race over max(0, rho p - q)
+  float mass;
+  uint32_t pad;
+  DSPARK_HOST_DEVICE_FN static RaceMass empty() { return RaceMass{ArgMax::empty(), 0.f, 0u}; }
+  DSPARK_HOST_DEVICE_FN void merge(const RaceMass& o) {
     race.merge(o.race);
     mass += o.mass;
   }
+};
+
+struct OrFlag {
+  int v;
+  DSPARK_HOST_DEVICE_FN void merge(const OrFlag& o) { v |= o.v; }
 };
 
 struct Sum1 {
@@ -147,7 +218,8 @@ struct Workspace {
   ReqState* state;        // [N]
   VStats* qpart;          // [N, chunks] (qstats)
   float* masspart;        // [N*K, chunks] (block mass)
-  SamplePartial* spart;   // [N, chunks]
+  TopList* tops;          // [N*(K+1), chunks] candidates of the emitted token (sampled rows)
+  uint32_t* counter;      // [N] CTAs of the request done in the last launch (zeroed by decide)
   int64_t chunk, chunks;
 };
 
@@ -296,18 +368,209 @@ DSPARK_DEVICE ReqState warp_state(const ReqState* p) {
 
 DSPARK_DEVICE int leading_ones(unsigned b) { return ~b == 0u ? 32 : __ffs(static_cast<int>(~b)) - 1; }
 
+// POD structs written by other CTAs of the same launch (after their __threadfence and our atomic ticket).
+template <typename T>
+DSPARK_DEVICE T ld_coherent_pod(const T* p) {
+  static_assert(sizeof(T) % 4 == 0, "ld_coherent_pod moves whole 32-bit words");
+  uint32_t w[sizeof(T) / 4];
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(p);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T) / 4); ++i) w[i] = ld_coherent(src + i);
+  T out;
+  memcpy(&out, w, sizeof(T));
+  return out;
+}
+
+// Visit elements [begin, end) of a target row `a` and a draft row `b` together: f(index, a[x], b[x]) as float32
+// (b[x] = 0 when b is null). 16-byte vectors of both rows when they have one dtype and the same alignment (the
+// common case), else 16-byte vectors of `a` and scalar loads of `b`.
+template <typename TT, typename TD, typename F>
+DSPARK_DEVICE void for_each_pair(const TT* a, const TD* b, int64_t begin, int64_t end, int t, int n, F&& f) {
+  if (end <= begin) return;
+  if constexpr (std::is_same<TT, TD>::value) {
+    const uintptr_t aa = reinterpret_cast<uintptr_t>(a) + static_cast<uintptr_t>(begin) * sizeof(TT);
+    const uintptr_t ba = reinterpret_cast<uintptr_t>(b) + static_cast<uintptr_t>(begin) * sizeof(TT);
+    if (b != nullptr && aa % 16 == ba % 16 && aa % sizeof(TT) == 0) {
+      constexpr int kN = Vec16<TT>::kN;
+      int64_t head = aa % 16 == 0 ? 0 : static_cast<int64_t>((16 - aa % 16) / sizeof(TT));
+      if (head > end - begin) head = end - begin;
+      for (int64_t i = t; i < head; i += n) f(begin + i, to_float(ldg(a + begin + i)), to_float(ldg(b + begin + i)));
+      const int64_t body = begin + head;
+      const int64_t nvec = (end - body) / kN;
+      for (int64_t i = t; i < nvec; i += n) {
+        const Vec16<TT> va = load16(a + body + i * kN);
+        const Vec16<TT> vb = load16(b + body + i * kN);
+#pragma unroll
+        for (int k = 0; k < kN; ++k) f(body + i * kN + k, to_float(va.v[k]), to_float(vb.v[k]));
+      }
+      const int64_t tail = body + nvec * kN;
+      for (int64_t i = tail + t; i < end; i += n) f(i, to_float(ldg(a + i)), to_float(ldg(b + i)));
+      return;
+    }
+  }
+  for_each_element(a, begin, end, t, n,
+                   [&](int64_t x, float v) { f(x, v, b != nullptr ? to_float(ldg(b + x)) : 0.f); });
+}
+
+// The exponential E_x = -log(uniform(r, row, RESIDUAL, x)) of token x, one Philox block per 4 tokens (cached).
+struct ResidualExp {
+  rng::Philox ph;
+  uint64_t r, row, quad;
+  rng::U32x4 bits;
+  DSPARK_DEVICE float operator()(int64_t x) {
+    const uint64_t q = static_cast<uint64_t>(x) >> 2;
+    if (q != quad) {
+      quad = q;
+      bits = ph.block(r, row, rng::kStreamResidual, q);
+    }
+    const uint32_t k = static_cast<uint32_t>(x) & 3u;
+    const uint32_t wk = k == 0 ? bits.x : (k == 1 ? bits.y : (k == 2 ? bits.z : bits.w));
+    return -logf(rng::bits_to_uniform(wk));
+  }
+};
+DSPARK_DEVICE ResidualExp residual_exp(const rng::Philox& ph, int64_t r, int64_t row) {
+  return ResidualExp{ph, static_cast<uint64_t>(r), static_cast<uint64_t>(row), UINT64_MAX, rng::U32x4{0u, 0u, 0u, 0u}};
+}
+
+// Block verification's tau for a warp whose lane i holds rho_i (i <= L) and S_i (1 <= i < L): the accepted count;
+// *rho_tau gets rho_tau.
+DSPARK_DEVICE int block_tau(const VerifyChainParams& p, int64_t r, int L, float my_rho, float s, float* rho_tau) {
+  const int lane = threadIdx.x & 31;
+  float h = 0.f;
+  if (lane >= 1 && lane < L) {
+    const float denom = s + 1.f - my_rho;
+    h = denom > 0.f ? s / denom : (denom == 0.f ? 1.f : 0.f);
+  } else if (lane == L && L >= 1) {
+    h = my_rho;
+  }
+  const rng::Philox ph = warp_philox(p.rng_key);
+  const bool ok = lane >= 1 && lane <= L &&
+                  ph.uniform(static_cast<uint64_t>(r), static_cast<uint64_t>(lane - 1), rng::kStreamAccept, 0) <= h;
+  const unsigned b = __ballot_sync(kFullMask, ok);
+  const int n_acc = b ? 31 - __clz(static_cast<int>(b)) : 0;
+  *rho_tau = __shfl_sync(kFullMask, my_rho, n_acc);
+  return n_acc;
+}
+
+// True when no token of a chunk whose keys are all <= bound can reach the race score `win` of the best candidate.
+// A token's residual score is w / E <= p / E = exp(key - m) / s (r = max(0, rho p - q) <= p); the margin covers the
+// float rounding of the key, the probability and the score (ties and near-ties are not certified).
+DSPARK_DEVICE bool chunk_certified(float bound, float win, const VStats& pt) {
+  if (!(bound > neg_inf())) return win > 0.f;
+  const float tol = 1e-3f + 1e-6f * (fabsf(bound) + fabsf(pt.st.m));
+  const float cap = expf(bound - pt.st.m + tol) / pt.st.s * 1.0001f;
+  return win > cap;
+}
+
+// The emitted token of a sampled request whose emitting row st.emit_row is known (all threads of the CTA call it):
+// pt / pq are the softmax statistics of target / draft row emit_row. A full acceptance (or a row torch's softmax
+// turns into NaN) takes the race over p: the best head of the row's candidate lists. Otherwise the residual race
+// over max(0, rho p - q) is run over the row's candidates only (gathering their draft logits); its winner is
+// certified when it beats every chunk's bound, and the residual mass is certified >= RESIDUAL_EPS when the
+// candidates alone reach it. Anything not certified falls back to a joint pass over target and draft row emit_row:
+// the chunks not certified, or the whole row when the mass is not certified. Writes the request's outputs.
+template <typename TT, typename TD>
+DSPARK_DEVICE void emit_sampled(const VerifyChainParams& p, const Workspace& w, int64_t r, const ReqState& st,
+                                const VStats& pt, const VStats& pq) {
+  DSPARK_SHARED(rng::Philox, s_ph);
+  DSPARK_SHARED(int64_t, s_dq);
+  DSPARK_SHARED(int32_t, s_flag);
+  DSPARK_SHARED_ARRAY(Cand, s_cand, 32);
+  DSPARK_SHARED_ARRAY(RaceMass, s_rm, 32);
+  DSPARK_SHARED_ARRAY(OrFlag, s_or, 32);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t j = st.emit_row;
+  const bool full = (st.flags & kFull) != 0;
+  const bool onehot = p.draft_logits == nullptr;
+  if (tid == 0) {
+    s_ph = rng::load_philox(p.rng_key);
+    s_dq = !full && onehot ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + j) : int64_t(-1);
+  }
+  __syncthreads();
+  const TopList* tops = w.tops + (r * (p.K + 1) + j) * w.chunks;
+  Cand g = Cand::empty();
+  for (int64_t c = tid; c < w.chunks; c += nt) g.merge(ldg_pod(&tops[c].c[0]));
+  g = block_allreduce(g, s_cand);
+  const bool nan_row = pt.bad || !(pt.st.m > neg_inf()) ||
+                       (!full && !onehot && (pq.bad || !(pq.st.m > neg_inf())));
+  int64_t emitted = g.idx;
+  if (!full && !nan_row) {
+    const rng::Philox ph = s_ph;
+    const int64_t dq = s_dq;
+    const float t = st.t, rho = st.rho;
+    const TD* drow = onehot ? nullptr : draft_row<TD>(p, r, j);
+    auto score = [&](RaceMass& acc, int64_t x, float l, float e, float b) {
+      const float q = onehot ? (x == dq ? 1.f : 0.f) : pq.prob(b / t);
+      const float wgt = residual_weight(rho, pt.prob(l), q);
+      acc.mass += wgt;
+      acc.race.update(wgt / e, x);
+    };
+    RaceMass cand = RaceMass::empty();
+    for (int64_t k = tid; k < w.chunks * kTopM; k += nt) {
+      const int64_t c = k / kTopM;
+      const Cand cd = ldg_pod(&tops[c].c[k - c * kTopM]);
+      if (cd.idx == INT64_MAX) continue;  // a chunk with fewer than kTopM tokens
+      const float e = -logf(ph.uniform(static_cast<uint64_t>(r), static_cast<uint64_t>(j), rng::kStreamResidual,
+                                       static_cast<uint64_t>(cd.idx)));
+      score(cand, cd.idx, cd.lg, e, onehot ? 0.f : to_float(ldg(drow + cd.idx)));
+    }
+    cand = block_allreduce(cand, s_rm);
+    // 1.001: the full row's float sum of non-negative terms cannot fall below the candidates' by that much.
+    const bool mass_ok = cand.mass >= kResidualEps * 1.001f;
+    OrFlag open{0};
+    for (int64_t c = tid; c < w.chunks; c += nt) open.v |= !chunk_certified(ldg(&tops[c].bound), cand.race.value, pt);
+    open = block_allreduce(open, s_or);
+    RaceMass res = cand;
+    if (!mass_ok || open.v) {  // the exact fallback: a joint pass over the chunks not certified (all: mass)
+      const TT* trow = static_cast<const TT*>(p.target) + (st.start + j) * p.V;
+      ResidualExp ex = residual_exp(ph, r, j);
+      RaceMass fb = RaceMass::empty();
+      for (int64_t c = 0; c < w.chunks; ++c) {
+        if (mass_ok) {
+          if (tid == 0) s_flag = !chunk_certified(ldg(&tops[c].bound), cand.race.value, pt);
+          __syncthreads();
+          const bool skip = s_flag == 0;
+          __syncthreads();
+          if (skip) continue;
+        }
+        const int64_t begin = c * w.chunk;
+        const int64_t end = begin + w.chunk < p.V ? begin + w.chunk : p.V;
+        for_each_pair(trow, drow, begin, end, tid, nt,
+                      [&](int64_t x, float a, float b) { score(fb, x, a / t, ex(x), b); });
+      }
+      fb = block_allreduce(fb, s_rm);
+      if (mass_ok) {
+        res.race.merge(fb.race);  // candidates of certified chunks beat everything else there
+      } else {
+        res = fb;                 // the whole row
+      }
+    }
+    if (res.mass >= kResidualEps) emitted = res.race.index;
+  }
+  if (tid < 32) {
+    const int64_t d = tid < p.K ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + tid) : int64_t(-1);
+    write_outputs(p, r, st.n_acc, d, true, emitted);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ 1. stats
 template <typename TT, typename TD>
 __global__ void __launch_bounds__(kThreads) stats_kernel(VerifyChainParams p, Workspace w, bool draft_stats) {
   DSPARK_SHARED(ReqInfo, s_info);
+  DSPARK_SHARED(rng::Philox, s_ph);
   DSPARK_SHARED_ARRAY(StatsPartial, scratch, 32);
+  DSPARK_SHARED_ARRAY(Cand, s_cand, 32);
+  DSPARK_SHARED_ARRAY(Max, s_max, 32);
   const int64_t kp1 = p.K + 1;
   const int64_t slot = static_cast<int64_t>(blockIdx.x) / w.chunks;
   const int64_t c = static_cast<int64_t>(blockIdx.x) - slot * w.chunks;
   const int64_t r = slot / kp1, j = slot - r * kp1;
   if (threadIdx.x < 32) {
     const ReqInfo ri = request_info(p, r);
-    if (threadIdx.x == 0) s_info = ri;
+    if (threadIdx.x == 0) {
+      s_info = ri;
+      if (ri.sampled) s_ph = rng::load_philox(p.rng_key);
+    }
   }
   __syncthreads();
   const ReqInfo ri = s_info;
@@ -316,113 +579,184 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(VerifyChainParams p, Wo
   const int64_t end = begin + w.chunk < p.V ? begin + w.chunk : p.V;
   StatsPartial part = StatsPartial::empty();
   const float t = ri.t;
-  const bool sampled = ri.sampled != 0;
-  for_each_element(target_row<TT>(p, ri, j), begin, end, threadIdx.x, blockDim.x, [&](int64_t i, float x) {
+  const TT* trow = target_row<TT>(p, ri, j);
+  if (!ri.sampled) {
+    for_each_element(trow, begin, end, threadIdx.x, blockDim.x, [&](int64_t i, float x) { part.amax.update(x, i); });
+    part = block_allreduce(part, scratch);
+    if (threadIdx.x == 0) stg_pod(w.part + slot * w.chunks + c, part);
+    return;
+  }
+  // Sampled: softmax stats, and the chunk's best kTopM tokens by the race key over p alone (E from the row's
+  // RESIDUAL uniforms), for the emitted token if this row turns out to emit.
+  ResidualExp ex = residual_exp(s_ph, r, j);
+  ThreadTop top;
+  top.init();
+  for_each_element(trow, begin, end, threadIdx.x, blockDim.x, [&](int64_t i, float x) {
     part.amax.update(x, i);
-    if (sampled) part.t.update(x / t);
+    const float l = x / t;
+    part.t.update(l);
+    // -log(E) <= -log(-log(1 - 2^-24)) < 16.7, so key <= l + 16.7: a token that far below the thread's 4th best
+    // key cannot enter, and needs neither its uniform nor the logs (most of a real row); the 4th best bounds it.
+    if (l + kMaxGumbel < top.c[kThreadTop - 1].key) {
+      top.rest = fmaxf(top.rest, top.c[kThreadTop - 1].key);
+    } else {
+      top.insert(nan_to_neg_inf(l - logf(ex(i))), l, i);
+    }
   });
-  if (draft_stats && sampled && j < ri.length)
+  if (draft_stats && j < ri.length)
     for_each_element(draft_row<TD>(p, r, j), begin, end, threadIdx.x, blockDim.x,
                      [&](int64_t, float x) { part.d.update(x / t); });
   part = block_allreduce(part, scratch);
+  TopList* out = w.tops + slot * w.chunks + c;
   if (threadIdx.x == 0) stg_pod(w.part + slot * w.chunks + c, part);
+#pragma unroll 1
+  for (int m = 0; m < kTopM; ++m) {
+    const Cand best = block_allreduce(top.c[0], s_cand);
+    if (best.idx != INT64_MAX && top.c[0].idx == best.idx) top.pop();
+    if (threadIdx.x == 0) stg_pod(&out->c[m], best);
+  }
+  const float bound = block_allreduce(Max{fmaxf(top.rest, top.c[0].key)}, s_max).v;
+  if (threadIdx.x == 0) stg(&out->bound, bound);
 }
 
 // ------------------------------------------------------------------------------------------------ 2. decide
-__global__ void __launch_bounds__(kDecideWarps * 32) decide_kernel(VerifyChainParams p, Workspace w,
-                                                                   bool draft_stats) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecideWarps + (threadIdx.x >> 5);
-  if (r >= p.N) return;  // whole warps
-  const ReqInfo ri = request_info(p, r);
-  const int K = static_cast<int>(p.K), L = ri.length;
-  const int64_t kp1 = p.K + 1;
-  const int64_t d = lane < K ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + lane) : int64_t(-1);
-  ReqState st{};
-  st.length = L;
-  st.t = ri.t;
-  st.rho = 1.f;
-  st.start = ri.start;
-  if (ri.last < 0) {  // no target rows: nothing accepted, nothing emitted
-    write_outputs(p, r, 0, d, false, 0);
-    st.flags = kDone;
-    if (lane == 0) stg_pod(w.state + r, st);
-    return;
-  }
-  st.flags = kHasRows | (ri.sampled ? kSampled : 0);
-  // Row j's merged statistics end in lane j (j <= L <= K < 32).
-  StatsPartial mine = StatsPartial::empty();
-  for (int j = 0; j <= L; ++j) {
-    const int64_t slot = r * kp1 + j;
-    const StatsPartial row = warp_merge_chunks(w.chunks, StatsPartial::empty(),
-                                               [&](int64_t c) { return ldg_pod(w.part + slot * w.chunks + c); });
-    if (lane == j) mine = row;
-  }
-  if (ri.sampled && lane <= L) {
-    stg_pod(w.rowt + r * kp1 + lane, mine.t);
-    if (draft_stats && lane < L) stg_pod(w.rowd + r * kp1 + lane, mine.d);
-  }
-  const bool valid = in_vocab(d, p.V);
-  const int64_t safe = valid ? d : 0;
-  int n_acc;
-  if (!ri.sampled) {
-    n_acc = leading_ones(__ballot_sync(kFullMask, lane < L && valid && d == mine.amax.index));
-  } else {
-    const float t = ri.t;
-    float p_d = 0.f, q_d = 0.f;
-    if (lane < L) {
-      const int64_t row = ri.start + lane;
-      p_d = mine.t.prob(load_float(p.target, p.target_dtype, row * p.V + safe) / t) * (valid ? 1.f : 0.f);
-      if (p.draft_logprobs != nullptr) {
-        q_d = expf(ldg(p.draft_logprobs + r * p.K + lane));
-      } else if (p.draft_logits != nullptr) {
-        q_d = mine.d.prob(load_float(p.draft_logits, p.draft_dtype, (r * p.K + lane) * p.V + safe) / t);
-      } else {
-        q_d = valid ? 1.f : 0.f;
-      }
-    }
-    const rng::Philox ph = warp_philox(p.rng_key);
-    const float u = lane < L ? ph.uniform(static_cast<uint64_t>(r), static_cast<uint64_t>(lane), rng::kStreamAccept, 0)
-                             : 1.f;
-    if (!p.block_method) {
-      n_acc = leading_ones(__ballot_sync(kFullMask, lane < L && u * q_d < p_d));
+// One CTA per request: warp 0 merges the chunk partials row by row; p(d_j), q(d_j); greedy / token acceptance, or
+// block's rho_i (and tau when L <= 1); stop tokens; writes the outputs of every request it decides. Then the whole
+// CTA emits the sampled token of a decided request (emit_sampled) unless `q_later` (token sampling with
+// draft_logprobs: the draft row's statistics come from qstats) and the request rejected a draft.
+template <typename TT, typename TD>
+__global__ void __launch_bounds__(kThreads, 1) decide_kernel(VerifyChainParams p, Workspace w, bool draft_stats,
+                                                          bool q_later) {
+  DSPARK_SHARED(ReqState, s_st);
+  DSPARK_SHARED_ARRAY(VStats, s_rs, 2);
+  const int64_t r = blockIdx.x;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const ReqInfo ri = request_info(p, r);
+    const int K = static_cast<int>(p.K), L = ri.length;
+    const int64_t kp1 = p.K + 1;
+    const int64_t d = lane < K ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + lane) : int64_t(-1);
+    ReqState st{};
+    st.length = L;
+    st.t = ri.t;
+    st.rho = 1.f;
+    st.start = ri.start;
+    StatsPartial mine = StatsPartial::empty();
+    if (ri.last < 0) {  // no target rows: nothing accepted, nothing emitted
+      write_outputs(p, r, 0, d, false, 0);
+      st.flags = kDone;
     } else {
-      // rho_i = min(rho_{i-1} p(d_i) / q(d_i), 1) with NaN -> 0; lane i keeps rho_i.
-      float ratio = p_d / q_d;
-      if (ratio != ratio) ratio = 0.f;
-      float rho = 1.f, my_rho = 1.f;
-      for (int i = 1; i <= L; ++i) {
-        const float v = rho * __shfl_sync(kFullMask, ratio, i - 1);
-        rho = v != v ? 0.f : (v < 1.f ? v : 1.f);
-        if (lane == i) my_rho = rho;
+      st.flags = kHasRows | (ri.sampled ? kSampled : 0);
+      // Row j's merged statistics end in lane j (j <= L <= K < 32).
+      for (int j = 0; j <= L; ++j) {
+        const int64_t slot = r * kp1 + j;
+        const StatsPartial row = warp_merge_chunks(w.chunks, StatsPartial::empty(),
+                                                   [&](int64_t c) { return ldg_pod(w.part + slot * w.chunks + c); });
+        if (lane == j) mine = row;
       }
-      if (lane <= L) stg(w.rho + r * kp1 + lane, my_rho);
-      st.flags |= kBlockPending;
-      if (lane == 0) stg_pod(w.state + r, st);
-      return;  // tau after the mass pass
+      if (ri.sampled && lane <= L) {
+        stg_pod(w.rowt + r * kp1 + lane, mine.t);
+        if (draft_stats && lane < L) stg_pod(w.rowd + r * kp1 + lane, mine.d);
+      }
+      const bool valid = in_vocab(d, p.V);
+      const int64_t safe = valid ? d : 0;
+      int n_acc = 0;
+      bool pending = false;
+      if (!ri.sampled) {
+        n_acc = leading_ones(__ballot_sync(kFullMask, lane < L && valid && d == mine.amax.index));
+      } else {
+        const float t = ri.t;
+        float p_d = 0.f, q_d = 0.f;
+        if (lane < L) {
+          const int64_t row = ri.start + lane;
+          p_d = mine.t.prob(load_float(p.target, p.target_dtype, row * p.V + safe) / t) * (valid ? 1.f : 0.f);
+          if (p.draft_logprobs != nullptr) {
+            q_d = expf(ldg(p.draft_logprobs + r * p.K + lane));
+          } else if (p.draft_logits != nullptr) {
+            q_d = mine.d.prob(load_float(p.draft_logits, p.draft_dtype, (r * p.K + lane) * p.V + safe) / t);
+          } else {
+            q_d = valid ? 1.f : 0.f;
+          }
+        }
+        const rng::Philox ph = warp_philox(p.rng_key);
+        const float u =
+            lane < L ? ph.uniform(static_cast<uint64_t>(r), static_cast<uint64_t>(lane), rng::kStreamAccept, 0) : 1.f;
+        if (!p.block_method) {
+          n_acc = leading_ones(__ballot_sync(kFullMask, lane < L && u * q_d < p_d));
+        } else {
+          // rho_i = min(rho_{i-1} p(d_i) / q(d_i), 1) with NaN -> 0; lane i keeps rho_i.
+          float ratio = p_d / q_d;
+          if (ratio != ratio) ratio = 0.f;
+          float rho = 1.f, my_rho = 1.f;
+          for (int i = 1; i <= L; ++i) {
+            const float v = rho * __shfl_sync(kFullMask, ratio, i - 1);
+            rho = v != v ? 0.f : (v < 1.f ? v : 1.f);
+            if (lane == i) my_rho = rho;
+          }
+          if (L >= 2) {  // S_1 .. S_{L-1} first (mass kernel)
+            if (lane <= L) stg(w.rho + r * kp1 + lane, my_rho);
+            st.flags |= kBlockPending;
+            pending = true;
+          } else {
+            n_acc = block_tau(p, r, L, my_rho, 0.f, &st.rho);
+          }
+        }
+      }
+      if (!pending) {
+        bool stopped = false;
+        n_acc = stop_cut(p, n_acc, d, &stopped);
+        st.n_acc = n_acc;
+        if (!ri.sampled || stopped) {
+          const int64_t emitted = __shfl_sync(kFullMask, static_cast<long long>(mine.amax.index), n_acc);
+          write_outputs(p, r, n_acc, d, !stopped, emitted);
+          st.flags |= kDone;
+        } else {
+          st.emit_row = n_acc;
+          if (n_acc >= L) st.flags |= kFull;
+        }
+      }
+    }
+    if (lane == 0) {
+      stg_pod(w.state + r, st);
+      stg(w.counter + r, 0u);
+      s_st = st;
+    }
+    if (!(st.flags & (kDone | kBlockPending)) && lane == st.emit_row) {
+      s_rs[0] = mine.t;
+      s_rs[1] = mine.d;
     }
   }
-  bool stopped = false;
-  n_acc = stop_cut(p, n_acc, d, &stopped);
-  st.n_acc = n_acc;
-  if (!ri.sampled || stopped) {
-    const int64_t emitted = __shfl_sync(kFullMask, static_cast<long long>(mine.amax.index), n_acc);
-    write_outputs(p, r, n_acc, d, !stopped, emitted);
-    st.flags |= kDone;
-  } else {
-    st.emit_row = n_acc;
-    if (n_acc >= L) st.flags |= kFull;
+  __syncthreads();
+  const ReqState st = s_st;
+  if (st.flags & (kDone | kBlockPending)) return;
+  if (q_later && !(st.flags & kFull)) return;
+  emit_sampled<TT, TD>(p, w, r, st, s_rs[0], s_rs[1]);
+}
+
+// The "last CTA done" ticket: every CTA of request r's work in this launch calls it once (thread 0 after the CTA's
+// partial is stored); true in the CTA that completes the request, which then sees every partial (ld_coherent).
+DSPARK_DEVICE bool last_cta(uint32_t* counter, uint32_t total, int32_t* s_last) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    *s_last = atomicAdd(counter, 1u) == total - 1u;
   }
-  if (lane == 0) stg_pod(w.state + r, st);
+  __syncthreads();
+  const bool last = *s_last != 0;
+  if (last) __threadfence();
+  return last;
 }
 
 // ------------------------------------------------------------------------------------------------ 3. mass (block)
+// (request, row 1..K-1, chunk): S_i = sum max(rho_i p_i - q_i, 0); the CTA finishing a request's last (row, chunk)
+// takes tau, the stop cut and the emitted token.
 template <typename TT, typename TD>
-__global__ void __launch_bounds__(kThreads) mass_kernel(VerifyChainParams p, Workspace w) {
+__global__ void __launch_bounds__(kThreads, 1) mass_kernel(VerifyChainParams p, Workspace w) {
   DSPARK_SHARED(ReqState, s_st);
   DSPARK_SHARED_ARRAY(float, s_scalars, 1);
   DSPARK_SHARED_ARRAY(VStats, s_stats, 2);
   DSPARK_SHARED(int64_t, s_dq);
+  DSPARK_SHARED(int32_t, s_last);
   DSPARK_SHARED_ARRAY(Sum1, scratch, 32);
   const int64_t km1 = p.K - 1, kp1 = p.K + 1;
   const int64_t item = static_cast<int64_t>(blockIdx.x) / w.chunks;
@@ -438,77 +772,75 @@ __global__ void __launch_bounds__(kThreads) mass_kernel(VerifyChainParams p, Wor
     }
   }
   __syncthreads();
-  const ReqState st = s_st;
-  if (!(st.flags & kBlockPending) || i >= st.length) return;
-  const float rho = s_scalars[0], t = st.t;
-  const VStats pt = s_stats[0], pq = s_stats[1];
-  const bool onehot = p.draft_logits == nullptr;
-  const int64_t dq = s_dq;
-  const int64_t begin = c * w.chunk;
-  const int64_t end = begin + w.chunk < p.V ? begin + w.chunk : p.V;
-  const TT* trow = static_cast<const TT*>(p.target) + (st.start + i) * p.V;
-  const TD* drow = onehot ? nullptr : draft_row<TD>(p, r, i);
-  float mass = 0.f;
-  for_each_element(trow, begin, end, threadIdx.x, blockDim.x, [&](int64_t x, float v) {
-    const float q = onehot ? (x == dq ? 1.f : 0.f) : pq.prob(to_float(ldg(drow + x)) / t);
-    mass += residual_weight(rho, pt.prob(v / t), q);
-  });
-  mass = block_allreduce(Sum1{mass}, scratch).v;
-  if (threadIdx.x == 0) stg(w.masspart + (r * p.K + i) * w.chunks + c, mass);
-}
-
-// ------------------------------------------------------------------------------------------------ 4. tau (block)
-__global__ void __launch_bounds__(kDecideWarps * 32) tau_kernel(VerifyChainParams p, Workspace w) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecideWarps + (threadIdx.x >> 5);
-  if (r >= p.N) return;
-  ReqState st = warp_state(w.state + r);
-  if (!(st.flags & kBlockPending)) return;
-  const int L = st.length, K = static_cast<int>(p.K);
-  const int64_t kp1 = p.K + 1;
-  const float my_rho = lane <= L ? ldg(w.rho + r * kp1 + lane) : 0.f;
-  float h = 0.f;
-  if (lane >= 1 && lane < L) {
+  ReqState st = s_st;
+  if (!(st.flags & kBlockPending)) return;  // the same for every CTA of the request
+  if (i < st.length) {
+    const float rho = s_scalars[0], t = st.t;
+    const VStats pt = s_stats[0], pq = s_stats[1];
+    const bool onehot = p.draft_logits == nullptr;
+    const int64_t dq = s_dq;
+    const int64_t begin = c * w.chunk;
+    const int64_t end = begin + w.chunk < p.V ? begin + w.chunk : p.V;
+    const TT* trow = static_cast<const TT*>(p.target) + (st.start + i) * p.V;
+    const TD* drow = onehot ? nullptr : draft_row<TD>(p, r, i);
+    float mass = 0.f;
+    for_each_pair(trow, drow, begin, end, threadIdx.x, blockDim.x, [&](int64_t x, float a, float b) {
+      const float q = onehot ? (x == dq ? 1.f : 0.f) : pq.prob(b / t);
+      mass += residual_weight(rho, pt.prob(a / t), q);
+    });
+    mass = block_allreduce(Sum1{mass}, scratch).v;
+    if (threadIdx.x == 0) stg(w.masspart + (r * p.K + i) * w.chunks + c, mass);
+  }
+  if (!last_cta(w.counter + r, static_cast<uint32_t>(km1 * w.chunks), &s_last)) return;
+  if (threadIdx.x < 32) {  // tau
+    const int lane = threadIdx.x;
+    const int L = st.length, K = static_cast<int>(p.K);
+    const float my_rho = lane <= L ? ldg(w.rho + r * kp1 + lane) : 0.f;
     float s = 0.f;
-    for (int64_t c = 0; c < w.chunks; ++c) s += ldg(w.masspart + (r * p.K + lane) * w.chunks + c);
-    const float denom = s + 1.f - my_rho;
-    h = denom > 0.f ? s / denom : (denom == 0.f ? 1.f : 0.f);
-  } else if (lane == L && L >= 1) {
-    h = my_rho;
+    if (lane >= 1 && lane < L)
+      for (int64_t cc = 0; cc < w.chunks; ++cc) s += ld_coherent(w.masspart + (r * p.K + lane) * w.chunks + cc);
+    float rho_tau = 1.f;
+    int n_acc = block_tau(p, r, L, my_rho, s, &rho_tau);
+    const int64_t d = lane < K ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + lane) : int64_t(-1);
+    bool stopped = false;
+    n_acc = stop_cut(p, n_acc, d, &stopped);
+    st.flags &= ~kBlockPending;
+    st.n_acc = n_acc;
+    if (stopped) {
+      write_outputs(p, r, n_acc, d, false, 0);
+      st.flags |= kDone;
+    } else {
+      st.emit_row = n_acc;
+      st.rho = rho_tau;
+      if (n_acc >= L) st.flags |= kFull;
+      if (lane == 0) {
+        s_stats[0] = ldg_pod(w.rowt + r * kp1 + n_acc);
+        s_stats[1] = n_acc < L && p.draft_logits != nullptr ? ldg_pod(w.rowd + r * kp1 + n_acc) : VStats::empty();
+      }
+    }
+    if (lane == 0) s_st = st;
   }
-  const rng::Philox ph = warp_philox(p.rng_key);
-  const bool ok = lane >= 1 && lane <= L &&
-                  ph.uniform(static_cast<uint64_t>(r), static_cast<uint64_t>(lane - 1), rng::kStreamAccept, 0) <= h;
-  const unsigned b = __ballot_sync(kFullMask, ok);
-  int n_acc = b ? 31 - __clz(static_cast<int>(b)) : 0;
-  const float rho_tau = __shfl_sync(kFullMask, my_rho, n_acc);
-  const int64_t d = lane < K ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + lane) : int64_t(-1);
-  bool stopped = false;
-  n_acc = stop_cut(p, n_acc, d, &stopped);
-  st.flags &= ~kBlockPending;
-  st.n_acc = n_acc;
-  if (stopped) {
-    write_outputs(p, r, n_acc, d, false, 0);
-    st.flags |= kDone;
-  } else {
-    st.emit_row = n_acc;
-    st.rho = rho_tau;
-    if (n_acc >= L) st.flags |= kFull;
-  }
-  if (lane == 0) stg_pod(w.state + r, st);
+  __syncthreads();
+  st = s_st;
+  if (st.flags & kDone) return;
+  emit_sampled<TT, TD>(p, w, r, st, s_stats[0], s_stats[1]);
 }
 
-// ------------------------------------------------------------------------------------------------ 5. qstats
-template <typename TD>
-__global__ void __launch_bounds__(kThreads) qstats_kernel(VerifyChainParams p, Workspace w) {
+// ------------------------------------------------------------------------------------------------ 4. qstats
+// (request, chunk), token sampling with draft_logprobs: softmax statistics of the one draft row a rejecting
+// request samples its correction from; the CTA finishing a request's last chunk emits its token.
+template <typename TT, typename TD>
+__global__ void __launch_bounds__(kThreads, 1) qstats_kernel(VerifyChainParams p, Workspace w) {
   DSPARK_SHARED(ReqState, s_st);
+  DSPARK_SHARED(int32_t, s_last);
+  DSPARK_SHARED_ARRAY(VStats, s_rs, 2);
   DSPARK_SHARED_ARRAY(VStats, scratch, 32);
   const int64_t r = static_cast<int64_t>(blockIdx.x) / w.chunks;
   const int64_t c = static_cast<int64_t>(blockIdx.x) - r * w.chunks;
   if (threadIdx.x == 0) s_st = ldg_pod(w.state + r);
   __syncthreads();
   const ReqState st = s_st;
-  if ((st.flags & (kDone | kFull)) || !(st.flags & kSampled)) return;
+  if ((st.flags & (kDone | kFull)) || !(st.flags & kSampled)) return;  // the same for every CTA of the request
   const int64_t begin = c * w.chunk;
   const int64_t end = begin + w.chunk < p.V ? begin + w.chunk : p.V;
   VStats s = VStats::empty();
@@ -517,104 +849,24 @@ __global__ void __launch_bounds__(kThreads) qstats_kernel(VerifyChainParams p, W
                    [&](int64_t, float x) { s.update(x / t); });
   s = block_allreduce(s, scratch);
   if (threadIdx.x == 0) stg_pod(w.qpart + r * w.chunks + c, s);
-}
-
-// ------------------------------------------------------------------------------------------------ 6. sample
-template <typename TT, typename TD>
-__global__ void __launch_bounds__(kThreads, 1) sample_kernel(VerifyChainParams p, Workspace w, bool q_from_qpart) {
-  DSPARK_SHARED(ReqState, s_st);
-  DSPARK_SHARED_ARRAY(VStats, s_stats, 2);
-  DSPARK_SHARED(int64_t, s_dq);
-  DSPARK_SHARED_ARRAY(SamplePartial, scratch, 32);
-  const int64_t kp1 = p.K + 1;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) / w.chunks;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) - r * w.chunks;
-  DSPARK_SHARED(rng::Philox, s_ph);
-  if (threadIdx.x == 0) {
-    const ReqState st0 = ldg_pod(w.state + r);
-    s_st = st0;
-    const bool active = !(st0.flags & kDone) && (st0.flags & kSampled);
-    if (active) {
-      s_stats[0] = ldg_pod(w.rowt + r * kp1 + st0.emit_row);
-      s_ph = rng::load_philox(p.rng_key);
-    }
-    const bool need_q = active && !(st0.flags & kFull);
-    s_stats[1] = need_q && p.draft_logits != nullptr && !q_from_qpart ? ldg_pod(w.rowd + r * kp1 + st0.emit_row)
-                                                                      : VStats::empty();
-    s_dq = need_q && p.draft_logits == nullptr ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + st0.emit_row)
-                                               : int64_t(-1);
-  }
-  __syncthreads();
-  if (q_from_qpart && threadIdx.x < 32) {  // the emitting draft row's statistics, merged as decide merges rows
-    const ReqState st0 = s_st;
-    if (!(st0.flags & (kDone | kFull)) && (st0.flags & kSampled)) {
-      const VStats pq = warp_merge_chunks(w.chunks, VStats::empty(),
-                                          [&](int64_t cc) { return ldg_pod(w.qpart + r * w.chunks + cc); });
-      if (threadIdx.x == 0) s_stats[1] = pq;
+  if (!last_cta(w.counter + r, static_cast<uint32_t>(w.chunks), &s_last)) return;
+  if (threadIdx.x < 32) {
+    const VStats pq = warp_merge_chunks(w.chunks, VStats::empty(),
+                                        [&](int64_t cc) { return ld_coherent_pod(w.qpart + r * w.chunks + cc); });
+    if (threadIdx.x == 0) {
+      s_rs[0] = ldg_pod(w.rowt + r * (p.K + 1) + st.emit_row);
+      s_rs[1] = pq;
     }
   }
   __syncthreads();
-  const ReqState st = s_st;
-  if ((st.flags & kDone) || !(st.flags & kSampled)) return;
-  const bool full = (st.flags & kFull) != 0;
-  const VStats pt = s_stats[0], pq = s_stats[1];
-  const int64_t dq = s_dq;
-  const bool onehot = p.draft_logits == nullptr;
-  const float t = st.t, rho = st.rho;
-  const int64_t row = st.emit_row;
-  const int64_t begin = c * w.chunk;
-  const int64_t end = begin + w.chunk < p.V ? begin + w.chunk : p.V;
-  const TT* trow = static_cast<const TT*>(p.target) + (st.start + row) * p.V;
-  const TD* drow = (onehot || full) ? nullptr : draft_row<TD>(p, r, row);
-  const rng::Philox ph = s_ph;
-  SamplePartial part = SamplePartial::empty();
-  // One Philox block per 4 consecutive tokens (chunks start at multiples of 32 tokens): thread i takes quads
-  // i, i + blockDim.x, ... of the chunk, element by element (this pass reads one row per request).
-  const int64_t nquads = (end - begin + 3) >> 2;
-  for (int64_t qi = threadIdx.x; qi < nquads; qi += blockDim.x) {
-    const int64_t x0 = begin + (qi << 2);
-    const rng::U32x4 bits = ph.block(static_cast<uint64_t>(r), static_cast<uint64_t>(row), rng::kStreamResidual,
-                                     static_cast<uint64_t>(x0 >> 2));
-#pragma unroll 1
-    for (int k = 0; k < 4; ++k) {
-      const int64_t x = x0 + k;
-      if (x >= end) break;
-      const uint32_t wk = k == 0 ? bits.x : (k == 1 ? bits.y : (k == 2 ? bits.z : bits.w));
-      const float e = -logf(rng::bits_to_uniform(wk));
-      const float l = to_float(ldg(trow + x)) / t;
-      part.gumbel.update(l - logf(e), x);
-      if (!full) {
-        const float q = onehot ? (x == dq ? 1.f : 0.f) : pq.prob(to_float(ldg(drow + x)) / t);
-        const float wgt = residual_weight(rho, pt.prob(l), q);
-        part.mass += wgt;
-        part.race.update(wgt / e, x);
-      }
-    }
-  }
-  part = block_allreduce(part, scratch);
-  if (threadIdx.x == 0) stg_pod(w.spart + r * w.chunks + c, part);
-}
-
-// ------------------------------------------------------------------------------------------------ 7. finish
-__global__ void __launch_bounds__(kDecideWarps * 32) finish_kernel(VerifyChainParams p, Workspace w) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecideWarps + (threadIdx.x >> 5);
-  if (r >= p.N) return;
-  const ReqState st = warp_state(w.state + r);
-  if ((st.flags & kDone) || !(st.flags & kSampled)) return;
-  const SamplePartial s = warp_merge_chunks(w.chunks, SamplePartial::empty(),
-                                            [&](int64_t c) { return ldg_pod(w.spart + r * w.chunks + c); });
-  const bool use_p = (st.flags & kFull) || !(s.mass >= kResidualEps);
-  const int64_t emitted = use_p ? s.gumbel.index : s.race.index;
-  const int64_t d = lane < p.K ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + lane) : int64_t(-1);
-  write_outputs(p, r, st.n_acc, d, true, emitted);
+  emit_sampled<TT, TD>(p, w, r, st, s_rs[0], s_rs[1]);
 }
 
 // ------------------------------------------------------------------------------------------------ host side
 struct Plan {
   SplitV split;
   int threads;  // per CTA of the split-V kernels: enough 16-byte vectors for one pass over a chunk, 32..256
-  size_t off[8];
+  size_t off[9];
   size_t total;
 };
 
@@ -627,7 +879,7 @@ inline Plan make_plan(int64_t N, int64_t K, int64_t V) {
   const int64_t vecs = (pl.split.chunk + 3) / 4;  // 16-byte fp32 vectors (bf16 rows take half as many)
   pl.threads = static_cast<int>(vecs >= kThreads ? kThreads : (vecs + 31) / 32 * 32);
   const size_t ch = static_cast<size_t>(pl.split.chunks > 0 ? pl.split.chunks : 1);
-  const size_t sizes[8] = {
+  const size_t sizes[9] = {
       sizeof(StatsPartial) * static_cast<size_t>(rows) * ch,  // part
       sizeof(VStats) * static_cast<size_t>(rows),             // rowt
       sizeof(VStats) * static_cast<size_t>(rows),             // rowd
@@ -635,10 +887,11 @@ inline Plan make_plan(int64_t N, int64_t K, int64_t V) {
       sizeof(ReqState) * static_cast<size_t>(N),              // state
       sizeof(VStats) * static_cast<size_t>(N) * ch,           // qpart
       sizeof(float) * static_cast<size_t>(N * K) * ch,        // masspart
-      sizeof(SamplePartial) * static_cast<size_t>(N) * ch,    // spart
+      sizeof(TopList) * static_cast<size_t>(rows) * ch,       // tops
+      sizeof(uint32_t) * static_cast<size_t>(N),              // counter
   };
   size_t o = 0;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 9; ++i) {
     pl.off[i] = o;
     o += align_up(sizes[i]);
   }
@@ -652,7 +905,8 @@ inline Plan make_plan(int64_t N, int64_t K, int64_t V) {
 inline size_t verify_chain_workspace_bytes(int64_t N, int64_t K, int64_t V) { return vc::make_plan(N, K, V).total; }
 
 // Launch on `stream`; the caller has checked shapes and dtypes (K in [1, 16], V >= 1, N >= 0). Returns the first
-// failing launch's status.
+// failing launch's status. Launches: stats, decide (greedy, and token sampling without draft_logprobs: 2), + qstats
+// (token sampling with draft_logprobs: 3), + mass (block verification with K > 1: 3).
 inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspace, cudaStream_t stream) {
   using namespace vc;
   if (p.N <= 0) return cudaSuccess;
@@ -667,7 +921,8 @@ inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspa
   w.state = reinterpret_cast<ReqState*>(base + pl.off[4]);
   w.qpart = reinterpret_cast<VStats*>(base + pl.off[5]);
   w.masspart = reinterpret_cast<float*>(base + pl.off[6]);
-  w.spart = reinterpret_cast<SamplePartial*>(base + pl.off[7]);
+  w.tops = reinterpret_cast<TopList*>(base + pl.off[7]);
+  w.counter = reinterpret_cast<uint32_t*>(base + pl.off[8]);
   w.chunk = pl.split.chunk;
   w.chunks = pl.split.chunks;
 
@@ -676,16 +931,13 @@ inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspa
   const bool draft_stats = sampling && has_logits && (p.draft_logprobs == nullptr || p.block_method);
   const bool qstats = sampling && has_logits && !p.block_method && p.draft_logprobs != nullptr;
   const int64_t rows = p.N * (p.K + 1);
-  const unsigned row_grid = static_cast<unsigned>(rows * w.chunks);
-  const unsigned req_grid = static_cast<unsigned>(p.N * w.chunks);
-  const unsigned warp_grid = static_cast<unsigned>((p.N + kDecideWarps - 1) / kDecideWarps);
-  LaunchConfig big, small;
-  big.grid = dim3(row_grid);
+  LaunchConfig big, per_req;
+  big.grid = dim3(static_cast<unsigned>(rows * w.chunks));
   big.block = dim3(static_cast<unsigned>(pl.threads));
   big.stream = stream;
-  small.grid = dim3(warp_grid);
-  small.block = dim3(kDecideWarps * 32);
-  small.stream = stream;
+  per_req.grid = dim3(static_cast<unsigned>(p.N));
+  per_req.block = dim3(kThreads);
+  per_req.stream = stream;
   cudaError_t err = cudaSuccess;
 #define DSPARK_VC_TRY(expr)         \
   do {                              \
@@ -695,25 +947,16 @@ inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspa
   DSPARK_DISPATCH_FLOAT(p.target_dtype, TT, return cudaErrorInvalidValue,
     DSPARK_DISPATCH_FLOAT(p.draft_dtype, TD, return cudaErrorInvalidValue,
       DSPARK_VC_TRY(launch("verify_chain_stats", stats_kernel<TT, TD>, big, p, w, draft_stats));
-      DSPARK_VC_TRY(launch("verify_chain_decide", decide_kernel, small, p, w, draft_stats));
-      if (sampling && p.block_method) {
-        if (p.K > 1) {
-          LaunchConfig m = big;
-          m.grid = dim3(static_cast<unsigned>(p.N * (p.K - 1) * w.chunks));
-          DSPARK_VC_TRY(launch("verify_chain_mass", mass_kernel<TT, TD>, m, p, w));
-        }
-        DSPARK_VC_TRY(launch("verify_chain_tau", tau_kernel, small, p, w));
+      DSPARK_VC_TRY(launch("verify_chain_decide", decide_kernel<TT, TD>, per_req, p, w, draft_stats, qstats));
+      if (sampling && p.block_method && p.K > 1) {
+        LaunchConfig m = big;
+        m.grid = dim3(static_cast<unsigned>(p.N * (p.K - 1) * w.chunks));
+        DSPARK_VC_TRY(launch("verify_chain_mass", mass_kernel<TT, TD>, m, p, w));
       }
       if (qstats) {
         LaunchConfig q = big;
-        q.grid = dim3(req_grid);
-        DSPARK_VC_TRY(launch("verify_chain_qstats", qstats_kernel<TD>, q, p, w));
-      }
-      if (sampling) {
-        LaunchConfig s = big;
-        s.grid = dim3(req_grid);
-        DSPARK_VC_TRY(launch("verify_chain_sample", sample_kernel<TT, TD>, s, p, w, qstats));
-        DSPARK_VC_TRY(launch("verify_chain_finish", finish_kernel, small, p, w));
+        q.grid = dim3(static_cast<unsigned>(p.N * w.chunks));
+        DSPARK_VC_TRY(launch("verify_chain_qstats", qstats_kernel<TT, TD>, q, p, w));
       }
     )
   )
