@@ -425,7 +425,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m dspark_kernels.demo.train", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "assets"), help="output folder")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (fixed: results depend on it)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (results depend on it; on a shared 2-core "
+                   "machine 1 thread ran 3-4x faster than 2)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override TrainConfig fields")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
