@@ -51,7 +51,7 @@ class TrainConfig:
     draft_layers: int = 1
     markov_rank: int = 32
     layer_ids: List[int] = field(default_factory=lambda: [0, 1, 2])
-    draft_steps: int = 600
+    draft_steps: int = 1200
     draft_batch: int = 16
     anchors: int = 8                         # blocks per sequence per step
     draft_lr: float = 2e-3
