@@ -102,6 +102,15 @@ def profile_cost_table(target, token_counts: Sequence[int], *, rows_per_request:
     return table
 
 
+def ece_per_position(conf_logits, accepted, verify_lens, sts_temperatures=None) -> list:
+    """ECE of the survival ``a_k`` (with ``sts_temperatures``, or raw) against ``accepted >= k``, per position k,
+    over the rows that verified at least k drafts (logged request-steps: ``[M, K]``, ``[M]``, ``[M]``)."""
+    t = None if sts_temperatures is None else torch.as_tensor(sts_temperatures, dtype=torch.float32)
+    surv = dk.survival_from_conf(conf_logits.float(), t)
+    return [dk.expected_calibration_error(surv[verify_lens >= k, k - 1], (accepted[verify_lens >= k] >= k).float())
+            for k in range(1, conf_logits.shape[1] + 1)]
+
+
 def calibrate(decoder: SpeculativeDecoder, prompts, max_new_tokens: int, *, temperature: float = 0.0,
               path: Optional[str] = None, **fit_kw) -> dict:
     """Decode ``prompts`` verifying every draft (scheduler "fixed"), log the confidence logits and accepted lengths
@@ -114,14 +123,8 @@ def calibrate(decoder: SpeculativeDecoder, prompts, max_new_tokens: int, *, temp
     acc = torch.cat(log["num_accepted"])[active].long()
     vlen = torch.cat(log["verify_lens"])[active].long()
     temps = dk.fit_sts(conf, acc, verify_lens=vlen, **fit_kw)
-
-    def ece(t):  # per position k, over the rows that verified at least k drafts
-        surv = dk.survival_from_conf(conf, t)
-        return [dk.expected_calibration_error(surv[vlen >= k, k - 1], (acc[vlen >= k] >= k).float())
-                for k in range(1, conf.shape[1] + 1)]
-
-    out = {"sts_temperatures": temps.tolist(), "ece_before": ece(None), "ece_after": ece(temps),
-           "rows": int(conf.shape[0])}
+    out = {"sts_temperatures": temps.tolist(), "ece_before": ece_per_position(conf, acc, vlen),
+           "ece_after": ece_per_position(conf, acc, vlen, temps), "rows": int(conf.shape[0])}
     if path:
         with open(path, "w") as fh:
             json.dump(out, fh, indent=2)
