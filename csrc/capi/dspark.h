@@ -11,7 +11,7 @@
  * dspark_<op>_workspace_size() bytes (0 is possible: then workspace may be NULL; a non-NULL workspace must be
  * 16-byte aligned, as cudaMalloc's are) - nothing is allocated inside a call and nothing synchronises with the
  * host. accept_prefix_scan, schedule_verify_lens and draft_block enqueue exactly one kernel on the given stream
- * (draft_block's a cooperative launch), verify_chain two to six in stream order. The workspace needs no
+ * (draft_block's a cooperative launch), verify_chain two or three in stream order. The workspace needs no
  * initialisation and may be reused once the call's kernels have finished (stream order). Integer outputs equal
  * the reference's exactly. Values that cannot be checked without reading device memory (token ids,
  * temperatures, offsets) are not checked: they get the reference's defined results, stated per entry.
