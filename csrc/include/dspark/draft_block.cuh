@@ -392,7 +392,7 @@ template <typename TW, int NBT>
 DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                const rng::Philox& ph, float* smem) {
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int64_t N = p.N, K = p.K, V = p.V, R = p.R, rpad = plan.rpad;
+  const int64_t N = p.N, V = p.V, R = p.R, rpad = plan.rpad;
   float* vt = smem;                    // [NB, rpad]
   float* wt = smem + plan.off_wt;      // [kThreads, kWtStride]
   float* lt = smem + plan.off_l;       // [kWarps, kThreads]: the tile's biases of kWarps requests
