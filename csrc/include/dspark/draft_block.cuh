@@ -194,24 +194,10 @@ struct Workspace {
   Part* parts;   // [G, N]
 };
 
-DSPARK_DEVICE void store_part(Part* p, const Part& v) {
-  stg(&p->stats.m, v.stats.m);
-  stg(&p->stats.s, v.stats.s);
-  stg(&p->win.value, v.win.value);
-  stg(&p->win.index, v.win.index);
-  stg(&p->scaled, v.scaled);
-  stg(&p->bad, v.bad);
-}
-DSPARK_DEVICE Part load_part(const Part* p) {
-  return Part{SoftmaxStats{ld_coherent(&p->stats.m), ld_coherent(&p->stats.s)},
-              ArgMax{ld_coherent(&p->win.value), ld_coherent(&p->win.index)}, ld_coherent(&p->scaled),
-              ld_coherent(&p->bad)};
-}
-
 // Request n's partials of the last sweep, merged by the whole block (every thread gets the result).
 DSPARK_DEVICE Part merge_parts(const Workspace& ws, int G, int64_t N, int64_t n, Part* scratch) {
   Part acc = Part::empty();
-  for (int i = threadIdx.x; i < G; i += blockDim.x) acc.merge(load_part(ws.parts + static_cast<int64_t>(i) * N + n));
+  for (int i = threadIdx.x; i < G; i += blockDim.x) acc.merge(ld_coherent(ws.parts + static_cast<int64_t>(i) * N + n));
   return block_allreduce(acc, scratch);
 }
 
@@ -479,7 +465,7 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
       }
     }
     __syncthreads();
-    for (int j = t; j < nb; j += kThreads) store_part(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + j, run[j]);
+    for (int j = t; j < nb; j += kThreads) stg(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + j, run[j]);
   }
 }
 
@@ -628,7 +614,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
         fold_tile(p, ph, g0 + jl, k, tile0, rows, lt + jl * kLtStrideM, unscale[jl], temps[jl], lane, run + jl);
     }
     __syncthreads();
-    for (int j = t; j < nb; j += kThreads) store_part(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + j, run[j]);
+    for (int j = t; j < nb; j += kThreads) stg(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + j, run[j]);
   }
 }
 

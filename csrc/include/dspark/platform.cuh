@@ -93,14 +93,27 @@ DSPARK_DEVICE T ldg(const T* p) {
   }
 #endif
 }
-// A load that must see writes of other blocks made before a grid barrier (no read-only cache).
+// A load that must see writes of other blocks made before a grid barrier or a __threadfence + atomic handshake
+// (no read-only cache). Structs of whole 32-bit words are read word by word (a volatile struct cannot be copied).
 template <typename T>
 DSPARK_DEVICE T ld_coherent(const T* p) {
 #if defined(DSPARK_SIMT)
   simt::count_read(p, sizeof(T));
   return *p;
 #else
-  return *const_cast<const volatile T*>(p);
+  if constexpr (std::is_arithmetic<T>::value) {
+    return *const_cast<const volatile T*>(p);
+  } else {
+    static_assert(std::is_trivially_copyable<T>::value && sizeof(T) % 4 == 0,
+                  "dspark::ld_coherent loads arithmetic values or trivially copyable structs of 32-bit words");
+    uint32_t w[sizeof(T) / 4];
+    const volatile uint32_t* src = reinterpret_cast<const volatile uint32_t*>(p);
+#pragma unroll
+    for (int i = 0; i < static_cast<int>(sizeof(T) / 4); ++i) w[i] = src[i];
+    T v;
+    memcpy(&v, w, sizeof(T));
+    return v;
+  }
 #endif
 }
 template <typename T>

@@ -279,28 +279,6 @@ DSPARK_DEVICE ReqInfo request_info(const VerifyChainParams& p, int64_t r) {
   return ri;
 }
 
-// POD structs through 32-bit global loads / stores (so any partial can be counted and cached like a float).
-template <typename T>
-DSPARK_DEVICE T ldg_pod(const T* p) {
-  static_assert(sizeof(T) % 4 == 0, "ldg_pod moves whole 32-bit words");
-  uint32_t w[sizeof(T) / 4];
-  const uint32_t* src = reinterpret_cast<const uint32_t*>(p);
-#pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(T) / 4); ++i) w[i] = ldg(src + i);
-  T out;
-  memcpy(&out, w, sizeof(T));
-  return out;
-}
-template <typename T>
-DSPARK_DEVICE void stg_pod(T* p, const T& v) {
-  static_assert(sizeof(T) % 4 == 0, "stg_pod moves whole 32-bit words");
-  uint32_t w[sizeof(T) / 4];
-  memcpy(w, &v, sizeof(T));
-  uint32_t* dst = reinterpret_cast<uint32_t*>(p);
-#pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(T) / 4); ++i) stg(dst + i, w[i]);
-}
-
 // Merge `chunks` partials get(c) of one row in a fixed order (lane-strided, then the warp butterfly): the same
 // order everywhere, so equal rows give bit-equal statistics. Every lane of a full warp gets the result.
 template <typename T, typename Get>
@@ -354,32 +332,7 @@ DSPARK_DEVICE rng::Philox warp_philox(const int64_t* rng_key) {
   return rng::Philox::make(static_cast<uint64_t>(k[0]), static_cast<uint64_t>(k[1]));
 }
 
-// The request state, read by lane 0 and shared with the warp.
-DSPARK_DEVICE ReqState warp_state(const ReqState* p) {
-  ReqState st{};
-  if ((threadIdx.x & 31) == 0) st = ldg_pod(p);
-  uint32_t wds[sizeof(ReqState) / 4];
-  memcpy(wds, &st, sizeof(ReqState));
-#pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(ReqState) / 4); ++i) wds[i] = __shfl_sync(kFullMask, wds[i], 0);
-  memcpy(&st, wds, sizeof(ReqState));
-  return st;
-}
-
 DSPARK_DEVICE int leading_ones(unsigned b) { return ~b == 0u ? 32 : __ffs(static_cast<int>(~b)) - 1; }
-
-// POD structs written by other CTAs of the same launch (after their __threadfence and our atomic ticket).
-template <typename T>
-DSPARK_DEVICE T ld_coherent_pod(const T* p) {
-  static_assert(sizeof(T) % 4 == 0, "ld_coherent_pod moves whole 32-bit words");
-  uint32_t w[sizeof(T) / 4];
-  const uint32_t* src = reinterpret_cast<const uint32_t*>(p);
-#pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(T) / 4); ++i) w[i] = ld_coherent(src + i);
-  T out;
-  memcpy(&out, w, sizeof(T));
-  return out;
-}
 
 // Visit elements [begin, end) of a target row `a` and a draft row `b` together: f(index, a[x], b[x]) as float32
 // (b[x] = 0 when b is null). 16-byte vectors of both rows when they have one dtype and the same alignment (the
@@ -489,7 +442,7 @@ DSPARK_DEVICE void emit_sampled(const VerifyChainParams& p, const Workspace& w, 
   __syncthreads();
   const TopList* tops = w.tops + (r * (p.K + 1) + j) * w.chunks;
   Cand g = Cand::empty();
-  for (int64_t c = tid; c < w.chunks; c += nt) g.merge(ldg_pod(&tops[c].c[0]));
+  for (int64_t c = tid; c < w.chunks; c += nt) g.merge(ldg(&tops[c].c[0]));
   g = block_allreduce(g, s_cand);
   const bool nan_row = pt.bad || !(pt.st.m > neg_inf()) ||
                        (!full && !onehot && (pq.bad || !(pq.st.m > neg_inf())));
@@ -508,7 +461,7 @@ DSPARK_DEVICE void emit_sampled(const VerifyChainParams& p, const Workspace& w, 
     RaceMass cand = RaceMass::empty();
     for (int64_t k = tid; k < w.chunks * kTopM; k += nt) {
       const int64_t c = k / kTopM;
-      const Cand cd = ldg_pod(&tops[c].c[k - c * kTopM]);
+      const Cand cd = ldg(&tops[c].c[k - c * kTopM]);
       if (cd.idx == INT64_MAX) continue;  // a chunk with fewer than kTopM tokens
       const float e = -logf(ph.uniform(static_cast<uint64_t>(r), static_cast<uint64_t>(j), rng::kStreamResidual,
                                        static_cast<uint64_t>(cd.idx)));
@@ -583,7 +536,7 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(VerifyChainParams p, Wo
   if (!ri.sampled) {
     for_each_element(trow, begin, end, threadIdx.x, blockDim.x, [&](int64_t i, float x) { part.amax.update(x, i); });
     part = block_allreduce(part, scratch);
-    if (threadIdx.x == 0) stg_pod(w.part + slot * w.chunks + c, part);
+    if (threadIdx.x == 0) stg(w.part + slot * w.chunks + c, part);
     return;
   }
   // Sampled: softmax stats, and the chunk's best kTopM tokens by the race key over p alone (E from the row's
@@ -608,12 +561,12 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(VerifyChainParams p, Wo
                      [&](int64_t, float x) { part.d.update(x / t); });
   part = block_allreduce(part, scratch);
   TopList* out = w.tops + slot * w.chunks + c;
-  if (threadIdx.x == 0) stg_pod(w.part + slot * w.chunks + c, part);
+  if (threadIdx.x == 0) stg(w.part + slot * w.chunks + c, part);
 #pragma unroll 1
   for (int m = 0; m < kTopM; ++m) {
     const Cand best = block_allreduce(top.c[0], s_cand);
     if (best.idx != INT64_MAX && top.c[0].idx == best.idx) top.pop();
-    if (threadIdx.x == 0) stg_pod(&out->c[m], best);
+    if (threadIdx.x == 0) stg(&out->c[m], best);
   }
   const float bound = block_allreduce(Max{fmaxf(top.rest, top.c[0].key)}, s_max).v;
   if (threadIdx.x == 0) stg(&out->bound, bound);
@@ -651,12 +604,12 @@ __global__ void __launch_bounds__(kThreads, 1) decide_kernel(VerifyChainParams p
       for (int j = 0; j <= L; ++j) {
         const int64_t slot = r * kp1 + j;
         const StatsPartial row = warp_merge_chunks(w.chunks, StatsPartial::empty(),
-                                                   [&](int64_t c) { return ldg_pod(w.part + slot * w.chunks + c); });
+                                                   [&](int64_t c) { return ldg(w.part + slot * w.chunks + c); });
         if (lane == j) mine = row;
       }
       if (ri.sampled && lane <= L) {
-        stg_pod(w.rowt + r * kp1 + lane, mine.t);
-        if (draft_stats && lane < L) stg_pod(w.rowd + r * kp1 + lane, mine.d);
+        stg(w.rowt + r * kp1 + lane, mine.t);
+        if (draft_stats && lane < L) stg(w.rowd + r * kp1 + lane, mine.d);
       }
       const bool valid = in_vocab(d, p.V);
       const int64_t safe = valid ? d : 0;
@@ -717,7 +670,7 @@ __global__ void __launch_bounds__(kThreads, 1) decide_kernel(VerifyChainParams p
       }
     }
     if (lane == 0) {
-      stg_pod(w.state + r, st);
+      stg(w.state + r, st);
       stg(w.counter + r, 0u);
       s_st = st;
     }
@@ -763,11 +716,11 @@ __global__ void __launch_bounds__(kThreads, 1) mass_kernel(VerifyChainParams p, 
   const int64_t c = static_cast<int64_t>(blockIdx.x) - item * w.chunks;
   const int64_t r = item / km1, i = item - r * km1 + 1;  // row 1..K-1
   if (threadIdx.x == 0) {
-    s_st = ldg_pod(w.state + r);
+    s_st = ldg(w.state + r);
     if ((s_st.flags & kBlockPending) && i < s_st.length) {
       s_scalars[0] = ldg(w.rho + r * kp1 + i);
-      s_stats[0] = ldg_pod(w.rowt + r * kp1 + i);
-      s_stats[1] = p.draft_logits != nullptr ? ldg_pod(w.rowd + r * kp1 + i) : VStats::empty();
+      s_stats[0] = ldg(w.rowt + r * kp1 + i);
+      s_stats[1] = p.draft_logits != nullptr ? ldg(w.rowd + r * kp1 + i) : VStats::empty();
       s_dq = p.draft_logits != nullptr ? int64_t(-1) : load_int(p.draft_tokens, p.drafts_i64, r * p.K + i);
     }
   }
@@ -814,8 +767,8 @@ __global__ void __launch_bounds__(kThreads, 1) mass_kernel(VerifyChainParams p, 
       st.rho = rho_tau;
       if (n_acc >= L) st.flags |= kFull;
       if (lane == 0) {
-        s_stats[0] = ldg_pod(w.rowt + r * kp1 + n_acc);
-        s_stats[1] = n_acc < L && p.draft_logits != nullptr ? ldg_pod(w.rowd + r * kp1 + n_acc) : VStats::empty();
+        s_stats[0] = ldg(w.rowt + r * kp1 + n_acc);
+        s_stats[1] = n_acc < L && p.draft_logits != nullptr ? ldg(w.rowd + r * kp1 + n_acc) : VStats::empty();
       }
     }
     if (lane == 0) s_st = st;
@@ -837,7 +790,7 @@ __global__ void __launch_bounds__(kThreads, 1) qstats_kernel(VerifyChainParams p
   DSPARK_SHARED_ARRAY(VStats, scratch, 32);
   const int64_t r = static_cast<int64_t>(blockIdx.x) / w.chunks;
   const int64_t c = static_cast<int64_t>(blockIdx.x) - r * w.chunks;
-  if (threadIdx.x == 0) s_st = ldg_pod(w.state + r);
+  if (threadIdx.x == 0) s_st = ldg(w.state + r);
   __syncthreads();
   const ReqState st = s_st;
   if ((st.flags & (kDone | kFull)) || !(st.flags & kSampled)) return;  // the same for every CTA of the request
@@ -848,13 +801,13 @@ __global__ void __launch_bounds__(kThreads, 1) qstats_kernel(VerifyChainParams p
   for_each_element(draft_row<TD>(p, r, st.emit_row), begin, end, threadIdx.x, blockDim.x,
                    [&](int64_t, float x) { s.update(x / t); });
   s = block_allreduce(s, scratch);
-  if (threadIdx.x == 0) stg_pod(w.qpart + r * w.chunks + c, s);
+  if (threadIdx.x == 0) stg(w.qpart + r * w.chunks + c, s);
   if (!last_cta(w.counter + r, static_cast<uint32_t>(w.chunks), &s_last)) return;
   if (threadIdx.x < 32) {
     const VStats pq = warp_merge_chunks(w.chunks, VStats::empty(),
-                                        [&](int64_t cc) { return ld_coherent_pod(w.qpart + r * w.chunks + cc); });
+                                        [&](int64_t cc) { return ld_coherent(w.qpart + r * w.chunks + cc); });
     if (threadIdx.x == 0) {
-      s_rs[0] = ldg_pod(w.rowt + r * (p.K + 1) + st.emit_row);
+      s_rs[0] = ldg(w.rowt + r * (p.K + 1) + st.emit_row);
       s_rs[1] = pq;
     }
   }
