@@ -11,6 +11,7 @@ from ..ops.draft_block import HEAD_KINDS, ConfidenceHead, DraftBlockOutput, Mark
 from ..reference.draft_block import markov_embed
 from ..rng import make_rng_key
 from . import comm, ops
+from .layout import MAX_VOCAB
 from .local_draft import head_vector, unpack_id
 
 
@@ -107,9 +108,9 @@ def _check_args(base, anchor_tokens, head, hidden, confidence, vocab_start, voca
     for name, value in (("vocab_start", vocab_start), ("vocab_size", vocab_size)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if vocab_start < 0 or vocab_start + local > vocab_size or vocab_size >= 2 ** 31:
+    if vocab_start < 0 or vocab_start + local > vocab_size or vocab_size > MAX_VOCAB:
         raise ValueError(f"the shard [vocab_start, vocab_start + Vl) = [{vocab_start}, {vocab_start + local}) must be "
-                         f"part of [0, vocab_size = {vocab_size}) with vocab_size < 2^31")
+                         f"part of [0, vocab_size = {vocab_size}) with vocab_size <= 2^24")
     check_tensor("anchor_tokens", anchor_tokens, shape=(n,), dtypes=INT_DTYPES, device=dev)
     if head.kind not in HEAD_KINDS:
         raise ValueError(f"head_shard.kind must be one of {HEAD_KINDS}, got {head.kind!r}")

@@ -1,8 +1,9 @@
 """Packed layouts of what vocabulary shards exchange, and the softmax-statistics algebra every piece shares.
 
-Every exchanged buffer is float32 with a fixed number of slots per (request, row); token ids travel as the bits of
-an int32 in a float32 slot (``ids_to_slots`` / ``slots_to_ids``: a bit cast, never a conversion), so one all-gather
-moves one contiguous tensor and a CUDA kernel can write the send buffer directly.
+Every exchanged buffer is float32 with a fixed number of slots per (request, row); token ids travel as float32
+values, exact below 2^24 (``ids_to_slots`` / ``slots_to_ids``; the ops require V <= 2^24), so one all-gather moves
+one contiguous tensor, a CUDA kernel can write the send buffer directly, and no slot holds a NaN or denormal bit
+pattern that a copy or a comparison could alter.
 
 First exchange (``StatsLayout``, per (request, row j in 0..K), one shard):
     AMAX_VAL, AMAX_ID          raw target argmax of the shard (NaN counts as -inf; ties: lowest id)
@@ -30,7 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-EMPTY_ID = 2 ** 31 - 1   # id of an empty candidate slot (larger than every token id, so it loses every tie)
+MAX_VOCAB = 2 ** 24      # ids are exact in float32 slots below this
+EMPTY_ID = MAX_VOCAB     # id of an empty candidate slot (larger than every token id, so it loses every tie)
 
 AMAX_VAL, AMAX_ID = 0, 1
 T_MAX, T_SUM, T_BAD, T_AT = 2, 3, 4, 5
@@ -75,13 +77,13 @@ class StatsLayout:
 
 
 def ids_to_slots(ids: torch.Tensor) -> torch.Tensor:
-    """float32 slots holding the bits of int32 ids (ids in [0, 2^31))."""
-    return ids.to(torch.int32).view(torch.float32)
+    """float32 slots holding ids in [0, 2^24] exactly."""
+    return ids.to(torch.float32)
 
 
 def slots_to_ids(slots: torch.Tensor) -> torch.Tensor:
-    """int64 ids from float32 slots written by ``ids_to_slots`` (a contiguous copy first: views need it)."""
-    return slots.contiguous().view(torch.int32).to(torch.int64)
+    """int64 ids from float32 slots written by ``ids_to_slots``."""
+    return slots.to(torch.int64)
 
 
 def nan_to_neg_inf(x: torch.Tensor) -> torch.Tensor:

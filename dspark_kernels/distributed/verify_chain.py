@@ -10,6 +10,7 @@ from ..ops._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, temperature_te
 from ..ops.verify_chain import METHODS, VerifyOutput
 from ..rng import make_rng_key
 from . import comm, ops
+from .layout import MAX_VOCAB
 
 DEFAULT_TOP_M = 8   # race candidates per (row, shard) for token sampling; block verification needs only the head
 
@@ -118,9 +119,9 @@ def _check_args(target, draft_tokens, draft_logits, cu_seqlens, draft_logprobs, 
     for name, value in (("vocab_start", vocab_start), ("vocab_size", vocab_size)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if local < 1 or vocab_start < 0 or vocab_start + local > vocab_size or vocab_size >= 2 ** 31:
+    if local < 1 or vocab_start < 0 or vocab_start + local > vocab_size or vocab_size > MAX_VOCAB:
         raise ValueError(f"the shard [vocab_start, vocab_start + Vl) = [{vocab_start}, {vocab_start + local}) must be "
-                         f"a non-empty part of [0, vocab_size = {vocab_size}) with vocab_size < 2^31")
+                         f"a non-empty part of [0, vocab_size = {vocab_size}) with vocab_size <= 2^24")
     check_tensor("draft_logits_shard", draft_logits, shape=(n, k_len, local), dtypes=FLOAT_DTYPES, device=dev,
                  optional=True)
     check_tensor("draft_logprobs", draft_logprobs, shape=(n, k_len), dtypes=(torch.float32,), device=dev,
