@@ -50,10 +50,6 @@ def _record(kind: str, t: torch.Tensor, world: int) -> None:
         c.calls.append((kind, t.numel() * t.element_size(), world))
 
 
-def world_size(group) -> int:
-    return dist.get_world_size(group)
-
-
 def all_gather(t: torch.Tensor, group) -> torch.Tensor:
     """``[P, *t.shape]``: every rank's ``t`` in rank order."""
     world = dist.get_world_size(group)
@@ -93,7 +89,9 @@ def shard_table(group, device: torch.device, *, vocab_start: int, local_size: in
     if local_error is not None and not validate:
         raise local_error
     values = [vocab_start, local_size, vocab_size, int(local_error is not None)] + [int(v) for _, v in signature]
-    meta = torch.tensor(values, dtype=torch.int64).to(device)
+    meta = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cuda":  # a pinned staging buffer: the copy is enqueued without waiting for the stream
+        meta = meta.pin_memory().to(device, non_blocking=True)
     table = all_gather(meta, group)
     if validate:
         _check_table(table.cpu().tolist(), [name for name, _ in signature], local_error)

@@ -65,7 +65,11 @@ def verify_chain(
     backend = ops.check_local_backend(backend)
     n = k_len = rows = local = 0
     error = None
+    if top_m is None:
+        top_m = DEFAULT_TOP_M if method == "token" else 1
     try:
+        if not isinstance(top_m, int) or isinstance(top_m, bool) or top_m < 1:
+            raise ValueError(f"top_m must be an int >= 1, got {top_m!r}")
         check_tensor("draft_tokens", draft_tokens, ndim=2, dtypes=INT_DTYPES)
         n, k_len = draft_tokens.shape
         dev = draft_tokens.device
@@ -80,8 +84,6 @@ def verify_chain(
     except (ValueError, TypeError) as e:
         error, dev, temps = e, getattr(draft_tokens, "device", torch.device("cpu")), None
     sampled = temps is not None
-    if top_m is None:
-        top_m = DEFAULT_TOP_M if method == "token" else 1
     signature = [("N (draft_tokens.shape[0])", n), ("K (draft_tokens.shape[1])", k_len),
                  ("R (packed target rows, -1 dense)", rows), ("cu_seqlens given", cu_seqlens is not None),
                  ("draft_logits_shard given", draft_logits_shard is not None),
