@@ -92,7 +92,7 @@ def draft_inputs(n, k, vocab, kind, seed, d=6, r=5):
     return base, anchors, head, torch.randn(n, k, d, generator=g), conf
 
 
-def check_draft(rank, spans, vocab, n, k, kinds, temps, seed=3):
+def check_draft(rank, spans, vocab, n, k, kinds, temps, seed=3, backend="reference"):
     start, size = spans[rank]
     for i, kind in enumerate(kinds):
         base, anchors, head, hidden, conf = draft_inputs(n, k, vocab, kind, seed + i)
@@ -102,7 +102,7 @@ def check_draft(rank, spans, vocab, n, k, kinds, temps, seed=3):
             shard = dk.MarkovHead(kind, head.w1, head.w2[start:start + size], head.wg, head.bg, head.wj, head.bj)
             out = D.draft_block(base[..., start:start + size], anchors, shard, vocab_start=start, vocab_size=vocab,
                                 hidden=hidden, confidence=conf, temperature=t, seed=seed, offset=j,
-                                return_logits=True)
+                                return_logits=True, backend=backend)
             assert torch.equal(ref.tokens, out.tokens), (rank, kind, t, ref.tokens, out.tokens)
             for a, b in ((ref.draft_logprobs, out.draft_logprobs), (ref.conf_logits, out.conf_logits),
                          (ref.survival, out.survival), (ref.logits[..., start:start + size], out.logits)):
@@ -121,6 +121,7 @@ def _group_three_ranks(rank, world):
     inp = verify_inputs(8, 4, vocab, seed=0)
     check_verify(rank, spans, vocab, inp, verify_modes(inp))
     check_draft(rank, spans, vocab, 5, 4, ("vanilla", "gated", "rnn"), (0.0, mixed_temps(5)))
+    check_draft(rank, spans, vocab, 5, 4, ("rnn",), (0.0, mixed_temps(5)), backend="triton")   # the interpreter
 
 
 def _group_one_token_shards(rank, world):
@@ -340,6 +341,27 @@ def test_local_ops_opcheck():
     part = torch.stack([D.ops.draft_step(*step)[1]] * k, dim=1)
     torch.library.opcheck(torch.ops.dspark_dist.draft_logprobs.default,
                           (torch.stack([part, part]), torch.zeros(n, k, dtype=torch.int64), "reference"))
+
+
+def test_triton_draft_step_equals_the_reference():
+    """The Triton draft_step (interpreter on the CPU): the same winners, statistics to 1e-5, on odd shard sizes,
+    greedy and mixed temperatures, a row holding a NaN and a row of -inf."""
+    from dspark_kernels.distributed.local_draft import unpack_id
+    key = make_rng_key(4, 9, "cpu")
+    for n, local, r in ((4, 1, 3), (5, 300, 40), (3, 257, 7)):
+        g = torch.Generator().manual_seed(local)
+        base = torch.randn(n, 2, local, generator=g)[:, 1]          # a strided row of U
+        base[0, local // 2] = float("nan")
+        base[n - 1] = float("-inf")
+        v, w2 = torch.randn(n, r, generator=g), torch.randn(local, r, generator=g)
+        for temps in (None, mixed_temps(n)):
+            args = (base, v, w2, temps, key, 3, 500, True)
+            ref, out = D.ops.draft_step(*args, "reference"), D.ops.draft_step(*args, "triton")
+            assert torch.equal(unpack_id(ref[0]), unpack_id(out[0])), (n, local, temps)
+            torch.testing.assert_close(out[1], ref[1], rtol=1e-5, atol=1e-5, equal_nan=True)
+            torch.testing.assert_close(out[2], ref[2], rtol=1e-5, atol=1e-5, equal_nan=True)
+    clean = (torch.randn(3, 257), v, w2, mixed_temps(3), key, 3, 500, True, "triton")   # opcheck compares NaN != NaN
+    torch.library.opcheck(torch.ops.dspark_dist.draft_step.default, clean)
 
 
 def test_pack_key_orders_like_argmax():

@@ -43,15 +43,16 @@ def draft_block(
     Every rank returns the same tokens, ``draft_logprobs`` (log q of each token under the whole row's softmax),
     ``conf_logits`` and ``survival``, equal to ``dk.draft_block`` on the gathered inputs; ``logits`` (with
     ``return_logits``) is this rank's slice ``[N, K, Vl]``, the ``draft_logits_shard`` of
-    ``distributed.verify_chain``. ``validate`` / ``backend``: as in ``distributed.verify_chain``.
+    ``distributed.verify_chain``. ``validate``: as in ``distributed.verify_chain``; ``backend`` of the per-position
+piece: "auto" | "reference" | "triton".
 
     Collectives: the metadata all-gather, K all-reduces (MAX) of N int64, one all-gather of [N, K, 5] float32.
     """
-    backend = ops.check_local_backend(backend)
     error = None
     n = k_len = local = rank = 0
     dev = getattr(base_logits_shard, "device", torch.device("cpu"))
     try:
+        backend = ops.local_backend(backend, dev, True)
         n, k_len, local, rank = _check_args(base_logits_shard, anchor_tokens, head_shard, hidden, confidence,
                                             vocab_start, vocab_size)
         temps = temperature_tensor(temperature, n, dev)
@@ -74,7 +75,7 @@ def draft_block(
         v, state = head_vector(head_shard.kind, e, h, state, head_shard.wg, head_shard.bg, head_shard.wj,
                                head_shard.bj)
         packed, part, lg = ops.draft_step(base_logits_shard[:, k], v, head_shard.w2, temps, rng_key, k, vocab_start,
-                                          bool(return_logits), backend)
+                                          bool(return_logits), backend)  # the Triton kernel or the reference
         prev = unpack_id(comm.all_reduce_max(packed, group))
         tokens.append(prev)
         stats.append(part)
@@ -82,7 +83,7 @@ def draft_block(
         if confidence is not None:
             conf.append(torch.cat([h, e], dim=-1) @ confidence.weight.float().reshape(-1) + _bias(confidence, dev))
     tokens = torch.stack(tokens, dim=1)
-    logprobs = ops.draft_logprobs(comm.all_gather(torch.stack(stats, dim=1), group), tokens, backend)
+    logprobs = ops.draft_logprobs(comm.all_gather(torch.stack(stats, dim=1), group), tokens, "reference")
     conf_logits = survival = None
     if confidence is not None:
         conf_logits = torch.stack(conf, dim=1)

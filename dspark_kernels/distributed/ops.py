@@ -18,12 +18,14 @@ op                         inputs (one shard: global ids [vocab_start, vocab_sta
 Layouts: ``dspark_kernels.distributed.layout``. Every schema is plain tensors and integers (no Python objects), so
 a CUDA kernel can implement each op as it stands: ``verify_stats`` is verify_chain's per-chunk stats pass with a
 chunk offset added to the token ids, ``verify_residual`` its exact fallback pass, ``verify_decide`` its decide step
-reading P partials instead of ``chunks``. Backends: "reference" (pure PyTorch; "auto" picks it). Triton and CUDA
-kernels for these pieces do not exist yet; asking for them raises.
+reading P partials instead of ``chunks``. Backends: "reference" (pure PyTorch) for every piece, "triton" for
+``draft_step`` ("auto": Triton on a GPU where it exists, else the reference). No CUDA kernels yet; asking for a
+backend a piece does not have raises.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -31,15 +33,24 @@ import torch
 from . import layout as L
 from . import local_draft, local_verify
 
-LOCAL_BACKENDS = ("auto", "reference")
+LOCAL_BACKENDS = ("auto", "reference", "triton")
 
 
-def check_local_backend(backend: Optional[str]) -> str:
-    if backend is None or backend in LOCAL_BACKENDS:
-        return "reference"
+def local_backend(backend: Optional[str], device: torch.device, has_triton: bool) -> str:
+    """The backend of a local piece: "reference", or "triton" for the pieces that have a Triton kernel
+    (``draft_step``). "auto" (or None) picks Triton on a GPU where the piece has it, else the reference."""
+    if backend is None or backend == "auto":
+        return "triton" if has_triton and device.type == "cuda" else "reference"
+    if backend == "reference":
+        return backend
+    if backend == "triton" and has_triton:
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"backend='triton' needs tensors on a GPU, or TRITON_INTERPRET=1 for CPU tensors; "
+                             f"got {device}")
+        return backend
     if backend in ("triton", "cuda"):
-        raise ValueError(f"backend={backend!r}: the distributed local pieces have only the 'reference' backend so "
-                         "far (the CUDA / Triton kernels of the unsharded ops do not take a shard offset yet)")
+        raise ValueError(f"backend={backend!r}: this distributed local piece has only the 'reference' backend so far"
+                         + (" ('triton' exists for draft_step)" if backend == "triton" else ""))
     raise ValueError(f"backend must be one of {LOCAL_BACKENDS}, got {backend!r}")
 
 
@@ -104,8 +115,11 @@ def _(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, plan, temperat
 def draft_step(base_logits_k: torch.Tensor, v: torch.Tensor, w2_shard: torch.Tensor,
                temperature: Optional[torch.Tensor], rng_key: torch.Tensor, position: int, vocab_start: int,
                return_logits: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return local_draft.draft_step(base_logits_k, v, w2_shard, temperature, rng_key, position, vocab_start,
-                                  return_logits)
+    impl = local_draft.draft_step
+    if backend == "triton":
+        from .. import triton as _patched  # noqa: F401  (the interpreter fix of the oldest supported Triton)
+        from .triton_draft import draft_step as impl
+    return impl(base_logits_k, v, w2_shard, temperature, rng_key, position, vocab_start, return_logits)
 
 
 @draft_step.register_fake

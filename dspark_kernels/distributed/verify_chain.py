@@ -55,14 +55,13 @@ def verify_chain(
             shards do not tile ``[0, vocab_size)``, a rank's shapes or modes differ, or a rank's arguments fail
             their checks (one tiny all-gather, which then synchronises with a GPU group). With False nothing is
             read back: the layout is trusted, and a rank whose arguments fail raises alone.
-        backend: of the local pieces: "auto" | "reference".
+        backend: of the local pieces: "auto" | "reference" (the only one of the verify pieces so far).
 
     Collectives: one all-gather of the metadata (P x 8 int64 or so), one all-gather of the per-(row, shard)
     statistics, and for sampling (a temperature tensor, or a float > 0) one all-gather of a fixed-size second
     exchange (token: 12 bytes per request; block: 12 bytes per (request, row)). No logits row is exchanged and
     nothing is read on the host (unless ``validate``).
     """
-    backend = ops.check_local_backend(backend)
     n = k_len = rows = local = 0
     error = None
     if top_m is None:
@@ -73,6 +72,7 @@ def verify_chain(
         check_tensor("draft_tokens", draft_tokens, ndim=2, dtypes=INT_DTYPES)
         n, k_len = draft_tokens.shape
         dev = draft_tokens.device
+        backend = ops.local_backend(backend, dev, False)
         if k_len < 1:
             raise ValueError(f"draft_tokens must have K >= 1 columns, got shape {tuple(draft_tokens.shape)}")
         _check_args(target_logits_shard, draft_tokens, draft_logits_shard, cu_seqlens, draft_logprobs, verify_lens,
