@@ -125,11 +125,15 @@ def _group_three_ranks(rank, world):
 
 
 def _group_one_token_shards(rank, world):
-    """V = 1000 over 4 ranks, two of them one token wide, holding argmaxes and drafts."""
+    """V = 1000 over 4 ranks, two of them one token wide, holding argmaxes and drafts; NaN, +inf and all -inf
+    rows."""
     vocab = 1000
     spans = shard_spans([1, 499, 499, 1], order=[2, 0, 3, 1])     # rank 2 holds token 0, rank 1 token 999
     inp = verify_inputs(6, 3, vocab, seed=1, force_tokens=(0, 999, 999))
     inp["drafts"][3] = torch.tensor([0, 999, 999])
+    inp["target"][4, 1, 500] = float("nan")    # a row torch.softmax turns into NaN
+    inp["target"][5, 2] = float("-inf")        # a row without a finite logit
+    inp["draft"][3, 0, 7] = float("inf")       # a draft row softmax turns into NaN
     check_verify(rank, spans, vocab, inp, verify_modes(inp, methods=("token", "block"))[:5])
     check_draft(rank, spans, vocab, 4, 3, ("gated",), (0.0, mixed_temps(4)))
 
