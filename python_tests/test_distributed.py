@@ -62,7 +62,7 @@ def _packed(target, lens):
     return torch.cat(rows), cu
 
 
-def check_verify(rank, spans, vocab, inp, modes, seed=11):
+def check_verify(rank, spans, vocab, inp, modes, seed=11, backend="reference"):
     start, size = spans[rank]
     for i, (name, kw) in enumerate(modes):
         kw = dict(kw)
@@ -73,7 +73,7 @@ def check_verify(rank, spans, vocab, inp, modes, seed=11):
         draft = kw.pop("draft_logits", None)
         out = D.verify_chain(target[..., start:start + size], inp["drafts"], vocab_start=start, vocab_size=vocab,
                              draft_logits_shard=None if draft is None else draft[..., start:start + size],
-                             seed=seed, offset=i, **kw)
+                             seed=seed, offset=i, backend=backend, **kw)
         for field, a, b in zip(ref._fields, ref, out):
             assert torch.equal(a, b), (rank, name, field, a, b)
 
@@ -120,6 +120,8 @@ def _group_three_ranks(rank, world):
     spans = shard_spans(even_sizes(vocab, world), order=[1, 2, 0])
     inp = verify_inputs(8, 4, vocab, seed=0)
     check_verify(rank, spans, vocab, inp, verify_modes(inp))
+    block_modes = [m for m in verify_modes(inp) if m[0].startswith("block")]
+    check_verify(rank, spans, vocab, inp, block_modes, backend="triton")    # the Triton residual pass
     check_draft(rank, spans, vocab, 5, 4, ("vanilla", "gated", "rnn"), (0.0, mixed_temps(5)))
     check_draft(rank, spans, vocab, 5, 4, ("rnn",), (0.0, mixed_temps(5)), backend="triton")   # the interpreter
 
@@ -366,6 +368,35 @@ def test_triton_draft_step_equals_the_reference():
             torch.testing.assert_close(out[2], ref[2], rtol=1e-5, atol=1e-5, equal_nan=True)
     clean = (torch.randn(3, 257), v, w2, mixed_temps(3), key, 3, 500, True, "triton")   # opcheck compares NaN != NaN
     torch.library.opcheck(torch.ops.dspark_dist.draft_step.default, clean)
+
+
+def test_triton_verify_residual_equals_the_reference():
+    """The Triton residual pass (interpreter on the CPU) against the reference, on the plans the decide step makes:
+    token and block, dense and packed, one-hot drafts and draft rows, a NaN row; winners equal, masses to 1e-5."""
+    vocab, n, k, start, size = 700, 6, 3, 200, 301
+    inp = verify_inputs(n, k, vocab, seed=8)
+    inp["target"][2, 1, 250] = float("nan")
+    key = make_rng_key(2, 5, "cpu")
+    shards = torch.tensor([[0, 200], [200, 301], [501, 199]])
+    sl = lambda x: x[..., start:start + size]
+    for method, draft, packed in (("token", True, False), ("block", True, True), ("block", False, False),
+                                  ("token", False, True)):
+        target, cu = inp["target"], None
+        if packed:
+            target, cu = _packed(target, torch.arange(n) % (k + 1))
+        dr = inp["draft"] if draft else None
+        stats = torch.stack([D.ops.verify_stats(target[..., a:a + b], cu, inp["drafts"], None if dr is None else
+                                                dr[..., a:a + b], inp["temps"], key, a, vocab, 1, "reference")
+                             for a, b in shards.tolist()])
+        plan = D.ops.verify_decide(stats, shards, None, cu, target.shape[0] if packed else 0, inp["drafts"], None,
+                                   None, None, None, inp["temps"], key, None, method, draft, 1, vocab, "reference")[3]
+        plan[..., L.PLAN_NEED] = 1.0         # every slot, so the comparison covers every row
+        args = (sl(target), cu, inp["drafts"], None if dr is None else sl(dr), plan, inp["temps"], key, start, vocab)
+        ref, out = D.ops.verify_residual(*args, "reference"), D.ops.verify_residual(*args, "triton")
+        assert torch.equal(out[..., L.RES_ID], ref[..., L.RES_ID]), (method, draft, packed)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True)
+    clean = args[:2] + (inp["drafts"].clamp(0, vocab - 1),) + args[3:] + ("triton",)
+    torch.library.opcheck(torch.ops.dspark_dist.verify_residual.default, clean)
 
 
 def test_pack_key_orders_like_argmax():

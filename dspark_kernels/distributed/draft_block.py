@@ -52,7 +52,7 @@ piece: "auto" | "reference" | "triton".
     n = k_len = local = rank = 0
     dev = getattr(base_logits_shard, "device", torch.device("cpu"))
     try:
-        backend = ops.local_backend(backend, dev, True)
+        backend = ops.piece_backend(backend, dev, "draft_step")
         n, k_len, local, rank = _check_args(base_logits_shard, anchor_tokens, head_shard, hidden, confidence,
                                             vocab_start, vocab_size)
         temps = temperature_tensor(temperature, n, dev)

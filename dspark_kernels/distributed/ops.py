@@ -19,8 +19,8 @@ Layouts: ``dspark_kernels.distributed.layout``. Every schema is plain tensors an
 a CUDA kernel can implement each op as it stands: ``verify_stats`` is verify_chain's per-chunk stats pass with a
 chunk offset added to the token ids, ``verify_residual`` its exact fallback pass, ``verify_decide`` its decide step
 reading P partials instead of ``chunks``. Backends: "reference" (pure PyTorch) for every piece, "triton" for
-``draft_step`` ("auto": Triton on a GPU where it exists, else the reference). No CUDA kernels yet; asking for a
-backend a piece does not have raises.
+``draft_step`` and ``verify_residual``. No CUDA kernels yet; calling a piece with a backend it does not have
+raises (the composite ops pick per piece: ``piece_backend``).
 """
 
 from __future__ import annotations
@@ -34,30 +34,45 @@ from . import layout as L
 from . import local_draft, local_verify
 
 LOCAL_BACKENDS = ("auto", "reference", "triton")
+TRITON_PIECES = ("draft_step", "verify_residual")   # the local pieces with a Triton kernel
 
 
-def local_backend(backend: Optional[str], device: torch.device, has_triton: bool) -> str:
-    """The backend of a local piece: "reference", or "triton" for the pieces that have a Triton kernel
-    (``draft_step``). "auto" (or None) picks Triton on a GPU where the piece has it, else the reference."""
-    if backend is None or backend == "auto":
-        return "triton" if has_triton and device.type == "cuda" else "reference"
+def piece_backend(backend: Optional[str], device: torch.device, piece: str) -> str:
+    """The backend a composite op (``distributed.verify_chain`` / ``draft_block``) uses for one local piece:
+    "triton" where the piece has a Triton kernel and ``backend`` is "triton" (or "auto" on a GPU), else
+    "reference". "cuda" raises: no local piece has a CUDA kernel yet."""
+    if backend is None:
+        backend = "auto"
+    if backend not in LOCAL_BACKENDS:
+        if backend == "cuda":
+            raise ValueError("backend='cuda': the distributed local pieces have no CUDA kernels yet; use 'triton' or "
+                             "'reference'")
+        raise ValueError(f"backend must be one of {LOCAL_BACKENDS}, got {backend!r}")
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"backend='triton' needs tensors on a GPU, or TRITON_INTERPRET=1 for CPU tensors; got {device}")
+    wants_triton = backend == "triton" or (backend == "auto" and device.type == "cuda")
+    return "triton" if wants_triton and piece in TRITON_PIECES else "reference"
+
+
+def _triton_impl(piece: str, backend: str, reference_impl):
+    """The implementation of ``piece`` for a concrete backend string (the custom ops' dispatch)."""
     if backend == "reference":
-        return backend
-    if backend == "triton" and has_triton:
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(f"backend='triton' needs tensors on a GPU, or TRITON_INTERPRET=1 for CPU tensors; "
-                             f"got {device}")
-        return backend
-    if backend in ("triton", "cuda"):
-        raise ValueError(f"backend={backend!r}: this distributed local piece has only the 'reference' backend so far"
-                         + (" ('triton' exists for draft_step)" if backend == "triton" else ""))
-    raise ValueError(f"backend must be one of {LOCAL_BACKENDS}, got {backend!r}")
+        return reference_impl
+    if backend != "triton" or piece not in TRITON_PIECES:
+        raise ValueError(f"dspark_dist::{piece} has no {backend!r} backend (Triton: {', '.join(TRITON_PIECES)})")
+    from .. import triton as _patched  # noqa: F401  (the interpreter fix of the oldest supported Triton)
+    if piece == "draft_step":
+        from .triton_draft import draft_step
+        return draft_step
+    from .triton_verify import verify_residual
+    return verify_residual
 
 
 @torch.library.custom_op("dspark_dist::verify_stats", mutates_args=())
 def verify_stats(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
                  draft_logits_shard: Optional[torch.Tensor], temperature: Optional[torch.Tensor],
                  rng_key: torch.Tensor, vocab_start: int, vocab_size: int, top_m: int, backend: str) -> torch.Tensor:
+    _triton_impl("verify_stats", backend, None)
     return local_verify.verify_stats(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature,
                                      rng_key, vocab_start, vocab_size, top_m)
 
@@ -78,6 +93,7 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
                   temperature: Optional[torch.Tensor], rng_key: torch.Tensor, stop_token_ids: Optional[torch.Tensor],
                   method: str, has_draft_logits: bool, top_m: int, vocab_size: int, backend: str,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _triton_impl("verify_decide", backend, None)
     return local_verify.verify_decide(stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprobs,
                                       verify_lens, survival, thresholds, temperature, rng_key, stop_token_ids,
                                       method, has_draft_logits, top_m, vocab_size)
@@ -101,8 +117,8 @@ def _(stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprob
 def verify_residual(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
                     draft_logits_shard: Optional[torch.Tensor], plan: torch.Tensor, temperature: torch.Tensor,
                     rng_key: torch.Tensor, vocab_start: int, vocab_size: int, backend: str) -> torch.Tensor:
-    return local_verify.verify_residual(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, plan,
-                                        temperature, rng_key, vocab_start, vocab_size)
+    return _triton_impl("verify_residual", backend, local_verify.verify_residual)(
+        target_shard, cu_seqlens, draft_tokens, draft_logits_shard, plan, temperature, rng_key, vocab_start, vocab_size)
 
 
 @verify_residual.register_fake
@@ -115,11 +131,7 @@ def _(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, plan, temperat
 def draft_step(base_logits_k: torch.Tensor, v: torch.Tensor, w2_shard: torch.Tensor,
                temperature: Optional[torch.Tensor], rng_key: torch.Tensor, position: int, vocab_start: int,
                return_logits: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    impl = local_draft.draft_step
-    if backend == "triton":
-        from .. import triton as _patched  # noqa: F401  (the interpreter fix of the oldest supported Triton)
-        from .triton_draft import draft_step as impl
-    return impl(base_logits_k, v, w2_shard, temperature, rng_key, position, vocab_start, return_logits)
+    return _triton_impl("draft_step", backend, local_draft.draft_step)(base_logits_k, v, w2_shard, temperature, rng_key, position, vocab_start, return_logits)
 
 
 @draft_step.register_fake
@@ -132,6 +144,7 @@ def _(base_logits_k, v, w2_shard, temperature, rng_key, position, vocab_start, r
 
 @torch.library.custom_op("dspark_dist::draft_logprobs", mutates_args=())
 def draft_logprobs(stats: torch.Tensor, tokens: torch.Tensor, backend: str) -> torch.Tensor:
+    _triton_impl("draft_logprobs", backend, None)
     return local_draft.draft_logprobs(stats, tokens)
 
 
