@@ -120,10 +120,11 @@ def _group_three_ranks(rank, world):
     spans = shard_spans(even_sizes(vocab, world), order=[1, 2, 0])
     inp = verify_inputs(8, 4, vocab, seed=0)
     check_verify(rank, spans, vocab, inp, verify_modes(inp))
-    block_modes = [m for m in verify_modes(inp) if m[0].startswith("block")]
-    check_verify(rank, spans, vocab, inp, block_modes, backend="triton")    # the Triton residual pass
     check_draft(rank, spans, vocab, 5, 4, ("vanilla", "gated", "rnn"), (0.0, mixed_temps(5)))
-    check_draft(rank, spans, vocab, 5, 4, ("rnn",), (0.0, mixed_temps(5)), backend="triton")   # the interpreter
+    # the Triton pieces (the interpreter on the CPU): the residual pass of block verification, draft_step
+    check_verify(rank, spans, vocab, inp, [m for m in verify_modes(inp) if m[0] == "block draft rows"],
+                 backend="triton")
+    check_draft(rank, spans, vocab, 5, 4, ("rnn",), (mixed_temps(5),), backend="triton")
 
 
 def _group_one_token_shards(rank, world):
