@@ -69,7 +69,7 @@ def main(argv=None) -> None:
     ap.add_argument("--P", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--dtype-bytes", type=int, default=2, help="bytes per logit of the baseline (bf16: 2)")
     ap.add_argument("--certificates", action="store_true",
-                    help="count uncertified residual races instead (N 16, K 7, V 32000, P 8; about a minute)")
+                    help="count uncertified residual races instead (N 16, K 7, V 32000, P 8; about a CPU minute)")
     args = ap.parse_args(argv)
     if args.certificates:
         need, total = certificate_failures(16, 7, 32000, 8)

@@ -141,14 +141,7 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
     dev = draft_tokens.device
     pos = torch.arange(k_len + 1, device=dev)
     requests = torch.arange(n, device=dev)
-    last_row = packed_rows_left(cu_seqlens, num_rows, n, k_len, dev)
-    has_rows = last_row >= 0
-    length = last_row.clamp(min=0)
-    if verify_lens is not None:
-        length = torch.minimum(length, verify_lens.to(torch.int64).clamp(0, k_len))
-    if survival is not None and thresholds is not None:
-        passes = (survival.float() >= thresholds.float()).to(torch.int64)
-        length = torch.minimum(length, passes.cumprod(dim=-1).sum(dim=-1))
+    has_rows, length = _verify_lengths(cu_seqlens, num_rows, n, k_len, verify_lens, survival, thresholds, dev)
     in_block = pos[:k_len] < length.unsqueeze(-1)
     drafts = draft_tokens.to(torch.int64)
     valid, safe, _, _ = _draft_rows(drafts, 0, vocab_size, vocab_size)
@@ -202,13 +195,31 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
             plan = _block_plan(rho, length, sampled, t_stats, q_stats, k_len)
         emitted = torch.where(sampled, torch.where(use_p | full, from_p, from_res), emitted)
 
+    return _outputs(drafts, n_acc, has_rows, stopped, emitted) + (plan,)
+
+
+def _verify_lengths(cu_seqlens, num_rows, n, k_len, verify_lens, survival, thresholds, dev):
+    """(has rows [N] bool, verify length L [N]): rows available, verify_lens, survival thresholds."""
+    last_row = packed_rows_left(cu_seqlens, num_rows, n, k_len, dev)
+    caps = [last_row.clamp(min=0)]                    # the length is the smallest of these caps
+    if verify_lens is not None:
+        caps.append(verify_lens.to(torch.int64).clamp(0, k_len))
+    if survival is not None and thresholds is not None:
+        caps.append(_leading_true(survival.float() >= thresholds.float()))
+    return last_row >= 0, torch.stack(caps).amin(0)
+
+
+def _outputs(drafts, n_acc, has_rows, stopped, emitted):
+    """(tokens int64 [N, K+1], num_accepted int32 [N], accept_mask bool [N, K]) as dk.verify_chain lays them out."""
+    n, k_len = drafts.shape
+    pos = torch.arange(k_len + 1, device=drafts.device)
     n_acc = torch.where(has_rows, n_acc, 0)
     accept_mask = pos[:k_len] < n_acc.unsqueeze(-1)
-    tokens = torch.full((n, k_len + 1), -1, dtype=torch.int64, device=dev)
+    tokens = torch.full((n, k_len + 1), -1, dtype=torch.int64, device=drafts.device)
     tokens[:, :k_len] = torch.where(accept_mask, drafts, -1)
     emit_here = (pos == n_acc.unsqueeze(-1)) & (has_rows & ~stopped).unsqueeze(-1)
     tokens = torch.where(emit_here, emitted.unsqueeze(-1), tokens)
-    return tokens, n_acc.to(torch.int32), accept_mask, plan
+    return tokens, n_acc.to(torch.int32), accept_mask
 
 
 def _block_rho(p_d: torch.Tensor, q_d: torch.Tensor) -> torch.Tensor:
