@@ -1,0 +1,47 @@
+"""Run a function in P spawned processes joined by a gloo group (tests and examples of the distributed ops)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def spawn(world: int, fn, *args, timeout_s: float = 180.0) -> None:
+    """``fn(rank, world, *args)`` on ``world`` processes with the default group initialised (gloo, CPU); an
+    exception on any rank is raised here. ``fn`` must be importable (a module-level function). Collectives give up
+    after ``timeout_s``, so a rank left waiting fails instead of hanging."""
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_entry, args=(world, os.path.join(d, "store"), fn, args, timeout_s), nprocs=world, join=True)
+
+
+def _entry(rank, world, store, fn, args, timeout_s):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def shard_spans(sizes: Sequence[int], order: Sequence[int] = None) -> list:
+    """(vocab_start, size) of each rank: shards of the given sizes tile the vocabulary in ``order`` (rank ids in
+    vocabulary order; default rank order)."""
+    order = list(order) if order is not None else list(range(len(sizes)))
+    spans = [None] * len(sizes)
+    start = 0
+    for rank in order:
+        spans[rank] = (start, sizes[rank])
+        start += sizes[rank]
+    return spans
+
+
+def even_sizes(vocab: int, world: int) -> list:
+    """Sizes of ``world`` shards as even as possible (the first ones one larger)."""
+    return [vocab // world + (r < vocab % world) for r in range(world)]

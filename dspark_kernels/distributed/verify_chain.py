@@ -1,0 +1,141 @@
+"""``dspark_kernels.distributed.verify_chain``: chain verification over vocabulary-parallel logits."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from ..ops._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, temperature_tensor
+from ..ops.verify_chain import METHODS, VerifyOutput
+from ..rng import make_rng_key
+from . import comm, ops
+from .layout import MAX_VOCAB
+
+DEFAULT_TOP_M = 8   # race candidates per (row, shard) for token sampling; block verification needs only the head
+
+
+def verify_chain(
+    target_logits_shard: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    *,
+    vocab_start: int,
+    vocab_size: int,
+    group=None,
+    draft_logits_shard: Optional[torch.Tensor] = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    draft_logprobs: Optional[torch.Tensor] = None,
+    verify_lens: Optional[torch.Tensor] = None,
+    survival: Optional[torch.Tensor] = None,
+    thresholds: Optional[torch.Tensor] = None,
+    temperature: Union[float, torch.Tensor] = 0.0,
+    seed=0,
+    offset=0,
+    stop_token_ids: Optional[torch.Tensor] = None,
+    method: str = "token",
+    top_m: Optional[int] = None,
+    validate: bool = True,
+    backend: Optional[str] = "auto",
+) -> VerifyOutput:
+    """``dk.verify_chain`` over logits sharded by vocabulary across the ranks of ``group``.
+
+    Each rank passes its logits for the global token ids ``[vocab_start, vocab_start + Vl)``; the shards of the
+    group must tile ``[0, vocab_size)`` (in any rank order). Every other argument is ``dk.verify_chain``'s, the same
+    on every rank (draft tokens, lengths, temperatures, the random key, stop tokens are replicated). Every rank
+    returns the same ``VerifyOutput``, equal to ``dk.verify_chain(backend="reference")`` on the gathered logits.
+
+    Args:
+        target_logits_shard: float ``[N, K+1, Vl]`` or packed ``[R, Vl]`` (with ``cu_seqlens``).
+        draft_logits_shard: float ``[N, K, Vl]``, the same slice of the draft logits, or None (one-hot drafts).
+        draft_logprobs: float32 ``[N, K]``, the globally normalised ``log q(d_j)`` (``distributed.draft_block``
+            returns them).
+        top_m: race candidates per (row, shard) sent in the first exchange (default 8 for token sampling, 1 for
+            block verification, which samples from its exact second exchange).
+        validate: read the gathered shard metadata on the host and raise the same error on every rank when the
+            shards do not tile ``[0, vocab_size)``, a rank's shapes or modes differ, or a rank's arguments fail
+            their checks (one tiny all-gather, which then synchronises with a GPU group). With False nothing is
+            read back: the layout is trusted, and a rank whose arguments fail raises alone.
+        backend: of the local pieces: "auto" | "reference" | "triton" (Triton for the residual pass, the reference
+            for the statistics and the decide step, which have no kernel yet; "auto": Triton on a GPU).
+
+    Collectives: one all-gather of the metadata (P x 8 int64 or so), one all-gather of the per-(row, shard)
+    statistics, and for sampling (a temperature tensor, or a float > 0) one all-gather of a fixed-size second
+    exchange (token: 12 bytes per request; block: 12 bytes per (request, row)). No logits row is exchanged and
+    nothing is read on the host (unless ``validate``).
+    """
+    n = k_len = rows = local = 0
+    error = None
+    if top_m is None:
+        top_m = DEFAULT_TOP_M if method == "token" else 1
+    try:
+        if not isinstance(top_m, int) or isinstance(top_m, bool) or top_m < 1:
+            raise ValueError(f"top_m must be an int >= 1, got {top_m!r}")
+        check_tensor("draft_tokens", draft_tokens, ndim=2, dtypes=INT_DTYPES)
+        n, k_len = draft_tokens.shape
+        dev = draft_tokens.device
+        residual_backend = ops.piece_backend(backend, dev, "verify_residual")
+        if k_len < 1:
+            raise ValueError(f"draft_tokens must have K >= 1 columns, got shape {tuple(draft_tokens.shape)}")
+        _check_args(target_logits_shard, draft_tokens, draft_logits_shard, cu_seqlens, draft_logprobs, verify_lens,
+                    survival, thresholds, stop_token_ids, method, vocab_start, vocab_size)
+        rows = target_logits_shard.shape[0] if cu_seqlens is not None else -1
+        local = target_logits_shard.shape[-1]
+        temps = temperature_tensor(temperature, n, dev)
+        rng_key = make_rng_key(seed, offset, dev)
+    except (ValueError, TypeError) as e:
+        error, dev, temps = e, getattr(draft_tokens, "device", torch.device("cpu")), None
+    sampled = temps is not None
+    signature = [("N (draft_tokens.shape[0])", n), ("K (draft_tokens.shape[1])", k_len),
+                 ("R (packed target rows, -1 dense)", rows), ("cu_seqlens given", cu_seqlens is not None),
+                 ("draft_logits_shard given", draft_logits_shard is not None),
+                 ("draft_logprobs given", draft_logprobs is not None), ("verify_lens given", verify_lens is not None),
+                 ("survival given", survival is not None), ("sampling (temperature)", sampled),
+                 ("method", METHODS.index(method) if method in METHODS else -1), ("top_m", top_m)]
+    shards = comm.shard_table(group, dev, vocab_start=int(vocab_start), local_size=local, vocab_size=int(vocab_size),
+                              signature=signature, validate=validate, local_error=error)
+    has_draft = draft_logits_shard is not None
+    stats = ops.verify_stats(target_logits_shard, cu_seqlens, draft_tokens, draft_logits_shard, temps, rng_key,
+                             vocab_start, vocab_size, top_m, "reference")
+    stats = comm.all_gather(stats, group)
+    decide = lambda residual: ops.verify_decide(
+        stats, shards, residual, cu_seqlens, max(rows, 0), draft_tokens, draft_logprobs, verify_lens, survival,
+        thresholds, temps, rng_key, stop_token_ids, method, has_draft, top_m, vocab_size, "reference")
+    tokens, num_accepted, accept_mask, plan = decide(None)
+    if sampled:  # the second exchange: always issued (fixed size), so no rank needs to know whether it is needed
+        residual = ops.verify_residual(target_logits_shard, cu_seqlens, draft_tokens, draft_logits_shard, plan, temps,
+                                       rng_key, vocab_start, vocab_size, residual_backend)
+        tokens, num_accepted, accept_mask, _ = decide(comm.all_gather(residual, group))
+    return VerifyOutput(tokens, num_accepted, accept_mask)
+
+
+def _check_args(target, draft_tokens, draft_logits, cu_seqlens, draft_logprobs, verify_lens, survival, thresholds,
+                stop_token_ids, method, vocab_start, vocab_size) -> None:
+    """dk.verify_chain's argument checks, on a shard."""
+    n, k_len = draft_tokens.shape
+    dev = draft_tokens.device
+    if cu_seqlens is None:
+        check_tensor("target_logits_shard", target, shape=(n, k_len + 1, None), dtypes=FLOAT_DTYPES, device=dev)
+    else:
+        check_tensor("target_logits_shard", target, ndim=2, dtypes=FLOAT_DTYPES, device=dev)
+        check_tensor("cu_seqlens", cu_seqlens, shape=(n + 1,), dtypes=INT_DTYPES, device=dev)
+    local = target.shape[-1]
+    for name, value in (("vocab_start", vocab_start), ("vocab_size", vocab_size)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if local < 1 or vocab_start < 0 or vocab_start + local > vocab_size or vocab_size > MAX_VOCAB:
+        raise ValueError(f"the shard [vocab_start, vocab_start + Vl) = [{vocab_start}, {vocab_start + local}) must be "
+                         f"a non-empty part of [0, vocab_size = {vocab_size}) with vocab_size <= 2^24")
+    check_tensor("draft_logits_shard", draft_logits, shape=(n, k_len, local), dtypes=FLOAT_DTYPES, device=dev,
+                 optional=True)
+    check_tensor("draft_logprobs", draft_logprobs, shape=(n, k_len), dtypes=(torch.float32,), device=dev,
+                 optional=True)
+    if draft_logprobs is not None and draft_logits is None:
+        raise ValueError("draft_logprobs needs draft_logits_shard (the residual is sampled from the draft rows)")
+    check_tensor("verify_lens", verify_lens, shape=(n,), dtypes=INT_DTYPES, device=dev, optional=True)
+    if (survival is None) != (thresholds is None):
+        raise ValueError("survival and thresholds must be given together")
+    check_tensor("survival", survival, shape=(n, k_len), dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    check_tensor("thresholds", thresholds, shape=(k_len,), dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    check_tensor("stop_token_ids", stop_token_ids, ndim=1, dtypes=INT_DTYPES, device=dev, optional=True)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")

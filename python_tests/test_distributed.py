@@ -1,0 +1,454 @@
+"""dspark_kernels.distributed: vocabulary-parallel verify_chain and draft_block over gloo, in spawned processes.
+
+Each test spawns one group and runs a list of cases in it; every rank checks its own outputs against the unsharded
+reference op on the gathered inputs (integers exactly, floats to 1e-5).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dspark_kernels as dk
+import dspark_kernels.distributed as D
+from dspark_kernels.distributed import layout as L
+from dspark_kernels.distributed.testing import even_sizes, shard_spans, spawn
+from dspark_kernels.rng import STREAM_RESIDUAL, make_rng_key, uniform
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def verify_inputs(n, k, vocab, seed, force_tokens=()):
+    """Target / draft logits, drafts sampled from the draft (some rows greedy-correct, one draft out of range, one
+    -1), per-request temperatures (mixed greedy) and the matching draft log-probabilities."""
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(n, k + 1, vocab, generator=g) * 2
+    for i, tok in enumerate(force_tokens):         # rows whose argmax / likely draft is a chosen token
+        target[i % n, :, tok] += 8.0
+    draft = target[:, :k] + torch.randn(n, k, vocab, generator=g) * 2
+    temps = torch.tensor([0.0, 1.0, 0.7, 1.3, 1.0, 0.0, 2.0, 1.0][:n] * (n // 8 + 1))[:n]
+    t = torch.where(temps > 0, temps, 1.0).view(n, 1, 1)
+    drafts = torch.softmax(draft / t, -1).view(-1, vocab).multinomial(1, generator=g).view(n, k)
+    drafts[0] = target[0, :k].argmax(-1)
+    drafts[1, -1] = vocab + 3
+    drafts[min(2, n - 1), min(1, k - 1)] = -1
+    logprobs = torch.log_softmax(draft / t, -1).gather(-1, drafts.clamp(0, vocab - 1).unsqueeze(-1)).squeeze(-1)
+    return dict(target=target, draft=draft, drafts=drafts, temps=temps, logprobs=logprobs)
+
+
+def verify_modes(inp, methods=("token", "block")):
+    """(name, kwargs of dk.verify_chain) covering every mode."""
+    n, k = inp["drafts"].shape
+    modes = [("greedy", dict(temperature=0.0))]
+    for method in methods:
+        modes += [(f"{method} one-hot", dict(method=method, temperature=inp["temps"])),
+                  (f"{method} draft rows", dict(method=method, temperature=inp["temps"], draft_logits=inp["draft"])),
+                  (f"{method} logprobs", dict(method=method, temperature=inp["temps"], draft_logits=inp["draft"],
+                                              draft_logprobs=inp["logprobs"]))]
+    lens = torch.arange(n) % (k + 1)
+    surv = torch.rand(n, k, generator=torch.Generator().manual_seed(5)).sort(-1, descending=True).values
+    stops = inp["drafts"][3 % n, :1].clone()
+    modes += [("token packed+lens+survival+stops", dict(method="token", temperature=0.9, draft_logits=inp["draft"],
+                                                        packed=True, verify_lens=lens, survival=surv,
+                                                        thresholds=torch.full((k,), 0.3), stop_token_ids=stops)),
+              ("block packed+stops", dict(method="block", temperature=inp["temps"], packed=True,
+                                          stop_token_ids=stops))]
+    return modes
+
+
+def _packed(target, lens):
+    """Packed [R, V] rows (L_r + 1 per request) and cu_seqlens."""
+    rows = [target[r, : int(lens[r]) + 1] for r in range(target.shape[0])]
+    cu = torch.tensor([0] + [x.shape[0] for x in rows]).cumsum(0)
+    return torch.cat(rows), cu
+
+
+def check_verify(rank, spans, vocab, inp, modes, seed=11, backend="reference"):
+    start, size = spans[rank]
+    for i, (name, kw) in enumerate(modes):
+        kw = dict(kw)
+        target = inp["target"]
+        if kw.pop("packed", False):
+            target, kw["cu_seqlens"] = _packed(target, (torch.arange(target.shape[0]) * 2 + 1) % target.shape[1])
+        ref = dk.verify_chain(target, inp["drafts"], seed=seed, offset=i, backend="reference", **kw)
+        draft = kw.pop("draft_logits", None)
+        out = D.verify_chain(target[..., start:start + size], inp["drafts"], vocab_start=start, vocab_size=vocab,
+                             draft_logits_shard=None if draft is None else draft[..., start:start + size],
+                             seed=seed, offset=i, backend=backend, **kw)
+        for field, a, b in zip(ref._fields, ref, out):
+            assert torch.equal(a, b), (rank, name, field, a, b)
+
+
+def draft_inputs(n, k, vocab, kind, seed, d=6, r=5):
+    g = torch.Generator().manual_seed(seed)
+    head = dk.MarkovHead(kind, torch.randn(vocab, r, generator=g), torch.randn(vocab, r, generator=g) * 0.5)
+    if kind == "gated":
+        head.wg, head.bg = torch.randn(r, d + r, generator=g), torch.randn(r, generator=g)
+    if kind == "rnn":
+        head.wj, head.bj = torch.randn(3 * r, 2 * r + d, generator=g), torch.randn(3 * r, generator=g)
+    conf = dk.ConfidenceHead(torch.randn(d + r, generator=g), 0.3, torch.rand(k, generator=g) + 0.5)
+    base = torch.randn(n, k, vocab, generator=g) * 2
+    anchors = torch.randint(0, vocab, (n,), generator=g)
+    anchors[-1] = -5   # out of range: a zero embedding
+    return base, anchors, head, torch.randn(n, k, d, generator=g), conf
+
+
+def check_draft(rank, spans, vocab, n, k, kinds, temps, seed=3, backend="reference"):
+    start, size = spans[rank]
+    for i, kind in enumerate(kinds):
+        base, anchors, head, hidden, conf = draft_inputs(n, k, vocab, kind, seed + i)
+        for j, t in enumerate(temps):
+            ref = dk.draft_block(base, anchors, head, hidden=hidden, confidence=conf, temperature=t, seed=seed,
+                                 offset=j, return_logits=True, backend="reference")
+            shard = dk.MarkovHead(kind, head.w1, head.w2[start:start + size], head.wg, head.bg, head.wj, head.bj)
+            out = D.draft_block(base[..., start:start + size], anchors, shard, vocab_start=start, vocab_size=vocab,
+                                hidden=hidden, confidence=conf, temperature=t, seed=seed, offset=j,
+                                return_logits=True, backend=backend)
+            assert torch.equal(ref.tokens, out.tokens), (rank, kind, t, ref.tokens, out.tokens)
+            for a, b in ((ref.draft_logprobs, out.draft_logprobs), (ref.conf_logits, out.conf_logits),
+                         (ref.survival, out.survival), (ref.logits[..., start:start + size], out.logits)):
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def mixed_temps(n):
+    return torch.tensor([0.0, 1.0, 0.6, 1.5] * n)[:n]
+
+
+# ------------------------------------------------------------------------------------------------ groups
+def _group_three_ranks(rank, world):
+    """V = 1000 over 3 ranks in a permuted vocabulary order, every verify mode; every Markov head."""
+    vocab = 1000
+    spans = shard_spans(even_sizes(vocab, world), order=[1, 2, 0])
+    inp = verify_inputs(8, 4, vocab, seed=0)
+    check_verify(rank, spans, vocab, inp, verify_modes(inp))
+    check_draft(rank, spans, vocab, 5, 4, ("vanilla", "gated", "rnn"), (0.0, mixed_temps(5)))
+    # the Triton pieces (the interpreter on the CPU): the residual pass of block verification, draft_step
+    check_verify(rank, spans, vocab, inp, [m for m in verify_modes(inp) if m[0] == "block draft rows"],
+                 backend="triton")
+    check_draft(rank, spans, vocab, 5, 4, ("rnn",), (mixed_temps(5),), backend="triton")
+
+
+def _group_one_token_shards(rank, world):
+    """V = 1000 over 4 ranks, two of them one token wide, holding argmaxes and drafts; NaN, +inf and all -inf
+    rows."""
+    vocab = 1000
+    spans = shard_spans([1, 499, 499, 1], order=[2, 0, 3, 1])     # rank 2 holds token 0, rank 1 token 999
+    inp = verify_inputs(6, 3, vocab, seed=1, force_tokens=(0, 999, 999))
+    inp["drafts"][3] = torch.tensor([0, 999, 999])
+    inp["target"][4, 1, 500] = float("nan")    # a row torch.softmax turns into NaN
+    inp["target"][5, 2] = float("-inf")        # a row without a finite logit
+    inp["draft"][3, 0, 7] = float("inf")       # a draft row softmax turns into NaN
+    check_verify(rank, spans, vocab, inp, verify_modes(inp, methods=("token", "block"))[:5])
+    check_draft(rank, spans, vocab, 4, 3, ("gated",), (0.0, mixed_temps(4)))
+
+
+def _group_large_vocab(rank, world):
+    """V = 32003 over 2 ranks: draft_block (return_logits) feeding verify_chain with its shard of the draft logits
+    and its draft_logprobs, against the unsharded chain."""
+    vocab, n, k = 32003, 3, 3
+    spans = shard_spans(even_sizes(vocab, world))
+    start, size = spans[rank]
+    base, anchors, head, hidden, conf = draft_inputs(n, k, vocab, "rnn", seed=7)
+    temps = torch.tensor([0.0, 1.0, 0.8])
+    ref_d = dk.draft_block(base, anchors, head, hidden=hidden, confidence=conf, temperature=temps, seed=2,
+                           return_logits=True, backend="reference")
+    shard = dk.MarkovHead("rnn", head.w1, head.w2[start:start + size], wj=head.wj, bj=head.bj)
+    out_d = D.draft_block(base[..., start:start + size], anchors, shard, vocab_start=start, vocab_size=vocab,
+                          hidden=hidden, confidence=conf, temperature=temps, seed=2, return_logits=True)
+    assert torch.equal(ref_d.tokens, out_d.tokens)
+    target = ref_d.logits.new_zeros(n, k + 1, vocab)
+    target[:, :k] = ref_d.logits + torch.randn(n, k, vocab, generator=torch.Generator().manual_seed(3))
+    target[:, k] = torch.randn(n, vocab, generator=torch.Generator().manual_seed(4)) * 2
+    for method in ("token", "block"):
+        ref = dk.verify_chain(target, ref_d.tokens, draft_logits=ref_d.logits, draft_logprobs=ref_d.draft_logprobs,
+                              temperature=temps, seed=9, method=method, backend="reference")
+        out = D.verify_chain(target[..., start:start + size], out_d.tokens, vocab_start=start, vocab_size=vocab,
+                             draft_logits_shard=out_d.logits, draft_logprobs=out_d.draft_logprobs,
+                             temperature=temps, seed=9, method=method)
+        assert all(torch.equal(a, b) for a, b in zip(ref, out)), (method, ref, out)
+
+
+@pytest.mark.parametrize("world,group", [(3, _group_three_ranks), (4, _group_one_token_shards),
+                                         (2, _group_large_vocab)], ids=["P3-V1000", "P4-one-token", "P2-V32003"])
+def test_sharded_equals_unsharded(world, group):
+    spawn(world, group)
+
+
+# ------------------------------------------------------------------------------------------------ second exchange
+def _certificate_case(rank, world):
+    """A flat row rejecting a one-hot draft d whose race key is the row's best, the second best in the same shard:
+    with one candidate per shard the residual race over the candidates cannot be certified (the other shard's head
+    is below shard 0's bound), so the exact second exchange decides, and changes the token."""
+    vocab, half = 64, 32
+    start, size = shard_spans([half, half])[rank]
+    ids = torch.arange(vocab)
+    for off in range(500):
+        keys = -torch.log(-torch.log(uniform(make_rng_key(5, off, "cpu"), 0, 0, STREAM_RESIDUAL, ids)))
+        top2 = keys.topk(2).indices
+        if bool((top2 < half).all()):
+            break
+    target = torch.zeros(1, 2, vocab)
+    drafts = top2[:1].view(1, 1)
+    temps = torch.ones(1)
+    ref = dk.verify_chain(target, drafts, temperature=temps, seed=5, offset=off, backend="reference")
+    assert ref.num_accepted.item() == 0 and ref.tokens[0, 0].item() == top2[1].item()
+    out = D.verify_chain(target[..., start:start + size], drafts, vocab_start=start, vocab_size=vocab,
+                         temperature=temps, seed=5, offset=off, top_m=1)
+    assert all(torch.equal(a, b) for a, b in zip(ref, out))
+    # the local pieces by hand: the plan asks for the residual, the provisional token is the uncertified one
+    key = make_rng_key(5, off, "cpu")
+    shards = torch.tensor(shard_spans([half, half]))
+    stats = D.comm.all_gather(D.ops.verify_stats(target[..., start:start + size], None, drafts, None, temps, key,
+                                                 start, vocab, 1, "reference"), None)
+    args = (None, 0, drafts, None, None, None, None, temps, key, None, "token", False, 1, vocab, "reference")
+    first = D.ops.verify_decide(stats, shards, None, *args)
+    assert first[3][0, 0, L.PLAN_NEED].item() == 1.0
+    assert first[0][0, 0].item() >= half                         # the other shard's head: not the exact winner
+    res = D.ops.verify_residual(target[..., start:start + size], None, drafts, None, first[3], temps, key, start,
+                                vocab, "reference")
+    final = D.ops.verify_decide(stats, shards, D.comm.all_gather(res, None), *args)
+    assert torch.equal(final[0], ref.tokens)
+
+
+def _traffic_case(rank, world):
+    """The bytes counted on the collectives equal the model the bench uses."""
+    vocab = 50
+    start, size = shard_spans(even_sizes(vocab, world))[rank]
+    inp = verify_inputs(4, 3, vocab, seed=2)
+    for method, draft, temps in (("token", True, inp["temps"]), ("block", False, inp["temps"]), ("token", False, 0.0)):
+        with D.count_traffic() as t:
+            D.verify_chain(inp["target"][..., start:start + size], inp["drafts"], vocab_start=start, vocab_size=vocab,
+                           draft_logits_shard=inp["draft"][..., start:start + size] if draft else None,
+                           temperature=temps, method=method)
+        model = D.traffic.verify_calls(4, 3, world, sampled=not isinstance(temps, float), draft_logits=draft,
+                                       method=method)
+        assert t.calls == model.calls, (t.calls, model.calls)
+    base, anchors, head, hidden, conf = draft_inputs(4, 3, vocab, "vanilla", seed=1)
+    with D.count_traffic() as t:
+        D.draft_block(base[..., start:start + size], anchors, dk.MarkovHead("vanilla", head.w1,
+                      head.w2[start:start + size]), vocab_start=start, vocab_size=vocab, temperature=1.0)
+    assert t.calls == D.traffic.draft_calls(4, 3, world).calls
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def _bad_input_cases(rank, world):
+    """Every rank raises, and the group stays usable for the next case (nobody is left inside a collective)."""
+    vocab, n, k = 100, 4, 2
+    inp = verify_inputs(n, k, vocab, seed=4)
+
+    def verify(span, drafts=inp["drafts"], **kw):
+        start, size = span
+        return D.verify_chain(inp["target"][:drafts.shape[0], :, start:start + size], drafts, vocab_start=start,
+                              vocab_size=vocab, **kw)
+
+    with pytest.raises(D.ShardLayoutError, match=r"do not tile \[0, 100\).*overlaps"):
+        verify([(0, 60), (50, 50)][rank])
+    with pytest.raises(D.ShardLayoutError, match=r"leaves \[50, 60\) to no rank"):
+        verify([(0, 50), (60, 40)][rank])
+    with pytest.raises(D.ShardLayoutError, match=r"they end at 90"):
+        verify([(0, 50), (50, 40)][rank])
+    good = shard_spans([50, 50])[rank]
+    with pytest.raises(D.ShardLayoutError, match=r"N \(draft_tokens.shape\[0\]\) differs across ranks "
+                                                 r"\(rank 0: 4, rank 1: 3\)"):
+        verify(good, drafts=inp["drafts"][: n - rank])
+    with pytest.raises(D.ShardLayoutError, match=r"sampling \(temperature\) differs"):
+        verify(good, temperature=[0.0, inp["temps"]][rank])
+    if rank == 1:
+        with pytest.raises(ValueError, match=r"draft_tokens must have dtype"):
+            verify(good, drafts=inp["drafts"].float())
+        with pytest.raises(ValueError, match=r"\[vocab_start, vocab_start \+ Vl\) = \[50, 150\)"):
+            D.verify_chain(torch.zeros(n, k + 1, 100), inp["drafts"], vocab_start=50, vocab_size=vocab)
+    else:
+        for _ in range(2):
+            with pytest.raises(D.ShardLayoutError, match=r"rank\(s\) \[1\] rejected their arguments"):
+                verify(good)
+    base, anchors, head, _, _ = draft_inputs(n, k, vocab, "vanilla", seed=1)
+    w2 = head.w2[good[0]:good[0] + good[1] - rank]          # rank 1: one row short
+    if rank == 1:
+        with pytest.raises(ValueError, match=r"head_shard.w2 must have shape \[50, 5\]"):
+            D.draft_block(base[..., 50:], anchors, dk.MarkovHead("vanilla", head.w1, w2), vocab_start=50,
+                          vocab_size=vocab)
+    else:
+        with pytest.raises(D.ShardLayoutError, match=r"rank\(s\) \[1\] rejected"):
+            D.draft_block(base[..., :50], anchors, dk.MarkovHead("vanilla", head.w1, w2), vocab_start=0,
+                          vocab_size=vocab)
+    assert torch.equal(verify(good).tokens, dk.verify_chain(inp["target"], inp["drafts"]).tokens)  # still usable
+
+
+def _second_exchange_and_bad_input(rank, world):
+    _certificate_case(rank, world)
+    _traffic_case(rank, world)
+    _bad_input_cases(rank, world)
+
+
+def test_second_exchange_traffic_and_bad_input():
+    """P = 2: a certificate failure forcing the second exchange, the bytes counted against the model, bad input."""
+    spawn(2, _second_exchange_and_bad_input)
+
+
+# ------------------------------------------------------------------------------------------------ losslessness
+def _joint_law_cases(rank, world):
+    """test_verify_chain's joint-law simulation with every verify call going through the sharded path (shards
+    [0, 1) and [1, 4) of V = 4), each call checked against the unsharded reference on the same inputs."""
+    import test_verify_chain as tvc
+    start, size = shard_spans([1, 3])[rank]
+    unsharded = dk.verify_chain
+
+    def sharded(target, drafts, *, draft_logits, backend, **kw):
+        ref = unsharded(target, drafts, draft_logits=draft_logits, backend="reference", **kw)
+        out = D.verify_chain(target[..., start:start + size], drafts, vocab_start=start, vocab_size=target.shape[-1],
+                             draft_logits_shard=draft_logits[..., start:start + size], **kw)
+        assert all(torch.equal(a, b) for a, b in zip(ref, out)), (kw, ref, out)
+        return out
+
+    dk.verify_chain = sharded
+    try:
+        for method, use_logprobs in (("block", False), ("token", True)):
+            tokens, p = tvc.simulate_joint(method, "reference", tvc.JOINT_TRIALS, tvc.JOINT_SEED, use_logprobs)
+            assert tvc.joint_passes(tokens, p), (method, rank)
+    finally:
+        dk.verify_chain = unsharded
+
+
+def test_sharded_joint_law_of_two_tokens():
+    """Chi-square of the joint law of two generated tokens through the sharded path (token with draft_logprobs,
+    block), on a one-token shard and a three-token one; the same case's power is shown in test_verify_chain
+    (test_joint_law_detects_a_block_residual_without_rho)."""
+    spawn(2, _joint_law_cases)
+
+
+# ------------------------------------------------------------------------------------------------ local ops
+def test_local_ops_opcheck():
+    """Each local piece passes torch.library.opcheck (schema, fake, autograd registration) on a shard."""
+    vocab, n, k, start, size = 30, 3, 2, 10, 12
+    inp = verify_inputs(n, k, vocab, seed=6)
+    key = make_rng_key(3, 1, "cpu")
+    tgt, dr = inp["target"][..., start:start + size], inp["draft"][..., start:start + size]
+    for draft, temps in ((dr, inp["temps"]), (None, inp["temps"]), (None, None)):
+        args = (tgt, None, inp["drafts"], draft, temps, key, start, vocab, 4, "reference")
+        torch.library.opcheck(torch.ops.dspark_dist.verify_stats.default, args)
+    shards = torch.tensor([[0, 15], [15, 15]])   # two shards' worth of statistics (the same one twice)
+    for method, temps in (("token", inp["temps"]), ("block", inp["temps"]), ("token", None)):
+        stats = torch.stack([D.ops.verify_stats(tgt, None, inp["drafts"], dr, temps, key, start, vocab, 4,
+                                                "reference")] * 2)
+        dec = (stats, shards, None, None, 0, inp["drafts"], inp["logprobs"], None, None, None, temps, key, None,
+               method, True, 4, vocab, "reference")
+        torch.library.opcheck(torch.ops.dspark_dist.verify_decide.default, dec)
+        plan = D.ops.verify_decide(*dec)[3]
+        if temps is not None:
+            res = (tgt, None, inp["drafts"], dr, plan, temps, key, start, vocab, "reference")
+            torch.library.opcheck(torch.ops.dspark_dist.verify_residual.default, res)
+            residual = torch.stack([D.ops.verify_residual(*res)] * 2)
+            torch.library.opcheck(torch.ops.dspark_dist.verify_decide.default, (stats, shards, residual) + dec[3:])
+    base, anchors, head, _, _ = draft_inputs(n, k, vocab, "vanilla", seed=2)
+    v = torch.randn(n, head.w1.shape[1])
+    for temps, ret in ((mixed_temps(n), True), (None, False)):
+        step = (base[:, 0, start:start + size], v, head.w2[start:start + size], temps, key, 1, start, ret,
+                "reference")
+        torch.library.opcheck(torch.ops.dspark_dist.draft_step.default, step)
+    part = torch.stack([D.ops.draft_step(*step)[1]] * k, dim=1)
+    torch.library.opcheck(torch.ops.dspark_dist.draft_logprobs.default,
+                          (torch.stack([part, part]), torch.zeros(n, k, dtype=torch.int64), "reference"))
+
+
+def test_triton_draft_step_equals_the_reference():
+    """The Triton draft_step (interpreter on the CPU): the same winners, statistics to 1e-5, on odd shard sizes,
+    greedy and mixed temperatures, a row holding a NaN and a row of -inf."""
+    from dspark_kernels.distributed.local_draft import unpack_id
+    key = make_rng_key(4, 9, "cpu")
+    for n, local, r in ((4, 1, 3), (5, 300, 40), (3, 257, 7)):
+        g = torch.Generator().manual_seed(local)
+        base = torch.randn(n, 2, local, generator=g)[:, 1]          # a strided row of U
+        base[0, local // 2] = float("nan")
+        base[n - 1] = float("-inf")
+        v, w2 = torch.randn(n, r, generator=g), torch.randn(local, r, generator=g)
+        for temps in (None, mixed_temps(n)):
+            args = (base, v, w2, temps, key, 3, 500, True)
+            ref, out = D.ops.draft_step(*args, "reference"), D.ops.draft_step(*args, "triton")
+            assert torch.equal(unpack_id(ref[0]), unpack_id(out[0])), (n, local, temps)
+            torch.testing.assert_close(out[1], ref[1], rtol=1e-5, atol=1e-5, equal_nan=True)
+            torch.testing.assert_close(out[2], ref[2], rtol=1e-5, atol=1e-5, equal_nan=True)
+    clean = (torch.randn(3, 257), v, w2, mixed_temps(3), key, 3, 500, True, "triton")   # opcheck compares NaN != NaN
+    torch.library.opcheck(torch.ops.dspark_dist.draft_step.default, clean)
+
+
+def test_triton_verify_residual_equals_the_reference():
+    """The Triton residual pass (interpreter on the CPU) against the reference, on the plans the decide step makes:
+    token and block, dense and packed, one-hot drafts and draft rows, a NaN row; winners equal, masses to 1e-5."""
+    vocab, n, k, start, size = 700, 6, 3, 200, 301
+    inp = verify_inputs(n, k, vocab, seed=8)
+    inp["target"][2, 1, 250] = float("nan")
+    key = make_rng_key(2, 5, "cpu")
+    shards = torch.tensor([[0, 200], [200, 301], [501, 199]])
+    sl = lambda x: x[..., start:start + size]
+    for method, draft, packed in (("token", True, False), ("block", True, True), ("block", False, False),
+                                  ("token", False, True)):
+        target, cu = inp["target"], None
+        if packed:
+            target, cu = _packed(target, torch.arange(n) % (k + 1))
+        dr = inp["draft"] if draft else None
+        stats = torch.stack([D.ops.verify_stats(target[..., a:a + b], cu, inp["drafts"], None if dr is None else
+                                                dr[..., a:a + b], inp["temps"], key, a, vocab, 1, "reference")
+                             for a, b in shards.tolist()])
+        plan = D.ops.verify_decide(stats, shards, None, cu, target.shape[0] if packed else 0, inp["drafts"], None,
+                                   None, None, None, inp["temps"], key, None, method, draft, 1, vocab, "reference")[3]
+        plan[..., L.PLAN_NEED] = 1.0         # every slot, so the comparison covers every row
+        args = (sl(target), cu, inp["drafts"], None if dr is None else sl(dr), plan, inp["temps"], key, start, vocab)
+        ref, out = D.ops.verify_residual(*args, "reference"), D.ops.verify_residual(*args, "triton")
+        assert torch.equal(out[..., L.RES_ID], ref[..., L.RES_ID]), (method, draft, packed)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True)
+    clean = args[:2] + (inp["drafts"].clamp(0, vocab - 1),) + args[3:] + ("triton",)
+    torch.library.opcheck(torch.ops.dspark_dist.verify_residual.default, clean)
+
+
+def test_pack_key_orders_like_argmax():
+    """An integer MAX over packed (value, id) pairs is the package's argmax: larger value first, then the lower
+    id; NaN counts as -inf; -0.0 ties +0.0; infinities keep their order."""
+    from dspark_kernels.distributed.local_draft import pack_key, unpack_id
+    values = torch.tensor([1.5, float("nan"), -0.0, 0.0, float("inf"), -float("inf"), -3.0, 1.5, float("inf")])
+    ids = torch.tensor([7, 0, 3, 9, 12, 1, 2, 4, 30])
+    packed = pack_key(values, ids)
+    assert torch.equal(unpack_id(packed), ids)
+    order = sorted(range(len(ids)), key=lambda i: packed[i].item(), reverse=True)
+    assert [ids[i].item() for i in order] == [12, 30, 4, 7, 3, 9, 2, 0, 1]
+    for a in range(len(ids)):          # pairwise: MAX picks torch.argmax's winner over the pair in id order
+        for b in range(len(ids)):
+            if ids[a] < ids[b]:
+                pair = torch.stack([values[a], values[b]])
+                want = ids[a] if L.nan_to_neg_inf(pair).argmax().item() == 0 else ids[b]
+                assert unpack_id(torch.maximum(packed[a], packed[b])).item() == want.item()
+
+
+def test_exchange_is_a_small_fraction_of_the_logits():
+    """The headline shape: N = 64, K = 7, V = 151936, P = 8, bf16 logits."""
+    for sampled, draft in ((False, False), (True, True)):
+        ours = D.exchange_bytes("verify_chain", 64, 7, 8, sampled=sampled, draft_logits=draft)
+        theirs = D.logits_gather_bytes("verify_chain", 64, 7, 151936, 8, draft_logits=draft)
+        assert ours * 100 < theirs, (ours, theirs)
+    ours = D.exchange_bytes("draft_block", 64, 7, 8)
+    assert ours == 7 * 80 + 7 * round(2 * 7 / 8 * 64 * 8) + 7 * 64 * 7 * 20
+    assert ours * 100 < D.logits_gather_bytes("draft_block", 64, 7, 151936, 8, dtype_bytes=4)
+
+
+# ------------------------------------------------------------------------------------------------ decode loop
+def _decode_cases(rank, world, sizes):
+    """The decode loop over P vocabulary shards gives the unsharded loop's tokens (greedy, token and block
+    sampling, with a stop token)."""
+    from dspark_kernels.decode.decoder import SpeculativeDecoder
+    from dspark_kernels.decode.testing import tiny_drafter, tiny_target
+    from dspark_kernels.distributed.decode import VocabParallelDecoder
+    start, size = shard_spans(sizes)[rank]
+    target = tiny_target(seed=3, vocab=sum(sizes))
+    drafter = tiny_drafter(target, seed=4, block_size=3, markov="gated")
+    prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    for temperature, method in ((0.0, "token"), (1.0, "token"), (0.8, "block")):
+        kw = dict(seed=5, verify_method=method)
+        with torch.no_grad():
+            ref = SpeculativeDecoder(target, drafter, **kw).generate(prompts, 6, temperature=temperature,
+                                                                    stop_token_ids=[11])
+        out = VocabParallelDecoder(target, drafter, vocab_start=start, size=size, **kw).generate(
+            prompts, 6, temperature=temperature, stop_token_ids=[11])
+        assert out.tokens == ref.tokens, (rank, temperature, method, out.tokens, ref.tokens)
+
+
+def test_decode_loop_vocabulary_parallel():
+    spawn(3, _decode_cases, [1, 23, 24])
