@@ -7,6 +7,9 @@ import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in the test process: faster starts
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")          # GiB; the demo pair needs a few MB
+# the plugin on before the session's first engine loads vLLM's general plugins (once per process); the engine
+# without speculation never reaches the rejection sampler, and the contract tests call both samplers directly
+os.environ["DSPARK_VLLM"] = "1"
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +21,13 @@ def vllm_kernels():
 
     current_platform.register_triton_kernel_overrides()
     return rs
+
+
+@pytest.fixture(scope="session")
+def plain_outputs():
+    """vLLM's greedy output without speculation (one engine for the whole session)."""
+    from .engines import N_NEW, PROMPTS, greedy, make_llm, release
+    llm = make_llm()
+    out = greedy(llm, PROMPTS, N_NEW)
+    release(llm)
+    return out

@@ -9,7 +9,8 @@ See docs/VLLM.md.
 """
 
 from .plugin import installed, register
-from .rejection import configure, current_method, expand_batch_to_tokens, rejection_sample, stats
+from .rejection import (configure, current_method, expand_batch_to_tokens, rejection_sample, stats,
+                        worker_stats)
 
 __all__ = ["configure", "current_method", "expand_batch_to_tokens", "installed", "register", "rejection_sample",
-           "stats"]
+           "stats", "worker_stats"]

@@ -54,6 +54,11 @@ def stats() -> dict:
     return dict(_stats)
 
 
+def worker_stats(worker=None) -> dict:
+    """``stats()`` in the shape ``LLM.collective_rpc`` calls (the worker comes first): the engine's own counters."""
+    return stats()
+
+
 def _temperature(sampling_metadata, batch: int, device):
     """dk's per-request temperature: 0 = greedy, 1 = sample from the (already scaled) target logits."""
     if sampling_metadata.all_greedy:
