@@ -14,7 +14,8 @@ N_NEW = 32
 
 def make_llm(**kw):
     from vllm import LLM
-    return LLM(model=TARGET, dtype="float32", max_model_len=256, max_num_seqs=8, enforce_eager=True, seed=0, **kw)
+    return LLM(model=TARGET, dtype="float32", max_model_len=256, max_num_seqs=8, enforce_eager=True, seed=0,
+               disable_log_stats=False, **kw)
 
 
 def generate(llm, prompts, n_new, **params):
