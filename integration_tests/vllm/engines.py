@@ -9,12 +9,12 @@ from dspark_kernels.demo.demo import ASSETS
 TARGET = os.path.join(ASSETS, "target")
 with open(os.path.join(ASSETS, "prompts.json")) as fh:
     PROMPTS = json.load(fh)["prompts"][:6]
-N_NEW = 32
+N_NEW = 128
 
 
 def make_llm(**kw):
     from vllm import LLM
-    return LLM(model=TARGET, dtype="float32", max_model_len=256, max_num_seqs=8, enforce_eager=True, seed=0,
+    return LLM(model=TARGET, dtype="float32", max_model_len=256, max_num_seqs=64, enforce_eager=True, seed=0,
                disable_log_stats=False, **kw)
 
 

@@ -19,6 +19,14 @@ proposals, which is lossless for any proposal.
 
 Options travel in the class name (``speculative_config`` writes it), so every engine process rebuilds the same
 proposer from ``speculative_config["model"]`` alone.
+
+Sampled requests: the hook passes no sampling parameters and returns no draft probabilities, so vLLM would verify
+custom-class drafts as one-hot proposals (lossless, but only ``p(d)`` is ever accepted). The plugin
+(``plugin.py``) extends to this proposer the two things vLLM's runner already does for its EAGLE-style drafters:
+it hands the proposer the batch's ``SamplingMetadata`` before ``propose`` (``observe_sampling_metadata``) and
+collects ``take_last_draft_probs()`` after it, which the runner then passes to the rejection sampler. So sampled
+requests draft at their own temperature and are verified against the distribution each draft was drawn from; greedy
+requests draft greedily.
 """
 
 from __future__ import annotations
@@ -128,6 +136,18 @@ class DSparkProposer:
                                                                   fixed_overhead_ms=table.get("fixed_overhead_ms", 0.0))
         self.contexts: dict = {}  # batch row -> (tokens np [c], hidden [c, n_ids * d])
         self.step = 0
+        self.temperature = None   # [B] of the step being drafted (None: all greedy or not told)
+        self.last_probs = None    # [B, K, V] draft distributions of the last proposal (sampled requests only)
+
+    def observe_sampling_metadata(self, sampling_metadata) -> None:
+        """The batch's sampling parameters (the plugin calls this before ``propose``)."""
+        self.temperature = None if sampling_metadata.all_greedy else sampling_metadata.temperature
+
+    def take_last_draft_probs(self):
+        """Draft distributions of the last ``propose`` (``[B, K, V]``, batch rows), or None when all drafts were
+        greedy; vLLM's runner hands them to the rejection sampler."""
+        probs, self.last_probs = self.last_probs, None
+        return probs
 
     def load_model(self, target_model) -> None:
         from dspark_kernels.decode import load_drafter
@@ -162,9 +182,14 @@ class DSparkProposer:
                     _stats["no_context"] += 1
         self.contexts = new
         drafts = [[] for _ in range(batch)]
+        self.last_probs = None
         if ready:
-            for i, d in zip(ready, self._draft(ready, token_ids_cpu, num_tokens_no_spec)):
+            proposed, probs = self._draft(ready, token_ids_cpu, num_tokens_no_spec)
+            for i, d in zip(ready, proposed):
                 drafts[i] = d
+            if probs is not None:
+                self.last_probs = probs.new_zeros((batch,) + probs.shape[1:])
+                self.last_probs[torch.tensor(ready, device=probs.device)] = probs
         _stats["drafted_requests"] += len(ready)
         _stats["proposed_tokens"] += sum(map(len, drafts))
         self.step += 1
@@ -216,11 +241,21 @@ class DSparkProposer:
         anchor = torch.tensor([int(token_ids_cpu[i, int(num_tokens_no_spec[i]) - 1]) for i in ready], device=dev)
         anchor_pos = torch.tensor(ctx_lens, device=dev)
         base, hidden = dr.forward_block(anchor, anchor_pos, kv_len)
-        d = dk.draft_block(base, anchor, self.head, hidden=hidden, confidence=self.confidence, temperature=0.0,
-                           seed=0, offset=self.step)
+        temp = 0.0
+        if self.temperature is not None:
+            temp = self.temperature.to(dev, torch.float32)[torch.tensor(ready, device=dev)]
+            temp = torch.where(temp > 0, temp, 0.0)  # vLLM's greedy requests have temperature 0
+        sampled = isinstance(temp, torch.Tensor)
+        seed = torch.randint(0, 2 ** 62, (1,), device=dev) if sampled else 0
+        d = dk.draft_block(base, anchor, self.head, hidden=hidden, confidence=self.confidence, temperature=temp,
+                           seed=seed, offset=self.step, return_logits=sampled)
+        probs = None
+        if sampled:  # the distributions the drafts were drawn from (greedy rows: unused by vLLM's greedy rule)
+            t = torch.where(temp > 0, temp, 1.0).view(n, 1, 1)
+            probs = torch.softmax(d.logits[:, :self.k].float() / t, dim=-1)
         lens = self._verify_lens(d, n, dev)
         tokens, lens = d.tokens[:, :self.k].tolist(), lens.tolist()  # the step's one host read
-        return [t[:length] for t, length in zip(tokens, lens)]
+        return [t[:length] for t, length in zip(tokens, lens)], probs
 
     def _verify_lens(self, d, n, dev):
         if self.opts["scheduler"] == "fixed":

@@ -29,7 +29,7 @@ ENV_METHOD = "DSPARK_VLLM_METHOD"
 _METHODS = ("token", "block")
 _SEED_HIGH = 2 ** 62
 
-_state = {"method": None, "original": None}
+_state = {"method": None, "original": None, "announce": None}
 _stats = {"rejection_sample_calls": 0, "requests": 0, "draft_tokens": 0, "seeded_calls": 0}
 
 
@@ -122,6 +122,8 @@ def rejection_sample(
                          f"{tuple(target_logits.shape)}")
     if cu_num_draft_tokens.shape != (batch,):
         raise ValueError(f"cu_num_draft_tokens must be [{batch}], got {tuple(cu_num_draft_tokens.shape)}")
+    if _state["announce"] is not None:
+        _state["announce"]()
     _stats["rejection_sample_calls"] += 1
     _stats["requests"] += batch
     _stats["draft_tokens"] += num_tokens
