@@ -39,7 +39,7 @@ vllm.__version__, 'dspark_kernels', dk.__file__)"
 
 step "integration_tests/vllm"
 set +e
-"$VENV/bin/python" -m pytest integration_tests/vllm -q -p no:cacheprovider -rs
+"$VENV/bin/python" -m pytest integration_tests/vllm -q -p no:cacheprovider -rs --durations=8
 rc=$?
 set -e
 step "done (exit $rc)"

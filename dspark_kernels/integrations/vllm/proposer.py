@@ -221,7 +221,10 @@ class DSparkProposer:
         order = [i] + [j for j in self.contexts if j != i]
         for j in order:
             ctx = self.contexts.get(j)
-            if ctx is not None and ctx[0].shape[0] <= tokens.shape[0] and np.array_equal(ctx[0], tokens[:ctx[0].shape[0]]):
+            if ctx is None:
+                continue
+            length = ctx[0].shape[0]
+            if length <= tokens.shape[0] and np.array_equal(ctx[0], tokens[:length]):
                 return ctx
         return None
 
