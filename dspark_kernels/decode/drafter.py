@@ -55,7 +55,10 @@ class DrafterConfig:
                "rope_theta": b.rope_theta, "attention_bias": b.attention_bias, "tie_word_embeddings": False,
                "block_size": self.block_size, "mask_token_id": self.mask_token_id,
                "target_layer_ids": list(self.target_layer_ids), "markov_rank": self.markov_rank,
-               "enable_confidence_head": self.enable_confidence_head}
+               "enable_confidence_head": self.enable_confidence_head,
+               # where vLLM's DFlash / DSpark draft models read these two
+               "dflash_config": {"mask_token_id": self.mask_token_id,
+                                 "target_layer_ids": list(self.target_layer_ids)}}
         cfg.pop("rope_parameters", None)
         if self.markov_rank > 0:
             cfg["markov_head_type"] = self.markov_head_type
