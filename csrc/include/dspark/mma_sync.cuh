@@ -22,7 +22,8 @@
 // where the GPU's behaviour would be undefined: a lane missing from the collective (or waiting at another call
 // site), or a row address that is not 16-byte aligned. Each supplying lane's shared-memory read is one ordinary
 // 16-byte load of its row (what the harness's access model sees and counts as the instruction's wavefronts); the
-// lanes' values are exchanged through the harness's warp-collective scratch (never through block shared memory).
+// lanes' values are exchanged through per-warp scratch of the emulation and one warp collective per instruction
+// (never through block shared memory; the exchange is not instrumented, so the access model does not count it).
 // The emulated MMA forms each product exactly (16-bit x 16-bit fits float32's mantissa) and adds them to d in
 // float32, k in order; the tensor cores' summation order and rounding may differ within float32 rounding.
 #pragma once
@@ -30,6 +31,11 @@
 #include <stdint.h>
 
 #include "platform.cuh"
+
+#if defined(DSPARK_SIMT)
+#include <memory>
+#include <vector>
+#endif
 
 namespace dspark {
 namespace warp {
@@ -43,14 +49,44 @@ struct CallSite {
   CallSite(const char* file = __builtin_FILE(), int line = __builtin_LINE()) : site{file, line} {}
 };
 
-// Every lane's 8-byte value (full warp): values[l] is lane l's.
-inline void exchange(const CallSite& at, uint64_t mine, uint64_t* values) {
-  simt::warp_collective(at.site, 0xffffffffu, mine, values);
+// The lane exchange of the emulated instructions, outside block shared memory (and outside what the harness's
+// access model counts): per warp of the running launch, two buffers per lane used alternately. A lane writes its
+// words into its next buffer and deposits that buffer's parity in ONE warp collective; after it, every lane reads
+// the others' words. A lane can run at most one collective ahead of another (the next one waits for all lanes), so
+// it rewrites a buffer only after every lane has read it.
+struct WarpScratch {
+  uint32_t words[2][32][8];
+  unsigned char parity[32];
+};
+
+__attribute__((noinline, no_sanitize_address)) inline WarpScratch& warp_scratch() {
+  static std::vector<std::unique_ptr<WarpScratch>> all;  // indexed by (linear block, warp)
+  const simt::ThreadCtx& c = simt::ctx();
+  const size_t block = (size_t(c.block_idx.z) * c.grid_dim.y + c.block_idx.y) * c.grid_dim.x + c.block_idx.x;
+  const size_t key = block * 32 + c.warp;
+  if (key >= all.size()) all.resize(key + 1);
+  if (!all[key]) all[key].reset(new WarpScratch{});
+  return *all[key];
+}
+
+// Deposits this lane's kWords words; afterwards from[l] points at lane l's (valid until the next exchange).
+template <int kWords>
+__attribute__((noinline, no_sanitize_address)) inline void exchange(const CallSite& at, const uint32_t* mine,
+                                                                   const uint32_t* (&from)[32]) {
+  static_assert(kWords <= 8, "up to 8 words per lane");
+  WarpScratch& s = warp_scratch();
+  const unsigned lane = simt::ctx().lane;
+  const unsigned par = s.parity[lane];
+  s.parity[lane] = static_cast<unsigned char>(par ^ 1u);
+  memcpy(s.words[par][lane], mine, kWords * sizeof(uint32_t));
+  uint64_t parities[32];
+  simt::warp_collective(at.site, 0xffffffffu, par, parities);  // full warp: a missing lane faults
+  for (int l = 0; l < 32; ++l) from[l] = s.words[parities[l] & 1u][l];
 }
 
 inline uint32_t lane_id() { return static_cast<uint32_t>(threadIdx.x & 31u); }
 
-inline uint16_t half_of(uint32_t w, int h) { return static_cast<uint16_t>(h ? w >> 16 : w & 0xffffu); }
+inline uint16_t half_of(uint32_t w, uint32_t h) { return static_cast<uint16_t>(h ? w >> 16 : w & 0xffffu); }
 inline uint32_t pack(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
 
 template <typename T>
@@ -59,36 +95,58 @@ inline float b16_to_float(uint16_t bits) {
   memcpy(&v, &bits, 2);
   return static_cast<float>(v);
 }
+
+// The registers of ldmatrix from the supplying lanes' rows (row[l] = the 4 words lane l loaded).
+template <int kNum, bool kTrans>
+__attribute__((noinline, no_sanitize_address)) inline void ldmatrix_gather(uint32_t (&r)[kNum],
+                                                                          const uint32_t* const (&row)[32]) {
+  const uint32_t lane = lane_id(), g = lane >> 2, t = lane & 3u;
+  for (int i = 0; i < kNum; ++i) {
+    if (!kTrans) {
+      r[i] = row[8u * i + g][t];  // M_i[g][2t, 2t+1]
+    } else {  // M_i[2t][g], M_i[2t+1][g]: element g of rows 2t and 2t+1
+      const uint16_t e0 = half_of(row[8u * i + 2u * t][g >> 1], g & 1u);
+      const uint16_t e1 = half_of(row[8u * i + 2u * t + 1u][g >> 1], g & 1u);
+      r[i] = pack(e0, e1);
+    }
+  }
+}
+
+// d += A B from the lanes' fragments (frag[l] = lane l's a[0..3], b[0..1]).
+template <typename T>
+__attribute__((noinline, no_sanitize_address)) inline void mma_gather(float (&d)[4], const uint32_t* const (&frag)[32]) {
+  // A[row][k]: row % 8 lives in lanes 4 (row % 8) .. + 3, register (row >= 8) + 2 (k >= 8), half k & 1
+  const auto a_at = [&](uint32_t row, uint32_t k) -> float {
+    const uint32_t* f = frag[4u * (row & 7u) + ((k & 7u) >> 1)];
+    return b16_to_float<T>(half_of(f[(row >> 3) + 2u * (k >> 3)], k & 1u));
+  };
+  const auto b_at = [&](uint32_t k, uint32_t col) -> float {  // B[k][col]: lanes 4 col .. + 3, register k >= 8
+    const uint32_t* f = frag[4u * col + ((k & 7u) >> 1)];
+    return b16_to_float<T>(half_of(f[4u + (k >> 3)], k & 1u));
+  };
+  const uint32_t lane = lane_id(), g = lane >> 2, t = lane & 3u;
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t row = g + 8u * (q >> 1), col = 2u * t + (q & 1);
+    float s = d[q];
+    for (uint32_t k = 0; k < 16; ++k) s += a_at(row, k) * b_at(k, col);  // exact product, float32 sum
+    d[q] = s;
+  }
+}
 }  // namespace detail
 
 template <int kNum, bool kTrans = false>
 inline void ldmatrix(uint32_t (&r)[kNum], const void* row, detail::CallSite at = detail::CallSite()) {
   static_assert(kNum == 1 || kNum == 2 || kNum == 4, "ldmatrix loads 1, 2 or 4 matrices");
-  const uint32_t lane = detail::lane_id();
   uint32_t w[4] = {0, 0, 0, 0};  // this lane's row: 4 words = 8 elements
-  if (lane < 8u * kNum) {
+  if (detail::lane_id() < 8u * kNum) {
     if ((reinterpret_cast<uintptr_t>(row) & 15u) != 0u)
       simt::device_fault("warp::ldmatrix: a row address is not 16-byte aligned");
     const uint4 v = *static_cast<const uint4*>(row);  // the lane's one 16-byte shared-memory read
     w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
   }
-  uint64_t lo[32], hi[32];  // every lane's row: words 0-1, words 2-3
-  detail::exchange(at, uint64_t(w[0]) | (uint64_t(w[1]) << 32), lo);
-  detail::exchange(at, uint64_t(w[2]) | (uint64_t(w[3]) << 32), hi);
-  const auto word = [&](uint32_t src_lane, uint32_t q) -> uint32_t {  // word q of the row lane src_lane loaded
-    const uint64_t x = q < 2 ? lo[src_lane] : hi[src_lane];
-    return static_cast<uint32_t>((q & 1u) ? x >> 32 : x);
-  };
-  const uint32_t g = lane >> 2, t = lane & 3u;
-  for (int i = 0; i < kNum; ++i) {
-    if (!kTrans) {
-      r[i] = word(8u * i + g, t);  // M_i[g][2t, 2t+1]
-    } else {  // M_i[2t][g], M_i[2t+1][g]: element g of rows 2t and 2t+1
-      const uint16_t e0 = detail::half_of(word(8u * i + 2u * t, g >> 1), g & 1u);
-      const uint16_t e1 = detail::half_of(word(8u * i + 2u * t + 1u, g >> 1), g & 1u);
-      r[i] = detail::pack(e0, e1);
-    }
-  }
+  const uint32_t* from[32];
+  detail::exchange<4>(at, w, from);
+  detail::ldmatrix_gather<kNum, kTrans>(r, from);
 }
 
 template <typename T>
@@ -96,30 +154,10 @@ inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (
                          detail::CallSite at = detail::CallSite()) {
   static_assert(std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value,
                 "mma_m16n8k16 takes bf16 or fp16 operands");
-  uint64_t a01[32], a23[32], bb[32];
-  detail::exchange(at, uint64_t(a[0]) | (uint64_t(a[1]) << 32), a01);
-  detail::exchange(at, uint64_t(a[2]) | (uint64_t(a[3]) << 32), a23);
-  detail::exchange(at, uint64_t(b[0]) | (uint64_t(b[1]) << 32), bb);
-  // A[row][k] from the lanes' fragments: row g' = row % 8 lives in lanes 4g'..4g'+3; register by (row >= 8, k >= 8)
-  const auto a_at = [&](uint32_t row, uint32_t k) -> float {
-    const uint32_t src = 4u * (row & 7u) + ((k & 7u) >> 1);
-    const uint32_t reg = (row >> 3) + 2u * (k >> 3);  // a[0]: (g, k<8), a[1]: (g+8, k<8), a[2]: (g, k>=8), ...
-    const uint64_t x = reg < 2 ? a01[src] : a23[src];
-    const uint32_t w = static_cast<uint32_t>((reg & 1u) ? x >> 32 : x);
-    return detail::b16_to_float<T>(detail::half_of(w, k & 1u));
-  };
-  const auto b_at = [&](uint32_t k, uint32_t col) -> float {  // B[k][col]: lanes 4col..4col+3
-    const uint32_t src = 4u * col + ((k & 7u) >> 1);
-    const uint32_t w = static_cast<uint32_t>((k >> 3) ? bb[src] >> 32 : bb[src]);
-    return detail::b16_to_float<T>(detail::half_of(w, k & 1u));
-  };
-  const uint32_t lane = detail::lane_id(), g = lane >> 2, t = lane & 3u;
-  for (int q = 0; q < 4; ++q) {
-    const uint32_t row = g + 8u * (q >> 1), col = 2u * t + (q & 1);
-    float s = d[q];
-    for (uint32_t k = 0; k < 16; ++k) s += a_at(row, k) * b_at(k, col);  // exact product, float32 sum
-    d[q] = s;
-  }
+  const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+  const uint32_t* from[32];
+  detail::exchange<6>(at, mine, from);
+  detail::mma_gather<T>(d, from);
 }
 
 #elif defined(__CUDACC__)
