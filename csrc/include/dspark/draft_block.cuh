@@ -40,7 +40,7 @@
 //        shuffle reduction per request and slice. The bias never reaches global memory. Partials go to a
 //        workspace [G, N].
 //        CTAs: every resident one (one per SM) at every N, as long as each gets >= 128 vocabulary rows (132 CTAs
-//        for V >= 16768 on a 132-SM GPU); each reads the v rows of all N requests per position (N * r * 4 bytes,
+//        for V >= 16896 on a 132-SM GPU); each reads the v rows of all N requests per position (N * r * 4 bytes,
 //        written by the phase before, so from L2).
 //     grid barrier
 //   final: the last position's partials are merged (one CTA per request) into its tokens and log-probabilities.
