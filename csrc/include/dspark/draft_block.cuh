@@ -18,8 +18,8 @@
 //     phase 1b (gated / rnn only): the gate / rnn matrix-vector products for the whole batch at once (items =
 //        blocks of output rows x groups of 32 requests, weights staged in shared memory and read once per group):
 //        v (and the rnn state, ping-ponged between two rows) into the workspace.  grid barrier
-//     phase 2 (the vocabulary sweep): CTA b owns a slice of the vocabulary (whole quads of 4 rows, slices as even as
-//        quads allow: slice_bounds) and streams its W2 slice once per position and request group (up to 64 requests; fewer when r is
+//     phase 2 (the vocabulary sweep): CTA b owns a slice of the vocabulary (whole groups of 8 rows, slices as even
+//        as that allows: slice_bounds) and streams its W2 slice once per position and request group (up to 64 requests; fewer when r is
 //        large):
 //        * bf16 / fp16 W2 (r <= 2048), on tensor cores (dspark/mma_sync.cuh: ldmatrix + mma.sync m16n8k16): the
 //          group's float32 v rows are split into hi + lo rows of W2's type after a per-request power-of-two scale
@@ -33,8 +33,8 @@
 //        * fp32 W2 (and 16-bit W2 with r > 2048): the FMA sweep: a tile of 128 rows x 32 columns is staged as
 //          float32, thread t owns row t and accumulates W2[row] . v_n for every request of the group in
 //          registers, then writes the bias tile.
-//        The fold: tpr threads per request (tpr * group <= 128) take the tile's quads of 4 rows round-robin, add U
-//        (one 16- or 8-byte load per quad when aligned), write the logits when asked, and fold the argmax or the
+//        The fold: tpr threads per request (tpr * group <= 128) take the tile's 16-byte pieces of U round-robin
+//        (4 or 8 rows; one 16-byte load each when aligned, so a request's tpr threads read whole sectors), write the logits when asked, and fold the argmax or the
 //        Gumbel race winner (one Philox evaluation per quad: its four words are the quad's uniforms) and the
 //        softmax statistics of logits / T into a running partial kept in registers across the whole slice; one
 //        shuffle reduction per request and slice. The bias never reaches global memory. Partials go to a
@@ -227,12 +227,13 @@ struct Part {
 
 DSPARK_HOST_DEVICE_FN size_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
-// CTA b's vocabulary slice [v0, v1) of G slices: whole quads of 4 tokens (a Philox call's four words), spread as
-// evenly as quads allow, so the slices start at multiples of 4 and differ by at most 4 rows.
+// CTA b's vocabulary slice [v0, v1) of G slices: whole groups of 8 tokens (two Philox calls' words; 16 bytes of a
+// 16-bit row of U), spread as evenly as that allows, so the slices start at multiples of 8 and differ by at most 8
+// rows.
 DSPARK_HOST_DEVICE_FN void slice_bounds(int64_t V, int64_t G, int64_t b, int64_t& v0, int64_t& v1) {
-  const int64_t quads = (V + 3) / 4;
-  v0 = 4 * (b * quads / G);
-  v1 = 4 * ((b + 1) * quads / G);
+  const int64_t octets = (V + 7) / 8;
+  v0 = 8 * (b * octets / G);
+  v1 = 8 * ((b + 1) * octets / G);
   if (v1 > V) v1 = V;
 }
 
@@ -424,64 +425,70 @@ DSPARK_DRAFT_PHASE void phase_matvec(const DraftBlockParams& p, const Plan& plan
 }
 
 // ------------------------------------------------------------------------------------------------ phase 2
-// Four consecutive elements i..i+3 of a row of U as float32 (n < 4 of them at the row's end): one 16- or 8-byte
-// load when `vec` (i a multiple of 4 and the row start 4-element aligned), else element loads.
-DSPARK_DEVICE void load4(const void* base, DType t, int64_t i, int n, bool vec, float (&out)[4]) {
-  if (vec && n == 4) {
+// Elements i..i+E-1 of a row of U as float32, E = 16 bytes of U's type (4 or 8; n < E of them at the row's end):
+// one 16-byte load when `vec` (the element 16-byte aligned), else element loads.
+DSPARK_DEVICE void load_piece(const void* base, DType t, int64_t i, int n, bool vec, float (&out)[8]) {
+  if (vec && n == (t == DType::kFloat32 ? 4 : 8)) {
+    const uint4 raw = ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(base) + int64_t(dtype_size(t)) * i));
     if (t == DType::kFloat32) {
-      const float4 v = ldg(reinterpret_cast<const float4*>(static_cast<const float*>(base) + i));
-      out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+      memcpy(out, &raw, 16);
+    } else if (t == DType::kBFloat16) {
+      __nv_bfloat16 h[8];
+      memcpy(h, &raw, 16);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] = to_float(h[e]);
     } else {
-      const uint2 raw = ldg(reinterpret_cast<const uint2*>(static_cast<const char*>(base) + 2 * i));
-      if (t == DType::kBFloat16) {
-        __nv_bfloat16 h[4];
-        memcpy(h, &raw, 8);
+      __half h[8];
+      memcpy(h, &raw, 16);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) out[e] = to_float(h[e]);
-      } else {
-        __half h[4];
-        memcpy(h, &raw, 8);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) out[e] = to_float(h[e]);
-      }
+      for (int e = 0; e < 8; ++e) out[e] = to_float(h[e]);
     }
     return;
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) out[e] = e < n ? load_float(base, t, i + e) : 0.0f;
+  for (int e = 0; e < 8; ++e) out[e] = e < n ? load_float(base, t, i + e) : 0.0f;
 }
 
-// Thread hf of the tpr threads of request n folds its quads of a tile (rows 4q..4q+3 for q = hf, hf + tpr, ...;
-// bias[i] * bscale the bias of vocabulary row tile0 + i, tile0 a multiple of 4) into its running partial: adds U,
-// writes the logits when asked, and takes the argmax (greedy, temp == 0) or the Gumbel race winner of logits / temp
-// (one Philox evaluation per quad: its four words are the quad's four uniforms), with the softmax statistics.
-DSPARK_DEVICE void fold_quads(const DraftBlockParams& p, const rng::Philox& ph, int64_t n, int64_t k, int64_t tile0,
-                              int rows, const float* bias, float bscale, float temp, int hf, int tpr, Part& pt) {
+// Thread hf of the tpr threads of request n folds its pieces of a tile into its running partial: pieces of
+// E = 16 bytes of U (rows i..i+E-1 for i = E hf, E (hf + tpr), ...: the tpr threads read adjacent 16-byte pieces
+// of U's row, so whole 32-byte sectors), bias[i] * bscale the bias of vocabulary row tile0 + i (tile0 a multiple
+// of 8). It adds U, writes the logits when asked, and takes the argmax (greedy, temp == 0) or the Gumbel race
+// winner of logits / temp (one Philox evaluation per quad of 4 rows: its four words are the quad's uniforms), with
+// the softmax statistics.
+DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph, int64_t n, int64_t k, int64_t tile0,
+                               int rows, const float* bias, float bscale, float temp, int hf, int tpr, Part& pt) {
   const bool sampled = temp > 0.0f;
   const float tdiv = sampled ? temp : 1.0f;
   const int64_t row0 = (n * p.K + k) * p.V;
-  const bool vec = row0 % 4 == 0 && is_aligned16(p.base);
+  const int E = p.base_dtype == DType::kFloat32 ? 4 : 8;
+  const bool vec = (row0 + tile0) % E == 0 && is_aligned16(p.base);
   const bool vec_out = p.logits != nullptr && row0 % 4 == 0 && is_aligned16(p.logits);
-  for (int i = 4 * hf; i < rows; i += 4 * tpr) {
-    const int64_t v = tile0 + i;
-    const int cnt = rows - i < 4 ? rows - i : 4;
-    float l[4];
-    load4(p.base, p.base_dtype, row0 + v, cnt, vec, l);
-    const float4 b = *reinterpret_cast<const float4*>(bias + i);
-    l[0] += b.x * bscale, l[1] += b.y * bscale, l[2] += b.z * bscale, l[3] += b.w * bscale;
-    if (vec_out && cnt == 4) {
-      store_f32x4(p.logits + row0 + v, rng::F32x4{l[0], l[1], l[2], l[3]});
-    } else if (p.logits != nullptr) {
-      for (int e = 0; e < cnt; ++e) stg(p.logits + row0 + v + e, l[e]);
-    }
-    rng::F32x4 u4{0.5f, 0.5f, 0.5f, 0.5f};
-    if (sampled) u4 = ph.uniform4(n, k, rng::kStreamDraft, v >> 2);
-    const float u[4] = {u4.x, u4.y, u4.z, u4.w};
+  for (int i = E * hf; i < rows; i += E * tpr) {
+    float l[8];
+    load_piece(p.base, p.base_dtype, row0 + tile0 + i, rows - i < E ? rows - i : E, vec, l);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (e < cnt) {
-        const float xs = l[e] / tdiv;
-        pt.add(xs, sampled ? gumbel_score(xs, u[e]) : nan_to_neg_inf(l[e]), v + e);
+    for (int q = 0; q < 2; ++q) {
+      const int i4 = i + 4 * q;
+      if (4 * q >= E || i4 >= rows) continue;
+      const int64_t v = tile0 + i4;
+      const int cnt = rows - i4 < 4 ? rows - i4 : 4;
+      float* lq = l + 4 * q;
+      const float4 b = *reinterpret_cast<const float4*>(bias + i4);
+      lq[0] += b.x * bscale, lq[1] += b.y * bscale, lq[2] += b.z * bscale, lq[3] += b.w * bscale;
+      if (vec_out && cnt == 4) {
+        store_f32x4(p.logits + row0 + v, rng::F32x4{lq[0], lq[1], lq[2], lq[3]});
+      } else if (p.logits != nullptr) {
+        for (int e = 0; e < cnt; ++e) stg(p.logits + row0 + v + e, lq[e]);
+      }
+      rng::F32x4 u4{0.5f, 0.5f, 0.5f, 0.5f};
+      if (sampled) u4 = ph.uniform4(n, k, rng::kStreamDraft, v >> 2);
+      const float u[4] = {u4.x, u4.y, u4.z, u4.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (e < cnt) {
+          const float xs = lq[e] / tdiv;
+          pt.add(xs, sampled ? gumbel_score(xs, u[e]) : nan_to_neg_inf(lq[e]), v + e);
+        }
       }
     }
   }
@@ -574,7 +581,7 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
       for (int j = 0; j < NBT; ++j)
         if (j < nb) lt[j * kLtStrideM + t] = acc[j];
       __syncthreads();
-      if (jf < nb) fold_quads(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, 1.0f, temps[jf], hf, tpr, pt);
+      if (jf < nb) fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, 1.0f, temps[jf], hf, tpr, pt);
     }
     pt = reduce_lanes(pt, tpr);
     if (hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + jf, pt);
@@ -699,7 +706,7 @@ DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const T
 // it with zero rows): the group's v rows split into hi + lo rows (split_group); the CTA's W2 slice streams through
 // a kStages-deep cp.async ring of [128 rows x kRKm columns] chunks, kStages - 1 chunks in flight while one is
 // multiplied (mma_chunk); after a tile's last chunk the accumulators go to a shared [NB][kLtStrideM] bias tile and
-// every thread folds its request's share (fold_quads) into its running partial, kept in registers across the
+// every thread folds its request's share (fold_pieces) into its running partial, kept in registers across the
 // slice: one reduction per request (over its plan.tpr threads) and slice.
 template <typename TW, int NBT>
 DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
@@ -770,7 +777,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
         __syncthreads();
         if (jf < nb) {
           const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
-          fold_quads(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], hf, tpr, pt);
+          fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], hf, tpr, pt);
         }
       }
     }
