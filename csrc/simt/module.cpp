@@ -6,6 +6,7 @@
 
 #include "dspark_simt/runtime.h"
 #include "selftest.cuh"
+#include "selftest_mma_sync.cuh"
 
 namespace dspark {
 namespace simt {
@@ -96,6 +97,20 @@ void selftest(const std::string& name, const torch::Tensor& x, torch::Tensor& y,
       launch("mma_kernel", selftest::mma_kernel<__half>, cfg, xp, yp, variant);
     } else {
       launch("mma_kernel", selftest::mma_kernel<__nv_bfloat16>, cfg, xp, yp, variant);
+    }
+  } else if (name == "ldmatrix") {
+    launch("ldmatrix_kernel", selftest::ldmatrix_kernel, cfg, xp, yp, variant);
+  } else if (name == "mma_sync") {
+    if (variant == 1) {
+      launch("mma_sync_kernel", selftest::mma_sync_kernel<__half>, cfg, xp, yp, variant);
+    } else {
+      launch("mma_sync_kernel", selftest::mma_sync_kernel<__nv_bfloat16>, cfg, xp, yp, variant);
+    }
+  } else if (name == "mma_tile") {
+    if (variant & 1) {
+      launch("mma_tile_kernel", selftest::mma_tile_kernel<__half>, cfg, xp, yp, variant);
+    } else {
+      launch("mma_tile_kernel", selftest::mma_tile_kernel<__nv_bfloat16>, cfg, xp, yp, variant);
     }
   } else if (name == "grid_barrier") {
     cfg.cooperative = variant == 0;  // the broken variant uses the grid barrier in a plain launch

@@ -18,24 +18,30 @@
 //     phase 1b (gated / rnn only): the gate / rnn matrix-vector products for the whole batch at once (items =
 //        blocks of output rows x groups of 32 requests, weights staged in shared memory and read once per group):
 //        v (and the rnn state, ping-ponged between two rows) into the workspace.  grid barrier
-//     phase 2 (the vocabulary sweep): CTA b owns rows [b*chunk, (b+1)*chunk) of the vocabulary and streams its
-//        W2 slice once per position and request group (up to 64 requests; fewer when r is large):
-//        * bf16 / fp16 W2 (r <= 2048), on tensor cores (dspark/mma.cuh, m32n8k16): the group's float32 v rows
-//          are split into hi + lo rows of W2's type after a per-request power-of-two scale (max |v| -> [2^13,
-//          2^14): 16 significant bits of v with bf16, 22 with fp16), the group padded to a multiple of 8 with
-//          zero rows. Per tile of 128 vocabulary rows, chunks of 64 columns of W2 are staged in shared memory in
-//          their own type (16-byte copies); warp w loads the A fragment of rows 32w..32w+31 once per 16 columns
-//          and issues two MMAs (hi, lo) per 8 requests into float32 accumulators (8 x 8 floats per lane for 64
-//          requests). The accumulators go to a shared [NB, 128] bias tile, unscaled when folded.
+//     phase 2 (the vocabulary sweep): CTA b owns a slice of the vocabulary (whole groups of 8 rows, slices as even
+//        as that allows: slice_bounds) and streams its W2 slice once per position and request group (up to 64 requests; fewer when r is
+//        large):
+//        * bf16 / fp16 W2 (r <= 2048), on tensor cores (dspark/mma_sync.cuh: ldmatrix + mma.sync m16n8k16): the
+//          group's float32 v rows are split into hi + lo rows of W2's type after a per-request power-of-two scale
+//          (max |v| -> [2^13, 2^14): 16 significant bits of v with bf16, 22 with fp16), the group padded to a
+//          multiple of 8 with zero rows. The slice streams as chunks of 128 rows x 64 columns through a 3-stage
+//          cp.async ring (two 16 KB chunks in flight while one is multiplied; padded strides, so every ldmatrix
+//          phase is conflict-free); warp w multiplies rows 32w..32w+31 (two m16 blocks, A by ldmatrix x4) by 8
+//          requests at a time (one ldmatrix x4 for the hi and lo B fragments, two MMAs per block) into float32
+//          accumulators (64 floats per lane for 64 requests). After a tile's last chunk they go to a shared
+//          [NB, 128] bias tile, unscaled when folded.
 //        * fp32 W2 (and 16-bit W2 with r > 2048): the FMA sweep: a tile of 128 rows x 32 columns is staged as
 //          float32, thread t owns row t and accumulates W2[row] . v_n for every request of the group in
-//          registers.
-//        The fold: one warp per request adds U to the tile's biases, writes the logits when asked, and folds
-//        (argmax or Gumbel race winner, softmax statistics of logits / T) into the CTA's running partial for
-//        that request. The bias never reaches global memory. Partials go to a workspace [G, N].
-//        CTAs: all resident, >= 128 vocabulary rows each, and the per-position broadcast of the v rows to every
-//        CTA (N * r * 4 bytes each) at most 1/12 of the position's U + W2 bytes (N = 1: 132 CTAs; the headline
-//        N = 64, r = 256, V = 151936 bf16: 123 CTAs).
+//          registers, then writes the bias tile.
+//        The fold: tpr threads per request (tpr * group <= 128) take the tile's 16-byte pieces of U round-robin
+//        (4 or 8 rows; one 16-byte load each when aligned, so a request's tpr threads read whole sectors), write the logits when asked, and fold the argmax or the
+//        Gumbel race winner (one Philox evaluation per quad: its four words are the quad's uniforms) and the
+//        softmax statistics of logits / T into a running partial kept in registers across the whole slice; one
+//        shuffle reduction per request and slice. The bias never reaches global memory. Partials go to a
+//        workspace [G, N].
+//        CTAs: every resident one (one per SM) at every N, as long as each gets >= 128 vocabulary rows (132 CTAs
+//        for V >= 16896 on a 132-SM GPU); each reads the v rows of all N requests per position (N * r * 4 bytes,
+//        written by the phase before, so from L2).
 //     grid barrier
 //   final: the last position's partials are merged (one CTA per request) into its tokens and log-probabilities.
 //
@@ -44,7 +50,7 @@
 // reference's whenever the float32 logits agree. All arithmetic is float32 (the tensor cores form exact products of
 // 16-bit operands and accumulate them in float32; the v split keeps 16 / 22 bits of v, so the biases sit within
 // ~2^-17 / 2^-22 of sum |W2 v| of the float32 ones); offsets are 64-bit. The tensor-core path has run only in the
-// SIMT harness's emulation of dspark/mma.cuh (and compiled for sm_80 / sm_90a), not yet on a GPU.
+// SIMT harness's emulation of dspark/mma_sync.cuh (and compiled for sm_80 / sm_90a), not yet on a GPU.
 #pragma once
 
 #include <math.h>
@@ -53,6 +59,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "mma_sync.cuh"
 #include "utils.cuh"
 
 namespace dspark {
@@ -67,18 +74,72 @@ constexpr int64_t kGroupFloats = 16384;  // shared floats for the v rows of one 
 constexpr int kMaxGroup = 64;            // requests per group (the register tile of the sweep)
 constexpr int kMaxCtasPerSm = 1;
 constexpr int64_t kMinRowsPerCta = 128;
-constexpr int64_t kBroadcastShare = 12;  // v broadcast to the CTAs <= 1/12 of a position's U + W2 bytes
-// The tensor-core sweep (16-bit W2): W2 tile columns per staged chunk, its row stride (elements; a multiple of 8
-// that keeps every warp's 32-row block 32-byte aligned and spreads the rows over the banks), the bias tile's
-// stride (floats), the widest rank it takes (a request's hi / lo rows must fit in the group area), and the
-// exponent the split scales every request's largest |v| to (hi / lo stay normal numbers in fp16).
+// The tensor-core sweep (16-bit W2): W2 columns per staged chunk and a staged row's stride (elements: 144 bytes,
+// an odd number of 16-byte units, so the 8 rows of every ldmatrix phase hit distinct banks), the cp.async ring's
+// depth (kStages - 1 chunks of 16 KB in flight while one is multiplied), the pad of a hi / lo row of v (elements:
+// its stride is then an odd number of 16-byte units too), the bias tile's stride (floats: 33 units, so the
+// accumulator stores are conflict-free), the widest rank it takes, and the exponent the split scales every
+// request's largest |v| to (hi / lo stay normal numbers in fp16).
 constexpr int kRKm = 64;
 constexpr int kWtStrideM = kRKm + 8;
+constexpr int kStages = 3;
+constexpr int kVPad = 8;
 constexpr int kLtStrideM = kThreads + 4;
 constexpr int64_t kMaxMmaRank = 2048;
 constexpr int kSplitExp = 14;
 
 enum Head : int { kVanilla = 0, kGated = 1, kRnn = 2 };
+
+#if defined(__CUDACC__) || defined(DSPARK_SIMT)
+// cp.async as platform.cuh will provide it (same names and meaning; this local copy goes when it lands):
+// cp_async_zfill<16>(dst, src, src_bytes) copies src_bytes (0 or 16) of global `src` to shared `dst` and zero-fills
+// the rest; commit closes the thread's group; wait<N> leaves at most N groups in flight. GPU: cp.async.cg; SIMT:
+// the copy happens at the issue (a counted 16-byte global read), so the waits have nothing to do.
+template <int Bytes>
+DSPARK_DEVICE void cp_async_zfill(void* smem_dst, const void* gmem_src, int src_bytes) {
+  static_assert(Bytes == 16, "the local cp.async copy takes 16 bytes");
+#if defined(DSPARK_SIMT)
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (src_bytes > 0) v = ldg(static_cast<const uint4*>(gmem_src));
+  *static_cast<uint4*>(smem_dst) = v;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes) : "memory");
+#else
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (src_bytes > 0) v = *static_cast<const uint4*>(gmem_src);
+  *static_cast<uint4*>(smem_dst) = v;
+#endif
+}
+DSPARK_DEVICE void cp_async_commit() {
+#if !defined(DSPARK_SIMT) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+DSPARK_DEVICE void cp_async_wait() {
+#if !defined(DSPARK_SIMT) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+DSPARK_DEVICE void cp_async_wait_all() {
+#if !defined(DSPARK_SIMT) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+// Lets `kernel` launch with `bytes` of dynamic shared memory (the GPU's default limit is 48 KB of static plus
+// dynamic); platform.cuh's version also tells the SIMT harness, which enforces the rule.
+template <typename Kernel>
+inline cudaError_t set_max_dynamic_smem(Kernel kernel, size_t bytes) {
+#if defined(DSPARK_SIMT)
+  (void)kernel, (void)bytes;
+  return cudaSuccess;
+#else
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+#endif
+}
+#endif
 
 struct DraftBlockParams {
   const void* base;  // U [N, K, V]
@@ -120,13 +181,14 @@ struct DraftBlockParams {
 struct Plan {
   bool mma;           // the tensor-core sweep (16-bit W2, R <= kMaxMmaRank)
   int grid;           // CTAs (all resident)
-  int64_t chunk;      // vocabulary rows per CTA
   int group;          // requests per sweep group (NB)
+  int64_t vrows;      // the group's rows in the v and bias tiles (the tensor-core sweep pads it to 8)
+  int tpr;            // threads folding each request of a group (a power of two, tpr * group <= kThreads)
   int64_t rows_item;  // phase-1b output rows per item
   int64_t rpad;       // R rounded up to kRK
   size_t smem;        // dynamic shared memory
   // dynamic shared memory layout (float offsets)
-  int64_t off_wt, off_l, off_parts, off_temp, off_scale;
+  int64_t off_wt, off_l, off_temp, off_scale;
 };
 
 // Per-request running partial of a slice of the vocabulary, built from reduce.cuh's pieces: the softmax statistics
@@ -164,6 +226,16 @@ struct Part {
 };
 
 DSPARK_HOST_DEVICE_FN size_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+// CTA b's vocabulary slice [v0, v1) of G slices: whole groups of 8 tokens (two Philox calls' words; 16 bytes of a
+// 16-bit row of U), spread as evenly as that allows, so the slices start at multiples of 8 and differ by at most 8
+// rows.
+DSPARK_HOST_DEVICE_FN void slice_bounds(int64_t V, int64_t G, int64_t b, int64_t& v0, int64_t& v1) {
+  const int64_t octets = (V + 7) / 8;
+  v0 = 8 * (b * octets / G);
+  v1 = 8 * ((b + 1) * octets / G);
+  if (v1 > V) v1 = V;
+}
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
 // ------------------------------------------------------------------------------------------------ loads
@@ -353,42 +425,97 @@ DSPARK_DRAFT_PHASE void phase_matvec(const DraftBlockParams& p, const Plan& plan
 }
 
 // ------------------------------------------------------------------------------------------------ phase 2
-// One warp folds a tile's biases of request n (bias[i] * bscale for vocabulary row tile0 + i) into the request's
-// running partial `run` (shared memory): adds U, writes the logits when asked, and takes the argmax (greedy,
-// temp == 0) or the Gumbel race winner of logits / temp, with the softmax statistics of the scaled logits.
-DSPARK_DEVICE void fold_tile(const DraftBlockParams& p, const rng::Philox& ph, int64_t n, int64_t k, int64_t tile0,
-                             int rows, const float* bias, float bscale, float temp, int lane, Part* run) {
+// Elements i..i+E-1 of a row of U as float32, E = 16 bytes of U's type (4 or 8; n < E of them at the row's end):
+// one 16-byte load when `vec` (the element 16-byte aligned), else element loads.
+DSPARK_DEVICE void load_piece(const void* base, DType t, int64_t i, int n, bool vec, float (&out)[8]) {
+  if (vec && n == (t == DType::kFloat32 ? 4 : 8)) {
+    const uint4 raw = ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(base) + int64_t(dtype_size(t)) * i));
+    if (t == DType::kFloat32) {
+      memcpy(out, &raw, 16);
+    } else if (t == DType::kBFloat16) {
+      __nv_bfloat16 h[8];
+      memcpy(h, &raw, 16);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] = to_float(h[e]);
+    } else {
+      __half h[8];
+      memcpy(h, &raw, 16);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] = to_float(h[e]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) out[e] = e < n ? load_float(base, t, i + e) : 0.0f;
+}
+
+// Thread hf of the tpr threads of request n folds its pieces of a tile into its running partial: pieces of
+// E = 16 bytes of U (rows i..i+E-1 for i = E hf, E (hf + tpr), ...: the tpr threads read adjacent 16-byte pieces
+// of U's row, so whole 32-byte sectors), bias[i] * bscale the bias of vocabulary row tile0 + i (tile0 a multiple
+// of 8). It adds U, writes the logits when asked, and takes the argmax (greedy, temp == 0) or the Gumbel race
+// winner of logits / temp (one Philox evaluation per quad of 4 rows: its four words are the quad's uniforms), with
+// the softmax statistics.
+DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph, int64_t n, int64_t k, int64_t tile0,
+                               int rows, const float* bias, float bscale, float temp, int hf, int tpr, Part& pt) {
   const bool sampled = temp > 0.0f;
   const float tdiv = sampled ? temp : 1.0f;
   const int64_t row0 = (n * p.K + k) * p.V;
-  Part pt = Part::empty();
-  for (int i = lane; i < rows; i += 32) {
-    const int64_t v = tile0 + i;
-    const float l = load_float(p.base, p.base_dtype, row0 + v) + bias[i] * bscale;
-    if (p.logits != nullptr) stg(p.logits + row0 + v, l);
-    const float xs = l / tdiv;
-    const float sc = sampled ? gumbel_score(xs, ph.uniform(n, k, rng::kStreamDraft, v)) : nan_to_neg_inf(l);
-    pt.add(xs, sc, v);
+  const int E = p.base_dtype == DType::kFloat32 ? 4 : 8;
+  const bool vec = (row0 + tile0) % E == 0 && is_aligned16(p.base);
+  const bool vec_out = p.logits != nullptr && row0 % 4 == 0 && is_aligned16(p.logits);
+  for (int i = E * hf; i < rows; i += E * tpr) {
+    float l[8];
+    load_piece(p.base, p.base_dtype, row0 + tile0 + i, rows - i < E ? rows - i : E, vec, l);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int i4 = i + 4 * q;
+      if (4 * q >= E || i4 >= rows) continue;
+      const int64_t v = tile0 + i4;
+      const int cnt = rows - i4 < 4 ? rows - i4 : 4;
+      float* lq = l + 4 * q;
+      const float4 b = *reinterpret_cast<const float4*>(bias + i4);
+      lq[0] += b.x * bscale, lq[1] += b.y * bscale, lq[2] += b.z * bscale, lq[3] += b.w * bscale;
+      if (vec_out && cnt == 4) {
+        store_f32x4(p.logits + row0 + v, rng::F32x4{lq[0], lq[1], lq[2], lq[3]});
+      } else if (p.logits != nullptr) {
+        for (int e = 0; e < cnt; ++e) stg(p.logits + row0 + v + e, lq[e]);
+      }
+      rng::F32x4 u4{0.5f, 0.5f, 0.5f, 0.5f};
+      if (sampled) u4 = ph.uniform4(n, k, rng::kStreamDraft, v >> 2);
+      const float u[4] = {u4.x, u4.y, u4.z, u4.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (e < cnt) {
+          const float xs = lq[e] / tdiv;
+          pt.add(xs, sampled ? gumbel_score(xs, u[e]) : nan_to_neg_inf(lq[e]), v + e);
+        }
+      }
+    }
   }
-  pt = warp_allreduce(pt);
-  if (lane == 0) run->merge(pt);
+}
+
+// The merge of the running partials of each aligned group of `tpr` lanes (a power of two <= 32, the same in the
+// whole warp); every lane of the group gets it.
+DSPARK_DEVICE Part reduce_lanes(Part pt, int tpr) {
+  for (int o = 1; o < tpr; o <<= 1) pt.merge(shfl_xor(pt, o));
+  return pt;
 }
 
 template <typename TW, int NBT>
 DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                const rng::Philox& ph, float* smem) {
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int t = threadIdx.x;
   const int64_t N = p.N, V = p.V, R = p.R, rpad = plan.rpad;
   float* vt = smem;                    // [NB, rpad]
   float* wt = smem + plan.off_wt;      // [kThreads, kWtStride]
-  float* lt = smem + plan.off_l;       // [kWarps, kThreads]: the tile's biases of kWarps requests
-  Part* run = reinterpret_cast<Part*>(smem + plan.off_parts);  // [NB]
+  float* lt = smem + plan.off_l;       // [NB, kLtStrideM]: the tile's biases
   float* temps = smem + plan.off_temp;  // [NB]: T, or 0 for greedy
-  const int64_t v0 = static_cast<int64_t>(blockIdx.x) * plan.chunk;
-  const int64_t v1 = v0 + plan.chunk < V ? v0 + plan.chunk : V;
+  int64_t v0, v1;
+  slice_bounds(V, plan.grid, blockIdx.x, v0, v1);
   constexpr int kEpv = static_cast<int>(16 / sizeof(TW));  // elements per 16-byte vector
   const TW* w2 = static_cast<const TW*>(p.w2);
   const bool vec = (R * static_cast<int64_t>(sizeof(TW))) % 16 == 0 && is_aligned16(w2);
+  const int tpr = plan.tpr, jf = t / tpr, hf = t - jf * tpr;  // fold: thread hf of request jf
   for (int64_t g0 = 0; g0 < N; g0 += plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
     __syncthreads();
@@ -397,11 +524,11 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
       vt[i] = c < R ? ld_coherent(ws.v + (g0 + j) * R + c) : 0.0f;
     }
     for (int j = t; j < nb; j += kThreads) {
-      run[j] = Part::empty();
       const float temp = p.temperature != nullptr ? ldg(p.temperature + g0 + j) : 0.0f;
       temps[j] = temp > 0.0f ? temp : 0.0f;
     }
     __syncthreads();
+    Part pt = Part::empty();
     for (int64_t tile0 = v0; tile0 < v1; tile0 += kThreads) {
       const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
       float acc[NBT];
@@ -449,23 +576,15 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
           }
         }
       }
-      // fold the tile into the running partials, kWarps requests at a time (warp w <-> request w of the chunk)
+      // the tile's biases of every request to lt; each thread folds its request's share into its running partial
 #pragma unroll
-      for (int cc = 0; cc < NBT / kWarps; ++cc) {
-        if (cc * kWarps < nb) {
-#pragma unroll
-          for (int j = 0; j < kWarps; ++j) lt[j * kThreads + t] = acc[cc * kWarps + j];
-          __syncthreads();
-          const int jl = cc * kWarps + warp;
-          if (jl < nb) {
-            fold_tile(p, ph, g0 + jl, k, tile0, rows, lt + warp * kThreads, 1.0f, temps[jl], lane, run + jl);
-          }
-          __syncthreads();
-        }
-      }
+      for (int j = 0; j < NBT; ++j)
+        if (j < nb) lt[j * kLtStrideM + t] = acc[j];
+      __syncthreads();
+      if (jf < nb) fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, 1.0f, temps[jf], hf, tpr, pt);
     }
-    __syncthreads();
-    for (int j = t; j < nb; j += kThreads) stg(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + j, run[j]);
+    pt = reduce_lanes(pt, tpr);
+    if (hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + jf, pt);
   }
 }
 
@@ -478,144 +597,194 @@ DSPARK_DEVICE void split_store(float x, TW* hi, TW* lo) {
   *lo = from_float<TW>(hf - hf == 0.0f ? x - hf : 0.0f);
 }
 
-// The tensor-core sweep for a 16-bit W2 (bf16 / fp16). Per request group (NBT a multiple of 8; the group pads to
-// it with zero rows):
-//   * the group's float32 v rows are split into two rows of W2's type, hi = T(v * s), lo = T(v * s - hi), with s
-//     a power of two per request that brings max |v| to [2^13, 2^14) (fp16's range; exact, undone on the bias),
-//     so hi + lo carries 16 (bf16) or 22 (fp16) significant bits of v; B operand layout [NB][hi row | lo row];
-//   * per tile of 128 vocabulary rows (warp w owns rows 32w..32w+31), chunks of kRKm columns of W2 are staged in
-//     shared memory in their own type (16-byte copies, no conversion); per 16 columns each warp loads its A
-//     fragment once and issues two m32n8k16 MMAs (hi and lo) per 8 requests into float32 accumulators;
-//   * the accumulators go to a shared [NB, 128] bias tile, and one warp per request folds it (fold_tile).
+// The group's v rows as hi + lo rows of W2's type (one warp per request; rows nb..nbp-1 are zero): hi = T(v s),
+// lo = T(v s - hi), with s a power of two per request that brings max |v| to [2^13, 2^14) (fp16's range; exact,
+// undone on the bias through unscale[j] = 1 / s). vt holds all hi rows, then all lo rows, `ldv` apart.
+template <typename TW>
+DSPARK_DEVICE void split_group(const Workspace& ws, int64_t R, int64_t rpad, int64_t g0, int nb, int nbp, TW* vt,
+                               int64_t lo_off, int ldv, float* unscale, int lane, int warp) {
+  for (int j = warp; j < nbp; j += kWarps) {
+    TW* hi = vt + static_cast<int64_t>(j) * ldv;
+    TW* lo = hi + lo_off;
+    if (j >= nb) {
+      for (int64_t c = lane; c < rpad; c += 32) hi[c] = lo[c] = from_float<TW>(0.0f);
+      continue;
+    }
+    const float* vrow = ws.v + (g0 + j) * R;
+    constexpr int kHold = 16;  // R <= 512: the row stays in registers between the max and the split
+    float held[kHold];
+    float amax = 0.0f;
+    if (R <= 32 * kHold) {
+#pragma unroll
+      for (int q = 0; q < kHold; ++q) {
+        const int64_t c = lane + 32 * q;
+        held[q] = c < R ? ld_coherent(vrow + c) : 0.0f;
+        amax = fmaxf(amax, fabsf(held[q]));
+      }
+    } else {
+      for (int64_t c = lane; c < R; c += 32) amax = fmaxf(amax, fabsf(ld_coherent(vrow + c)));
+    }
+    amax = warp_max(amax);
+    int e = 0;
+    if (amax > 0.0f && amax < INFINITY) {
+      frexpf(amax, &e);
+      e = kSplitExp - e;
+      e = e < -100 ? -100 : (e > 100 ? 100 : e);
+    }
+    const float sc = ldexpf(1.0f, e);
+    if (lane == 0) unscale[j] = ldexpf(1.0f, -e);
+    if (R <= 32 * kHold) {
+#pragma unroll
+      for (int q = 0; q < kHold; ++q) {
+        const int64_t c = lane + 32 * q;
+        if (c < rpad) split_store(held[q] * sc, hi + c, lo + c);
+      }
+    } else {
+      for (int64_t c = lane; c < rpad; c += 32) split_store(c < R ? ld_coherent(vrow + c) * sc : 0.0f, hi + c, lo + c);
+    }
+  }
+}
+
+// Chunk c of the CTA's W2 stream (tile c / nchunks of 128 vocabulary rows, columns kRKm * (c % nchunks) on) into
+// a ring slot [kThreads][kWtStrideM]: 16-byte cp.async copies (zero-filled past the slice or the rank) when W2's
+// rows are 16-byte aligned, else element copies.
+template <typename TW>
+DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t v0, int64_t v1, int nchunks,
+                                  int64_t c, bool vec, TW* slot, int t) {
+  constexpr int kEpv = static_cast<int>(16 / sizeof(TW));
+  const int64_t tile0 = v0 + (c / nchunks) * kThreads;
+  const int64_t rc = (c % nchunks) * kRKm;
+  const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);  // a multiple of 32
+  const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
+  if (vec) {
+    const int vpr = width / kEpv;  // vectors per staged row
+    for (int i = t; i < kThreads * vpr; i += kThreads) {
+      const int row = i / vpr, q = i - row * vpr;
+      const int64_t col = rc + q * kEpv;
+      const bool in = row < rows && col < R;  // R is a multiple of kEpv here
+      cp_async_zfill<16>(slot + row * kWtStrideM + q * kEpv, in ? w2 + (tile0 + row) * R + col : w2, in ? 16 : 0);
+    }
+  } else {
+    for (int i = t; i < kThreads * width; i += kThreads) {
+      const int row = i / width, q = i - row * width;
+      const int64_t col = rc + q;
+      slot[row * kWtStrideM + q] = row < rows && col < R ? ldg(w2 + (tile0 + row) * R + col) : from_float<TW>(0.0f);
+    }
+  }
+}
+
+// One staged chunk on tensor cores: warp w owns rows 32w..32w+31 of the tile (two m16 blocks, A from the ring slot
+// through ldmatrix x4), and for each 8 requests one ldmatrix x4 gives the hi and lo B fragments; two MMAs (hi, lo)
+// per block and 8 requests.
+template <typename TW, int kFrags>
+DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const TW* vt, int64_t lo_off, int ldv,
+                             int64_t rc, int width, int nb, int lane, int warp) {
+  const int j = lane & 7, m = lane >> 3;  // lane supplies row j of matrix m
+  const TW* arow = slot + (warp * 32 + (m & 1) * 8 + j) * kWtStrideM + (m >> 1) * 8;
+  const TW* brow = vt + (m >> 1) * lo_off + static_cast<int64_t>(j) * ldv + rc + (m & 1) * 8;
+  for (int kk = 0; kk < width; kk += 16) {
+    uint32_t a[2][4];
+    warp::ldmatrix<4>(a[0], arow + kk);
+    warp::ldmatrix<4>(a[1], arow + 16 * kWtStrideM + kk);
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f) {
+      if (f * 8 < nb) {  // warp-uniform
+        uint32_t b[4];
+        warp::ldmatrix<4>(b, brow + static_cast<int64_t>(f) * 8 * ldv + kk);
+        const uint32_t bhi[2] = {b[0], b[1]}, blo[2] = {b[2], b[3]};
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], bhi);
+          warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], blo);
+        }
+      }
+    }
+  }
+}
+
+// The tensor-core sweep for a 16-bit W2 (bf16 / fp16), per request group (NBT a multiple of 8; the group pads to
+// it with zero rows): the group's v rows split into hi + lo rows (split_group); the CTA's W2 slice streams through
+// a kStages-deep cp.async ring of [128 rows x kRKm columns] chunks, kStages - 1 chunks in flight while one is
+// multiplied (mma_chunk); after a tile's last chunk the accumulators go to a shared [NB][kLtStrideM] bias tile and
+// every thread folds its request's share (fold_pieces) into its running partial, kept in registers across the
+// slice: one reduction per request (over its plan.tpr threads) and slice.
 template <typename TW, int NBT>
 DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                         const rng::Philox& ph, float* smem) {
-  static_assert(NBT % mma::kN == 0, "the request group pads to the MMA's N");
-  constexpr int kFrags = NBT / mma::kN;
+  static_assert(NBT % 8 == 0, "the request group pads to the MMA's N");
+  constexpr int kFrags = NBT / 8;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int64_t N = p.N, V = p.V, R = p.R, rpad = plan.rpad;
-  TW* vt = reinterpret_cast<TW*>(smem);                     // [NB][2][rpad]: hi row, lo row
-  TW* wt = reinterpret_cast<TW*>(smem + plan.off_wt);       // [kThreads][kWtStrideM]
-  float* lt = smem + plan.off_l;                            // [NB][kLtStrideM]: the tile's biases
-  Part* run = reinterpret_cast<Part*>(smem + plan.off_parts);  // [NB]
-  float* temps = smem + plan.off_temp;                      // [NB]: T, or 0 for greedy
-  float* unscale = smem + plan.off_scale;                   // [NB]: 1 / s
-  const int64_t v0 = static_cast<int64_t>(blockIdx.x) * plan.chunk;
-  const int64_t v1 = v0 + plan.chunk < V ? v0 + plan.chunk : V;
-  constexpr int kEpv = static_cast<int>(16 / sizeof(TW));
+  const int ldv = static_cast<int>(rpad + kVPad);
+  const int64_t lo_off = plan.vrows * ldv;
+  TW* vt = reinterpret_cast<TW*>(smem);                // [2][vrows][ldv]: hi rows, then lo rows
+  TW* ring = reinterpret_cast<TW*>(smem + plan.off_wt);  // [kStages][kThreads][kWtStrideM]
+  float* lt = smem + plan.off_l;                       // [vrows][kLtStrideM]: the tile's biases
+  float* temps = smem + plan.off_temp;                 // [NB]: T, or 0 for greedy
+  float* unscale = smem + plan.off_scale;              // [NB]: 1 / s
+  int64_t v0, v1;
+  slice_bounds(V, plan.grid, blockIdx.x, v0, v1);
+  const int nchunks = static_cast<int>((rpad + kRKm - 1) / kRKm);
+  const int64_t total = v1 > v0 ? (v1 - v0 + kThreads - 1) / kThreads * nchunks : 0;
   const TW* w2 = static_cast<const TW*>(p.w2);
   const bool vec = (R * static_cast<int64_t>(sizeof(TW))) % 16 == 0 && is_aligned16(w2);
-  const int ldb = static_cast<int>(2 * rpad);
+  const int tpr = plan.tpr, jf = t / tpr, hf = t - jf * tpr;  // fold: thread hf of request jf
+  const int64_t slot_elems = int64_t(kThreads) * kWtStrideM;
   for (int64_t g0 = 0; g0 < N; g0 += plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
-    const int nbp = (nb + mma::kN - 1) / mma::kN * mma::kN;
-    __syncthreads();
-    // the split of v, one warp per request (rows nb..nbp-1 are zero)
-    for (int j = warp; j < nbp; j += kWarps) {
-      TW* hi = vt + static_cast<int64_t>(j) * ldb;
-      TW* lo = hi + rpad;
-      if (j < nb) {
-        const float* vrow = ws.v + (g0 + j) * R;
-        constexpr int kHold = 16;  // R <= 512: the row stays in registers between the max and the split
-        float held[kHold];
-        float amax = 0.0f;
-        if (R <= 32 * kHold) {
-#pragma unroll
-          for (int q = 0; q < kHold; ++q) {
-            const int64_t c = lane + 32 * q;
-            held[q] = c < R ? ld_coherent(vrow + c) : 0.0f;
-            amax = fmaxf(amax, fabsf(held[q]));
-          }
-        } else {
-          for (int64_t c = lane; c < R; c += 32) amax = fmaxf(amax, fabsf(ld_coherent(vrow + c)));
-        }
-        amax = warp_max(amax);
-        int e = 0;
-        if (amax > 0.0f && amax < INFINITY) {
-          frexpf(amax, &e);
-          e = kSplitExp - e;
-          e = e < -100 ? -100 : (e > 100 ? 100 : e);
-        }
-        const float sc = ldexpf(1.0f, e);
-        if (lane == 0) unscale[j] = ldexpf(1.0f, -e);
-        if (R <= 32 * kHold) {
-#pragma unroll
-          for (int q = 0; q < kHold; ++q) {
-            const int64_t c = lane + 32 * q;
-            if (c < rpad) split_store(held[q] * sc, hi + c, lo + c);
-          }
-        } else {
-          for (int64_t c = lane; c < rpad; c += 32) split_store(c < R ? ld_coherent(vrow + c) * sc : 0.0f, hi + c, lo + c);
-        }
-      } else {
-        for (int64_t c = lane; c < rpad; c += 32) {
-          hi[c] = from_float<TW>(0.0f);
-          lo[c] = from_float<TW>(0.0f);
-        }
-      }
+    const int nbp = (nb + 7) / 8 * 8;
+    __syncthreads();  // the previous group is done with vt, the ring and lt
+    for (int s = 0; s < kStages - 1; ++s) {  // the ring's first chunks fly while v is split
+      if (s < total) stage_w2_chunk(w2, R, rpad, v0, v1, nchunks, s, vec, ring + s * slot_elems, t);
+      cp_async_commit();
     }
+    split_group(ws, R, rpad, g0, nb, nbp, vt, lo_off, ldv, unscale, lane, warp);
     for (int j = t; j < nb; j += kThreads) {
-      run[j] = Part::empty();
       const float temp = p.temperature != nullptr ? ldg(p.temperature + g0 + j) : 0.0f;
       temps[j] = temp > 0.0f ? temp : 0.0f;
     }
-    for (int64_t tile0 = v0; tile0 < v1; tile0 += kThreads) {
-      const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
-      mma::Acc acc[kFrags];
+    Part pt = Part::empty();
+    float acc[2][kFrags][4];
+    for (int64_t c = 0; c < total; ++c) {
+      cp_async_wait<kStages - 2>();  // chunk c has landed (this thread's copies) ...
+      __syncthreads();               // ... and everyone's; slot (c - 1) % kStages is free again
+      if (c + kStages - 1 < total)
+        stage_w2_chunk(w2, R, rpad, v0, v1, nchunks, c + kStages - 1, vec, ring + ((c + kStages - 1) % kStages) * slot_elems, t);
+      cp_async_commit();
+      const int ci = static_cast<int>(c % nchunks);
+      if (ci == 0) {
 #pragma unroll
-      for (int f = 0; f < kFrags; ++f) mma::zero(acc[f]);
-      for (int64_t rc = 0; rc < rpad; rc += kRKm) {
-        const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);  // a multiple of 32
-        __syncthreads();  // the previous chunk (or the group's setup, or the last fold) is done
-        if (vec) {
-          const int vpr = width / kEpv;  // vectors per staged row
-          for (int i = t; i < kThreads * vpr; i += kThreads) {
-            const int row = i / vpr, q = i - row * vpr;
-            const int64_t col = rc + q * kEpv;
-            Vec16<TW> w;
-            if (row < rows && col < R) {
-              w = load16(w2 + (tile0 + row) * R + col);
-            } else {
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-              for (int e = 0; e < kEpv; ++e) w.v[e] = from_float<TW>(0.0f);
-            }
-            *reinterpret_cast<Vec16<TW>*>(wt + row * kWtStrideM + q * kEpv) = w;
-          }
-        } else {
-          for (int i = t; i < kThreads * width; i += kThreads) {
-            const int row = i / width, c = i - row * width;
-            const int64_t col = rc + c;
-            wt[row * kWtStrideM + c] = row < rows && col < R ? ldg(w2 + (tile0 + row) * R + col) : from_float<TW>(0.0f);
-          }
-        }
+          for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[mt][f][q] = 0.0f;
+      }
+      const int64_t rc = int64_t(ci) * kRKm;
+      mma_chunk<TW, kFrags>(acc, ring + (c % kStages) * slot_elems, vt, lo_off, ldv, rc,
+                            static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm), nb, lane, warp);
+      if (ci == nchunks - 1) {
+        const int64_t tile0 = v0 + (c / nchunks) * kThreads;
+        const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int f = 0; f < kFrags; ++f)
+            if (f * 8 < nb)
+#pragma unroll
+              for (int q = 0; q < 4; ++q)
+                lt[(f * 8 + 2 * tq + (q & 1)) * kLtStrideM + warp * 32 + mt * 16 + g + 8 * (q >> 1)] = acc[mt][f][q];
         __syncthreads();
-        const TW* aw = wt + warp * mma::kM * kWtStrideM;
-        for (int kk = 0; kk < width; kk += mma::kK) {
-          mma::FragA<TW> fa;
-          mma::load_a(fa, aw + kk, kWtStrideM);
-#pragma unroll
-          for (int f = 0; f < kFrags; ++f) {
-            if (f * mma::kN < nb) {  // warp-uniform
-              mma::FragB<TW> fb;
-              const TW* b = vt + static_cast<int64_t>(f * mma::kN) * ldb + rc + kk;
-              mma::load_b(fb, b, ldb);
-              mma::mma(acc[f], fa, fb);
-              mma::load_b(fb, b + rpad, ldb);
-              mma::mma(acc[f], fa, fb);
-            }
-          }
+        if (jf < nb) {
+          const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
+          fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], hf, tpr, pt);
         }
       }
-#pragma unroll
-      for (int f = 0; f < kFrags; ++f)
-        if (f * mma::kN < nb) mma::store(lt + f * mma::kN * kLtStrideM + warp * mma::kM, kLtStrideM, acc[f]);
-      __syncthreads();
-      for (int jl = warp; jl < nb; jl += kWarps)
-        fold_tile(p, ph, g0 + jl, k, tile0, rows, lt + jl * kLtStrideM, unscale[jl], temps[jl], lane, run + jl);
     }
-    __syncthreads();
-    for (int j = t; j < nb; j += kThreads) stg(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + j, run[j]);
+    pt = reduce_lanes(pt, tpr);
+    if (hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + jf, pt);
   }
+  cp_async_wait_all();
 }
 
 template <typename TW, int NBT, bool kMma>
@@ -672,31 +841,27 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm) {
   pl.group = static_cast<int>(N < group ? (N > 0 ? N : 1) : group);
   const int m = p.head == kRnn ? 3 : 1;
   const int64_t max_rows = int64_t(kWarps) * (kPerWarp / m);
-  // the v rows of a group: float32 (FMA sweep) or hi + lo 16-bit rows padded to 8 requests (same floats per row)
-  const int64_t vrows = pl.mma ? round_up(pl.group, 8) : pl.group;
-  const int64_t area = std::max<int64_t>({vrows * pl.rpad, R, int64_t(kZGroup) * kZStride + m * max_rows * kCC});
-  pl.off_wt = round_up(area, 8);  // 32-byte aligned (the MMA operands)
-  if (pl.mma) {
-    pl.off_l = pl.off_wt + round_up(int64_t(kThreads) * kWtStrideM / 2, 8);
-    pl.off_parts = pl.off_l + vrows * kLtStrideM;
-  } else {
-    pl.off_l = pl.off_wt + int64_t(kThreads) * kWtStride;
-    pl.off_parts = pl.off_l + int64_t(kWarps) * kThreads;
-  }
-  pl.off_temp = pl.off_parts + int64_t(pl.group) * int64_t(sizeof(Part) / sizeof(float));
+  // the v rows of a group: float32 (FMA sweep) or hi + lo 16-bit rows padded to 8 requests, each row kVPad
+  // elements longer than rpad (one float per element and request either way)
+  pl.vrows = pl.mma ? round_up(pl.group, 8) : pl.group;
+  int tpr = 32;
+  while (tpr > 1 && int64_t(tpr) * pl.group > kThreads) tpr >>= 1;
+  pl.tpr = tpr;
+  const int64_t vfloats = pl.vrows * (pl.mma ? pl.rpad + kVPad : pl.rpad);
+  const int64_t area = std::max<int64_t>({vfloats, R, int64_t(kZGroup) * kZStride + m * max_rows * kCC});
+  pl.off_wt = round_up(area, 8);  // 32-byte aligned
+  pl.off_l = pl.off_wt + (pl.mma ? round_up(int64_t(kStages) * kThreads * kWtStrideM / 2, 8)
+                                 : int64_t(kThreads) * kWtStride);
+  pl.off_temp = pl.off_l + pl.vrows * kLtStrideM;
   pl.off_scale = pl.off_temp + round_up(pl.group, 4);
-  // + 32 bytes: the kernel aligns the dynamic shared memory's start to 32 bytes (WMMA's operand alignment)
+  // + 32 bytes: the kernel aligns the dynamic shared memory's start to 32 bytes
   pl.smem = static_cast<size_t>(pl.off_scale + round_up(pl.group, 4)) * sizeof(float) + 32;
-  // CTAs: all resident, at least kMinRowsPerCta vocabulary rows each, and the per-position broadcast of the
-  // group's v rows to every CTA (N * R * 4 bytes each) at most 1/kBroadcastShare of the position's U + W2 bytes.
+  // CTAs: every resident one, at every N, as long as each gets at least kMinRowsPerCta vocabulary rows (the v rows
+  // each CTA reads per position, N * R * 4 bytes, come from L2: they are written by the phase before)
   const int64_t resident = int64_t(sms) * (per_sm < kMaxCtasPerSm ? per_sm : kMaxCtasPerSm);
-  const int64_t floor_k = N * V * int64_t(dtype_size(p.base_dtype)) + V * R * int64_t(dtype_size(p.w2_dtype));
-  const int64_t bcast = std::max<int64_t>(N * R * 4, 1) * kBroadcastShare;
-  int64_t want = std::min<int64_t>(resident, (V + kMinRowsPerCta - 1) / kMinRowsPerCta);
-  want = std::min<int64_t>(want, floor_k / bcast);
+  int64_t want = std::min<int64_t>(resident, V / kMinRowsPerCta);
   if (want < 1) want = 1;
-  pl.chunk = (V + want - 1) / want;
-  pl.grid = static_cast<int>((V + pl.chunk - 1) / pl.chunk);
+  pl.grid = static_cast<int>(want);
   // phase-1b output rows per item: as many as the register tile holds (each item re-stages its requests' inputs,
   // so fewer rows cost bytes), but few enough to give every CTA an item when the batch is small
   const int64_t groups = (N + kZGroup - 1) / kZGroup;
@@ -724,14 +889,9 @@ inline cudaError_t launch_typed(const DraftBlockParams& p, void* workspace, cuda
   auto kernel = draft_block_kernel<TW, NBT, kMma>;
   // the plan's shared memory does not depend on the occupancy: size it first, then ask how many CTAs fit
   Plan pl = make_plan(p, device_sm_count(), 1);
-#if !defined(DSPARK_SIMT)
-  if (pl.smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(pl.smem));
-    if (err != cudaSuccess) return err;
-  }
-#endif
+  // always, not only above 48 KB: the default limit counts the static shared memory too
+  const cudaError_t err = set_max_dynamic_smem(kernel, pl.smem);
+  if (err != cudaSuccess) return err;
   const int per_sm = max_active_blocks_per_sm(kernel, kThreads, pl.smem);
   if (per_sm < 1) return cudaErrorInvalidConfiguration;
   pl = make_plan(p, device_sm_count(), per_sm);
