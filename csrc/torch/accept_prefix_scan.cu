@@ -92,11 +92,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
 }  // namespace
 
-DSPARK_LIBRARY_FRAGMENT(m) {
-  m.def("accept_prefix_scan(Tensor tokens, Tensor seq_lens, Tensor? num_accepted, Tensor? accept_mask, "
-        "Tensor? verify_cu_seqlens, Tensor? block_table, int block_size, Tensor? max_seq_lens, "
-        "Tensor? stop_token_ids) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-}
 DSPARK_LIBRARY_IMPL(m) {
   m.impl("accept_prefix_scan", &accept_prefix_scan);
 }

@@ -11,7 +11,7 @@
 #include "dspark/vec.cuh"
 
 // The op library: torch.ops.dspark_C on the GPU, torch.ops.dspark_simt in the SIMT build (so both can load in one
-// process). A launcher registers its op with DSPARK_LIBRARY_FRAGMENT(m) { m.def(schema); } and
+// process). registration.cpp defines every schema; a launcher registers its op with
 // DSPARK_LIBRARY_IMPL(m) { m.impl(name, fn); }.
 #if defined(DSPARK_SIMT)
 #define DSPARK_TORCH_LIBRARY dspark_simt
@@ -23,8 +23,6 @@
 #include <c10/cuda/CUDAStream.h>
 #define DSPARK_TORCH_DISPATCH CUDA
 #endif
-#define DSPARK_LIBRARY_FRAGMENT_(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
-#define DSPARK_LIBRARY_FRAGMENT(m) DSPARK_LIBRARY_FRAGMENT_(DSPARK_TORCH_LIBRARY, m)
 #define DSPARK_LIBRARY_IMPL_(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
 #define DSPARK_LIBRARY_IMPL(m) DSPARK_LIBRARY_IMPL_(DSPARK_TORCH_LIBRARY, DSPARK_TORCH_DISPATCH, m)
 

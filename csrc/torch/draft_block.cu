@@ -158,12 +158,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> draft_block(
 
 }  // namespace
 
-DSPARK_LIBRARY_FRAGMENT(m) {
-  m.def("draft_block(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, Tensor? wg, "
-        "Tensor? bg, Tensor? wj, Tensor? bj, Tensor? hidden, Tensor? conf_weight, Tensor? conf_bias, "
-        "Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, bool return_logits) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-}
 DSPARK_LIBRARY_IMPL(m) {
   m.impl("draft_block", &draft_block);
 }

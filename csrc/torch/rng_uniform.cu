@@ -26,9 +26,6 @@ void rng_uniform_(at::Tensor& out, const at::Tensor& rng_key, int64_t stream) {
 
 }  // namespace
 
-DSPARK_LIBRARY_FRAGMENT(m) {
-  m.def("rng_uniform_(Tensor(a!) out, Tensor rng_key, int stream) -> ()");
-}
 DSPARK_LIBRARY_IMPL(m) {
   m.impl("rng_uniform_", &rng_uniform_);
 }

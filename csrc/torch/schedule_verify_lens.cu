@@ -94,11 +94,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
 
 }  // namespace
 
-DSPARK_LIBRARY_FRAGMENT(m) {
-  m.def("schedule_verify_lens(Tensor? survival, Tensor? conf_logits, Tensor? sts_temperatures, Tensor token_counts, "
-        "Tensor step_time_ms, float fixed_overhead_ms, int min_len, int max_len, str mode, Tensor? budget_survival, "
-        "float min_gain) -> (Tensor, Tensor, Tensor)");
-}
 DSPARK_LIBRARY_IMPL(m) {
   m.impl("schedule_verify_lens", &schedule_verify_lens);
 }

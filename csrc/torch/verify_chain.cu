@@ -119,11 +119,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_chain(
 
 }  // namespace
 
-DSPARK_LIBRARY_FRAGMENT(m) {
-  m.def("verify_chain(Tensor target_logits, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits, "
-        "Tensor? draft_logprobs, Tensor? verify_lens, Tensor? survival, Tensor? thresholds, Tensor? temperature, "
-        "Tensor rng_key, Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)");
-}
 DSPARK_LIBRARY_IMPL(m) {
   m.impl("verify_chain", &verify_chain);
 }

@@ -223,7 +223,8 @@ def _floor_pow2(x: int) -> int:
 
 def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
                 sts_temperatures, temperature, rng_key, return_logits):
-    """Same flat arguments and results as ``dspark_kernels.reference.draft_block`` (checked by the wrapper)."""
+    """Same flat arguments and results as ``dspark_kernels.reference.draft_block`` (checked by the wrapper; tensors
+    contiguous, as the registry passes them)."""
     n, k, v = base_logits.shape
     rank = w1.shape[1]
     d = hidden.shape[2] if hidden is not None else 0
@@ -237,21 +238,21 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, h
     logprobs = torch.empty(n, k, **f32)
     if n == 0:
         return tokens, logits, conf, survival, logprobs
-    base = base_logits.contiguous()
+    base = base_logits
     scratch = torch.zeros(n, 3, max(rank, 1), **f32) if head_kind != "vanilla" else base  # v, rnn state x 2
     dummy = base  # never read where its flag / head kind is off
     width = max(d + rank, 2 * rank + d if head_kind == "rnn" else 0)
     tile = _TILE if dev.type == "cuda" else _TILE_INTERPRET
     block_v, block_r, block_c = _blocks(v, rank, width, {"vanilla": 1, "gated": 2, "rnn": 3}[head_kind], tile)
     _draft_block_kernel[(n,)](
-        base, anchor_tokens.contiguous(), w1.contiguous(), w2.contiguous(),
-        wg.contiguous() if wg is not None else dummy, bg.contiguous() if bg is not None else dummy,
-        wj.contiguous() if wj is not None else dummy, bj.contiguous() if bj is not None else dummy,
-        hidden.contiguous() if hidden is not None else dummy,
-        conf_weight.contiguous() if has_conf else dummy,
-        conf_bias.reshape(1).contiguous() if has_conf else dummy,
-        sts_temperatures.contiguous() if sts_temperatures is not None else dummy,
-        temperature if temperature is not None else torch.zeros(n, device=dev), rng_key.contiguous(), scratch,
+        base, anchor_tokens, w1, w2,
+        wg if wg is not None else dummy, bg if bg is not None else dummy,
+        wj if wj is not None else dummy, bj if bj is not None else dummy,
+        hidden if hidden is not None else dummy,
+        conf_weight if has_conf else dummy,
+        conf_bias.reshape(1) if has_conf else dummy,
+        sts_temperatures if sts_temperatures is not None else dummy,
+        temperature if temperature is not None else torch.zeros(n, device=dev), rng_key, scratch,
         tokens, logits, conf, survival, logprobs,
         k, v, rank, d,
         HEAD=_HEAD_IDS[head_kind], HAS_CONF=has_conf, HAS_STS=sts_temperatures is not None,

@@ -234,9 +234,10 @@ def _verify_chain_kernel(
     tl.store(mask_ptr + r * K + kk, (kk < n_acc).to(tl.uint8), mask=kk < K)
 
 
-def verify_chain(target_logits, cu_seqlens, draft_tokens, draft_logits, verify_lens, survival, thresholds,
-                 temperature, rng_key, stop_token_ids, method, draft_logprobs=None):
-    """Same flat arguments and results as ``dspark_kernels.reference.verify_chain`` (checked by the wrapper).
+def verify_chain(target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival,
+                 thresholds, temperature, rng_key, stop_token_ids, method):
+    """Same flat arguments and results as ``dspark_kernels.reference.verify_chain`` (checked by the wrapper; tensors
+    contiguous, as the registry passes them).
 
     ``draft_logprobs`` is accepted and not used: this kernel reads each draft row anyway, and ``q(d_j)`` from the
     row equals ``exp(draft_logprobs)`` when the log-probabilities are what the contract says they are."""
@@ -248,15 +249,15 @@ def verify_chain(target_logits, cu_seqlens, draft_tokens, draft_logits, verify_l
     mask = torch.empty(n, k, dtype=torch.bool, device=dev)
     if n == 0:
         return tokens, num_acc, mask
-    target = target_logits.contiguous()
+    target = target_logits
     total_rows = target.shape[0] if cu_seqlens is not None else n * (k + 1)
     dummy = draft_tokens  # never read when its HAS_* flag is off
-    stops = stop_token_ids.contiguous() if stop_token_ids is not None else dummy
+    stops = stop_token_ids if stop_token_ids is not None else dummy
     _verify_chain_kernel[(n,)](
-        target, cu_seqlens if cu_seqlens is not None else dummy, draft_tokens.contiguous(),
-        draft_logits.contiguous() if draft_logits is not None else target,
+        target, cu_seqlens if cu_seqlens is not None else dummy, draft_tokens,
+        draft_logits if draft_logits is not None else target,
         verify_lens if verify_lens is not None else dummy,
-        survival.contiguous() if survival is not None else target,
+        survival if survival is not None else target,
         thresholds if thresholds is not None else target,
         temperature if temperature is not None else torch.zeros(n, device=dev), rng_key, stops, tokens, num_acc,
         mask.view(torch.uint8),
