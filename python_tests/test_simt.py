@@ -175,8 +175,9 @@ _OOB_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.sanitized
 def test_out_of_bounds_read_is_caught_by_the_sanitized_build():
-    """Runs in a child process: AddressSanitizer needs its runtime preloaded, and a report ends the process."""
+    """CI's sanitizer leg runs this, against the build that leg uses. Runs in a child process: AddressSanitizer needs its runtime preloaded, and a report ends the process."""
     env = dict(os.environ, DSPARK_SIMT="1", DSPARK_SIMT_SANITIZE="1", LD_PRELOAD=_ext.asan_preload(),
                ASAN_OPTIONS="detect_leaks=0")
     run = [sys.executable, "-c", _OOB_SCRIPT]
