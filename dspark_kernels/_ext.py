@@ -183,7 +183,8 @@ def _asan_preloaded() -> bool:
 
 
 def _simt_build():
-    if not _build.cuda_header_dirs():
+    headers = _build.cuda_header_dirs()
+    if not headers:
         raise RuntimeError("dspark_kernels: the SIMT build needs the CUDA headers (cuda_runtime.h, cuda_bf16.h): "
                            "install the CUDA toolkit and set CUDA_HOME, or install a CUDA build of torch")
     sanitize = _simt_sanitized()
