@@ -1,12 +1,12 @@
 """Build script: a pure-Python install by default; ``DSPARK_BUILD_CUDA=1`` also builds ``dspark_kernels._C``.
 
 * ``pip install .`` (or ``-e .``) needs no GPU and no CUDA toolkit and takes seconds; the CUDA extension is then
-  built just-in-time on first use (``dspark_kernels/_ext.py``). The CUDA sources ship inside the wheel as
-  ``dspark_kernels/csrc`` (copied by ``build_py`` below; ``MANIFEST.in`` puts them in the sdist), so a
-  non-editable install can build them too.
+  built just-in-time on first use (``dspark_kernels/_ext.py``, configured by ``_build.py``). The CUDA sources ship
+  inside the wheel as ``dspark_kernels/csrc`` (copied by ``build_py`` below; ``MANIFEST.in`` puts them in the
+  sdist), so a non-editable install can build them too.
 * ``DSPARK_BUILD_CUDA=1 pip install --no-build-isolation .`` builds the extension ahead of time with
   ``CUDAExtension`` (the same sources and flags as the JIT build; torch must be importable, hence no isolation).
-  Architectures: sm_80 (+PTX) and sm_90a unless ``TORCH_CUDA_ARCH_LIST`` is set; ``CUDA_HOME`` as in ``_ext.py``.
+  Architectures: sm_80 (+PTX) and sm_90a unless ``TORCH_CUDA_ARCH_LIST`` is set; ``CUDA_HOME`` as in ``_build.py``.
 Nothing here probes for a GPU.
 """
 
@@ -54,20 +54,20 @@ def _cuda_extension():
     except ImportError as e:
         raise SystemExit("DSPARK_BUILD_CUDA=1 needs torch in the build environment: "
                          "DSPARK_BUILD_CUDA=1 pip install --no-build-isolation .") from e
-    spec = importlib.util.spec_from_file_location("_dspark_ext", os.path.join(ROOT, "dspark_kernels", "_ext.py"))
-    ext = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ext)
-    home = ext.cuda_home()
+    spec = importlib.util.spec_from_file_location("_dspark_build", os.path.join(ROOT, "dspark_kernels", "_build.py"))
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    home = build.cuda_home()
     if not home or not os.path.isfile(os.path.join(home, "bin", "nvcc")):
         raise SystemExit(f"DSPARK_BUILD_CUDA=1: no CUDA toolkit found (CUDA_HOME={home!r}); set CUDA_HOME to the "
                          "folder holding bin/nvcc")
-    cpp_extension = ext._import_cpp_extension(home)
-    sources = [os.path.relpath(p, ROOT) for p in ext.sources()]
+    cpp_extension = build.import_cpp_extension(home)
+    sources = [os.path.relpath(p, ROOT) for p in build.sources()]
     module = cpp_extension.CUDAExtension(
         "dspark_kernels._C",
         sources=sources,
-        include_dirs=ext.include_dirs(),
-        extra_compile_args={"cxx": ext.cxx_flags(), "nvcc": ext.nvcc_flags()},
+        include_dirs=build.include_dirs(),
+        extra_compile_args={"cxx": build.cxx_flags(), "nvcc": build.nvcc_flags()},
     )
     return module, cpp_extension.BuildExtension
 

@@ -2,7 +2,7 @@
 
 A floor counts every input the op has to read (read once) and every output it writes (written once). Achieved
 bandwidth = floor / time; "% of copy" = that against the machine's measured device-to-device copy bandwidth. These
-are the formulas of DESIGN.md ("Parallel structure and the bytes floor") and the kernel issues; each function
+are the formulas of DESIGN.md ("Parallel structure and the bytes floor"); each function
 returns a ``Floor`` whose ``terms`` name every part, so a reader (and ``python_tests/test_bench.py``) can check the
 arithmetic by hand. Sizes are in bytes; ``*_bytes`` arguments are element sizes (bf16 = 2, fp32 = 4).
 

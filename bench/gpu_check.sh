@@ -7,8 +7,7 @@
 #    for the GPU's own architecture only; the just-in-time build if that fails),
 # 2. runs the GPU tests (pytest -m gpu), with the ptxas register / spill table (tools/check_cuda.py --json) built
 #    alongside on the CPU,
-# 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py;
-#    an op without a CUDA kernel is skipped with a line saying so),
+# 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py),
 # 4. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled)
 #    with whatever time is left,
 # and writes everything (logs, JUnit XML, sanitizer logs, ptxas.json, the bench JSON / CSV / PNGs, summary.txt)

@@ -6,13 +6,13 @@ per-block shared memory, a grid barrier for cooperative launches). The same laun
 block, shared memory and workspace, so a CPU test runs the real launch configuration.
 
 What it checks: a ``__syncthreads`` in divergent code and a warp collective whose mask names a lane that does not
-arrive fail the launch with an error naming the kernel; :func:`check` runs a call under two thread schedules and two
-shared-memory poison bytes and requires identical results, which exposes missing barriers and reads of unwritten
-shared memory; the sanitized build (``DSPARK_SIMT_SANITIZE=1`` with the ASan runtime preloaded) reports out-of-bounds
-global and shared accesses. What it counts, per launch (:func:`record`): grid, block, shared memory, CTAs,
-barriers, warp collectives, and global bytes read and written. What it cannot see: timing, memory ordering beyond
-its synchronisation points, warp-synchronous code without ``__syncwarp``, fast-math numerics (``__expf`` is ``expf``
-here), and Hopper-only instructions.
+arrive fail the launch with an error naming the kernel; :func:`check` runs a call under three thread schedules and
+shared-memory poison bytes (:data:`CHECK_SCHEDULES`) and requires identical results, which exposes missing barriers
+and reads of unwritten shared memory; the sanitized build (``DSPARK_SIMT_SANITIZE=1`` with the ASan runtime
+preloaded) reports out-of-bounds global and shared accesses. What it counts, per launch (:func:`record`): grid,
+block, shared memory, CTAs, barriers, warp collectives, and global bytes read and written. What it cannot see:
+timing, memory ordering beyond its synchronisation points, warp-synchronous code without ``__syncwarp``, fast-math
+numerics (``__expf`` is ``expf`` here), and Hopper-only instructions.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def record(*, sm_count: Optional[int] = None) -> Iterator[Recording]:
         configure(**old)
 
 
-# Two runs that differ in every way a correct kernel must not care about: thread and block order, and the bytes
+# Runs that differ in every way a correct kernel must not care about: thread and block order, and the bytes
 # unwritten shared memory holds.
 CHECK_SCHEDULES = (("forward", 0, 0xFF), ("reverse", 0, 0x00), ("random", 12345, 0x5A))
 

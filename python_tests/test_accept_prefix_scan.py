@@ -519,7 +519,7 @@ def test_cuda_cooperative_chunks(cuda_device, simt_check):
 
 
 def test_cuda_65536_requests(cuda_device):
-    """The issue's largest batch in one launch. The harness runs a cooperative grid as fibers whose stacks are
+    """The largest batch one launch takes. The harness runs a cooperative grid as fibers whose stacks are
     mmap'd (two mappings each, vm.max_map_count = 65530), so on the CPU it models 16 SMs (96 CTAs); a GPU runs
     its real grid."""
     g = torch.Generator().manual_seed(12)

@@ -43,7 +43,7 @@ def _fake_timer(monkeypatch, durations_ms):
 
 def test_profile_cost_table_noisy_machine(tmp_path, monkeypatch):
     """Medians of the repeats (the warm-up runs untimed), a monotone table (running max), and a warning, a flag
-    and reasons when a point's spread is large or the medians fall (the issue's 36, 297, 560, 58 ms)."""
+    and reasons when a point's spread is large or the medians fall (e.g. 36, 297, 560, 58 ms)."""
     target = tiny_target(seed=0)
     slow = 10_000.0  # the warm-up run of each point: never in the table
     _fake_timer(monkeypatch, [slow, 36, 35, 37, 36, 36,

@@ -628,7 +628,7 @@ def test_cuda_n_zero_and_k_zero(cuda_device, simt_check):
 
 
 def test_cuda_no_size_cap(cuda_device):
-    """N*K = 262144 (the issue's size; the Triton twin stops at 16384): the arrays move to the workspace."""
+    """N*K = 262144 (a production batch; the Triton twin stops at 16384): the arrays move to the workspace."""
     g = torch.Generator().manual_seed(9)
     table = dk.CostTable([1, 8, 32, 128, 4096, 300000], [10.0, 10.5, 14.0, 40.0, 500.0, 30000.0])
     surv = torch.cumprod(torch.rand(16384, 16, generator=g) * 0.5 + 0.5, 1)
@@ -703,7 +703,7 @@ def test_cuda_bad_arguments_named(cuda_device):
         op(torch.rand(3, 2), None, None, c, s, 0.0, 0, 2, "exact", torch.rand(2, 2), 0.0)
 
 
-# The issue's 10,000 random cases (DSPARK_RANDOM_CASES changes the number); one op call each, small N and K.
+# 10,000 random cases (DSPARK_RANDOM_CASES changes the number); one op call each, small N and K.
 RANDOM_CASES = int(os.environ.get("DSPARK_RANDOM_CASES", "10000"))
 
 

@@ -29,7 +29,7 @@ ARCH_FLAGS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,
 
 def _load_ext():
     """dspark_kernels/_ext.py by path (not the whole package: only its flag and path helpers are needed)."""
-    spec = importlib.util.spec_from_file_location("_dspark_ext", os.path.join(ROOT, "dspark_kernels", "_ext.py"))
+    spec = importlib.util.spec_from_file_location("_dspark_build", os.path.join(ROOT, "dspark_kernels", "_build.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -63,9 +63,9 @@ enum { DSPARK_STREAM_DRAFT = 0, DSPARK_STREAM_ACCEPT = 1, DSPARK_STREAM_RESIDUAL
 DSPARK_API const char* dspark_last_error(void);
 
 /* out[n, k, v] = uniform(seed, offset, request=n, position=k, stream, token=v) for a contiguous float32
- * [N, K, V] device buffer. rng_key_device: device int64 [2] = (seed, offset), read by the kernel (graph-safe).
+ * [N, K, V] device buffer. rng_key: device int64 [2] = (seed, offset), read by the kernel (graph-safe).
  * N, K, V >= 0, K < 2^24, V <= 2^34, 0 <= stream < 256. */
-DSPARK_API int dspark_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, const int64_t* rng_key_device,
+DSPARK_API int dspark_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, const int64_t* rng_key,
                                   int stream, cudaStream_t s);
 
 /* The generator on the host: the uint32 draw and its float32 uniform of one cell (either output may be NULL). */

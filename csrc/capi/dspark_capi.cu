@@ -430,7 +430,7 @@ extern "C" {
 
 DSPARK_API const char* dspark_last_error(void) { return g_last_error.c_str(); }
 
-DSPARK_API int dspark_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, const int64_t* rng_key_device,
+DSPARK_API int dspark_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, const int64_t* rng_key,
                                   int stream, cudaStream_t s) {
   if (N < 0 || K < 0 || V < 0)
     return fail(DSPARK_ERR_BAD_SHAPE, "dspark_rng_uniform: N, K, V must be >= 0, got N=" + std::to_string(N) +
@@ -443,8 +443,8 @@ DSPARK_API int dspark_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, c
     return fail(DSPARK_ERR_BAD_VALUE, "dspark_rng_uniform: stream must be in [0, 256), got " + std::to_string(stream));
   if (N == 0 || K == 0 || V == 0) return ok();
   if (out == nullptr) return fail(DSPARK_ERR_NULL_POINTER, "dspark_rng_uniform: out is NULL");
-  if (rng_key_device == nullptr) return fail(DSPARK_ERR_NULL_POINTER, "dspark_rng_uniform: rng_key_device is NULL");
-  const cudaError_t err = dspark::launch_rng_uniform(out, N, K, V, rng_key_device, stream, s);
+  if (rng_key == nullptr) return fail(DSPARK_ERR_NULL_POINTER, "dspark_rng_uniform: rng_key is NULL");
+  const cudaError_t err = dspark::launch_rng_uniform(out, N, K, V, rng_key, stream, s);
   if (err != cudaSuccess)
     return fail(DSPARK_ERR_CUDA, std::string("dspark_rng_uniform: launch failed: ") + cuda_message(err));
   return ok();

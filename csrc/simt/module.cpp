@@ -1,4 +1,4 @@
-// The Python side of the SIMT build (`dspark_kernels._simt_ext`, made by torch.utils.cpp_extension): harness
+// The Python side of the SIMT build (module `dspark_simt`, `dspark_simt_asan` when sanitized): harness
 // settings, per-launch records, and the self-test kernels. dspark_kernels/simt.py wraps it.
 #include <torch/extension.h>
 

@@ -7,62 +7,50 @@
 #include <optional>
 #include <tuple>
 
-namespace dspark_torch {
-namespace {
+namespace dspark_torch::accept_prefix_scan {
 
-constexpr const char* kScanOp = "accept_prefix_scan";
+constexpr const char* kOp = "accept_prefix_scan";
 
-dspark::IntArray scan_int_array(const char* name, const std::optional<at::Tensor>& t, const at::Tensor& like,
-                           int64_t numel) {
+// An optional int32 / int64 input of this shape as the kernel's IntArray (null when absent).
+dspark::IntArray int_array(const char* name, const std::optional<at::Tensor>& t, const at::Tensor& like,
+                           std::initializer_list<int64_t> shape) {
   if (!t.has_value()) return dspark::IntArray{nullptr, true};
-  check_input(kScanOp, name, *t, like);
-  TORCH_CHECK(t->scalar_type() == at::kInt || t->scalar_type() == at::kLong, kScanOp, ": ", name,
-              " must be int32 or int64, got ", t->scalar_type());
-  TORCH_CHECK(numel < 0 || t->numel() == numel, kScanOp, ": ", name, " must have ", numel, " elements, got shape ",
-              t->sizes());
-  return dspark::IntArray{t->data_ptr(), t->scalar_type() == at::kLong};
+  const bool is_int64 = check_int(kOp, name, *t, like, shape);
+  return dspark::IntArray{t->data_ptr(), is_int64};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> accept_prefix_scan(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> launch(
     const at::Tensor& tokens, const at::Tensor& seq_lens, const std::optional<at::Tensor>& num_accepted,
     const std::optional<at::Tensor>& accept_mask, const std::optional<at::Tensor>& verify_cu_seqlens,
     const std::optional<at::Tensor>& block_table, int64_t block_size, const std::optional<at::Tensor>& max_seq_lens,
     const std::optional<at::Tensor>& stop_token_ids) {
-  TORCH_CHECK(tokens.dim() == 2 && tokens.size(1) >= 1, kScanOp, ": tokens must have shape [N, K+1], got ",
-              tokens.sizes());
+  check_shape(kOp, "tokens", tokens, {kAnySize, kAnySize});
+  TORCH_CHECK(tokens.size(1) >= 1, kOp, ": tokens must have shape [N, K+1], got ", tokens.sizes());
   const int64_t N = tokens.size(0), kp1 = tokens.size(1), K = kp1 - 1;
-  TORCH_CHECK(N * kp1 < (int64_t(1) << 31), kScanOp, ": N*(K+1) must be < 2^31 (cu_out is int32), got ", N * kp1);
+  TORCH_CHECK(N * kp1 < (int64_t(1) << 31), kOp, ": N*(K+1) must be < 2^31 (cu_out is int32), got ", N * kp1);
   dspark::AcceptPrefixScanParams p;
   p.N = N;
   p.K = K;
-  p.tokens = scan_int_array("tokens", tokens, tokens, N * kp1);
-  TORCH_CHECK(seq_lens.dim() == 1, kScanOp, ": seq_lens must have shape [N], got ", seq_lens.sizes());
-  p.seq_lens = scan_int_array("seq_lens", seq_lens, tokens, N);
-  TORCH_CHECK(num_accepted.has_value() != accept_mask.has_value(), kScanOp,
+  p.tokens = int_array("tokens", tokens, tokens, {N, kp1});
+  p.seq_lens = int_array("seq_lens", seq_lens, tokens, {N});
+  TORCH_CHECK(num_accepted.has_value() != accept_mask.has_value(), kOp,
               ": exactly one of num_accepted and accept_mask must be given");
-  p.num_accepted = scan_int_array("num_accepted", num_accepted, tokens, N);
+  p.num_accepted = int_array("num_accepted", num_accepted, tokens, {N});
   if (accept_mask.has_value()) {
-    check_input(kScanOp, "accept_mask", *accept_mask, tokens);
-    check_dtype(kScanOp, "accept_mask", *accept_mask, at::kBool);
-    TORCH_CHECK(accept_mask->dim() == 2 && accept_mask->size(0) == N && accept_mask->size(1) == K, kScanOp,
-                ": accept_mask must have shape [", N, ", ", K, "], got ", accept_mask->sizes());
+    check_tensor(kOp, "accept_mask", *accept_mask, tokens, at::kBool, {N, K});
     p.accept_mask = reinterpret_cast<const uint8_t*>(accept_mask->data_ptr<bool>());
   }
-  p.verify_cu_seqlens = scan_int_array("verify_cu_seqlens", verify_cu_seqlens, tokens, N + 1);
+  p.verify_cu_seqlens = int_array("verify_cu_seqlens", verify_cu_seqlens, tokens, {N + 1});
   if (block_table.has_value()) {
-    TORCH_CHECK(block_table->dim() == 2 && block_table->size(0) == N, kScanOp,
-                ": block_table must have shape [N, max_blocks], got ", block_table->sizes());
-    TORCH_CHECK(block_size > 0, kScanOp, ": block_size must be > 0, got ", block_size);
-    p.block_table = scan_int_array("block_table", block_table, tokens, -1);
+    p.block_table = int_array("block_table", block_table, tokens, {N, kAnySize});
+    TORCH_CHECK(block_size > 0, kOp, ": block_size must be > 0, got ", block_size);
     p.max_blocks = block_table->size(1);
     p.has_block_table = true;
     p.block_size = block_size;
   }
-  p.max_seq_lens = scan_int_array("max_seq_lens", max_seq_lens, tokens, N);
+  p.max_seq_lens = int_array("max_seq_lens", max_seq_lens, tokens, {N});
   if (stop_token_ids.has_value()) {
-    TORCH_CHECK(stop_token_ids->dim() == 1, kScanOp, ": stop_token_ids must have 1 dimension, got shape ",
-                stop_token_ids->sizes());
-    p.stop_token_ids = scan_int_array("stop_token_ids", stop_token_ids, tokens, -1);
+    p.stop_token_ids = int_array("stop_token_ids", stop_token_ids, tokens, {kAnySize});
     p.num_stops = stop_token_ids->numel();
   }
   const auto i32 = tokens.options().dtype(at::kInt), i64 = tokens.options().dtype(at::kLong);
@@ -85,20 +73,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const DeviceGuard guard(tokens);
   const cudaError_t err = dspark::launch_accept_prefix_scan(p, ws_bytes ? ws.data_ptr() : nullptr,
                                                             current_stream(tokens));
-  TORCH_CHECK(err != cudaErrorInvalidValue, kScanOp, ": N = ", N, " requests exceed what one launch keeps resident");
-  check_launch(err, kScanOp);
+  TORCH_CHECK(err != cudaErrorInvalidValue, kOp, ": N = ", N, " requests exceed what one launch keeps resident");
+  check_launch(err, kOp);
   return {cu_out, out_tokens, new_seq, anchor, rows, slots, finished};
 }
 
-}  // namespace
+}  // namespace dspark_torch::accept_prefix_scan
 
-DSPARK_LIBRARY_FRAGMENT(m) {
-  m.def("accept_prefix_scan(Tensor tokens, Tensor seq_lens, Tensor? num_accepted, Tensor? accept_mask, "
-        "Tensor? verify_cu_seqlens, Tensor? block_table, int block_size, Tensor? max_seq_lens, "
-        "Tensor? stop_token_ids) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-}
 DSPARK_LIBRARY_IMPL(m) {
-  m.impl("accept_prefix_scan", &accept_prefix_scan);
+  m.impl("accept_prefix_scan", &dspark_torch::accept_prefix_scan::launch);
 }
-
-}  // namespace dspark_torch

@@ -1,17 +1,21 @@
-// What every torch launcher shares: the dispatch key, the device guard and stream, argument checks that name the
-// argument, and the dtype map. The same launcher source builds for the GPU (nvcc; dispatch key CUDA) and for the
-// SIMT harness (g++ with DSPARK_SIMT; dispatch key CPU, kernels run on CPU tensors through csrc/simt).
+// What every torch launcher shares: the dispatch key, the device guard and stream, and the argument checks (each
+// naming the op and the argument; float dtypes map to dspark::DType). The same launcher source builds for the GPU
+// (nvcc; dispatch key CUDA) and for the SIMT harness (g++ with DSPARK_SIMT; dispatch key CPU, kernels run on CPU
+// tensors through csrc/simt).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <initializer_list>
+#include <string>
+
 #include "dspark/platform.cuh"
 #include "dspark/vec.cuh"
 
 // The op library: torch.ops.dspark_C on the GPU, torch.ops.dspark_simt in the SIMT build (so both can load in one
-// process). A launcher registers its op with DSPARK_LIBRARY_FRAGMENT(m) { m.def(schema); } and
+// process). registration.cpp defines every schema; a launcher registers its op with
 // DSPARK_LIBRARY_IMPL(m) { m.impl(name, fn); }.
 #if defined(DSPARK_SIMT)
 #define DSPARK_TORCH_LIBRARY dspark_simt
@@ -23,8 +27,6 @@
 #include <c10/cuda/CUDAStream.h>
 #define DSPARK_TORCH_DISPATCH CUDA
 #endif
-#define DSPARK_LIBRARY_FRAGMENT_(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
-#define DSPARK_LIBRARY_FRAGMENT(m) DSPARK_LIBRARY_FRAGMENT_(DSPARK_TORCH_LIBRARY, m)
 #define DSPARK_LIBRARY_IMPL_(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
 #define DSPARK_LIBRARY_IMPL(m) DSPARK_LIBRARY_IMPL_(DSPARK_TORCH_LIBRARY, DSPARK_TORCH_DISPATCH, m)
 
@@ -53,24 +55,79 @@ inline void check_launch(cudaError_t err, const char* op) {
 }
 #endif
 
-// `t` is on the kernels' device (and on `like`'s device when given), contiguous, of dtype `dtype`.
+// The checks every launcher uses; each error names the op and the argument. Contiguity is decided by the Python
+// registry (dspark_kernels/ops/_registry.py makes every kernel input contiguous); here it is only checked, for direct
+// callers of torch.ops.dspark_C / dspark_simt: a launcher never copies an input.
+constexpr int64_t kAnySize = -1;  // a check_shape entry that matches any size
+
+// `t` is on the kernels' device and on `like`'s device, and contiguous.
 inline void check_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like) {
   TORCH_CHECK(on_kernel_device(t), op, ": ", name, " must be ", kDeviceWord, ", got ", t.device());
   TORCH_CHECK(t.device() == like.device(), op, ": ", name, " must be on ", like.device(), ", got ", t.device());
   TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
 }
+
 inline void check_dtype(const char* op, const char* name, const at::Tensor& t, at::ScalarType dtype) {
   TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype, ", got ", t.scalar_type());
 }
 
-// float32 / bfloat16 / float16 -> dspark::DType (anything else is an error naming the argument).
-inline dspark::DType float_dtype(const char* op, const char* name, const at::Tensor& t) {
+// `t` has `shape.size()` dimensions of these sizes (kAnySize matches any).
+inline void check_shape(const char* op, const char* name, const at::Tensor& t, std::initializer_list<int64_t> shape) {
+  bool same = t.dim() == static_cast<int64_t>(shape.size());
+  int64_t i = 0;
+  for (const int64_t s : shape) same = same && (s == kAnySize || t.size(i++) == s);
+  if (same) return;
+  std::string want = "[";
+  i = 0;
+  for (const int64_t s : shape) want += (i++ ? ", " : "") + (s == kAnySize ? std::string("*") : std::to_string(s));
+  TORCH_CHECK(false, op, ": ", name, " must have shape ", want, "], got ", t.sizes());
+}
+
+// An input of dtype `dtype` and this shape.
+inline void check_tensor(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like,
+                         at::ScalarType dtype, std::initializer_list<int64_t> shape) {
+  check_input(op, name, t, like);
+  check_dtype(op, name, t, dtype);
+  check_shape(op, name, t, shape);
+}
+
+// An int32 / int64 input; returns whether it is int64.
+inline bool check_int(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like) {
+  check_input(op, name, t, like);
+  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", name,
+              " must be int32 or int64, got ", t.scalar_type());
+  return t.scalar_type() == at::kLong;
+}
+inline bool check_int(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like,
+                      std::initializer_list<int64_t> shape) {
+  const bool is_int64 = check_int(op, name, t, like);
+  check_shape(op, name, t, shape);
+  return is_int64;
+}
+
+// A float32 / bfloat16 / float16 input; returns its dspark::DType.
+inline dspark::DType check_float(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like) {
+  check_input(op, name, t, like);
   switch (t.scalar_type()) {
     case at::kFloat: return dspark::DType::kFloat32;
     case at::kBFloat16: return dspark::DType::kBFloat16;
     case at::kHalf: return dspark::DType::kFloat16;
     default: TORCH_CHECK(false, op, ": ", name, " must be float32, bfloat16 or float16, got ", t.scalar_type());
   }
+}
+inline dspark::DType check_float(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like,
+                                 std::initializer_list<int64_t> shape) {
+  const dspark::DType dtype = check_float(op, name, t, like);
+  check_shape(op, name, t, shape);
+  return dtype;
+}
+
+// The random key: int64 [2] = (seed, offset), read by the kernels (never by the host).
+inline const int64_t* check_rng_key(const char* op, const at::Tensor& rng_key, const at::Tensor& like) {
+  check_input(op, "rng_key", rng_key, like);
+  check_dtype(op, "rng_key", rng_key, at::kLong);
+  TORCH_CHECK(rng_key.numel() == 2, op, ": rng_key must be int64 [2] (seed, offset), got shape ", rng_key.sizes());
+  return rng_key.data_ptr<int64_t>();
 }
 
 }  // namespace dspark_torch

@@ -1,10 +1,26 @@
-// The dspark_C operator library (dspark_simt in the SIMT build). Each op's launcher (csrc/torch/<op>.cu) declares its schema (a
-// TORCH_LIBRARY_FRAGMENT, mutation declared) and its implementation next to its argument checks; this file only
-// creates the namespace and, in the ahead-of-time GPU build, the Python module `dspark_kernels._C`.
+// The dspark_C operator library (dspark_simt in the SIMT build): every op's schema, mutation declared, in one
+// place. Each schema equals the one dspark_kernels/ops/<op>.py gives define_op (python_tests/test_signatures.py
+// compares them); each launcher (csrc/torch/<op>.cu) registers its implementation with DSPARK_LIBRARY_IMPL. In the
+// ahead-of-time GPU build this file also creates the Python module `dspark_kernels._C`.
 #include "common.h"
 
 #define DSPARK_LIBRARY_(ns, m) TORCH_LIBRARY(ns, m)
-DSPARK_LIBRARY_(DSPARK_TORCH_LIBRARY, m) {}
+DSPARK_LIBRARY_(DSPARK_TORCH_LIBRARY, m) {
+  m.def("rng_uniform_(Tensor(a!) out, Tensor rng_key, int stream) -> ()");
+  m.def("draft_block(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, Tensor? wg, "
+        "Tensor? bg, Tensor? wj, Tensor? bj, Tensor? hidden, Tensor? conf_weight, Tensor? conf_bias, "
+        "Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, bool return_logits) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("verify_chain(Tensor target_logits, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits, "
+        "Tensor? draft_logprobs, Tensor? verify_lens, Tensor? survival, Tensor? thresholds, Tensor? temperature, "
+        "Tensor rng_key, Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)");
+  m.def("accept_prefix_scan(Tensor tokens, Tensor seq_lens, Tensor? num_accepted, Tensor? accept_mask, "
+        "Tensor? verify_cu_seqlens, Tensor? block_table, int block_size, Tensor? max_seq_lens, "
+        "Tensor? stop_token_ids) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("schedule_verify_lens(Tensor? survival, Tensor? conf_logits, Tensor? sts_temperatures, Tensor token_counts, "
+        "Tensor step_time_ms, float fixed_overhead_ms, int min_len, int max_len, str mode, Tensor? budget_survival, "
+        "float min_gain) -> (Tensor, Tensor, Tensor)");
+}
 
 #if defined(TORCH_EXTENSION_NAME) && !defined(DSPARK_SIMT)
 #include <Python.h>

@@ -8,55 +8,48 @@
 #include <string>
 #include <tuple>
 
-namespace dspark_torch {
-namespace {
+namespace dspark_torch::schedule_verify_lens {
 
-constexpr const char* kSchedOp = "schedule_verify_lens";
+constexpr const char* kOp = "schedule_verify_lens";
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
     const std::optional<at::Tensor>& survival, const std::optional<at::Tensor>& conf_logits,
     const std::optional<at::Tensor>& sts_temperatures, const at::Tensor& token_counts,
     const at::Tensor& step_time_ms, double fixed_overhead_ms, int64_t min_len, int64_t max_len,
     const std::string& mode, const std::optional<at::Tensor>& budget_survival, double min_gain) {
-  TORCH_CHECK(survival.has_value() != conf_logits.has_value(), kSchedOp,
+  TORCH_CHECK(survival.has_value() != conf_logits.has_value(), kOp,
               ": exactly one of survival and conf_logits must be given");
   const at::Tensor& x = survival.has_value() ? *survival : *conf_logits;
   const char* x_name = survival.has_value() ? "survival" : "conf_logits";
-  check_input(kSchedOp, x_name, x, x);
-  TORCH_CHECK(x.dim() == 2, kSchedOp, ": ", x_name, " must have shape [N, K], got ", x.sizes());
+  const dspark::DType x_dtype = check_float(kOp, x_name, x, x, {kAnySize, kAnySize});
   const int64_t N = x.size(0), K = x.size(1);
-  TORCH_CHECK(mode == "exact" || mode == "argmax", kSchedOp, ": mode must be 'exact' or 'argmax', got '", mode, "'");
-  TORCH_CHECK(0 <= min_len && min_len <= max_len && max_len <= K, kSchedOp, ": need 0 <= min_len <= max_len <= K=",
+  TORCH_CHECK(mode == "exact" || mode == "argmax", kOp, ": mode must be 'exact' or 'argmax', got '", mode, "'");
+  TORCH_CHECK(0 <= min_len && min_len <= max_len && max_len <= K, kOp, ": need 0 <= min_len <= max_len <= K=",
               K, ", got min_len=", min_len, ", max_len=", max_len);
-  TORCH_CHECK(min_gain >= 0.0 && min_gain < INFINITY, kSchedOp, ": min_gain must be finite and >= 0, got ", min_gain);
-  TORCH_CHECK(fixed_overhead_ms >= 0.0 && fixed_overhead_ms < INFINITY, kSchedOp,
+  TORCH_CHECK(min_gain >= 0.0 && min_gain < INFINITY, kOp, ": min_gain must be finite and >= 0, got ", min_gain);
+  TORCH_CHECK(fixed_overhead_ms >= 0.0 && fixed_overhead_ms < INFINITY, kOp,
               ": fixed_overhead_ms must be finite and >= 0, got ", fixed_overhead_ms);
   dspark::ScheduleVerifyLensParams p;
   p.N = N;
   p.K = K;
   if (survival.has_value()) {
     p.survival = x.data_ptr();
-    p.survival_dtype = float_dtype(kSchedOp, "survival", x);
-    TORCH_CHECK(!sts_temperatures.has_value(), kSchedOp, ": sts_temperatures is only used with conf_logits");
+    p.survival_dtype = x_dtype;
+    TORCH_CHECK(!sts_temperatures.has_value(), kOp, ": sts_temperatures is only used with conf_logits");
   } else {
     p.conf_logits = x.data_ptr();
-    p.conf_dtype = float_dtype(kSchedOp, "conf_logits", x);
+    p.conf_dtype = x_dtype;
     if (sts_temperatures.has_value()) {
-      check_input(kSchedOp, "sts_temperatures", *sts_temperatures, x);
-      TORCH_CHECK(sts_temperatures->dim() == 1 && sts_temperatures->size(0) == K, kSchedOp,
-                  ": sts_temperatures must have shape [", K, "], got ", sts_temperatures->sizes());
+      p.sts_dtype = check_float(kOp, "sts_temperatures", *sts_temperatures, x, {K});
       p.sts_temperatures = sts_temperatures->data_ptr();
-      p.sts_dtype = float_dtype(kSchedOp, "sts_temperatures", *sts_temperatures);
     }
   }
   for (const auto* t : {&token_counts, &step_time_ms}) {
     const char* name = t == &token_counts ? "token_counts" : "step_time_ms";
-    check_input(kSchedOp, name, *t, x);
-    check_dtype(kSchedOp, name, *t, at::kFloat);
-    TORCH_CHECK(t->dim() == 1 && t->size(0) >= 1, kSchedOp, ": ", name, " must have shape [P], P >= 1, got ",
-                t->sizes());
+    check_tensor(kOp, name, *t, x, at::kFloat, {kAnySize});
+    TORCH_CHECK(t->size(0) >= 1, kOp, ": ", name, " must have shape [P], P >= 1, got ", t->sizes());
   }
-  TORCH_CHECK(token_counts.size(0) == step_time_ms.size(0), kSchedOp,
+  TORCH_CHECK(token_counts.size(0) == step_time_ms.size(0), kOp,
               ": token_counts and step_time_ms must have the same length, got ", token_counts.size(0), " and ",
               step_time_ms.size(0));
   p.token_counts = token_counts.data_ptr<float>();
@@ -67,13 +60,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
   p.max_len = max_len;
   p.exact = mode == "exact";
   if (budget_survival.has_value()) {
-    TORCH_CHECK(!p.exact, kSchedOp, ": budget_survival applies to mode='argmax' only");
-    check_input(kSchedOp, "budget_survival", *budget_survival, x);
-    TORCH_CHECK(budget_survival->dim() == 2, kSchedOp, ": budget_survival must have shape [N', K'], got ",
-                budget_survival->sizes());
+    TORCH_CHECK(!p.exact, kOp, ": budget_survival applies to mode='argmax' only");
+    p.budget_dtype = check_float(kOp, "budget_survival", *budget_survival, x, {kAnySize, kAnySize});
     p.budget_survival = budget_survival->data_ptr();
     p.has_budget = true;
-    p.budget_dtype = float_dtype(kSchedOp, "budget_survival", *budget_survival);
     p.NB = budget_survival->size(0);
     p.KB = budget_survival->size(1);
   }
@@ -88,19 +78,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
   at::Tensor ws = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
   const DeviceGuard guard(x);
   check_launch(dspark::launch_schedule_verify_lens(p, ws_bytes ? ws.data_ptr() : nullptr, current_stream(x)),
-               kSchedOp);
+               kOp);
   return {lens, cu, theta};
 }
 
-}  // namespace
+}  // namespace dspark_torch::schedule_verify_lens
 
-DSPARK_LIBRARY_FRAGMENT(m) {
-  m.def("schedule_verify_lens(Tensor? survival, Tensor? conf_logits, Tensor? sts_temperatures, Tensor token_counts, "
-        "Tensor step_time_ms, float fixed_overhead_ms, int min_len, int max_len, str mode, Tensor? budget_survival, "
-        "float min_gain) -> (Tensor, Tensor, Tensor)");
-}
 DSPARK_LIBRARY_IMPL(m) {
-  m.impl("schedule_verify_lens", &schedule_verify_lens);
+  m.impl("schedule_verify_lens", &dspark_torch::schedule_verify_lens::launch);
 }
-
-}  // namespace dspark_torch

@@ -4,92 +4,62 @@
 
 #include <ATen/ops/empty.h>
 
-namespace dspark_torch {
-namespace {
+namespace dspark_torch::verify_chain {
 
 constexpr const char* kOp = "verify_chain";
 
-bool int_tensor(const char* name, const at::Tensor& t, const at::Tensor& like) {
-  check_input(kOp, name, t, like);
-  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, kOp, ": ", name,
-              " must be int32 or int64, got ", t.scalar_type());
-  return t.scalar_type() == at::kLong;
-}
-
-void check_shape(const char* name, const at::Tensor& t, at::IntArrayRef shape) {
-  TORCH_CHECK(t.sizes() == shape, kOp, ": ", name, " must have shape ", shape, ", got ", t.sizes());
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_chain(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
     const at::Tensor& target_logits, const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& draft_tokens,
     const std::optional<at::Tensor>& draft_logits, const std::optional<at::Tensor>& draft_logprobs,
     const std::optional<at::Tensor>& verify_lens, const std::optional<at::Tensor>& survival,
     const std::optional<at::Tensor>& thresholds, const std::optional<at::Tensor>& temperature,
     const at::Tensor& rng_key, const std::optional<at::Tensor>& stop_token_ids, c10::string_view method) {
   dspark::VerifyChainParams p;
-  p.drafts_i64 = int_tensor("draft_tokens", draft_tokens, draft_tokens);
-  TORCH_CHECK(draft_tokens.dim() == 2, kOp, ": draft_tokens must be [N, K], got shape ", draft_tokens.sizes());
+  p.drafts_i64 = check_int(kOp, "draft_tokens", draft_tokens, draft_tokens, {kAnySize, kAnySize});
   const int64_t N = draft_tokens.size(0), K = draft_tokens.size(1);
   TORCH_CHECK(K >= 1 && K <= dspark::vc::kMaxK, kOp, ": draft_tokens must have K in [1, ", dspark::vc::kMaxK,
               "] columns, got ", K);
-  check_input(kOp, "target_logits", target_logits, draft_tokens);
-  p.target_dtype = float_dtype(kOp, "target_logits", target_logits);
+  p.target_dtype = check_float(kOp, "target_logits", target_logits, draft_tokens);
   if (cu_seqlens) {
     TORCH_CHECK(target_logits.dim() == 2, kOp, ": target_logits must be packed [R, V] with cu_seqlens, got shape ",
                 target_logits.sizes());
-    p.cu_i64 = int_tensor("cu_seqlens", *cu_seqlens, draft_tokens);
-    check_shape("cu_seqlens", *cu_seqlens, {N + 1});
+    p.cu_i64 = check_int(kOp, "cu_seqlens", *cu_seqlens, draft_tokens, {N + 1});
     p.cu_seqlens = cu_seqlens->data_ptr();
     p.total_rows = target_logits.size(0);
   } else {
-    TORCH_CHECK(target_logits.dim() == 3 && target_logits.size(0) == N && target_logits.size(1) == K + 1, kOp,
-                ": target_logits must be [N, K+1, V] = [", N, ", ", K + 1, ", V], got shape ", target_logits.sizes());
+    check_shape(kOp, "target_logits", target_logits, {N, K + 1, kAnySize});
   }
   const int64_t V = target_logits.size(-1);
   TORCH_CHECK(V >= 1, kOp, ": target_logits must have V >= 1");
   TORCH_CHECK(V < (int64_t(1) << 34), kOp, ": V must be < 2^34, got ", V);
   p.draft_dtype = p.target_dtype;
   if (draft_logits) {
-    check_input(kOp, "draft_logits", *draft_logits, draft_tokens);
-    p.draft_dtype = float_dtype(kOp, "draft_logits", *draft_logits);
-    check_shape("draft_logits", *draft_logits, {N, K, V});
+    p.draft_dtype = check_float(kOp, "draft_logits", *draft_logits, draft_tokens, {N, K, V});
     p.draft_logits = draft_logits->data_ptr();
   }
   if (draft_logprobs) {
     TORCH_CHECK(draft_logits.has_value(), kOp, ": draft_logprobs needs draft_logits");
-    check_input(kOp, "draft_logprobs", *draft_logprobs, draft_tokens);
-    check_dtype(kOp, "draft_logprobs", *draft_logprobs, at::kFloat);
-    check_shape("draft_logprobs", *draft_logprobs, {N, K});
+    check_tensor(kOp, "draft_logprobs", *draft_logprobs, draft_tokens, at::kFloat, {N, K});
     p.draft_logprobs = draft_logprobs->data_ptr<float>();
   }
   if (verify_lens) {
-    p.lens_i64 = int_tensor("verify_lens", *verify_lens, draft_tokens);
-    check_shape("verify_lens", *verify_lens, {N});
+    p.lens_i64 = check_int(kOp, "verify_lens", *verify_lens, draft_tokens, {N});
     p.verify_lens = verify_lens->data_ptr();
   }
   TORCH_CHECK(survival.has_value() == thresholds.has_value(), kOp, ": survival and thresholds must be given together");
   if (survival) {
-    check_input(kOp, "survival", *survival, draft_tokens);
-    p.survival_dtype = float_dtype(kOp, "survival", *survival);
-    check_shape("survival", *survival, {N, K});
-    check_input(kOp, "thresholds", *thresholds, draft_tokens);
-    p.thresholds_dtype = float_dtype(kOp, "thresholds", *thresholds);
-    check_shape("thresholds", *thresholds, {K});
+    p.survival_dtype = check_float(kOp, "survival", *survival, draft_tokens, {N, K});
+    p.thresholds_dtype = check_float(kOp, "thresholds", *thresholds, draft_tokens, {K});
     p.survival = survival->data_ptr();
     p.thresholds = thresholds->data_ptr();
   }
   if (temperature) {
-    check_input(kOp, "temperature", *temperature, draft_tokens);
-    check_dtype(kOp, "temperature", *temperature, at::kFloat);
-    check_shape("temperature", *temperature, {N});
+    check_tensor(kOp, "temperature", *temperature, draft_tokens, at::kFloat, {N});
     p.temperature = temperature->data_ptr<float>();
   }
-  check_input(kOp, "rng_key", rng_key, draft_tokens);
-  check_dtype(kOp, "rng_key", rng_key, at::kLong);
-  TORCH_CHECK(rng_key.numel() == 2, kOp, ": rng_key must be int64 [2] (seed, offset), got shape ", rng_key.sizes());
+  p.rng_key = check_rng_key(kOp, rng_key, draft_tokens);
   if (stop_token_ids) {
-    p.stops_i64 = int_tensor("stop_token_ids", *stop_token_ids, draft_tokens);
-    TORCH_CHECK(stop_token_ids->dim() == 1, kOp, ": stop_token_ids must be 1-D, got shape ", stop_token_ids->sizes());
+    p.stops_i64 = check_int(kOp, "stop_token_ids", *stop_token_ids, draft_tokens, {kAnySize});
     p.num_stops = stop_token_ids->numel();
     p.stop_ids = stop_token_ids->data_ptr();
   }
@@ -98,7 +68,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_chain(
   p.block_method = method == "block";
   p.target = target_logits.data_ptr();
   p.draft_tokens = draft_tokens.data_ptr();
-  p.rng_key = rng_key.data_ptr<int64_t>();
   p.N = N;
   p.K = K;
   p.V = V;
@@ -117,15 +86,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_chain(
   return {tokens, num_accepted, accept_mask};
 }
 
-}  // namespace
+}  // namespace dspark_torch::verify_chain
 
-DSPARK_LIBRARY_FRAGMENT(m) {
-  m.def("verify_chain(Tensor target_logits, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits, "
-        "Tensor? draft_logprobs, Tensor? verify_lens, Tensor? survival, Tensor? thresholds, Tensor? temperature, "
-        "Tensor rng_key, Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)");
-}
 DSPARK_LIBRARY_IMPL(m) {
-  m.impl("verify_chain", &verify_chain);
+  m.impl("verify_chain", &dspark_torch::verify_chain::launch);
 }
-
-}  // namespace dspark_torch

@@ -9,9 +9,10 @@ the first included, comes out of ``dk.verify_chain``. The hot path never synchro
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -105,6 +106,82 @@ class _Clock:
         return out
 
 
+@dataclass
+class _Batch:
+    """The loop's per-request state (N requests, block K, ``width = max_new_tokens + K + 1`` output slots each)."""
+    cache: object                # the target's paged KV cache (its block table gives the scan's KV slots)
+    seq_lens: torch.Tensor       # int32 [N]: committed lengths S
+    max_seq_lens: torch.Tensor   # int32 [N]: S + max_new_tokens at the start
+    anchors: torch.Tensor        # int64 [N]: the last committed token of each request
+    finished: torch.Tensor       # bool [N]
+    out_tokens: torch.Tensor     # int64 [N * width + 1]: generated tokens, -1 padded; the last slot is a trash slot
+    generated: torch.Tensor      # int64 [N]: tokens generated so far
+    prompt_context: int          # the longest prompt's context length (its tokens minus the anchor)
+    max_new_tokens: int
+    width: int
+    prev_survival: Optional[torch.Tensor] = None  # the previous step's survival (the argmax scheduler's budget)
+
+
+class _CallSettings(NamedTuple):
+    """What one ``generate`` call fixes for all its steps."""
+    scheduler: Scheduler
+    confidence: Optional[dk.ConfidenceHead]
+    temperature: float
+    stop_token_ids: Optional[torch.Tensor]  # int64 [S] or None
+
+
+class StepResult(NamedTuple):
+    """One decode step: its drafts, verify lengths and (unless every request had finished) what it committed."""
+    drafts: dk.DraftBlockOutput
+    verify_lens: torch.Tensor                 # int32 [N], 0 for finished requests
+    num_rows: int                             # rows of the packed verify batch (host value of this step's read)
+    num_active: int                           # requests still running at the start of the step
+    generated_before: int                     # tokens generated before the step
+    verified: Optional[dk.VerifyOutput] = None
+    scan: Optional[dk.ScanOutput] = None
+
+
+class _StatsAccumulator:
+    """Acceptance counts on the device (read once at the end) and row / request counts on the host."""
+
+    def __init__(self, k: int, device):
+        # per draft position j+1: verified after an accepted prefix, accepted, verified at all
+        self.reached = torch.zeros(k, dtype=torch.long, device=device)
+        self.accepted = torch.zeros(k, dtype=torch.long, device=device)
+        self.verified = torch.zeros(k, dtype=torch.long, device=device)
+        self.positions = torch.arange(k, device=device)
+        self.steps = self.rows = self.active = self.warmup_tokens = 0
+
+    def add(self, step: StepResult, was_finished: torch.Tensor) -> None:
+        n_acc = step.verified.num_accepted.long().view(-1, 1)
+        verified = (self.positions < step.verify_lens.view(-1, 1)) & ~was_finished.view(-1, 1)
+        self.reached += (verified & (self.positions <= n_acc)).sum(0)
+        self.accepted += (verified & (self.positions < n_acc)).sum(0)
+        self.verified += verified.sum(0)
+        self.steps, self.rows, self.active = self.steps + 1, self.rows + step.num_rows, self.active + step.num_active
+
+    def result(self, generated: int, clock: _Clock, wall: float) -> GenerationStats:
+        reached, accepted, verified = _host_read(torch.stack([self.reached, self.accepted, self.verified]))
+        steady = self.steps > 1
+        if not steady:
+            clock.warm_at = None  # one step: no steady state, time the whole loop
+        times = clock.totals()
+        timed = sum(times.values())
+        times["timed"] = timed
+        times["warmup"] = sum(clock.totals(warm=True).values())
+        times["total"] = wall
+        with_warmup = generated / wall if wall > 0 else 0.0
+        steady = steady and timed > 0
+        return GenerationStats(
+            steps=self.steps, generated_tokens=generated,
+            acceptance_length=generated / max(self.active, 1),
+            conditional_acceptance=[a / r if r else float("nan") for a, r in zip(accepted, reached)],
+            verified_tokens_per_step=self.rows / max(self.steps, 1), time_s=times,
+            tokens_per_second=max(generated - self.warmup_tokens, 0) / timed if steady else with_warmup,
+            tokens_per_second_with_warmup=with_warmup, warmup_steps=1 if steady else 0,
+            warmup_tokens=self.warmup_tokens if steady else 0, drafts_verified=int(sum(verified)))
+
+
 class SpeculativeDecoder:
     def __init__(self, target, drafter: DSparkDrafter, *, kv_block_size: int = 16, max_seq_len: Optional[int] = None,
                  seed: int = 0, verify_method: str = "token", backend: str = "auto", kv_shuffle_seed=None):
@@ -114,7 +191,6 @@ class SpeculativeDecoder:
         self.target, self.drafter = target, drafter
         self.kv_block_size, self.max_seq_len, self.seed = kv_block_size, max_seq_len, seed
         self.method, self.backend, self.kv_shuffle_seed = verify_method, backend, kv_shuffle_seed
-        target.hidden_layer_ids = list(drafter.config.target_layer_ids)
         self.head, self.rank = self._markov_head()
 
     def _markov_head(self):
@@ -140,17 +216,17 @@ class SpeculativeDecoder:
         t = None if sts is None else torch.as_tensor(sts, dtype=torch.float32, device=w.device)
         return dk.ConfidenceHead(w, c.proj.bias, t)
 
-    def _schedule(self, s: Scheduler, d, prev_survival, k: int):
-        n, dev = d.tokens.shape[0], d.tokens.device
+    def _schedule(self, s: Scheduler, drafts: dk.DraftBlockOutput, prev_survival, k: int):
+        n, dev = drafts.tokens.shape[0], drafts.tokens.device
         if s.mode == "fixed":
             return torch.full((n,), min(k, s.verify_len if s.verify_len is not None else k), dtype=torch.int32,
                               device=dev)
         if s.mode == "threshold":
             thr = torch.as_tensor(s.thresholds, dtype=torch.float32, device=dev)
-            lens = (d.survival >= thr).int().cumprod(1).sum(1)
+            lens = (drafts.survival >= thr).int().cumprod(1).sum(1)
             return lens.clamp(min=s.min_len).int()
         extra = dict(budget_survival=prev_survival, min_gain=s.min_gain) if s.mode == "argmax" else {}
-        return dk.schedule_verify_lens(d.survival, cost_table=s.cost_table, min_len=s.min_len, mode=s.mode,
+        return dk.schedule_verify_lens(drafts.survival, cost_table=s.cost_table, min_len=s.min_len, mode=s.mode,
                                        backend=self.backend, **extra).verify_lens
 
     def _check(self, prompts, max_new_tokens, scheduler, k):
@@ -179,147 +255,162 @@ class SpeculativeDecoder:
             raise ValueError(f"scheduler mode 'threshold' needs {k} thresholds")
         return need
 
+    def _prefill(self, prompts: List[List[int]], max_new_tokens: int, capacity: int) -> _Batch:
+        """Allocate the caches; run the target over prompt tokens 0..P-2 (its KV and the drafter context); the last
+        prompt token of each request is its first anchor."""
+        dev, n, k = self.drafter.fc.weight.device, len(prompts), self.drafter.block_size
+        cache = self.target.alloc_cache(n, capacity, block_size=self.kv_block_size, shuffle_seed=self.kv_shuffle_seed)
+        self.drafter.alloc_cache(cache)
+        lens = [len(p) for p in prompts]
+        context = max(lens) - 1
+        if context > 0:
+            tokens = torch.tensor([t for p in prompts for t in p[:-1]], device=dev)
+            positions = torch.tensor([i for p in prompts for i in range(len(p) - 1)], device=dev)
+            requests = torch.tensor([r for r, p in enumerate(prompts) for _ in range(len(p) - 1)], device=dev)
+            cu = torch.tensor([0] + [n_p - 1 for n_p in lens], device=dev).cumsum(0).int()
+            no_rows = torch.empty(0, dtype=torch.long, device=dev)  # prefill needs no logits
+            out = self.target(tokens, positions, cu, context, context, logit_rows=no_rows)
+            self.drafter.write_context(out.hidden, positions, cache.slots(requests, positions))
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
+        width = max_new_tokens + k + 1
+        return _Batch(cache=cache, seq_lens=seq_lens, max_seq_lens=seq_lens + max_new_tokens,
+                      anchors=torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=dev),
+                      finished=torch.zeros(n, dtype=torch.bool, device=dev),
+                      out_tokens=torch.full((n * width + 1,), -1, dtype=torch.long, device=dev),
+                      generated=torch.zeros(n, dtype=torch.long, device=dev),
+                      prompt_context=context, max_new_tokens=max_new_tokens, width=width)
+
+    def _step(self, b: _Batch, step: int, call: _CallSettings, clock: _Clock) -> StepResult:
+        """Draft, schedule, verify and scan one step (DESIGN "One decode step"). Stops after the designated read
+        when every request has finished (then ``verified`` and ``scan`` are None)."""
+        k, dev = self.drafter.block_size, b.seq_lens.device
+        temp, stops = call.temperature, call.stop_token_ids
+        # 1-3: draft a block per request, choose verify lengths
+        ctx_len = b.prompt_context + min(b.max_new_tokens, step * (k + 1))
+        base, hidden = self.drafter.forward_block(b.anchors, b.seq_lens - 1, ctx_len)
+        drafts = dk.draft_block(base, b.anchors, self.head, hidden=hidden, confidence=call.confidence,
+                                temperature=temp, seed=self.seed, offset=2 * step, return_logits=temp > 0,
+                                backend=self.backend)
+        verify_lens = torch.where(b.finished, 0, self._schedule(call.scheduler, drafts, b.prev_survival, k).int())
+        cu = torch.nn.functional.pad((verify_lens + 1).cumsum(0), (1, 0)).int()
+        clock.mark("draft")
+        num_rows, num_active, generated = _host_read(torch.stack([cu[-1].long(), (~b.finished).sum(),
+                                                                  b.generated.sum()]))
+        result = StepResult(drafts, verify_lens, num_rows, num_active, generated)
+        if num_active == 0:
+            return result
+        # 4-5: one packed ragged target forward over [anchor, d_1..d_L], then verification
+        rows = torch.arange(num_rows, device=dev)
+        requests = torch.searchsorted(cu[1:].long(), rows, right=True)
+        j = rows - cu[requests]
+        tokens = torch.where(j == 0, b.anchors[requests], drafts.tokens[requests, (j - 1).clamp(min=0)])
+        positions = (b.seq_lens[requests] - 1 + j).long()
+        out = self.target(tokens, positions, cu, k + 1, ctx_len + k + 1)
+        # draft_logprobs: the accept tests use log q(d) from the drafter, so only rejected draft rows are read
+        verified = dk.verify_chain(
+            out.logits, drafts.tokens, cu_seqlens=cu, draft_logits=drafts.logits,
+            draft_logprobs=drafts.draft_logprobs if drafts.logits is not None else None, temperature=temp,
+            seed=self.seed, offset=2 * step + 1, stop_token_ids=stops, method=self.method, backend=self.backend)
+        clock.mark("verify")
+        # 6: commit. The target's paged KV needs no copy: positions past new_seq_lens - 1 are simply not read and
+        # get overwritten. Finished requests emit nothing (their length limit is their current length).
+        cache = b.cache
+        scan = dk.accept_prefix_scan(verified.tokens, b.seq_lens, num_accepted=verified.num_accepted,
+                                     verify_cu_seqlens=cu, block_table=cache.block_table, block_size=cache.block_size,
+                                     max_seq_lens=torch.where(b.finished, b.seq_lens, b.max_seq_lens),
+                                     stop_token_ids=stops, backend=self.backend)
+        clock.mark("bookkeeping")
+        # The drafter context gains the hidden states of the committed rows [anchor, d_1..d_n] at their KV slots
+        # (the scan's hidden_rows / kv_slots, -1 padded past cu_out[N]). A padding entry i rewrites verify row i
+        # at its own slot: a committed row (the same value again) or a stale one past the committed length.
+        kept = scan.hidden_rows[:num_rows].long()
+        src = torch.where(kept >= 0, kept, rows)
+        self.drafter.write_context(out.hidden[src], positions[src],
+                                   torch.where(kept >= 0, scan.kv_slots[:num_rows], cache.slots(requests, positions)))
+        clock.mark("draft")
+        return result._replace(verified=verified, scan=scan)
+
+    @staticmethod
+    def _commit(b: _Batch, step: StepResult) -> None:
+        """Append each request's emitted tokens to its output row and advance its state."""
+        n, scan, emitted_tokens = b.seq_lens.shape[0], step.scan, step.verified.tokens
+        emitted = (scan.cu_out[1:] - scan.cu_out[:-1]).long()
+        cols = torch.arange(emitted_tokens.shape[1], device=emitted.device)
+        dest = torch.arange(n, device=emitted.device).view(n, 1) * b.width + b.generated.view(n, 1) + cols
+        dest = torch.where(cols < emitted.view(n, 1), dest, n * b.width)
+        b.out_tokens.index_copy_(0, dest.reshape(-1), emitted_tokens.reshape(-1))
+        b.generated += emitted
+        b.anchors = torch.where(emitted > 0, scan.next_anchor, b.anchors)
+        b.seq_lens = scan.new_seq_lens
+        b.finished = b.finished | scan.finished
+        b.prev_survival = step.drafts.survival
+
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
                  stop_token_ids: Sequence[int] = (), scheduler: Optional[Scheduler] = None, progress: bool = False,
                  log: Optional[dict] = None) -> GenerationResult:
         """Generate for a batch of token-id prompts. ``log`` (a dict) receives per-step conf_logits, verify_lens
         and num_accepted tensors for calibration. Returns tokens (cut after the first stop token) and stats."""
-        sched = scheduler or Scheduler()
+        scheduler = scheduler or Scheduler()
         prompts = [[int(t) for t in p] for p in prompts]
-        tgt, dft, k, bk = self.target, self.drafter, self.drafter.block_size, self.backend
-        cap = self._check(prompts, max_new_tokens, sched, k)
-        dev, n = dft.fc.weight.device, len(prompts)
-        cache = tgt.alloc_cache(n, cap, block_size=self.kv_block_size, shuffle_seed=self.kv_shuffle_seed)
-        dft.alloc_cache(cache)
-        conf = self._confidence(sched.sts_temperatures)
+        capacity = self._check(prompts, max_new_tokens, scheduler, self.drafter.block_size)
+        dev, n = self.drafter.fc.weight.device, len(prompts)
         stops = torch.tensor(list(stop_token_ids), dtype=torch.long, device=dev) if stop_token_ids else None
-        temp = float(temperature)
-        lens = [len(p) for p in prompts]
-        max_p = max(lens)
-        # prefill: prompt tokens 0..P-2 -> target KV and drafter context; the last prompt token is the anchor
-        if max_p > 1:
-            toks = torch.tensor([t for p in prompts for t in p[:-1]], device=dev)
-            pos = torch.tensor([i for p in prompts for i in range(len(p) - 1)], device=dev)
-            req = torch.tensor([r for r, p in enumerate(prompts) for _ in range(len(p) - 1)], device=dev)
-            cu = torch.tensor([0] + [n_p - 1 for n_p in lens], device=dev).cumsum(0).int()
-            no_rows = torch.empty(0, dtype=torch.long, device=dev)  # prefill needs no logits
-            out = tgt(toks, pos, cu, max_p - 1, max_p - 1, logit_rows=no_rows)
-            dft.write_context(out.hidden, pos, cache.slots(req, pos))
-        seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
-        max_lens = seq_lens + max_new_tokens
-        anchor = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=dev)
-        finished = torch.zeros(n, dtype=torch.bool, device=dev)
-        width = max_new_tokens + k + 1
-        out_buf = torch.full((n * width + 1,), -1, dtype=torch.long, device=dev)  # last element: trash slot
-        gen_len = torch.zeros(n, dtype=torch.long, device=dev)
-        reached = torch.zeros(k, dtype=torch.long, device=dev)
-        n_verified = torch.zeros(k, dtype=torch.long, device=dev)
-        accepted = torch.zeros(k, dtype=torch.long, device=dev)
-        kpos = torch.arange(k, device=dev)
-        cols = torch.arange(k + 1, device=dev)
-        rows_total = active_total = steps = warm_tokens = 0
-        prev_survival = None
-        bar = _progress(progress, n * max_new_tokens)
-        clock = _Clock(dev)
-        t0 = _now()
-        clock.mark(None)
-        while True:
-            # 1-3: draft a block per request, choose verify lengths
-            ctx_len = max_p - 1 + min(max_new_tokens, steps * (k + 1))
-            base, hidden = dft.forward_block(anchor, seq_lens - 1, ctx_len)
-            d = dk.draft_block(base, anchor, self.head, hidden=hidden, confidence=conf, temperature=temp,
-                               seed=self.seed, offset=2 * steps, return_logits=temp > 0, backend=bk)
-            vlen = torch.where(finished, 0, self._schedule(sched, d, prev_survival, k).int())
-            cu = torch.nn.functional.pad((vlen + 1).cumsum(0), (1, 0)).int()
-            clock.mark("draft")
-            num_rows, num_active, emitted = _host_read(torch.stack([cu[-1].long(), (~finished).sum(), gen_len.sum()]))
-            if steps == 1:
-                warm_tokens = emitted  # committed by the warm-up step (read with this step's designated read)
-            if bar is not None:
-                bar.update(emitted - bar.n)
-            if num_active == 0:
-                break
-            # 4-5: one packed ragged target forward over [anchor, d_1..d_L], then verification
-            rows = torch.arange(num_rows, device=dev)
-            req = torch.searchsorted(cu[1:].long(), rows, right=True)
-            j = rows - cu[req]
-            toks = torch.where(j == 0, anchor[req], d.tokens[req, (j - 1).clamp(min=0)])
-            pos = (seq_lens[req] - 1 + j).long()
-            out = tgt(toks, pos, cu, k + 1, ctx_len + k + 1)
-            # draft_logprobs: the accept tests use log q(d) from the drafter, so only rejected draft rows are read
-            v = dk.verify_chain(out.logits, d.tokens, cu_seqlens=cu, draft_logits=d.logits,
-                                draft_logprobs=d.draft_logprobs if d.logits is not None else None, temperature=temp,
-                                seed=self.seed, offset=2 * steps + 1, stop_token_ids=stops, method=self.method,
-                                backend=bk)
-            clock.mark("verify")
-            # 6: commit. The target's paged KV needs no copy: positions past new_seq_lens - 1 are simply not read and
-            # get overwritten. Finished requests emit nothing (their length limit is their current length).
-            s = dk.accept_prefix_scan(v.tokens, seq_lens, num_accepted=v.num_accepted, verify_cu_seqlens=cu,
-                                      block_table=cache.block_table, block_size=cache.block_size,
-                                      max_seq_lens=torch.where(finished, seq_lens, max_lens), stop_token_ids=stops,
-                                      backend=bk)
-            clock.mark("bookkeeping")
-            # The drafter context gains the hidden states of the committed rows [anchor, d_1..d_n] at their KV slots
-            # (the scan's hidden_rows / kv_slots, -1 padded past cu_out[N]). A padding entry i rewrites verify row i
-            # at its own slot: a committed row (the same value again) or a stale one past the committed length.
-            kept = s.hidden_rows[:num_rows].long()
-            src = torch.where(kept >= 0, kept, rows)
-            dft.write_context(out.hidden[src], pos[src], torch.where(kept >= 0, s.kv_slots[:num_rows],
-                                                                     cache.slots(req, pos)))
-            clock.mark("draft")
-            e = (s.cu_out[1:] - s.cu_out[:-1]).long()
-            dest = torch.arange(n, device=dev).view(n, 1) * width + gen_len.view(n, 1) + cols
-            dest = torch.where(cols < e.view(n, 1), dest, n * width)
-            out_buf.index_copy_(0, dest.reshape(-1), v.tokens.reshape(-1))
-            gen_len += e
-            anchor = torch.where(e > 0, s.next_anchor, anchor)
-            seq_lens = s.new_seq_lens
-            n_acc = v.num_accepted.long().view(n, 1)
-            verified = (kpos < vlen.view(n, 1)) & ~finished.view(n, 1)
-            reached += (verified & (kpos <= n_acc)).sum(0)
-            accepted += (verified & (kpos < n_acc)).sum(0)
-            n_verified += verified.sum(0)
-            if log is not None:
-                for key, val in (("conf_logits", d.conf_logits), ("verify_lens", vlen), ("num_accepted", n_acc[:, 0]),
-                                 ("active", ~finished)):
-                    log.setdefault(key, []).append(val)
-            finished = finished | s.finished
-            prev_survival = d.survival
-            rows_total, active_total, steps = rows_total + num_rows, active_total + num_active, steps + 1
-            clock.mark("bookkeeping")
-            if steps == 1:
-                clock.end_warmup()  # step 0 is the warm-up step: timed apart (host-side mark, no sync)
-        wall = _now() - t0
+        call = _CallSettings(scheduler, self._confidence(scheduler.sts_temperatures), float(temperature), stops)
+        with _hidden_layers(self.target, self.drafter.config.target_layer_ids):
+            b = self._prefill(prompts, max_new_tokens, capacity)
+            stats = _StatsAccumulator(self.drafter.block_size, dev)
+            bar = _progress(progress, n * max_new_tokens)
+            clock = _Clock(dev)
+            t0 = _now()
+            clock.mark(None)
+            while True:
+                step = self._step(b, stats.steps, call, clock)
+                if stats.steps == 1:
+                    stats.warmup_tokens = step.generated_before  # committed by the warm-up step
+                if bar is not None:
+                    bar.update(step.generated_before - bar.n)
+                if step.verified is None:
+                    break
+                was_finished = b.finished
+                self._commit(b, step)
+                stats.add(step, was_finished)
+                if log is not None:
+                    _log_step(log, step, was_finished)
+                clock.mark("bookkeeping")
+                if stats.steps == 1:
+                    clock.end_warmup()  # step 0 is the warm-up step: timed apart (host-side mark, no sync)
+            wall = _now() - t0
         if bar is not None:
             bar.close()
-        tokens = _host_read(out_buf[:-1].view(n, width)[:, :max_new_tokens])
-        stop_set = set(stop_token_ids)
-        for r, row in enumerate(tokens):
-            row = [t for t in row if t >= 0]
-            cut = next((i + 1 for i, t in enumerate(row) if t in stop_set), len(row))
-            tokens[r] = row[:cut]
-        generated = sum(map(len, tokens))
-        reached_l, accepted_l, verified_l = _host_read(torch.stack([reached, accepted, n_verified]))
-        steady = steps > 1
-        if not steady:
-            clock.warm_at = None  # one step: no steady state, time the whole loop
-        times = clock.totals()
-        timed = sum(times.values())
-        times["timed"] = timed
-        times["warmup"] = sum(clock.totals(warm=True).values())
-        times["total"] = wall
-        with_warmup = generated / wall if wall > 0 else 0.0
-        steady = steady and timed > 0
-        stats = GenerationStats(
-            steps=steps, generated_tokens=generated,
-            acceptance_length=generated / max(active_total, 1),
-            conditional_acceptance=[a / r if r else float("nan") for a, r in zip(accepted_l, reached_l)],
-            verified_tokens_per_step=rows_total / max(steps, 1), time_s=times,
-            tokens_per_second=max(generated - warm_tokens, 0) / timed if steady else with_warmup,
-            tokens_per_second_with_warmup=with_warmup, warmup_steps=1 if steady else 0,
-            warmup_tokens=warm_tokens if steady else 0, drafts_verified=int(sum(verified_l)))
-        return GenerationResult(tokens, stats)
+        tokens = _trim(_host_read(b.out_tokens[:-1].view(n, b.width)[:, :max_new_tokens]), set(stop_token_ids))
+        return GenerationResult(tokens, stats.result(sum(map(len, tokens)), clock, wall))
+
+
+@contextlib.contextmanager
+def _hidden_layers(target, layer_ids):
+    """The target returns the hidden states of the drafter's layers for the duration of a call."""
+    saved = getattr(target, "hidden_layer_ids", [])
+    target.hidden_layer_ids = list(layer_ids)
+    try:
+        yield
+    finally:
+        target.hidden_layer_ids = saved
+
+
+def _log_step(log: dict, step: StepResult, was_finished: torch.Tensor) -> None:
+    for key, val in (("conf_logits", step.drafts.conf_logits), ("verify_lens", step.verify_lens),
+                     ("num_accepted", step.verified.num_accepted.long()), ("active", ~was_finished)):
+        log.setdefault(key, []).append(val)
+
+
+def _trim(rows: List[List[int]], stop_set: set) -> List[List[int]]:
+    """Each request's generated tokens without the -1 padding, cut after its first stop token."""
+    out = []
+    for row in rows:
+        row = [t for t in row if t >= 0]
+        out.append(row[:next((i + 1 for i, t in enumerate(row) if t in stop_set), len(row))])
+    return out
 
 
 def _progress(enabled: bool, total: int):

@@ -38,7 +38,7 @@ def resolve_backend(backend: Optional[str], device: torch.device, cuda_op: str) 
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"backend='cuda' needs tensors on a CUDA device, got {device}")
         if not hasattr(_ext.kernels(device), cuda_op):  # raises with the build error if it cannot be built
-            raise ValueError(f"backend='cuda': the CUDA extension has no {cuda_op} kernel yet; use 'triton'")
+            raise ValueError(f"backend='cuda': the CUDA extension has no {cuda_op} kernel; use 'triton'")
     if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"backend='triton' needs tensors on a GPU, or TRITON_INTERPRET=1 for CPU tensors; "
                          f"got {device}")

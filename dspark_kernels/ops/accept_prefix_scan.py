@@ -6,8 +6,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .. import _ext, reference
+from .. import reference
 from ._common import INT_DTYPES, check_tensor, resolve_backend
+from ._registry import CudaKernel, TritonKernel, define_op
 
 
 class ScanOutput(NamedTuple):
@@ -34,50 +35,24 @@ class ScanOutput(NamedTuple):
     finished: torch.Tensor
 
 
-@torch.library.custom_op("dspark::accept_prefix_scan", mutates_args=())
-def _accept_prefix_scan_op(tokens: torch.Tensor, seq_lens: torch.Tensor, num_accepted: Optional[torch.Tensor],
-                           accept_mask: Optional[torch.Tensor], verify_cu_seqlens: Optional[torch.Tensor],
-                           block_table: Optional[torch.Tensor], block_size: int,
-                           max_seq_lens: Optional[torch.Tensor], stop_token_ids: Optional[torch.Tensor],
-                           backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                  torch.Tensor, torch.Tensor, torch.Tensor]:
-    if backend == "triton":
-        from ..triton.accept_prefix_scan import accept_prefix_scan as triton_accept_prefix_scan
-        return triton_accept_prefix_scan(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens,
-                                         block_table, block_size, max_seq_lens, stop_token_ids)
-    if backend == "cuda":
-        return tuple(_ext.kernels(tokens.device).accept_prefix_scan(
-            tokens.contiguous(), seq_lens.contiguous(), _contig(num_accepted), _contig(accept_mask),
-            _contig(verify_cu_seqlens), _contig(block_table), block_size, _contig(max_seq_lens),
-            _contig(stop_token_ids)))
-    return reference.accept_prefix_scan(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens,
-                                        block_table, block_size, max_seq_lens, stop_token_ids)
-
-
-def _contig(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return None if t is None else t.contiguous()
-
-
-@_accept_prefix_scan_op.register_fake
-def _(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table, block_size, max_seq_lens,
-      stop_token_ids, backend):
-    return _scan_fake(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table, block_size,
-                      max_seq_lens, stop_token_ids)
-
-
-@_ext.register_fake("accept_prefix_scan")
-def _scan_fake(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table, block_size,
-               max_seq_lens, stop_token_ids):
-    """Fake of the C++ op (torch.ops.dspark_C / dspark_simt.accept_prefix_scan): the shapes the kernel returns."""
+def _fake(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table, block_size, max_seq_lens,
+          stop_token_ids):
     n, kp1 = tokens.shape
-    dev = tokens.device
-    return (tokens.new_empty((n + 1,), dtype=torch.int32),
-            tokens.new_empty((n * kp1,), dtype=torch.int64),
-            tokens.new_empty((n,), dtype=torch.int32),
-            tokens.new_empty((n,), dtype=torch.int64),
-            tokens.new_empty((n * kp1,), dtype=torch.int32),
-            tokens.new_empty((n * kp1 if block_table is not None else 0,), dtype=torch.int64),
-            torch.empty((n,), dtype=torch.bool, device=dev))
+    new = tokens.new_empty
+    return (new((n + 1,), dtype=torch.int32), new((n * kp1,), dtype=torch.int64), new((n,), dtype=torch.int32),
+            new((n,), dtype=torch.int64), new((n * kp1,), dtype=torch.int32),
+            new((n * kp1 if block_table is not None else 0,), dtype=torch.int64), new((n,), dtype=torch.bool))
+
+
+ACCEPT_PREFIX_SCAN = define_op(
+    "accept_prefix_scan",
+    "(Tensor tokens, Tensor seq_lens, Tensor? num_accepted, Tensor? accept_mask, Tensor? verify_cu_seqlens, "
+    "Tensor? block_table, int block_size, Tensor? max_seq_lens, Tensor? stop_token_ids) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+    _fake,
+    {"reference": reference.accept_prefix_scan, "triton": TritonKernel("accept_prefix_scan", "accept_prefix_scan"),
+     "cuda": CudaKernel("accept_prefix_scan")},
+)
 
 
 def accept_prefix_scan(tokens: torch.Tensor, seq_lens: torch.Tensor, *, num_accepted: Optional[torch.Tensor] = None,
@@ -153,9 +128,9 @@ def accept_prefix_scan(tokens: torch.Tensor, seq_lens: torch.Tensor, *, num_acce
     check_tensor("max_seq_lens", max_seq_lens, shape=(n,), dtypes=INT_DTYPES, device=dev, optional=True)
     check_tensor("stop_token_ids", stop_token_ids, ndim=1, dtypes=INT_DTYPES, device=dev, optional=True)
 
-    res = _accept_prefix_scan_op(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table,
-                                 int(block_size) if block_table is not None else 1, max_seq_lens, stop_token_ids,
-                                 resolve_backend(backend, dev, "accept_prefix_scan"))
+    res = ACCEPT_PREFIX_SCAN(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table,
+                             int(block_size) if block_table is not None else 1, max_seq_lens, stop_token_ids,
+                             backend=resolve_backend(backend, dev, ACCEPT_PREFIX_SCAN.name))
     cu_out, out_tokens, new_seq_lens, next_anchor, hidden_rows, kv_slots, finished = res
     return ScanOutput(cu_out, out_tokens, new_seq_lens, next_anchor, hidden_rows,
                       kv_slots if block_table is not None else None, finished)

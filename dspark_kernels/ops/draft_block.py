@@ -7,9 +7,10 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from .. import _ext, reference
+from .. import reference
 from ..rng import make_rng_key
 from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
+from ._registry import CudaKernel, TritonKernel, define_op
 
 HEAD_KINDS = ("vanilla", "gated", "rnn")
 
@@ -53,26 +54,8 @@ class DraftBlockOutput(NamedTuple):
     draft_logprobs: Optional[torch.Tensor] = None  # float32 [N, K]: log q(token) under softmax(logits / T)
 
 
-@torch.library.custom_op("dspark::draft_block", mutates_args=())
-def _draft_block_op(
-    base_logits: torch.Tensor, anchor_tokens: torch.Tensor, head_kind: str, w1: torch.Tensor, w2: torch.Tensor,
-    wg: Optional[torch.Tensor], bg: Optional[torch.Tensor], wj: Optional[torch.Tensor], bj: Optional[torch.Tensor],
-    hidden: Optional[torch.Tensor], conf_weight: Optional[torch.Tensor], conf_bias: Optional[torch.Tensor],
-    sts_temperatures: Optional[torch.Tensor], temperature: Optional[torch.Tensor], rng_key: torch.Tensor,
-    return_logits: bool,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    args = (base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
-            sts_temperatures, temperature, rng_key, return_logits)
-    if backend == "triton":
-        from ..triton.draft_block import draft_block as triton_draft_block
-        return triton_draft_block(*args)
-    if backend == "cuda":
-        return tuple(_ext.kernels(base_logits.device).draft_block(*args))
-    return reference.draft_block(*args)
-
-
-def _fake_outputs(base_logits, conf_weight, return_logits):
+def _fake(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
+          sts_temperatures, temperature, rng_key, return_logits):
     n, k, v = base_logits.shape
     new = base_logits.new_empty
     conf_shape = (n, k) if conf_weight is not None else (0,)
@@ -81,15 +64,15 @@ def _fake_outputs(base_logits, conf_weight, return_logits):
             new((n, k), dtype=torch.float32))
 
 
-@_draft_block_op.register_fake
-def _(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, *rest):
-    return _fake_outputs(base_logits, conf_weight, rest[-2])
-
-
-@_ext.register_fake("draft_block")
-def _(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
-      sts_temperatures, temperature, rng_key, return_logits):
-    return _fake_outputs(base_logits, conf_weight, return_logits)
+DRAFT_BLOCK = define_op(
+    "draft_block",
+    "(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, Tensor? wg, Tensor? bg, "
+    "Tensor? wj, Tensor? bj, Tensor? hidden, Tensor? conf_weight, Tensor? conf_bias, Tensor? sts_temperatures, "
+    "Tensor? temperature, Tensor rng_key, bool return_logits) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    _fake,
+    {"reference": reference.draft_block, "triton": TritonKernel("draft_block", "draft_block"),
+     "cuda": CudaKernel("draft_block")},
+)
 
 
 def draft_block(
@@ -179,9 +162,9 @@ def draft_block(
 
     temps = temperature_tensor(temperature, n, dev)
     rng_key = make_rng_key(seed, offset, dev)
-    tokens, logits, conf, survival, logprobs = _draft_block_op(
+    tokens, logits, conf, survival, logprobs = DRAFT_BLOCK(
         base_logits, anchor_tokens, head.kind, head.w1, head.w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
-        sts, temps, rng_key, bool(return_logits), resolve_backend(backend, dev, "draft_block"))
+        sts, temps, rng_key, bool(return_logits), backend=resolve_backend(backend, dev, DRAFT_BLOCK.name))
     has_conf = confidence is not None
     return DraftBlockOutput(tokens, logits if return_logits else None, conf if has_conf else None,
                             survival if has_conf else None, logprobs)

@@ -6,30 +6,23 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from .. import _ext, reference
+from .. import reference
 from ..rng import make_rng_key
 from ._common import check_tensor, resolve_backend
+from ._registry import CudaKernel, TritonKernel, define_op
 
 
-@torch.library.custom_op("dspark::rng_uniform_", mutates_args=("out",))
-def _rng_uniform_op(out: torch.Tensor, rng_key: torch.Tensor, stream: int, backend: str) -> None:
-    if backend == "cuda":
-        _ext.kernels(out.device).rng_uniform_(out, rng_key, stream)
-    elif backend == "triton":
-        from ..triton.rng_uniform import rng_uniform as triton_rng_uniform
-        triton_rng_uniform(out, rng_key, stream)
-    else:
-        reference.rng_uniform(out, rng_key, stream)
-
-
-@_rng_uniform_op.register_fake
-def _(out, rng_key, stream, backend):
+def _fake(out, rng_key, stream):
     return None
 
 
-@_ext.register_fake("rng_uniform_")
-def _(out, rng_key, stream):
-    return None
+RNG_UNIFORM = define_op(
+    "rng_uniform_",
+    "(Tensor(a!) out, Tensor rng_key, int stream) -> ()",
+    _fake,
+    {"reference": reference.rng_uniform, "triton": TritonKernel("rng_uniform", "rng_uniform"),
+     "cuda": CudaKernel("rng_uniform_")},
+)
 
 
 def rng_uniform(shape_or_out: Union[Sequence[int], torch.Tensor], seed=0, offset=0, stream: int = 0, *,
@@ -62,5 +55,5 @@ def rng_uniform(shape_or_out: Union[Sequence[int], torch.Tensor], seed=0, offset
     if out.shape[1] >= 2 ** 24:
         raise ValueError(f"positions must be < 2**24, got K={out.shape[1]}")
     rng_key = make_rng_key(seed, offset, out.device)
-    _rng_uniform_op(out, rng_key, stream, resolve_backend(backend, out.device, "rng_uniform_"))
+    RNG_UNIFORM(out, rng_key, stream, backend=resolve_backend(backend, out.device, RNG_UNIFORM.name))
     return out

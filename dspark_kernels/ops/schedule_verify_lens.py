@@ -7,9 +7,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .. import _ext, reference
+from .. import reference
 from ..calibration import CostTable, survival_from_conf
 from ._common import FLOAT_DTYPES, check_tensor, resolve_backend
+from ._registry import CudaKernel, TritonKernel, define_op
 
 MODES = ("exact", "argmax")
 
@@ -29,44 +30,36 @@ class ScheduleOutput(NamedTuple):
     theta: torch.Tensor
 
 
-@torch.library.custom_op("dspark::schedule_verify_lens", mutates_args=())
-def _schedule_verify_lens_op(survival: Optional[torch.Tensor], conf_logits: Optional[torch.Tensor],
-                             sts_temperatures: Optional[torch.Tensor], token_counts: torch.Tensor,
-                             step_time_ms: torch.Tensor, fixed_overhead_ms: float, min_len: int, max_len: int,
-                             mode: str, budget_survival: Optional[torch.Tensor], min_gain: float,
-                             backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if backend == "triton":
-        from ..triton.schedule_verify_lens import schedule_verify_lens as triton_schedule_verify_lens
-        return triton_schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, step_time_ms,
-                                           fixed_overhead_ms, min_len, max_len, mode, budget_survival, min_gain)
-    if backend == "cuda":
-        if survival is None:
-            # the reference's own float32 survival (bit-identical on the same device); the kernel's in-kernel
-            # conf_logits path (used by the C ABI) may differ from torch's sigmoid in the last bit
-            survival = survival_from_conf(conf_logits, sts_temperatures)
-        return tuple(_ext.kernels(survival.device).schedule_verify_lens(
-            survival.contiguous(), None, None, token_counts.contiguous(), step_time_ms.contiguous(),
-            float(fixed_overhead_ms), min_len, max_len, mode,
-            None if budget_survival is None or mode == "exact" else budget_survival.contiguous(), float(min_gain)))
-    return reference.schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, step_time_ms,
-                                          fixed_overhead_ms, min_len, max_len, mode, budget_survival, min_gain)
-
-
-@_schedule_verify_lens_op.register_fake
-def _(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
-      mode, budget_survival, min_gain, backend):
-    return _schedule_fake(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms,
-                          min_len, max_len, mode, budget_survival, min_gain)
-
-
-@_ext.register_fake("schedule_verify_lens")
-def _schedule_fake(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len,
-                   max_len, mode, budget_survival, min_gain):
-    """Fake of the C++ op (torch.ops.dspark_C / dspark_simt.schedule_verify_lens)."""
+def _fake(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
+          mode, budget_survival, min_gain):
     x = survival if survival is not None else conf_logits
     n = x.shape[0]
-    return (x.new_empty((n,), dtype=torch.int32), x.new_empty((n + 1,), dtype=torch.int32),
-            x.new_empty((), dtype=torch.float32))
+    new = x.new_empty
+    return new((n,), dtype=torch.int32), new((n + 1,), dtype=torch.int32), new((), dtype=torch.float32)
+
+
+_KERNEL = CudaKernel("schedule_verify_lens")
+
+
+def _cuda(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
+          mode, budget_survival, min_gain):
+    """The CUDA kernel on the reference's own float32 survival (bit-identical on the same device: the kernel's
+    in-kernel conf_logits path, which the C ABI uses, may differ from torch's sigmoid in the last bit)."""
+    if survival is None:
+        survival = survival_from_conf(conf_logits, sts_temperatures)
+    return _KERNEL(survival, None, None, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len, mode,
+                   None if mode == "exact" else budget_survival, min_gain)
+
+
+SCHEDULE_VERIFY_LENS = define_op(
+    "schedule_verify_lens",
+    "(Tensor? survival, Tensor? conf_logits, Tensor? sts_temperatures, Tensor token_counts, Tensor step_time_ms, "
+    "float fixed_overhead_ms, int min_len, int max_len, str mode, Tensor? budget_survival, float min_gain) "
+    "-> (Tensor, Tensor, Tensor)",
+    _fake,
+    {"reference": reference.schedule_verify_lens,
+     "triton": TritonKernel("schedule_verify_lens", "schedule_verify_lens"), "cuda": _cuda},
+)
 
 
 def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits: Optional[torch.Tensor] = None,
@@ -135,14 +128,14 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
         raise ValueError("budget_survival and min_gain apply to mode='argmax' only")
 
     token_counts, step_time_ms = cost_table.tensors(dev)
-    chosen = resolve_backend(backend, dev, "schedule_verify_lens")
+    chosen = resolve_backend(backend, dev, SCHEDULE_VERIFY_LENS.name)
     if chosen == "triton" and backend in (None, "auto"):
         # "auto" never picks a backend that cannot take the batch: the Triton twin sorts in one program (N*K <=
         # MAX_ELEMENTS); the CUDA kernel (picked first where the extension exists) and the reference have no cap
         from ..triton.schedule_verify_lens import MAX_ELEMENTS
         if x.numel() > MAX_ELEMENTS or (budget_survival is not None and budget_survival.numel() > MAX_ELEMENTS):
             chosen = "reference"
-    verify_lens, cu_seqlens, theta = _schedule_verify_lens_op(
-        survival, conf_logits, sts_temperatures, token_counts, step_time_ms, cost_table.fixed_overhead_ms,
-        min_len, max_len, mode, budget_survival, min_gain, chosen)
+    verify_lens, cu_seqlens, theta = SCHEDULE_VERIFY_LENS(
+        survival, conf_logits, sts_temperatures, token_counts, step_time_ms, float(cost_table.fixed_overhead_ms),
+        min_len, max_len, mode, budget_survival, min_gain, backend=chosen)
     return ScheduleOutput(verify_lens, cu_seqlens, theta)

@@ -6,9 +6,10 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from .. import _ext, reference
+from .. import reference
 from ..rng import make_rng_key
 from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
+from ._registry import CudaKernel, TritonKernel, define_op
 
 METHODS = ("token", "block")
 
@@ -19,40 +20,22 @@ class VerifyOutput(NamedTuple):
     accept_mask: torch.Tensor   # bool [N, K]
 
 
-@torch.library.custom_op("dspark::verify_chain", mutates_args=())
-def _verify_chain_op(
-    target_logits: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
-    draft_logits: Optional[torch.Tensor], draft_logprobs: Optional[torch.Tensor], verify_lens: Optional[torch.Tensor],
-    survival: Optional[torch.Tensor], thresholds: Optional[torch.Tensor], temperature: Optional[torch.Tensor],
-    rng_key: torch.Tensor, stop_token_ids: Optional[torch.Tensor], method: str, backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    args = (target_logits, cu_seqlens, draft_tokens, draft_logits, verify_lens, survival, thresholds, temperature,
-            rng_key, stop_token_ids, method)
-    if backend == "triton":
-        from ..triton.verify_chain import verify_chain as triton_verify_chain
-        return triton_verify_chain(*args, draft_logprobs=draft_logprobs)
-    if backend == "cuda":
-        contig = [t.contiguous() if isinstance(t, torch.Tensor) else t for t in
-                  (target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival,
-                   thresholds, temperature, rng_key, stop_token_ids)]
-        return tuple(_ext.kernels(draft_tokens.device).verify_chain(*contig, method))
-    return reference.verify_chain(*args, draft_logprobs=draft_logprobs)
-
-
-def _fake_outputs(draft_tokens):
+def _fake(target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival, thresholds,
+          temperature, rng_key, stop_token_ids, method):
     n, k = draft_tokens.shape
     new = draft_tokens.new_empty
     return new((n, k + 1), dtype=torch.int64), new((n,), dtype=torch.int32), new((n, k), dtype=torch.bool)
 
 
-@_verify_chain_op.register_fake
-def _(target_logits, cu_seqlens, draft_tokens, *rest):
-    return _fake_outputs(draft_tokens)
-
-
-@_ext.register_fake("verify_chain")
-def _(target_logits, cu_seqlens, draft_tokens, *rest):
-    return _fake_outputs(draft_tokens)
+VERIFY_CHAIN = define_op(
+    "verify_chain",
+    "(Tensor target_logits, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits, Tensor? draft_logprobs, "
+    "Tensor? verify_lens, Tensor? survival, Tensor? thresholds, Tensor? temperature, Tensor rng_key, "
+    "Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)",
+    _fake,
+    {"reference": reference.verify_chain, "triton": TritonKernel("verify_chain", "verify_chain"),
+     "cuda": CudaKernel("verify_chain")},
+)
 
 
 def verify_chain(
@@ -131,6 +114,6 @@ def verify_chain(
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     temps = temperature_tensor(temperature, n, dev)
     rng_key = make_rng_key(seed, offset, dev)
-    return VerifyOutput(*_verify_chain_op(
+    return VerifyOutput(*VERIFY_CHAIN(
         target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival, thresholds, temps,
-        rng_key, stop_token_ids, method, resolve_backend(backend, dev, "verify_chain")))
+        rng_key, stop_token_ids, method, backend=resolve_backend(backend, dev, VERIFY_CHAIN.name)))

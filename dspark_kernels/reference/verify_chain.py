@@ -57,6 +57,7 @@ def verify_chain(
     cu_seqlens: Optional[torch.Tensor],
     draft_tokens: torch.Tensor,
     draft_logits: Optional[torch.Tensor],
+    draft_logprobs: Optional[torch.Tensor],
     verify_lens: Optional[torch.Tensor],
     survival: Optional[torch.Tensor],
     thresholds: Optional[torch.Tensor],
@@ -64,7 +65,6 @@ def verify_chain(
     rng_key: torch.Tensor,
     stop_token_ids: Optional[torch.Tensor],
     method: str,
-    draft_logprobs: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """See ``dspark_kernels.ops.verify_chain`` for shapes; returns (tokens, num_accepted, accept_mask).
 

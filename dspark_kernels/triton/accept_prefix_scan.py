@@ -108,7 +108,8 @@ def _accept_prefix_scan_kernel(
 
 def accept_prefix_scan(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table, block_size,
                        max_seq_lens, stop_token_ids):
-    """Same flat arguments and results as ``dspark_kernels.reference.accept_prefix_scan`` (checked by the wrapper)."""
+    """Same flat arguments and results as ``dspark_kernels.reference.accept_prefix_scan`` (checked by the wrapper;
+    tensors contiguous, as the registry passes them)."""
     n, kp1 = tokens.shape
     k = kp1 - 1
     dev = tokens.device
@@ -122,20 +123,19 @@ def accept_prefix_scan(tokens, seq_lens, num_accepted, accept_mask, verify_cu_se
     if n == 0:
         cu_out.zero_()
         return cu_out, out_tokens, new_seq_lens, next_anchor, hidden_rows, kv_slots, finished
-    tokens = tokens.contiguous()
     dummy = tokens  # never read when its HAS_* flag is off
     max_blocks = block_table.shape[1] if block_table is not None else 0
     n_stops = stop_token_ids.numel() if stop_token_ids is not None else 0
     block_k = triton.next_power_of_2(kp1)
     block_n = max(1, min(triton.next_power_of_2(n), 1024 // block_k))  # a 1024-element tile: no spills
     _accept_prefix_scan_kernel[(1,)](
-        tokens, seq_lens.contiguous(),
-        num_accepted.contiguous() if num_accepted is not None else dummy,
-        accept_mask.contiguous().view(torch.uint8) if accept_mask is not None else dummy,
-        verify_cu_seqlens.contiguous() if verify_cu_seqlens is not None else dummy,
-        block_table.contiguous() if block_table is not None else dummy,
-        max_seq_lens.contiguous() if max_seq_lens is not None else dummy,
-        stop_token_ids.contiguous() if n_stops > 0 else dummy,
+        tokens, seq_lens,
+        num_accepted if num_accepted is not None else dummy,
+        accept_mask.view(torch.uint8) if accept_mask is not None else dummy,
+        verify_cu_seqlens if verify_cu_seqlens is not None else dummy,
+        block_table if block_table is not None else dummy,
+        max_seq_lens if max_seq_lens is not None else dummy,
+        stop_token_ids if n_stops > 0 else dummy,
         cu_out, out_tokens, new_seq_lens, next_anchor, hidden_rows, kv_slots if block_table is not None else out_tokens,
         finished.view(torch.uint8),
         n, k, max_blocks, block_size, n_stops,

@@ -62,6 +62,140 @@ def _load_he(h_row, e_row, e_ok, cols, D, R):
 
 
 @triton.jit
+def _gated_v(v_row, wg_ptr, bg_ptr, h_row, e_row, e_ok, D, R, rs_ar, cs_ar, BLOCK_R: tl.constexpr,
+             BLOCK_C: tl.constexpr):
+    """``v = sigmoid(Wg [h_k; e] + bg) * e`` into the scratch row, BLOCK_R x BLOCK_C tiles of Wg."""
+    for rs in range(0, R, BLOCK_R):
+        rows = rs + rs_ar
+        rmask = rows < R
+        acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+        for cs in range(0, D + R, BLOCK_C):
+            cols = cs + cs_ar
+            z = _load_he(h_row, e_row, e_ok, cols, D, R)
+            w = tl.load(wg_ptr + rows[:, None] * (D + R) + cols[None, :],
+                        mask=rmask[:, None] & (cols[None, :] < D + R), other=0.0).to(tl.float32)
+            acc += w * z[None, :]
+        gate = tl.sigmoid(tl.sum(acc, axis=1) + tl.load(bg_ptr + rows, mask=rmask, other=0.0).to(tl.float32))
+        e = tl.load(e_row + rows, mask=rmask & e_ok, other=0.0).to(tl.float32)
+        tl.store(v_row + rows, gate * e, mask=rmask)
+
+
+@triton.jit
+def _rnn_preacts(rows, rmask, s_old, wj_ptr, bj_ptr, h_row, e_row, e_ok, D, R, cs_ar, BLOCK_R: tl.constexpr,
+                 BLOCK_C: tl.constexpr):
+    """Rows ``rows`` of the three parts ``[g, c, o] = Wj [s; e; h_k] + bj`` (Wj rows r..2r hold c, 2r..3r o)."""
+    acc_g = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    acc_c = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    acc_o = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    for cs in range(0, 2 * R + D, BLOCK_C):
+        cols = cs + cs_ar                                  # z = [s; e; h_k]
+        z = tl.load(s_old + cols, mask=cols < R, other=0.0)
+        z += tl.load(e_row + (cols - R), mask=(cols >= R) & (cols < 2 * R) & e_ok, other=0.0).to(tl.float32)
+        z += tl.load(h_row + (cols - 2 * R), mask=(cols >= 2 * R) & (cols < 2 * R + D), other=0.0).to(tl.float32)
+        wmask = rmask[:, None] & (cols[None, :] < 2 * R + D)
+        w_g = wj_ptr + rows[:, None] * (2 * R + D) + cols[None, :]
+        acc_g += tl.load(w_g, mask=wmask, other=0.0).to(tl.float32) * z[None, :]
+        acc_c += tl.load(w_g + R * (2 * R + D), mask=wmask, other=0.0).to(tl.float32) * z[None, :]
+        acc_o += tl.load(w_g + 2 * R * (2 * R + D), mask=wmask, other=0.0).to(tl.float32) * z[None, :]
+    gate = tl.sum(acc_g, axis=1) + tl.load(bj_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    cand = tl.sum(acc_c, axis=1) + tl.load(bj_ptr + R + rows, mask=rmask, other=0.0).to(tl.float32)
+    out = tl.sum(acc_o, axis=1) + tl.load(bj_ptr + 2 * R + rows, mask=rmask, other=0.0).to(tl.float32)
+    return gate, cand, out
+
+
+@triton.jit
+def _rnn_v(v_row, s_old, s_new, wj_ptr, bj_ptr, h_row, e_row, e_ok, D, R, rs_ar, cs_ar, BLOCK_R: tl.constexpr,
+           BLOCK_C: tl.constexpr):
+    """The rnn head's step: ``s_new = sigmoid(g) s_old + (1 - sigmoid(g)) tanh(c)``, ``v = tanh(o)``."""
+    for rs in range(0, R, BLOCK_R):
+        rows = rs + rs_ar
+        rmask = rows < R
+        gate, cand, out = _rnn_preacts(rows, rmask, s_old, wj_ptr, bj_ptr, h_row, e_row, e_ok, D, R, cs_ar, BLOCK_R,
+                                       BLOCK_C)
+        sg = tl.sigmoid(gate)
+        s = sg * tl.load(s_old + rows, mask=rmask, other=0.0) + (1 - sg) * _tanh(cand)
+        tl.store(s_new + rows, s, mask=rmask)
+        tl.store(v_row + rows, _tanh(out), mask=rmask)
+
+
+@triton.jit
+def _confidence(cw_ptr, cb_ptr, sts_ptr, k, h_row, e_row, e_ok, D, R, cs_ar, HAS_STS: tl.constexpr,
+                BLOCK_C: tl.constexpr):
+    """(the confidence logit ``z_k = w . [h_k; e] + b``, ``sigmoid(z_k / T_sts_k)``)."""
+    cacc = tl.zeros([BLOCK_C], tl.float32)
+    for cs in range(0, D + R, BLOCK_C):
+        cols = cs + cs_ar
+        w = tl.load(cw_ptr + cols, mask=cols < D + R, other=0.0).to(tl.float32)
+        cacc += w * _load_he(h_row, e_row, e_ok, cols, D, R)
+    z_k = tl.sum(cacc, axis=0) + tl.load(cb_ptr).to(tl.float32)
+    if HAS_STS:
+        z_t = z_k / tl.load(sts_ptr + k).to(tl.float32)
+    else:
+        z_t = z_k
+    return z_k, tl.sigmoid(z_t)
+
+
+@triton.jit
+def _logits_chunk(u_row, w2_ptr, e_row, e_ok, v_row, cols, vmask, R, rs_ar, HEAD: tl.constexpr,
+                  BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``U_k + W2 @ v`` at ``cols`` in float32 (v read from W1 for the vanilla head, else the scratch row)."""
+    acc = tl.zeros([BLOCK_V, BLOCK_R], tl.float32)
+    for rs in range(0, R, BLOCK_R):
+        rr = rs + rs_ar
+        rmask = rr < R
+        if HEAD == HEAD_VANILLA:
+            vv = tl.load(e_row + rr, mask=rmask & e_ok, other=0.0).to(tl.float32)
+        else:
+            vv = tl.load(v_row + rr, mask=rmask, other=0.0)
+        w = tl.load(w2_ptr + cols[:, None] * R + rr[None, :], mask=vmask[:, None] & rmask[None, :],
+                    other=0.0).to(tl.float32)
+        acc += w * vv[None, :]
+    return tl.load(u_row + cols, mask=vmask, other=0.0).to(tl.float32) + tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _vocab_pass(u_row, logits_row, w2_ptr, e_row, e_ok, v_row, V, R, t, sampled, k0, k1, offset_lo, n, k, vs_ar,
+                rs_ar, HEAD: tl.constexpr, RETURN_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr,
+                BLOCK_R: tl.constexpr):
+    """One pass over the vocabulary: the logits (stored when asked for), the greedy or Gumbel-max argmax, and the
+    softmax statistics of logits / T (T = 1 for greedy rows). Returns (token, log_softmax(logits / T)[token])."""
+    best = tl.full([BLOCK_V], NEG_INF, tl.float32)
+    best_i = vs_ar
+    best_l = tl.full([BLOCK_V], NEG_INF, tl.float32)   # the scaled logit of each lane's running winner
+    run_m = tl.full([BLOCK_V], NEG_INF, tl.float32)
+    run_s = tl.zeros([BLOCK_V], tl.float32)
+    bad = tl.zeros([BLOCK_V], tl.int32)                # a NaN scaled logit was seen
+    for vs in range(0, V, BLOCK_V):
+        cols = vs + vs_ar
+        vmask = cols < V
+        x = _logits_chunk(u_row, w2_ptr, e_row, e_ok, v_row, cols, vmask, R, rs_ar, HEAD, BLOCK_V, BLOCK_R)
+        if RETURN_LOGITS:
+            tl.store(logits_row + cols, x, mask=vmask)
+        xs = x / t
+        if sampled:
+            score = gumbel_score(xs, uniform(k0, k1, offset_lo, n, k, STREAM_DRAFT, cols))
+        else:
+            score = x
+        score = tl.where(vmask, _argmax_key(score), NEG_INF)
+        best_l = tl.where(score > best, xs, best_l)
+        best, best_i = argmax_update(best, best_i, score, cols)
+        bad = bad | ((xs != xs) & vmask).to(tl.int32)
+        xk = tl.where(vmask, _argmax_key(xs), NEG_INF)
+        new_m = tl.maximum(run_m, xk)
+        live = new_m > NEG_INF
+        safe_m = tl.where(live, new_m, 0.0)
+        run_s = tl.where(live, run_s * tl.exp(run_m - safe_m) + tl.exp(xk - safe_m), 0.0)
+        run_m = new_m
+    token = argmax_finish(best, best_i, V + BLOCK_V).to(tl.int64)
+    win_l = tl.sum(tl.where(best_i == token, best_l, 0.0), axis=0)
+    top_m = tl.max(run_m, axis=0)
+    ok = (top_m > NEG_INF) & (top_m < float("inf")) & (tl.max(bad, axis=0) == 0)
+    safe_top = tl.where(ok, top_m, 0.0)
+    total = tl.sum(tl.where(run_m > NEG_INF, run_s * tl.exp(run_m - safe_top), 0.0), axis=0)
+    return token, tl.where(ok, win_l - (safe_top + tl.log(total)), float("nan"))
+
+
+@triton.jit
 def _draft_block_kernel(
     base_ptr, anchor_ptr, w1_ptr, w2_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr, hidden_ptr, cw_ptr, cb_ptr, sts_ptr,
     temp_ptr, rng_key_ptr, scratch_ptr, tokens_ptr, logits_ptr, conf_ptr, surv_ptr, logprob_ptr,
@@ -86,125 +220,27 @@ def _draft_block_kernel(
         e_ok = (prev >= 0) & (prev < V)
         e_row = w1_ptr + tl.where(e_ok, prev, 0) * R
         h_row = hidden_ptr + row * D
-
-        # ---- the head's vector v (gated / rnn) into the scratch row
+        # the head's vector v (gated / rnn) into the scratch row, between barriers: the previous position's
+        # vocabulary pass has read v before it is overwritten, and v is complete before this one reads it
         if HEAD == HEAD_GATED:
-            tl.debug_barrier()              # the previous position's vocabulary pass has read v
-            for rs in range(0, R, BLOCK_R):
-                rows = rs + rs_ar
-                rmask = rows < R
-                acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-                for cs in range(0, D + R, BLOCK_C):
-                    cols = cs + cs_ar
-                    z = _load_he(h_row, e_row, e_ok, cols, D, R)
-                    w = tl.load(wg_ptr + rows[:, None] * (D + R) + cols[None, :],
-                                mask=rmask[:, None] & (cols[None, :] < D + R), other=0.0).to(tl.float32)
-                    acc += w * z[None, :]
-                gate = tl.sigmoid(tl.sum(acc, axis=1) + tl.load(bg_ptr + rows, mask=rmask, other=0.0).to(tl.float32))
-                e = tl.load(e_row + rows, mask=rmask & e_ok, other=0.0).to(tl.float32)
-                tl.store(v_row + rows, gate * e, mask=rmask)
-            tl.debug_barrier()              # v is complete before the vocabulary pass reads it
+            tl.debug_barrier()
+            _gated_v(v_row, wg_ptr, bg_ptr, h_row, e_row, e_ok, D, R, rs_ar, cs_ar, BLOCK_R, BLOCK_C)
+            tl.debug_barrier()
         elif HEAD == HEAD_RNN:
-            s_old = v_row + R * (1 + k % 2)
-            s_new = v_row + R * (2 - k % 2)
             tl.debug_barrier()
-            for rs in range(0, R, BLOCK_R):
-                rows = rs + rs_ar
-                rmask = rows < R
-                acc_g = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-                acc_c = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-                acc_o = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-                for cs in range(0, 2 * R + D, BLOCK_C):
-                    cols = cs + cs_ar                                  # z = [s; e; h_k]
-                    z = tl.load(s_old + cols, mask=cols < R, other=0.0)
-                    z += tl.load(e_row + (cols - R), mask=(cols >= R) & (cols < 2 * R) & e_ok,
-                                 other=0.0).to(tl.float32)
-                    z += tl.load(h_row + (cols - 2 * R), mask=(cols >= 2 * R) & (cols < 2 * R + D),
-                                 other=0.0).to(tl.float32)
-                    wmask = rmask[:, None] & (cols[None, :] < 2 * R + D)
-                    w_g = wj_ptr + rows[:, None] * (2 * R + D) + cols[None, :]     # rows r..2r: c, 2r..3r: o
-                    w_c = wj_ptr + (rows + R)[:, None] * (2 * R + D) + cols[None, :]
-                    w_o = wj_ptr + (rows + 2 * R)[:, None] * (2 * R + D) + cols[None, :]
-                    acc_g += tl.load(w_g, mask=wmask, other=0.0).to(tl.float32) * z[None, :]
-                    acc_c += tl.load(w_c, mask=wmask, other=0.0).to(tl.float32) * z[None, :]
-                    acc_o += tl.load(w_o, mask=wmask, other=0.0).to(tl.float32) * z[None, :]
-                gate = tl.sum(acc_g, axis=1) + tl.load(bj_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-                cand = tl.sum(acc_c, axis=1) + tl.load(bj_ptr + R + rows, mask=rmask, other=0.0).to(tl.float32)
-                out = tl.sum(acc_o, axis=1) + tl.load(bj_ptr + 2 * R + rows, mask=rmask, other=0.0).to(tl.float32)
-                sg = tl.sigmoid(gate)
-                s = sg * tl.load(s_old + rows, mask=rmask, other=0.0) + (1 - sg) * _tanh(cand)
-                tl.store(s_new + rows, s, mask=rmask)
-                tl.store(v_row + rows, _tanh(out), mask=rmask)
+            _rnn_v(v_row, v_row + R * (1 + k % 2), v_row + R * (2 - k % 2), wj_ptr, bj_ptr, h_row, e_row, e_ok, D,
+                   R, rs_ar, cs_ar, BLOCK_R, BLOCK_C)
             tl.debug_barrier()
-
-        # ---- confidence logit and survival
         if HAS_CONF:
-            cacc = tl.zeros([BLOCK_C], tl.float32)
-            for cs in range(0, D + R, BLOCK_C):
-                cols = cs + cs_ar
-                w = tl.load(cw_ptr + cols, mask=cols < D + R, other=0.0).to(tl.float32)
-                cacc += w * _load_he(h_row, e_row, e_ok, cols, D, R)
-            z_k = tl.sum(cacc, axis=0) + tl.load(cb_ptr).to(tl.float32)
-            if HAS_STS:
-                z_t = z_k / tl.load(sts_ptr + k).to(tl.float32)
-            else:
-                z_t = z_k
-            surv = surv * tl.sigmoid(z_t)
+            z_k, c_k = _confidence(cw_ptr, cb_ptr, sts_ptr, k, h_row, e_row, e_ok, D, R, cs_ar, HAS_STS, BLOCK_C)
+            surv = surv * c_k
             tl.store(conf_ptr + row, z_k)
             tl.store(surv_ptr + row, surv)
-
-        # ---- one pass over the vocabulary: logits, the greedy or Gumbel-max argmax, and the softmax statistics
-        # of logits / T (T = 1 for greedy rows) for the drafted token's log-probability
-        best = tl.full([BLOCK_V], NEG_INF, tl.float32)
-        best_i = vs_ar
-        best_l = tl.full([BLOCK_V], NEG_INF, tl.float32)   # the scaled logit of each lane's running winner
-        run_m = tl.full([BLOCK_V], NEG_INF, tl.float32)
-        run_s = tl.zeros([BLOCK_V], tl.float32)
-        bad = tl.zeros([BLOCK_V], tl.int32)                # a NaN scaled logit was seen
-        u_row = base_ptr + row * V
-        for vs in range(0, V, BLOCK_V):
-            cols = vs + vs_ar
-            vmask = cols < V
-            acc = tl.zeros([BLOCK_V, BLOCK_R], tl.float32)
-            for rs in range(0, R, BLOCK_R):
-                rr = rs + rs_ar
-                rmask = rr < R
-                if HEAD == HEAD_VANILLA:
-                    vv = tl.load(e_row + rr, mask=rmask & e_ok, other=0.0).to(tl.float32)
-                else:
-                    vv = tl.load(v_row + rr, mask=rmask, other=0.0)
-                w = tl.load(w2_ptr + cols[:, None] * R + rr[None, :], mask=vmask[:, None] & rmask[None, :],
-                            other=0.0).to(tl.float32)
-                acc += w * vv[None, :]
-            x = tl.load(u_row + cols, mask=vmask, other=0.0).to(tl.float32) + tl.sum(acc, axis=1)
-            if RETURN_LOGITS:
-                tl.store(logits_ptr + row * V + cols, x, mask=vmask)
-            xs = x / t
-            if sampled:
-                u = uniform(k0, k1, offset_lo, n, k, STREAM_DRAFT, cols)
-                score = gumbel_score(xs, u)
-            else:
-                score = x
-            score = tl.where(vmask, _argmax_key(score), NEG_INF)
-            better = score > best
-            best_l = tl.where(better, xs, best_l)
-            best, best_i = argmax_update(best, best_i, score, cols)
-            bad = bad | ((xs != xs) & vmask).to(tl.int32)
-            xk = tl.where(vmask, _argmax_key(xs), NEG_INF)
-            new_m = tl.maximum(run_m, xk)
-            live = new_m > NEG_INF
-            safe_m = tl.where(live, new_m, 0.0)
-            run_s = tl.where(live, run_s * tl.exp(run_m - safe_m) + tl.exp(xk - safe_m), 0.0)
-            run_m = new_m
-        prev = argmax_finish(best, best_i, V + BLOCK_V).to(tl.int64)
+        prev, logprob = _vocab_pass(base_ptr + row * V, logits_ptr + row * V, w2_ptr, e_row, e_ok, v_row, V, R, t,
+                                    sampled, k0, k1, offset_lo, n, k, vs_ar, rs_ar, HEAD, RETURN_LOGITS, BLOCK_V,
+                                    BLOCK_R)
         tl.store(tokens_ptr + row, prev)
-        win_l = tl.sum(tl.where(best_i == prev, best_l, 0.0), axis=0)
-        top_m = tl.max(run_m, axis=0)
-        ok = (top_m > NEG_INF) & (top_m < float("inf")) & (tl.max(bad, axis=0) == 0)
-        safe_top = tl.where(ok, top_m, 0.0)
-        total = tl.sum(tl.where(run_m > NEG_INF, run_s * tl.exp(run_m - safe_top), 0.0), axis=0)
-        lp = win_l - (safe_top + tl.log(total))
-        tl.store(logprob_ptr + row, tl.where(ok, lp, float("nan")))
+        tl.store(logprob_ptr + row, logprob)
 
 
 def _blocks(vocab: int, rank: int, width: int, tiles: int, tile: int = _TILE) -> tuple[int, int, int]:
@@ -223,7 +259,8 @@ def _floor_pow2(x: int) -> int:
 
 def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
                 sts_temperatures, temperature, rng_key, return_logits):
-    """Same flat arguments and results as ``dspark_kernels.reference.draft_block`` (checked by the wrapper)."""
+    """Same flat arguments and results as ``dspark_kernels.reference.draft_block`` (checked by the wrapper; tensors
+    contiguous, as the registry passes them)."""
     n, k, v = base_logits.shape
     rank = w1.shape[1]
     d = hidden.shape[2] if hidden is not None else 0
@@ -237,21 +274,21 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, h
     logprobs = torch.empty(n, k, **f32)
     if n == 0:
         return tokens, logits, conf, survival, logprobs
-    base = base_logits.contiguous()
+    base = base_logits
     scratch = torch.zeros(n, 3, max(rank, 1), **f32) if head_kind != "vanilla" else base  # v, rnn state x 2
     dummy = base  # never read where its flag / head kind is off
     width = max(d + rank, 2 * rank + d if head_kind == "rnn" else 0)
     tile = _TILE if dev.type == "cuda" else _TILE_INTERPRET
     block_v, block_r, block_c = _blocks(v, rank, width, {"vanilla": 1, "gated": 2, "rnn": 3}[head_kind], tile)
     _draft_block_kernel[(n,)](
-        base, anchor_tokens.contiguous(), w1.contiguous(), w2.contiguous(),
-        wg.contiguous() if wg is not None else dummy, bg.contiguous() if bg is not None else dummy,
-        wj.contiguous() if wj is not None else dummy, bj.contiguous() if bj is not None else dummy,
-        hidden.contiguous() if hidden is not None else dummy,
-        conf_weight.contiguous() if has_conf else dummy,
-        conf_bias.reshape(1).contiguous() if has_conf else dummy,
-        sts_temperatures.contiguous() if sts_temperatures is not None else dummy,
-        temperature if temperature is not None else torch.zeros(n, device=dev), rng_key.contiguous(), scratch,
+        base, anchor_tokens, w1, w2,
+        wg if wg is not None else dummy, bg if bg is not None else dummy,
+        wj if wj is not None else dummy, bj if bj is not None else dummy,
+        hidden if hidden is not None else dummy,
+        conf_weight if has_conf else dummy,
+        conf_bias.reshape(1) if has_conf else dummy,
+        sts_temperatures if sts_temperatures is not None else dummy,
+        temperature if temperature is not None else torch.zeros(n, device=dev), rng_key, scratch,
         tokens, logits, conf, survival, logprobs,
         k, v, rank, d,
         HEAD=_HEAD_IDS[head_kind], HAS_CONF=has_conf, HAS_STS=sts_temperatures is not None,

@@ -274,8 +274,7 @@ def schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, 
         cu_seqlens.zero_()
         theta.zero_()
         return verify_lens, cu_seqlens, theta
-    survival = survival.contiguous()
-    budget = budget_survival.contiguous() if use_budget else survival
+    budget = budget_survival if use_budget else survival
     nb, kb = budget.shape
     block, shift = _block_and_shift(n * k)
     block_b, shift_b = _block_and_shift(nb * kb) if use_budget else (1, 62)
@@ -283,7 +282,7 @@ def schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, 
     block_r = max(1, min(triton.next_power_of_2(n), 4096 // block_k))
     big = max(block, block_b)
     _schedule_verify_lens_kernel[(1,)](
-        survival, budget, token_counts.contiguous(), step_time_ms.contiguous(), verify_lens, cu_seqlens, theta,
+        survival, budget, token_counts, step_time_ms, verify_lens, cu_seqlens, theta,
         n, k, nb, kb, token_counts.shape[0], min_len, max_len, _f64_bits(fixed_overhead_ms),
         _f64_bits(1.0 + float(min_gain)),
         EXACT=mode == "exact", HAS_BUDGET=use_budget, BLOCK=block, SHIFT=shift, BLOCK_B=block_b, SHIFT_B=shift_b,

@@ -76,6 +76,188 @@ def _residual_chunk(row, drow, cols, V, t, m_t, s_t, m_q, s_q, d, valid, rho, HA
 
 
 @triton.jit
+def _verify_len(cu_ptr, verify_lens_ptr, survival_ptr, thresholds_ptr, r, total_rows, K, kcols,
+                PACKED: tl.constexpr, HAS_VERIFY_LENS: tl.constexpr, HAS_THRESHOLDS: tl.constexpr):
+    """(first row, whether the request has rows, verify length L) from the packed rows, ``verify_lens`` and the
+    survival thresholds."""
+    if PACKED:
+        start = tl.load(cu_ptr + r).to(tl.int64)
+        count = tl.load(cu_ptr + r + 1).to(tl.int64) - start
+        rows_left = tl.where(start >= 0, total_rows - start, 0)
+        last = tl.minimum(tl.maximum(tl.minimum(count, rows_left) - 1, -1), K)
+    else:
+        start = r * (K + 1)
+        last = K + 0 * r
+    L = tl.maximum(last, 0)
+    if HAS_VERIFY_LENS:
+        L = tl.minimum(L, tl.minimum(tl.maximum(tl.load(verify_lens_ptr + r).to(tl.int64), 0), K))
+    if HAS_THRESHOLDS:
+        sv = tl.load(survival_ptr + r * K + kcols, mask=kcols < K, other=0.0).to(tl.float32)
+        th = tl.load(thresholds_ptr + kcols, mask=kcols < K, other=1.0).to(tl.float32)
+        fails = ~(sv >= th)
+        L = tl.minimum(L, tl.min(tl.where(fails | (kcols >= K), kcols, K), axis=0).to(tl.int64))
+    return start, last >= 0, L
+
+
+@triton.jit
+def _draft_stats(drow, V, t, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Softmax statistics of a draft row, or those of a one-hot row (m = 0, s = 1) without draft logits."""
+    m_q = tl.zeros([], tl.float32)
+    s_q = tl.full([], 1.0, tl.float32)
+    if HAS_DRAFT_LOGITS:
+        m_q, s_q = _softmax_stats(drow, V, t, BLOCK_V)
+    return m_q, s_q
+
+
+@triton.jit
+def _draft_prob(drow, d, valid, t, m_q, s_q, HAS_DRAFT_LOGITS: tl.constexpr):
+    """q(d): from the draft row, or 1 for a valid one-hot draft."""
+    if HAS_DRAFT_LOGITS:
+        q_d = _prob(drow, d, valid, t, m_q, s_q)
+    else:
+        q_d = tl.where(valid, 1.0, 0.0)
+    return q_d
+
+
+@triton.jit
+def _walk_greedy(row0, draft0, L, V, BLOCK_V: tl.constexpr):
+    """Accepted drafts of a greedy request: the leading drafts equal to their row's argmax."""
+    n_acc = tl.zeros([], tl.int64)
+    alive = tl.full([], 1, tl.int1)
+    for j in range(0, L):
+        if alive:
+            d = tl.load(draft0 + j).to(tl.int64)
+            ok = (d >= 0) & (d < V) & (d == _argmax_row(row0 + j * V, V, BLOCK_V))
+            n_acc += ok.to(tl.int64)
+            alive = ok
+    return n_acc
+
+
+@triton.jit
+def _walk_token(row0, drow0, draft0, L, V, t, k0, k1, offset_lo, r,
+                HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Accepted drafts under token-level rejection sampling: accept d_j while ``u_j q(d_j) < p(d_j)``."""
+    n_acc = tl.zeros([], tl.int64)
+    alive = tl.full([], 1, tl.int1)
+    for j in range(0, L):
+        if alive:
+            row, drow = row0 + j * V, drow0 + j * V
+            d = tl.load(draft0 + j).to(tl.int64)
+            valid = (d >= 0) & (d < V)
+            m_t, s_t = _softmax_stats(row, V, t, BLOCK_V)
+            m_q, s_q = _draft_stats(drow, V, t, HAS_DRAFT_LOGITS, BLOCK_V)
+            p_d = _prob(row, d, valid, t, m_t, s_t)
+            q_d = _draft_prob(drow, d, valid, t, m_q, s_q, HAS_DRAFT_LOGITS)
+            u = uniform(k0, k1, offset_lo, r, j, STREAM_ACCEPT, 0)
+            ok = u * q_d < p_d
+            n_acc += ok.to(tl.int64)
+            alive = ok
+    return n_acc
+
+
+@triton.jit
+def _block_accept_prob(row, drow, d, valid, V, t, m_t, s_t, m_q, s_q, rho, HAS_DRAFT_LOGITS: tl.constexpr,
+                       BLOCK_V: tl.constexpr):
+    """h_j = S_j / (S_j + 1 - rho_j), S_j the residual mass of row j; 0/0 -> 1, NaN -> 0 (never accept)."""
+    mass = tl.zeros([BLOCK_V], tl.float32)
+    for vs in range(0, V, BLOCK_V):
+        cols = vs + tl.arange(0, BLOCK_V).to(tl.int64)
+        _, res = _residual_chunk(row, drow, cols, V, t, m_t, s_t, m_q, s_q, d, valid, rho, HAS_DRAFT_LOGITS)
+        mass += res
+    s_mass = tl.sum(mass, axis=0)
+    denom = s_mass + 1.0 - rho
+    zero_or_nan = tl.where(denom == 0, 1.0, 0.0)
+    return tl.where(denom > 0, s_mass / tl.where(denom > 0, denom, 1.0), zero_or_nan)
+
+
+@triton.jit
+def _next_rho(rho, p_d, q_d):
+    """rho_{j+1} = min(rho_j p/q, 1), with p/0 = inf and 0/0 = 0 (a draft q calls impossible; an invalid draft);
+    NaN -> 0 (never accept)."""
+    ratio = tl.where(q_d > 0, p_d / tl.where(q_d > 0, q_d, 1.0), tl.where(p_d > 0, float("inf"), 0.0))
+    nxt = tl.minimum(rho * ratio, 1.0, propagate_nan=ALL)
+    return tl.where(nxt != nxt, 0.0, nxt)
+
+
+@triton.jit
+def _walk_block(row0, drow0, draft0, L, K, V, t, k0, k1, offset_lo, r,
+                HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(tau, rho_tau) of block verification (Sun et al., 2024): the last j whose test ``eta_j <= h_j`` passes."""
+    n_acc = tl.zeros([], tl.int64)
+    rho = tl.full([], 1.0, tl.float32)        # rho_j while walking
+    rho_tau = tl.full([], 1.0, tl.float32)
+    for j in range(0, L + 1):
+        row, drow = row0 + j * V, drow0 + tl.minimum(j, K - 1) * V
+        if j < L:
+            d = tl.load(draft0 + j).to(tl.int64)
+        else:
+            d = tl.zeros([], tl.int64) - 1
+        valid = (d >= 0) & (d < V)
+        m_t, s_t = _softmax_stats(row, V, t, BLOCK_V)
+        m_q, s_q = _draft_stats(drow, V, t, HAS_DRAFT_LOGITS, BLOCK_V)
+        if j >= 1:
+            h = rho
+            if j < L:
+                h = _block_accept_prob(row, drow, d, valid, V, t, m_t, s_t, m_q, s_q, rho, HAS_DRAFT_LOGITS, BLOCK_V)
+            if uniform(k0, k1, offset_lo, r, j - 1, STREAM_ACCEPT, 0) <= h:
+                n_acc = tl.zeros([], tl.int64) + j
+                rho_tau = rho
+        if j < L:
+            p_d = _prob(row, d, valid, t, m_t, s_t)
+            q_d = _draft_prob(drow, d, valid, t, m_q, s_q, HAS_DRAFT_LOGITS)
+            rho = _next_rho(rho, p_d, q_d)
+    return n_acc, rho_tau
+
+
+@triton.jit
+def _stop_cut(draft0, stops_ptr, n_stops, n_acc, kcols, BLOCK_K: tl.constexpr):
+    """(accepted count, stopped): an accepted stop token ends acceptance right after it, with no bonus."""
+    stopped = tl.zeros([], tl.int1)
+    if n_stops > 0:
+        acc_drafts = tl.load(draft0 + kcols, mask=kcols < n_acc, other=-1).to(tl.int64)
+        is_stop = tl.zeros([BLOCK_K], tl.int1)
+        for si in range(0, n_stops):
+            is_stop = is_stop | ((acc_drafts == tl.load(stops_ptr + si).to(tl.int64)) & (kcols < n_acc))
+        first = tl.min(tl.where(is_stop, kcols, BLOCK_K), axis=0).to(tl.int64)
+        stopped = first < n_acc
+        n_acc = tl.where(stopped, first + 1, n_acc)
+    return n_acc, stopped
+
+
+@triton.jit
+def _emit_sampled(row, drow0, draft0, n_acc, L, K, V, t, rho_e, k0, k1, offset_lo, r,
+                  HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The token a sampled request emits at row n_acc: one pass draws the correction (exponential race over the
+    residual) and the bonus (Gumbel-max over ``row / t``) with the same uniforms; the bonus where every draft was
+    accepted or the residual mass is below RESIDUAL_EPS."""
+    m_t, s_t = _softmax_stats(row, V, t, BLOCK_V)
+    full = n_acc >= L
+    jq = tl.minimum(n_acc, K - 1)
+    drow = drow0 + jq * V
+    m_q, s_q = _draft_stats(drow, V, t, HAS_DRAFT_LOGITS, BLOCK_V)
+    d_next = tl.load(draft0 + jq).to(tl.int64)
+    valid_next = (d_next >= 0) & (d_next < V)
+    mass = tl.zeros([BLOCK_V], tl.float32)
+    best_r = tl.full([BLOCK_V], NEG_INF, tl.float32)
+    best_ri = tl.arange(0, BLOCK_V).to(tl.int64)
+    best_g = tl.full([BLOCK_V], NEG_INF, tl.float32)
+    best_gi = tl.arange(0, BLOCK_V).to(tl.int64)
+    for vs in range(0, V, BLOCK_V):
+        cols = vs + tl.arange(0, BLOCK_V).to(tl.int64)
+        x, res = _residual_chunk(row, drow, cols, V, t, m_t, s_t, m_q, s_q, d_next, valid_next, rho_e,
+                                 HAS_DRAFT_LOGITS)
+        res = tl.where(full, 0.0, res)
+        mass += res
+        u = uniform(k0, k1, offset_lo, r, n_acc, STREAM_RESIDUAL, cols)
+        best_r, best_ri = argmax_update(best_r, best_ri, tl.where(cols < V, race_score(res, u), NEG_INF), cols)
+        best_g, best_gi = argmax_update(best_g, best_gi, tl.where(cols < V, gumbel_score(x, u), NEG_INF), cols)
+    from_res = argmax_finish(best_r, best_ri, V + BLOCK_V)
+    from_p = argmax_finish(best_g, best_gi, V + BLOCK_V)
+    use_p = full | ~(tl.sum(mass, axis=0) >= RESIDUAL_EPS)
+    return tl.where(use_p, from_p, from_res).to(tl.int64)
+
+
+@triton.jit
 def _verify_chain_kernel(
     target_ptr, cu_ptr, drafts_ptr, draft_logits_ptr, verify_lens_ptr, survival_ptr, thresholds_ptr, temp_ptr,
     rng_key_ptr, stops_ptr, tokens_ptr, num_acc_ptr, mask_ptr,
@@ -86,26 +268,8 @@ def _verify_chain_kernel(
     r = tl.program_id(0).to(tl.int64)
     k0, k1, offset_lo = load_key(rng_key_ptr)
     kcols = tl.arange(0, BLOCK_K)
-
-    # ---- verify length L, and the rows this request may read
-    if PACKED:
-        start = tl.load(cu_ptr + r).to(tl.int64)
-        count = tl.load(cu_ptr + r + 1).to(tl.int64) - start
-        rows_left = tl.where(start >= 0, total_rows - start, 0)
-        last = tl.minimum(tl.maximum(tl.minimum(count, rows_left) - 1, -1), K)
-    else:
-        start = r * (K + 1)
-        last = K + 0 * r
-    has_rows = last >= 0
-    L = tl.maximum(last, 0)
-    if HAS_VERIFY_LENS:
-        L = tl.minimum(L, tl.minimum(tl.maximum(tl.load(verify_lens_ptr + r).to(tl.int64), 0), K))
-    if HAS_THRESHOLDS:
-        sv = tl.load(survival_ptr + r * K + kcols, mask=kcols < K, other=0.0).to(tl.float32)
-        th = tl.load(thresholds_ptr + kcols, mask=kcols < K, other=1.0).to(tl.float32)
-        fails = ~(sv >= th)
-        L = tl.minimum(L, tl.min(tl.where(fails | (kcols >= K), kcols, K), axis=0).to(tl.int64))
-
+    start, has_rows, L = _verify_len(cu_ptr, verify_lens_ptr, survival_ptr, thresholds_ptr, r, total_rows, K, kcols,
+                                     PACKED, HAS_VERIFY_LENS, HAS_THRESHOLDS)
     temp = tl.load(temp_ptr + r)
     sampled = temp > 0
     t = tl.where(sampled, temp, 1.0)
@@ -113,118 +277,31 @@ def _verify_chain_kernel(
     drow0 = draft_logits_ptr + r * K * V
     draft0 = drafts_ptr + r * K
 
-    # ---- walk the chain: n_acc (greedy / token) or tau and rho_tau (block)
+    # the accepted drafts: n_acc (greedy / token), or tau and rho_tau (block); a request with no rows has none
     n_acc = tl.zeros([], tl.int64)
-    alive = tl.full([], 1, tl.int1)
-    rho = tl.full([], 1.0, tl.float32)        # rho_j while walking (block)
     rho_tau = tl.full([], 1.0, tl.float32)
-    for j in range(0, tl.where(has_rows, L + 1, 0)):
-        row = row0 + j * V
-        if j < L:
-            d = tl.load(draft0 + j).to(tl.int64)
-        else:
-            d = tl.zeros([], tl.int64) - 1
-        valid = (d >= 0) & (d < V)
+    if has_rows:
         if sampled:
-            m_t, s_t = _softmax_stats(row, V, t, BLOCK_V)
-            m_q, s_q = 0.0, 1.0
-            if HAS_DRAFT_LOGITS:
-                m_q, s_q = _softmax_stats(drow0 + tl.minimum(j, K - 1) * V, V, t, BLOCK_V)
             if BLOCK_METHOD:
-                if j >= 1:
-                    if j < L:   # h_j = S_j / (S_j + 1 - rho_j), S_j the residual mass of row j
-                        mass = tl.zeros([BLOCK_V], tl.float32)
-                        for vs in range(0, V, BLOCK_V):
-                            cols = vs + tl.arange(0, BLOCK_V).to(tl.int64)
-                            _, res = _residual_chunk(row, drow0 + j * V, cols, V, t, m_t, s_t, m_q, s_q, d, valid,
-                                                     rho, HAS_DRAFT_LOGITS)
-                            mass += res
-                        s_mass = tl.sum(mass, axis=0)
-                        denom = s_mass + 1.0 - rho
-                        zero_or_nan = tl.where(denom == 0, 1.0, 0.0)   # 0/0 -> 1; NaN -> 0 (never accept)
-                        h = tl.where(denom > 0, s_mass / tl.where(denom > 0, denom, 1.0), zero_or_nan)
-                    else:
-                        h = rho
-                    eta = uniform(k0, k1, offset_lo, r, j - 1, STREAM_ACCEPT, 0)
-                    if eta <= h:
-                        n_acc = tl.zeros([], tl.int64) + j
-                        rho_tau = rho
-                if j < L:
-                    p_d = _prob(row, d, valid, t, m_t, s_t)
-                    if HAS_DRAFT_LOGITS:
-                        q_d = _prob(drow0 + j * V, d, valid, t, m_q, s_q)
-                    else:
-                        q_d = tl.where(valid, 1.0, 0.0)
-                    # p/q, with p/0 = inf and 0/0 = 0 (a draft q calls impossible; an invalid draft)
-                    ratio = tl.where(q_d > 0, p_d / tl.where(q_d > 0, q_d, 1.0), tl.where(p_d > 0, float("inf"), 0.0))
-                    nxt = tl.minimum(rho * ratio, 1.0, propagate_nan=ALL)
-                    rho = tl.where(nxt != nxt, 0.0, nxt)   # NaN logits: never accept
+                n_acc, rho_tau = _walk_block(row0, drow0, draft0, L, K, V, t, k0, k1, offset_lo, r,
+                                             HAS_DRAFT_LOGITS, BLOCK_V)
             else:
-                if (j < L) & alive:
-                    p_d = _prob(row, d, valid, t, m_t, s_t)
-                    if HAS_DRAFT_LOGITS:
-                        q_d = _prob(drow0 + j * V, d, valid, t, m_q, s_q)
-                    else:
-                        q_d = tl.where(valid, 1.0, 0.0)
-                    u = uniform(k0, k1, offset_lo, r, j, STREAM_ACCEPT, 0)
-                    ok = u * q_d < p_d
-                    n_acc += ok.to(tl.int64)
-                    alive = ok
+                n_acc = _walk_token(row0, drow0, draft0, L, V, t, k0, k1, offset_lo, r, HAS_DRAFT_LOGITS, BLOCK_V)
         else:
-            if (j < L) & alive:
-                ok = valid & (d == _argmax_row(row, V, BLOCK_V))
-                n_acc += ok.to(tl.int64)
-                alive = ok
+            n_acc = _walk_greedy(row0, draft0, L, V, BLOCK_V)
+    n_acc, stopped = _stop_cut(draft0, stops_ptr, n_stops, n_acc, kcols, BLOCK_K)
 
-    # ---- an accepted stop token ends acceptance right after it, with no bonus
-    stopped = tl.zeros([], tl.int1)
-    if n_stops > 0:
-        acc_drafts = tl.load(draft0 + kcols, mask=kcols < n_acc, other=-1).to(tl.int64)
-        is_stop = tl.zeros([BLOCK_K], tl.int1)
-        for si in range(0, n_stops):
-            is_stop = is_stop | ((acc_drafts == tl.load(stops_ptr + si).to(tl.int64)) & (kcols < n_acc))
-        first = tl.min(tl.where(is_stop, kcols, BLOCK_K), axis=0).to(tl.int64)
-        stopped = first < n_acc
-        n_acc = tl.where(stopped, first + 1, n_acc)
-    n_acc = tl.where(has_rows, n_acc, 0)
-
-    # ---- the token emitted at row n_acc
-    row = row0 + n_acc * V
+    # the token emitted at row n_acc
     emitted = tl.zeros([], tl.int64)
-    if ~has_rows:
-        pass
-    elif sampled:
-        m_t, s_t = _softmax_stats(row, V, t, BLOCK_V)
-        full = n_acc >= L
-        jq = tl.minimum(n_acc, K - 1)
-        m_q, s_q = 0.0, 1.0
-        if HAS_DRAFT_LOGITS:
-            m_q, s_q = _softmax_stats(drow0 + jq * V, V, t, BLOCK_V)
-        d_next = tl.load(draft0 + jq).to(tl.int64)
-        valid_next = (d_next >= 0) & (d_next < V)
-        rho_e = rho_tau if BLOCK_METHOD else 1.0
-        mass = tl.zeros([BLOCK_V], tl.float32)
-        best_r = tl.full([BLOCK_V], NEG_INF, tl.float32)
-        best_ri = tl.arange(0, BLOCK_V).to(tl.int64)
-        best_g = tl.full([BLOCK_V], NEG_INF, tl.float32)
-        best_gi = tl.arange(0, BLOCK_V).to(tl.int64)
-        for vs in range(0, V, BLOCK_V):
-            cols = vs + tl.arange(0, BLOCK_V).to(tl.int64)
-            x, res = _residual_chunk(row, drow0 + jq * V, cols, V, t, m_t, s_t, m_q, s_q, d_next, valid_next, rho_e,
-                                     HAS_DRAFT_LOGITS)
-            res = tl.where(full, 0.0, res)
-            mass += res
-            u = uniform(k0, k1, offset_lo, r, n_acc, STREAM_RESIDUAL, cols)
-            best_r, best_ri = argmax_update(best_r, best_ri, tl.where(cols < V, race_score(res, u), NEG_INF), cols)
-            best_g, best_gi = argmax_update(best_g, best_gi, tl.where(cols < V, gumbel_score(x, u), NEG_INF), cols)
-        from_res = argmax_finish(best_r, best_ri, V + BLOCK_V)
-        from_p = argmax_finish(best_g, best_gi, V + BLOCK_V)
-        use_p = full | ~(tl.sum(mass, axis=0) >= RESIDUAL_EPS)
-        emitted = tl.where(use_p, from_p, from_res).to(tl.int64)
-    else:
-        emitted = _argmax_row(row, V, BLOCK_V).to(tl.int64)
+    if has_rows:
+        if sampled:
+            rho_e = rho_tau if BLOCK_METHOD else 1.0
+            emitted = _emit_sampled(row0 + n_acc * V, drow0, draft0, n_acc, L, K, V, t, rho_e, k0, k1, offset_lo,
+                                    r, HAS_DRAFT_LOGITS, BLOCK_V)
+        else:
+            emitted = _argmax_row(row0 + n_acc * V, V, BLOCK_V).to(tl.int64)
 
-    # ---- outputs
+    # outputs
     kk = kcols.to(tl.int64)   # BLOCK_K > K: columns 0..K of tokens
     drafts_all = tl.load(draft0 + kk, mask=kk < K, other=-1).to(tl.int64)
     out = tl.where(kk < n_acc, drafts_all, -1)
@@ -234,9 +311,10 @@ def _verify_chain_kernel(
     tl.store(mask_ptr + r * K + kk, (kk < n_acc).to(tl.uint8), mask=kk < K)
 
 
-def verify_chain(target_logits, cu_seqlens, draft_tokens, draft_logits, verify_lens, survival, thresholds,
-                 temperature, rng_key, stop_token_ids, method, draft_logprobs=None):
-    """Same flat arguments and results as ``dspark_kernels.reference.verify_chain`` (checked by the wrapper).
+def verify_chain(target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival,
+                 thresholds, temperature, rng_key, stop_token_ids, method):
+    """Same flat arguments and results as ``dspark_kernels.reference.verify_chain`` (checked by the wrapper; tensors
+    contiguous, as the registry passes them).
 
     ``draft_logprobs`` is accepted and not used: this kernel reads each draft row anyway, and ``q(d_j)`` from the
     row equals ``exp(draft_logprobs)`` when the log-probabilities are what the contract says they are."""
@@ -248,15 +326,15 @@ def verify_chain(target_logits, cu_seqlens, draft_tokens, draft_logits, verify_l
     mask = torch.empty(n, k, dtype=torch.bool, device=dev)
     if n == 0:
         return tokens, num_acc, mask
-    target = target_logits.contiguous()
+    target = target_logits
     total_rows = target.shape[0] if cu_seqlens is not None else n * (k + 1)
     dummy = draft_tokens  # never read when its HAS_* flag is off
-    stops = stop_token_ids.contiguous() if stop_token_ids is not None else dummy
+    stops = stop_token_ids if stop_token_ids is not None else dummy
     _verify_chain_kernel[(n,)](
-        target, cu_seqlens if cu_seqlens is not None else dummy, draft_tokens.contiguous(),
-        draft_logits.contiguous() if draft_logits is not None else target,
+        target, cu_seqlens if cu_seqlens is not None else dummy, draft_tokens,
+        draft_logits if draft_logits is not None else target,
         verify_lens if verify_lens is not None else dummy,
-        survival.contiguous() if survival is not None else target,
+        survival if survival is not None else target,
         thresholds if thresholds is not None else target,
         temperature if temperature is not None else torch.zeros(n, device=dev), rng_key, stops, tokens, num_acc,
         mask.view(torch.uint8),

@@ -112,9 +112,9 @@ def _draft_case(base, anchors, kind, w1, w2, wg=None, bg=None, wj=None, bj=None,
 def _verify_case(target, draft_tokens, cu_seqlens=None, draft_logits=None, draft_logprobs=None, verify_lens=None,
                  survival=None, thresholds=None, temperature=None, key=(0, 0), stop_token_ids=None, method="token"):
     rng_key = torch.tensor(list(key), dtype=torch.int64)
-    tokens, n_acc, mask = reference.verify_chain(target, cu_seqlens, draft_tokens, draft_logits, verify_lens,
-                                                 survival, thresholds, temperature, rng_key, stop_token_ids, method,
-                                                 draft_logprobs=draft_logprobs)
+    tokens, n_acc, mask = reference.verify_chain(target, cu_seqlens, draft_tokens, draft_logits, draft_logprobs,
+                                                 verify_lens, survival, thresholds, temperature, rng_key,
+                                                 stop_token_ids, method)
     n, k = draft_tokens.shape
     return {
         "N": n, "K": k, "V": target.shape[-1], "target_logits": _floats(target), "cu_seqlens": _ints(cu_seqlens),

@@ -162,12 +162,10 @@ struct Max {
 
 DSPARK_DEVICE float warp_sum(float v) { return warp_allreduce(Sum{v}).v; }
 DSPARK_DEVICE float warp_max(float v) { return warp_allreduce(Max{v}).v; }
-DSPARK_DEVICE ArgMax warp_argmax(ArgMax a) { return warp_allreduce(a); }
-// `scratch`: shared float[32] / ArgMax[32].
+// `scratch`: shared float[32].
 DSPARK_DEVICE float block_sum(float v, float* scratch) {
   return block_allreduce(Sum{v}, reinterpret_cast<Sum*>(scratch)).v;
 }
-DSPARK_DEVICE ArgMax block_argmax(ArgMax a, ArgMax* scratch) { return block_allreduce(a, scratch); }
 #endif
 
 }  // namespace dspark

@@ -1,5 +1,5 @@
-// dspark/utils.cuh: what most kernels include (no torch): the platform layer, reductions, vector access, and small
-// launch arithmetic.
+// dspark/utils.cuh: what most kernels include (no torch): the platform layer, reductions, vector access, the
+// generator, and a vector store.
 #pragma once
 
 #include <stdint.h>
@@ -11,11 +11,6 @@
 #include "vec.cuh"
 
 namespace dspark {
-
-template <typename T>
-__host__ __device__ __forceinline__ T ceil_div(T a, T b) {
-  return (a + b - 1) / b;
-}
 
 // A 16-byte store of four floats (p must be 16-byte aligned).
 DSPARK_DEVICE void store_f32x4(float* p, const rng::F32x4& v) {

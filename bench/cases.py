@@ -1,0 +1,168 @@
+"""Benchmark cases: for each op, the grid's shapes with their inputs, the call and the bytes floor; and the peers."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Dict, List
+
+import torch
+
+import dspark_kernels as dk
+import floors
+
+OPS = ["rng_uniform", "draft_block", "verify_chain", "accept_prefix_scan", "schedule_verify_lens"]
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+GRIDS = {
+    # the headline grid; ops use the dimensions they have (scan: N, K; schedule: N, K; rng_uniform: N, K, V)
+    "full": dict(N=[1, 8, 64, 256], K=[3, 7, 15], V=[32000, 151936], dtype=["bf16", "fp32"],
+                 mode=["greedy", "sampled"]),
+    "quick": dict(N=[1, 8, 64], K=[7], V=[32000], dtype=["fp32"], mode=["greedy", "sampled"]),
+}
+RANK, HIDDEN = 256, {"full": 4096, "quick": 256}
+QWEN3_VOCAB = 151936
+
+
+CASE_KEYS = ["N", "K", "V", "dtype", "mode", "sched", "r", "d"]  # the parameters that name a case
+BACKENDS = ["cuda", "triton", "reference", "flashinfer"]
+PEERS = {"flashinfer": ["verify_chain"]}   # external peers and the ops they have
+
+
+@dataclass
+class Case:
+    op: str
+    params: Dict[str, object]
+    floor: floors.Floor
+    inputs: Callable[[], dict]                  # builds the tensors (lazily, per case)
+    run: Callable[[str, dict], object]          # (backend, inputs) -> result
+
+
+def _gen(seed: int = 0, dev="cpu") -> torch.Generator:
+    return torch.Generator(device=dev).manual_seed(seed)
+
+
+def _randn(shape, dev, dtype, g):
+    """Random inputs made where they are used (the generator ``g`` lives on ``dev``): fast for GPU-sized cases."""
+    return torch.randn(*shape, generator=g, device=dev).to(dtype)
+
+
+def rng_uniform_cases(dev, grid):
+    for n, k, v in itertools.product(grid["N"], grid["K"], grid["V"]):
+        def inputs(n=n, k=k, v=v):
+            return dict(out=torch.empty(n, k, v, device=dev))
+        yield Case("rng_uniform", dict(N=n, K=k, V=v), floors.rng_uniform(n, k, v), inputs,
+                   lambda b, x: dk.rng_uniform(x["out"], seed=1, offset=2, backend=b))
+
+
+def draft_block_cases(dev, grid, d):
+    for n, k, v, dt, mode in itertools.product(grid["N"], grid["K"], grid["V"], grid["dtype"], grid["mode"]):
+        dtype, sampled = DTYPES[dt], mode == "sampled"
+        esize = torch.empty(0, dtype=dtype).element_size()
+        fl = floors.draft_block(n, k, v, RANK, d=d, u_bytes=esize, w_bytes=esize, confidence=True,
+                                return_logits=sampled)
+
+        def inputs(n=n, k=k, v=v, dtype=dtype):
+            g = _gen(0, dev)
+            head = dk.MarkovHead("vanilla", _randn((v, RANK), dev, dtype, g) * 0.05,
+                                 _randn((v, RANK), dev, dtype, g) * 0.05)
+            return dict(base=_randn((n, k, v), dev, dtype, g),
+                        anchors=torch.randint(0, v, (n,), generator=g, device=dev), head=head,
+                        hidden=_randn((n, k, d), dev, dtype, g),
+                        conf=dk.ConfidenceHead(_randn((d + RANK,), dev, dtype, g) * 0.02, 0.0))
+
+        yield Case("draft_block", dict(N=n, K=k, V=v, dtype=dt, mode=mode, r=RANK, d=d), fl, inputs,
+                   lambda b, x, t=1.0 if sampled else 0.0, s=sampled: dk.draft_block(
+                       x["base"], x["anchors"], x["head"], hidden=x["hidden"], confidence=x["conf"], temperature=t,
+                       seed=1, offset=0, return_logits=s, backend=b))
+
+
+def verify_chain_cases(dev, grid):
+    for n, k, v, dt, mode in itertools.product(grid["N"], grid["K"], grid["V"], grid["dtype"], grid["mode"]):
+        dtype, sampled = DTYPES[dt], mode == "sampled"
+        esize = torch.empty(0, dtype=dtype).element_size()
+        # the draft logits come from draft_block: float32
+        fl = floors.verify_chain_dense(n, k, v, target_bytes=esize, sampled=sampled,
+                                       draft_logits_bytes=4 if sampled else None,
+                                       draft_logprobs=sampled)
+
+        def inputs(n=n, k=k, v=v, dtype=dtype, sampled=sampled):
+            g = _gen(1, dev)
+            target = _randn((n, k + 1, v), dev, dtype, g)
+            drafts = torch.randint(0, v, (n, k), generator=g, device=dev)
+            # make most drafts the target's argmax, so chains run a few positions deep
+            keep = torch.rand(n, k, generator=g, device=dev) < 0.7
+            drafts = torch.where(keep, target[:, :k].argmax(-1), drafts)
+            x = dict(target=target, drafts=drafts, draft_logits=None)
+            if sampled:
+                x["draft_logits"] = (target[:, :k].float() + 0.5 * _randn((n, k, v), dev, torch.float32, g))
+                lp = torch.log_softmax(x["draft_logits"], -1)
+                x["draft_logprobs"] = lp.gather(-1, drafts[..., None])[..., 0]
+            return x
+
+        def run(b, x, t=1.0 if sampled else 0.0):
+            kw = dict(draft_logprobs=x["draft_logprobs"]) if "draft_logprobs" in x else {}
+            return dk.verify_chain(x["target"], x["drafts"], draft_logits=x["draft_logits"], temperature=t, seed=1,
+                                   offset=0, method="token", backend=b, **kw)
+
+        yield Case("verify_chain", dict(N=n, K=k, V=v, dtype=dt, mode=mode), fl, inputs, run)
+
+
+def accept_prefix_scan_cases(dev, grid):
+    for n, k in itertools.product(grid["N"], grid["K"]):
+        def inputs(n=n, k=k):
+            g = _gen(2)
+            n_acc = torch.randint(0, k + 1, (n,), generator=g, dtype=torch.int32)
+            tokens = torch.randint(0, 1000, (n, k + 1), generator=g)
+            tokens[torch.arange(k + 1)[None, :] > n_acc[:, None].long()] = -1
+            seq_lens = torch.randint(1, 4000, (n,), generator=g, dtype=torch.int32)
+            cu = torch.nn.functional.pad((n_acc.long() * 0 + k + 1).cumsum(0), (1, 0)).int()
+            table = torch.randperm(n * 256, generator=g).int().view(n, 256)
+            return {key: t.to(dev) for key, t in dict(tokens=tokens, n_acc=n_acc, seq_lens=seq_lens, cu=cu,
+                                                      table=table).items()}
+
+        yield Case("accept_prefix_scan", dict(N=n, K=k), floors.accept_prefix_scan(n, k, block_size=16), inputs,
+                   lambda b, x: dk.accept_prefix_scan(x["tokens"], x["seq_lens"], num_accepted=x["n_acc"],
+                                                      verify_cu_seqlens=x["cu"], block_table=x["table"],
+                                                      block_size=16, backend=b))
+
+
+def schedule_verify_lens_cases(dev, grid):
+    table = dk.CostTable([1, 64, 256, 1024], [10.0, 11.0, 14.0, 30.0])
+    for n, k, mode in itertools.product(grid["N"], grid["K"], ["exact", "argmax"]):
+        def inputs(n=n, k=k):
+            return dict(survival=torch.rand(n, k, generator=_gen(3)).cumprod(-1).to(dev))
+        yield Case("schedule_verify_lens", dict(N=n, K=k, sched=mode), floors.schedule_verify_lens(n, k), inputs,
+                   lambda b, x, m=mode: dk.schedule_verify_lens(x["survival"], cost_table=table, mode=m, backend=b))
+
+
+def cases_for(op, dev, grid, preset):
+    return {"rng_uniform": lambda: rng_uniform_cases(dev, grid),
+            "draft_block": lambda: draft_block_cases(dev, grid, HIDDEN[preset]),
+            "verify_chain": lambda: verify_chain_cases(dev, grid),
+            "accept_prefix_scan": lambda: accept_prefix_scan_cases(dev, grid),
+            "schedule_verify_lens": lambda: schedule_verify_lens_cases(dev, grid)}[op]()
+
+
+# ------------------------------------------------------------------------------------------------ peers
+
+def flashinfer_runner():
+    """A verify_chain runner with FlashInfer's chain_speculative_sampling (softmax of the logits included, as an
+    engine holding logits would do), or the reason it is missing."""
+    try:
+        import flashinfer
+        from flashinfer.sampling import chain_speculative_sampling
+    except Exception as e:  # noqa: BLE001
+        return None, f"flashinfer not importable ({type(e).__name__}: {str(e)[:80]})"
+
+    def run(x):   # sampled cases only: FlashInfer takes probabilities, so the softmax is part of its time
+        draft_probs = torch.softmax(x["draft_logits"].float(), -1)
+        target_probs = torch.softmax(x["target"].float(), -1)
+        return chain_speculative_sampling(draft_probs, x["drafts"].int(), target_probs)
+
+    return run, f"flashinfer {getattr(flashinfer, '__version__', '?')}"
+
+
+
+def backends_for(op: str, wanted: List[str]) -> List[str]:
+    """The backends and peers of ``wanted`` that have ``op``."""
+    return [b for b in wanted if b not in PEERS or op in PEERS[b]]

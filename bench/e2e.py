@@ -1,0 +1,83 @@
+"""End to end: the decode loop's tokens/s, acceptance and time split on tiny random models, against the target
+decoding alone on the same prompts."""
+
+from __future__ import annotations
+
+import time
+from typing import List
+
+import torch
+
+from cases import _gen
+
+
+def _target_alone(target, prompts, max_new, dev):
+    """Plain batched greedy decoding with the target: one token per request per step (equal-length prompts)."""
+    n, p = len(prompts), len(prompts[0])
+    target.alloc_cache(n, p + max_new + 1)
+    seq = torch.tensor(prompts, device=dev)
+    out = []
+    # prefill every prompt token; the last row's logits give the first new token
+    toks = seq.reshape(-1)
+    pos = torch.arange(p, device=dev).repeat(n)
+    cu = torch.arange(0, n * p + 1, p, device=dev, dtype=torch.int32)
+    logits = target(toks, pos, cu, p, p, logit_rows=cu[1:].long() - 1).logits
+    nxt = logits.argmax(-1)
+    for step in range(max_new):
+        out.append(nxt)
+        if step == max_new - 1:
+            break
+        pos = torch.full((n,), p + step, device=dev)
+        cu = torch.arange(n + 1, device=dev, dtype=torch.int32)
+        nxt = target(nxt, pos, cu, 1, p + step + 1).logits.argmax(-1)
+    return torch.stack(out, 1).tolist()
+
+
+def end_to_end(dev, preset: str) -> List[dict]:
+    from dspark_kernels.decode import Scheduler, SpeculativeDecoder
+    from dspark_kernels.decode.testing import oracle_drafter, tiny_drafter, tiny_target
+
+    threads = torch.get_num_threads()
+    if dev.type != "cuda":
+        torch.set_num_threads(1)   # tiny models: one intra-op thread is faster, and steadier on a shared CPU
+    try:
+        vocab, layers = (512, 4) if preset == "quick" else (4096, 8)
+        n, plen, max_new, k = (4, 8, 32, 4) if preset == "quick" else (8, 16, 64, 7)
+        target = tiny_target(0, vocab=vocab, layers=layers).to(dev)
+        g = _gen(5)
+        prompts = torch.randint(0, vocab - 1, (n, plen), generator=g).tolist()
+        with torch.no_grad():
+            _target_alone(target, prompts, 4, dev)      # warm-up
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            ref = _target_alone(target, prompts, max_new, dev)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            base_s = time.perf_counter() - t0
+        rows = [dict(name="target alone (greedy)", tokens=n * max_new, time_s=round(base_s, 4),
+                     tokens_per_second=round(n * max_new / base_s, 1), acceptance_length=1.0, speedup=1.0)]
+        for name, make in (("speculative, oracle drafter", lambda: oracle_drafter(target, block_size=k)),
+                           ("speculative, random drafter", lambda: tiny_drafter(target, block_size=k))):
+            drafter = make().to(dev)
+            if hasattr(drafter, "set_reference"):
+                drafter.set_reference([p + r for p, r in zip(prompts, ref)], device=dev)
+            dec = SpeculativeDecoder(target, drafter)
+            dec.generate(prompts, max_new_tokens=4, temperature=0.0, scheduler=Scheduler())  # warm-up
+            res = dec.generate(prompts, max_new_tokens=max_new, temperature=0.0, scheduler=Scheduler())
+            st = res.stats
+            # the whole call's rate, like the target-alone row (both calls come after a warm-up call of their own)
+            tps = st.tokens_per_second_with_warmup
+            rows.append(dict(name=name, tokens=st.generated_tokens, time_s=round(st.time_s.get("total", 0.0), 4),
+                             tokens_per_second=round(tps, 1),
+                             acceptance_length=round(st.acceptance_length, 3), steps=st.steps,
+                             split_s={k_: round(v, 4) for k_, v in st.time_s.items()},
+                             speedup=round(tps / rows[0]["tokens_per_second"], 3),
+                             same_tokens_as_target=res.tokens == ref))
+        for r in rows:
+            r.update(device=str(dev), models=f"tiny random qwen3 target (vocab {vocab}, {layers} layers, hidden 32)",
+                     requests=n, prompt_len=plen, max_new_tokens=max_new, block_size=k)
+        return rows
+    finally:
+        torch.set_num_threads(threads)
+
