@@ -6,7 +6,7 @@
                       communicator; ``layout`` describes the buffers they exchange
 * ``exchange_bytes``, ``logits_gather_bytes`` - what a call moves, against all-gathering the logits
 
-Design and exactness argument: ``docs/DISTRIBUTED.md``.
+Design and exactness argument: docs/DESIGN.md, "Vocabulary-parallel drafting and verification".
 """
 
 from . import comm, layout, ops

@@ -9,7 +9,7 @@ A shard holds target (and draft) logits for the global token ids ``[vocab_start,
 * ``verify_residual`` (per shard)  the exact residual mass and race winner over the shard for the planned rows.
 
 ``verify_decide`` reproduces ``dspark_kernels.reference.verify_chain`` decision by decision; see
-``docs/DISTRIBUTED.md`` for why each merge is exact.
+docs/DESIGN.md, "Vocabulary-parallel drafting and verification" for why each merge is exact.
 """
 
 from __future__ import annotations
