@@ -77,7 +77,8 @@ namespace vc {
 constexpr int kThreads = 256;
 constexpr int kStatsCtasPerSm = 3;  // the stats / qstats kernels' design occupancy: <= 80 registers at 256 threads
 constexpr int kLoadsInFlight = 4;   // independent 16-byte loads per thread per step of a row sweep
-constexpr int64_t kMinChunk = 4096; // elements: a thread of a full CTA gets at least two fp32 / one bf16 step
+constexpr int64_t kMinChunk = 4096;  // elements per stats chunk: a full CTA's thread gets 4 fp32 / 2 bf16 vectors
+constexpr int64_t kMinQChunk = 1024; // elements per qstats chunk (its bookkeeping is a 12-byte partial per chunk)
 constexpr float kResidualEps = 1e-6f;
 constexpr int kMaxK = 16;
 constexpr int kTopM = 8;        // candidates kept per (row, chunk) for the emitted token
@@ -1012,19 +1013,19 @@ struct Plan {
 
 inline size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
-// The split of `rows` rows into chunks of at least kMinChunk elements (and at most 2^30): about as many work items
+// The split of `rows` rows into chunks of at least min_chunk elements (and at most 2^30): about as many work items
 // as the stats kernel's resident CTAs at its design occupancy, or more chunks per row when the last wave of items
 // would leave more than a tenth of those CTAs idle (the fewest chunks that do better, up to 4x).
-inline SplitV stats_split(int64_t V, int64_t rows) {
+inline SplitV stats_split(int64_t V, int64_t rows, int64_t min_chunk) {
   const int64_t resident = static_cast<int64_t>(device_sm_count()) * kStatsCtasPerSm;
   auto busy = [&](const SplitV& s) {  // the fraction of resident CTA time doing work items
     const int64_t items = rows * s.chunks, waves = (items + resident - 1) / resident;
     return waves > 0 ? static_cast<double>(items) / static_cast<double>(waves * resident) : 1.0;
   };
-  SplitV best = split_v(V, rows, resident, kMinChunk);
+  SplitV best = split_v(V, rows, resident, min_chunk);
   for (int64_t want = best.chunks + 1; want <= 4 * best.chunks && busy(best) < 0.9 && rows * best.chunks > resident;
        ++want) {
-    const SplitV s = split_v(V, 1, want, kMinChunk);
+    const SplitV s = split_v(V, 1, want, min_chunk);
     if (busy(s) > busy(best) + 1e-9) best = s;
   }
   const int64_t cap = int64_t(1) << 30;
@@ -1041,8 +1042,8 @@ inline int chunk_threads(int64_t chunk) {
 inline Plan make_plan(int64_t N, int64_t K, int64_t V) {
   Plan pl;
   const int64_t rows = N * (K + 1);
-  pl.split = stats_split(V, rows);
-  pl.qsplit = stats_split(V, N);
+  pl.split = stats_split(V, rows, kMinChunk);
+  pl.qsplit = stats_split(V, N, kMinQChunk);
   pl.threads = chunk_threads(pl.split.chunk);
   pl.qthreads = chunk_threads(pl.qsplit.chunk);
   const size_t items = static_cast<size_t>(rows) * static_cast<size_t>(pl.split.chunks > 0 ? pl.split.chunks : 1);
