@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "platform.cuh"
 
 namespace dspark {
@@ -74,6 +76,29 @@ DSPARK_DEVICE void store16(T* p, const Vec16<T>& v) {
   stg(reinterpret_cast<uint4*>(p), raw);
 }
 
+// How many elements of [begin, end) of `row` come before its first 16-byte boundary (all of them when the row is
+// not even element-aligned): the scalar head of a vectorised sweep.
+template <typename T>
+DSPARK_HOST_DEVICE_FN int64_t scalar_head(const T* row, int64_t begin, int64_t end) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row + begin);
+  int64_t head = addr % 16 == 0 ? 0 : static_cast<int64_t>((16 - addr % 16) / sizeof(T));
+  if (addr % sizeof(T) != 0) head = end - begin;
+  return head < end - begin ? head : end - begin;
+}
+
+// The first index for_each_element / for_each_batch give thread t of nthreads over [begin, end) (INT64_MAX: none).
+template <typename T>
+DSPARK_HOST_DEVICE_FN int64_t first_visited(const T* row, int64_t begin, int64_t end, int t) {
+  if (end <= begin) return INT64_MAX;
+  constexpr int kN = Vec16<T>::kN;
+  const int64_t head = scalar_head(row, begin, end);
+  if (t < head) return begin + t;
+  const int64_t body = begin + head, nvec = (end - body) / kN;
+  if (t < nvec) return body + static_cast<int64_t>(t) * kN;
+  const int64_t tail = body + nvec * kN;
+  return tail + t < end ? tail + t : INT64_MAX;
+}
+
 // Visit elements [begin, end) of `row` (element 0 of a row): thread `t` of `nthreads` calls f(index, value) for its
 // share, as float32. Whole 16-byte vectors go to threads round-robin (vector i to thread i % nthreads); the scalar
 // head and tail go to threads 0, 1, ... Every element is read exactly once.
@@ -81,10 +106,7 @@ template <typename T, typename F>
 DSPARK_DEVICE void for_each_element(const T* row, int64_t begin, int64_t end, int t, int nthreads, F&& f) {
   if (end <= begin) return;
   constexpr int kN = Vec16<T>::kN;
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(row + begin);
-  int64_t head = addr % 16 == 0 ? 0 : static_cast<int64_t>((16 - addr % 16) / sizeof(T));
-  if (addr % sizeof(T) != 0) head = end - begin;  // not even element-aligned: scalar only
-  if (head > end - begin) head = end - begin;
+  const int64_t head = scalar_head(row, begin, end);
   for (int64_t i = t; i < head; i += nthreads) f(begin + i, to_float(ldg(row + begin + i)));
   const int64_t body = begin + head;
   const int64_t nvec = (end - body) / kN;
@@ -95,6 +117,50 @@ DSPARK_DEVICE void for_each_element(const T* row, int64_t begin, int64_t end, in
   }
   const int64_t tail = body + nvec * kN;
   for (int64_t i = tail + t; i < end; i += nthreads) f(i, to_float(ldg(row + i)));
+}
+
+// The 32-bit word of two (bf16, fp16) or one (fp32) -inf: what a vector past the end of a row reads as.
+template <typename T>
+DSPARK_HOST_DEVICE_FN uint32_t neg_inf_word() {
+  return sizeof(T) == 4 ? 0xff800000u : (std::is_same<T, __half>::value ? 0xfc00fc00u : 0xff80ff80u);
+}
+
+// Visit elements [begin, end) of `row` with kU independent 16-byte loads in flight per thread: vectors go to threads
+// round-robin as in for_each_element (vector i to thread i % nthreads), and thread t loads its vectors i, i + n, ...,
+// i + (kU-1) n of one step before using any of them. on_batch(x, at, stride, nv) gets x[kU][kN] as float32 (vectors
+// k >= nv lie past the end and read as -inf), element (k, e) being index at + k * stride + e; the scalar head and tail
+// go to on_scalar(index, value). A thread sees its elements in increasing index order.
+template <int kU, typename T, typename FB, typename FS>
+DSPARK_DEVICE void for_each_batch(const T* row, int64_t begin, int64_t end, int t, int nthreads, FB&& on_batch,
+                                  FS&& on_scalar) {
+  if (end <= begin) return;
+  constexpr int kN = Vec16<T>::kN;
+  const int64_t head = scalar_head(row, begin, end);
+  for (int64_t i = t; i < head; i += nthreads) on_scalar(begin + i, to_float(ldg(row + begin + i)));
+  const int64_t body = begin + head;
+  const int64_t nvec = (end - body) / kN;
+  const uint4* vecs = reinterpret_cast<const uint4*>(row + body);
+  const uint32_t pad = neg_inf_word<T>();
+  for (int64_t i = t; i < nvec; i += static_cast<int64_t>(kU) * nthreads) {
+    uint4 raw[kU];
+#pragma unroll
+    for (int k = 0; k < kU; ++k) {  // all kU loads issue before the first use
+      raw[k] = i + static_cast<int64_t>(k) * nthreads < nvec ? ldg(vecs + i + static_cast<int64_t>(k) * nthreads)
+                                                             : make_uint4(pad, pad, pad, pad);
+    }
+    float x[kU][kN];
+#pragma unroll
+    for (int k = 0; k < kU; ++k) {
+      Vec16<T> v;
+      memcpy(&v, &raw[k], 16);
+#pragma unroll
+      for (int e = 0; e < kN; ++e) x[k][e] = to_float(v.v[e]);
+    }
+    const int64_t left = (nvec - i + nthreads - 1) / nthreads;
+    on_batch(x, body + i * kN, static_cast<int64_t>(nthreads) * kN, static_cast<int>(left < kU ? left : kU));
+  }
+  const int64_t tail = body + nvec * kN;
+  for (int64_t i = tail + t; i < end; i += nthreads) on_scalar(i, to_float(ldg(row + i)));
 }
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)

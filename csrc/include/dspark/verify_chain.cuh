@@ -5,18 +5,23 @@
 // (with or without the drafted tokens' log-probabilities) or one-hot drafts, per-request temperatures, verify_lens
 // and survival thresholds, stop tokens; fp32 / bf16 / fp16 logits, fp32 math, 64-bit row offsets.
 //
-// Parallel structure: every row of V logits is split into `chunks` chunks (dspark::split_v) so that even N = 1
-// fills the GPU. Kernels, in launch order (the host skips those a call does not need):
-//   1. stats   (row, chunk): softmax stats of target/T (and draft/T where whole draft rows are read), raw argmax;
-//              for sampled requests also the chunk's kTopM best tokens by the race key over p alone,
-//              l - log(E) with E from the row's RESIDUAL uniforms, and a bound on every other token's key.
-//   2. decide  (request, one CTA): warp 0 merges the chunk partials row by row; p(d_j), q(d_j); greedy / token
-//              acceptance, or block's rho_i; stop tokens; then the CTA emits the sampled token (emit_sampled) of
-//              every request already decided, unless its draft row's statistics are still to come (qstats).
+// Parallel structure: every row of V logits is split into `chunks` chunks (stats_split) so that even N = 1 fills the
+// GPU. Kernels, in launch order (the host skips those a call does not need):
+//   1. stats   persistent (the resident CTAs, walking (row, chunk) work items): per item the raw argmax (greedy
+//              rows) or softmax stats of target/T (and draft/T where whole draft rows are read); for sampled rows
+//              also the chunk's kTopM best tokens by the race key over p alone, l - log(E) with E from the row's
+//              RESIDUAL uniforms, and a bound on every other token's key. Each thread keeps kLoadsInFlight 16-byte
+//              loads in flight, takes the max of a batch first (argmax by value, the tie rule only at merges;
+//              one rescale per new max), sums 2^((x - max) * log2(e) / T), and lets the batch max decide whether
+//              any of the batch's tokens can enter its candidates (only then keys, uniforms and logs).
+//   2. decide  (request, one CTA): the rows' chunk partials merged in parallel across warps; then warp 0: p(d_j),
+//              q(d_j); greedy / token acceptance, or block's rho_i; stop tokens; then the CTA emits the sampled
+//              token (emit_sampled) of every request already decided, unless its draft row's statistics are still
+//              to come (qstats).
 //   3. mass    (block with K > 1; request, row, chunk): S_i = sum max(rho_i p_i - q_i, 0) for rows 1..L-1; the
 //              last CTA of a request (atomic ticket) takes tau, the stop cut and emits.
-//   3'. qstats (token sampling with draft_logprobs; request, chunk): softmax stats of the one draft row to sample
-//              at; the last CTA of a request emits.
+//   3'. qstats (token sampling with draft_logprobs; persistent over (request, chunk) items of its own split of the
+//              one draft row to sample at): softmax stats of that row; the last CTA of a request emits.
 // emit_sampled: the emitted token is the winner of an exponential race with uniforms uniform(r, row, RESIDUAL, v)
 // over max(0, rho p - q) (or over p: the Gumbel race, for a full acceptance or a residual mass below 1e-6). Since
 // max(0, rho p - q) <= p, a token's residual score is at most exp(key - log Z_p): the race is run over the kept
@@ -70,7 +75,10 @@ struct VerifyChainParams {
 namespace vc {
 
 constexpr int kThreads = 256;
-constexpr int kDecideWarps = 4;
+constexpr int kStatsCtasPerSm = 3;  // the stats / qstats kernels' design occupancy: <= 80 registers at 256 threads
+constexpr int kLoadsInFlight = 4;   // independent 16-byte loads per thread per step of a row sweep
+constexpr int64_t kMinChunk = 4096;  // elements per stats chunk: a full CTA's thread gets 4 fp32 / 2 bf16 vectors
+constexpr int64_t kMinQChunk = 1024; // elements per qstats chunk (its bookkeeping is a 12-byte partial per chunk)
 constexpr float kResidualEps = 1e-6f;
 constexpr int kMaxK = 16;
 constexpr int kTopM = 8;        // candidates kept per (row, chunk) for the emitted token
@@ -97,16 +105,15 @@ struct VStats {
   }
 };
 
-// Phase-1 partial of one (row, chunk).
-struct StatsPartial {
-  VStats t;     // target / T
-  VStats d;     // draft / T (when read)
-  ArgMax amax;  // raw target argmax
-  DSPARK_HOST_DEVICE_FN static StatsPartial empty() { return StatsPartial{VStats::empty(), VStats::empty(), ArgMax::empty()}; }
-  DSPARK_HOST_DEVICE_FN void merge(const StatsPartial& o) {
+// Softmax statistics of a sampled row's target / T and draft / T (phase 1 keeps one per (row, chunk) in separate
+// arrays, with the raw argmax of greedy rows in a third, so each reader reads only what it needs).
+struct StatsPair {
+  VStats t;
+  VStats d;
+  DSPARK_HOST_DEVICE_FN static StatsPair empty() { return StatsPair{VStats::empty(), VStats::empty()}; }
+  DSPARK_HOST_DEVICE_FN void merge(const StatsPair& o) {
     t.merge(o.t);
     d.merge(o.d);
-    amax.merge(o.amax);
   }
 };
 
@@ -131,39 +138,38 @@ struct TopList {
   uint32_t pad;
 };
 
-// A thread's kThreadTop best candidates (sorted, best first) and the best key it dropped.
+// A thread's kThreadTop best candidates (sorted, best first) and the best key it dropped. The list lives in shared
+// memory (slot s of thread t at c[s * stride + t], private to the thread: no barrier), so a row sweep holds only the
+// last slot's key in a register: the one every token is compared with.
 struct ThreadTop {
-  Cand c[kThreadTop];
+  Cand* c;  // this thread's slot 0
+  int stride;
   float rest;
-  DSPARK_DEVICE void init() {
+  float last;  // c[kThreadTop - 1].key
+  DSPARK_DEVICE void init(Cand* base, int nthreads) {
+    c = base + threadIdx.x;
+    stride = nthreads;
 #pragma unroll
-    for (int s = 0; s < kThreadTop; ++s) c[s] = Cand::empty();
+    for (int s = 0; s < kThreadTop; ++s) c[s * stride] = Cand::empty();
     rest = -INFINITY;
+    last = -INFINITY;
   }
+  DSPARK_DEVICE Cand head() const { return c[0]; }
   DSPARK_DEVICE void insert(float key, float lg, int64_t idx) {
     const Cand n{key, lg, idx};
-    if (!n.beats(c[kThreadTop - 1])) {
+    if (!n.beats(c[(kThreadTop - 1) * stride])) {
       rest = fmaxf(rest, key);
       return;
     }
-    rest = fmaxf(rest, c[kThreadTop - 1].key);
-    bool placed = false;
-#pragma unroll
-    for (int s = kThreadTop - 1; s >= 0; --s) {
-      if (!placed) {
-        if (s > 0 && n.beats(c[s > 0 ? s - 1 : 0])) {
-          c[s] = c[s > 0 ? s - 1 : 0];
-        } else {
-          c[s] = n;
-          placed = true;
-        }
-      }
-    }
+    rest = fmaxf(rest, last);
+    int s = kThreadTop - 1;
+    for (; s > 0 && n.beats(c[(s - 1) * stride]); --s) c[s * stride] = c[(s - 1) * stride];
+    c[s * stride] = n;
+    last = c[(kThreadTop - 1) * stride].key;
   }
   DSPARK_DEVICE void pop() {
-#pragma unroll
-    for (int s = 0; s + 1 < kThreadTop; ++s) c[s] = c[s + 1];
-    c[kThreadTop - 1] = Cand::empty();
+    for (int s = 0; s + 1 < kThreadTop; ++s) c[s * stride] = c[(s + 1) * stride];
+    c[(kThreadTop - 1) * stride] = Cand::empty();
   }
 };
 
@@ -211,16 +217,19 @@ struct ReqInfo {
 };
 
 struct Workspace {
-  StatsPartial* part;     // [N*(K+1), chunks]
+  ArgMax* amax;           // [N*(K+1), chunks] greedy rows
+  VStats* tpart;          // [N*(K+1), chunks] sampled rows: target / T
+  VStats* dpart;          // [N*(K+1), chunks] sampled rows read in phase 1: draft / T
   VStats* rowt;           // [N*(K+1)] merged target stats
   VStats* rowd;           // [N*(K+1)] merged draft stats (rows read in phase 1)
   float* rho;             // [N*(K+1)]
   ReqState* state;        // [N]
-  VStats* qpart;          // [N, chunks] (qstats)
+  VStats* qpart;          // [N, qchunks] (qstats)
   float* masspart;        // [N*K, chunks] (block mass)
   TopList* tops;          // [N*(K+1), chunks] candidates of the emitted token (sampled rows)
   uint32_t* counter;      // [N] CTAs of the request done in the last launch (zeroed by decide)
-  int64_t chunk, chunks;
+  int64_t chunk, chunks;  // the split of target rows (stats, decide, mass, emit)
+  int64_t qchunk, qchunks;  // the split of the draft row of qstats
 };
 
 template <typename T>
@@ -507,106 +516,279 @@ DSPARK_DEVICE void emit_sampled(const VerifyChainParams& p, const Workspace& w, 
 }
 
 // ------------------------------------------------------------------------------------------------ 1. stats
+// 2^x for the softmax sums: one MUFU.EX2 on the GPU (relative error about 2^-22; results below 2^-126 flush to 0,
+// which no sum of terms <= 1 notices); exp2f in the SIMT build.
+DSPARK_DEVICE float sum_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
+// One thread's scan of the elements it visits of one (row, chunk), in increasing index order: the raw maximum (NaN
+// ignored, as fmaxf does) and the lowest index holding it (ties inside a thread need no rule: a later equal value
+// never replaces; a thread that saw only -inf / NaN takes the first index it visited), and, for sampled rows,
+// s = sum exp((x - mx) / T) = sum 2^((x - mx) * c) with c = log2(e) / T: one subtraction, one multiply and one
+// exp2 per element, exact for x = mx, and NaN once a NaN or a +inf enters (what makes the row bad). Per batch of
+// elements the maximum comes first, so a new maximum rescales s once.
+struct RowScan {
+  float mx, s, c;
+  uint32_t nan;  // a NaN seen while every element so far was -inf / NaN (the sum does not see those)
+  int64_t amx;
+  DSPARK_DEVICE void init(float t) {
+    mx = neg_inf();
+    s = 0.f;
+    const float cc = 1.4426950408889634f / t;
+    c = cc < 3.4e38f ? cc : 3.4e38f;  // a denormal T: differences still scale to -inf, and 0 * c stays 0
+    nan = 0u;
+    amx = INT64_MAX;
+  }
+  // Max and argmax of a batch x[kU][kN] (element (k, e) at index at + k * stride + e; vectors >= nv are -inf).
+  // Returns the batch maximum.
+  template <bool kSum, int kU, int kN>
+  DSPARK_DEVICE float batch(const float (&x)[kU][kN], int64_t at, int64_t stride) {
+    float bm = neg_inf();
+#pragma unroll
+    for (int k = 0; k < kU; ++k)
+#pragma unroll
+      for (int e = 0; e < kN; ++e) bm = fmaxf(bm, x[k][e]);
+    if (bm > mx) {  // rare once a thread has seen a few vectors
+      int64_t where = INT64_MAX;
+#pragma unroll
+      for (int k = kU - 1; k >= 0; --k)
+#pragma unroll
+        for (int e = kN - 1; e >= 0; --e)
+          if (x[k][e] == bm) where = at + k * stride + e;
+      if (kSum) s *= sum_exp2((mx - bm) * c);
+      mx = bm;
+      amx = where;
+    }
+    if (kSum) {
+      if (mx > neg_inf()) {
+#pragma unroll
+        for (int k = 0; k < kU; ++k)
+#pragma unroll
+          for (int e = 0; e < kN; ++e) s += sum_exp2((x[k][e] - mx) * c);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kU; ++k)
+#pragma unroll
+          for (int e = 0; e < kN; ++e) nan |= x[k][e] != x[k][e] ? 1u : 0u;
+      }
+    }
+    return bm;
+  }
+  // `first`: the first index the thread visited (first_visited).
+  DSPARK_DEVICE ArgMax argmax(int64_t first) const {
+    return mx > neg_inf() ? ArgMax{mx, amx} : ArgMax{neg_inf(), first};
+  }
+  // The softmax statistics of x / T: m = fl(mx / T) (the largest scaled logit, as torch computes it); s refers to
+  // exp(mx / T), so it is scaled by exp(mx / T - m) (the division's exact remainder, through fmaf).
+  DSPARK_DEVICE VStats stats(float t) const {
+    VStats v = VStats::empty();
+    if (!(mx > neg_inf())) {
+      v.bad = nan;
+      return v;
+    }
+    v.st.m = mx / t;
+    const float rem = fmaf(-v.st.m, t, mx) / t;
+    v.st.s = fabsf(rem) < 1e-3f ? fmaf(s, rem, s) : s;
+    v.bad = (s != s || v.st.m == INFINITY) ? 1u : 0u;
+    return v;
+  }
+};
+
+// The scan of a row's chunk [begin, end) by this thread, batch by batch; on_batch(x, at, stride, nv, bm) sees each
+// batch after the scan did (kU = 1, kN = 1 for the scalar head and tail).
+template <bool kSum, typename T, typename F>
+DSPARK_DEVICE void scan_chunk(const T* row, int64_t begin, int64_t end, RowScan& sc, F&& on_batch) {
+  for_each_batch<kLoadsInFlight>(
+      row, begin, end, threadIdx.x, blockDim.x,
+      [&](const auto& x, int64_t at, int64_t stride, int nv) {
+        on_batch(x, at, stride, nv, sc.template batch<kSum>(x, at, stride));
+      },
+      [&](int64_t i, float v) {
+        const float x[1][1] = {{v}};
+        on_batch(x, i, int64_t(1), 1, sc.template batch<kSum>(x, i, int64_t(1)));
+      });
+}
+
+// Persistent: the grid is the resident CTAs (or fewer when there are fewer work items), each walking the (row,
+// chunk) items blockIdx.x, blockIdx.x + gridDim.x, ... Greedy rows: the chunk's raw argmax. Sampled rows: softmax
+// stats of target / T (and of draft / T where whole draft rows are read) and the chunk's best kTopM tokens by the
+// race key over p alone (E from the row's RESIDUAL uniforms) with a bound on every other token's key, for the
+// emitted token if this row turns out to emit.
 template <typename TT, typename TD>
-__global__ void __launch_bounds__(kThreads) stats_kernel(VerifyChainParams p, Workspace w, bool draft_stats) {
+__global__ void __launch_bounds__(kThreads, kStatsCtasPerSm) stats_kernel(VerifyChainParams p, Workspace w,
+                                                                         bool draft_stats) {
   DSPARK_SHARED(ReqInfo, s_info);
   DSPARK_SHARED(rng::Philox, s_ph);
-  DSPARK_SHARED_ARRAY(StatsPartial, scratch, 32);
+  DSPARK_SHARED_ARRAY(ArgMax, s_amax, 32);
+  DSPARK_SHARED_ARRAY(StatsPair, s_pair, 32);
   DSPARK_SHARED_ARRAY(Cand, s_cand, 32);
   DSPARK_SHARED_ARRAY(Max, s_max, 32);
+  DSPARK_SHARED_ARRAY(Cand, s_top, kThreadTop * kThreads);  // the threads' candidate lists (ThreadTop)
   const int64_t kp1 = p.K + 1;
-  const int64_t slot = static_cast<int64_t>(blockIdx.x) / w.chunks;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) - slot * w.chunks;
-  const int64_t r = slot / kp1, j = slot - r * kp1;
-  if (threadIdx.x < 32) {
-    const ReqInfo ri = request_info(p, r);
+  const int64_t items = p.N * kp1 * w.chunks;
+  int64_t info_r = -1;  // the request s_info holds
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t slot = item / w.chunks;
+    const int64_t c = item - slot * w.chunks;
+    const int64_t r = slot / kp1, j = slot - r * kp1;
+    if (r != info_r) {  // the same for the whole CTA
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        const ReqInfo ri = request_info(p, r);
+        if (threadIdx.x == 0) {
+          s_info = ri;
+          if (ri.sampled) s_ph = rng::load_philox(p.rng_key);
+        }
+      }
+      __syncthreads();
+      info_r = r;
+    }
+    const ReqInfo ri = s_info;
+    if (j > ri.last || j > ri.length) continue;  // a row nobody reads: no bytes
+    const int64_t begin = c * w.chunk;
+    const int64_t end = begin + w.chunk < p.V ? begin + w.chunk : p.V;
+    const TT* trow = target_row<TT>(p, ri, j);
+    const float t = ri.t;
+    RowScan sc;
+    sc.init(t);
+    if (!ri.sampled) {
+      scan_chunk<false>(trow, begin, end, sc, [](const auto&, int64_t, int64_t, int, float) {});
+      const ArgMax a = block_allreduce(sc.argmax(first_visited(trow, begin, end, threadIdx.x)), s_amax);
+      if (threadIdx.x == 0) stg(w.amax + item, a);
+      continue;
+    }
+    ThreadTop top;
+    top.init(s_top, blockDim.x);
+    scan_chunk<true>(trow, begin, end, sc, [&](const auto& x, int64_t at, int64_t stride, int nv, float bm) {
+      // -log(E) <= -log(-log(1 - 2^-24)) < 16.7, so key <= l + 16.7: a token that far below the thread's 4th best
+      // key cannot enter and needs neither its uniform nor the logs (most of a real row); the 4th best bounds it.
+      // The batch maximum decides for the whole batch (x / T is monotone in x); else token by token.
+      if (bm / t + kMaxGumbel < top.last) {
+        top.rest = fmaxf(top.rest, top.last);
+        return;
+      }
+      constexpr int kU = static_cast<int>(sizeof(x) / sizeof(x[0]));
+      constexpr int kN = static_cast<int>(sizeof(x[0]) / sizeof(float));
+      // The tokens that pass against the 4th best key as it stands (a superset of those that enter), then token by
+      // token in index order; a token's value is picked out of the batch by compile-time indices (a register array
+      // indexed at run time would go to local memory).
+      uint32_t open = 0u;
+#pragma unroll
+      for (int k = 0; k < kU; ++k)
+#pragma unroll
+        for (int e = 0; e < kN; ++e)
+          if (k < nv && !(x[k][e] / t + kMaxGumbel < top.last)) open |= 1u << (k * kN + e);
+      top.rest = fmaxf(top.rest, top.last);  // the tokens not open: below the 4th best key by the bound
+      if (open == 0u) return;
+      ResidualExp ex = residual_exp(s_ph, r, j);  // built here: no registers held across the sweep
+      while (open != 0u) {
+        const int q = __ffs(static_cast<int>(open)) - 1;
+        open &= open - 1u;
+        float v = 0.f;
+#pragma unroll
+        for (int k = 0; k < kU; ++k)
+#pragma unroll
+          for (int e = 0; e < kN; ++e)
+            if (q == k * kN + e) v = x[k][e];
+        const float l = v / t;
+        const int64_t i = at + (q / kN) * stride + q % kN;
+        if (l + kMaxGumbel < top.last) {
+          top.rest = fmaxf(top.rest, top.last);
+        } else {
+          top.insert(nan_to_neg_inf(l - logf(ex(i))), l, i);
+        }
+      }
+    });
+    VStats dst = VStats::empty();
+    if (draft_stats && j < ri.length) {
+      RowScan sd;
+      sd.init(t);
+      scan_chunk<true>(draft_row<TD>(p, r, j), begin, end, sd, [](const auto&, int64_t, int64_t, int, float) {});
+      dst = sd.stats(t);
+    }
+    const StatsPair part = block_allreduce(StatsPair{sc.stats(t), dst}, s_pair);
+    TopList* out = w.tops + item;
     if (threadIdx.x == 0) {
-      s_info = ri;
-      if (ri.sampled) s_ph = rng::load_philox(p.rng_key);
+      stg(w.tpart + item, part.t);
+      if (draft_stats && j < ri.length) stg(w.dpart + item, part.d);
     }
-  }
-  __syncthreads();
-  const ReqInfo ri = s_info;
-  if (j > ri.last || j > ri.length) return;  // a row nobody reads: no bytes
-  const int64_t begin = c * w.chunk;
-  const int64_t end = begin + w.chunk < p.V ? begin + w.chunk : p.V;
-  StatsPartial part = StatsPartial::empty();
-  const float t = ri.t;
-  const TT* trow = target_row<TT>(p, ri, j);
-  if (!ri.sampled) {
-    for_each_element(trow, begin, end, threadIdx.x, blockDim.x, [&](int64_t i, float x) { part.amax.update(x, i); });
-    part = block_allreduce(part, scratch);
-    if (threadIdx.x == 0) stg(w.part + slot * w.chunks + c, part);
-    return;
-  }
-  // Sampled: softmax stats, and the chunk's best kTopM tokens by the race key over p alone (E from the row's
-  // RESIDUAL uniforms), for the emitted token if this row turns out to emit.
-  ResidualExp ex = residual_exp(s_ph, r, j);
-  ThreadTop top;
-  top.init();
-  for_each_element(trow, begin, end, threadIdx.x, blockDim.x, [&](int64_t i, float x) {
-    part.amax.update(x, i);
-    const float l = x / t;
-    part.t.update(l);
-    // -log(E) <= -log(-log(1 - 2^-24)) < 16.7, so key <= l + 16.7: a token that far below the thread's 4th best
-    // key cannot enter, and needs neither its uniform nor the logs (most of a real row); the 4th best bounds it.
-    if (l + kMaxGumbel < top.c[kThreadTop - 1].key) {
-      top.rest = fmaxf(top.rest, top.c[kThreadTop - 1].key);
-    } else {
-      top.insert(nan_to_neg_inf(l - logf(ex(i))), l, i);
-    }
-  });
-  if (draft_stats && j < ri.length)
-    for_each_element(draft_row<TD>(p, r, j), begin, end, threadIdx.x, blockDim.x,
-                     [&](int64_t, float x) { part.d.update(x / t); });
-  part = block_allreduce(part, scratch);
-  TopList* out = w.tops + slot * w.chunks + c;
-  if (threadIdx.x == 0) stg(w.part + slot * w.chunks + c, part);
 #pragma unroll 1
-  for (int m = 0; m < kTopM; ++m) {
-    const Cand best = block_allreduce(top.c[0], s_cand);
-    if (best.idx != INT64_MAX && top.c[0].idx == best.idx) top.pop();
-    if (threadIdx.x == 0) stg(&out->c[m], best);
+    for (int m = 0; m < kTopM; ++m) {
+      const Cand mine = top.head();
+      const Cand best = block_allreduce(mine, s_cand);
+      if (best.idx != INT64_MAX && mine.idx == best.idx) top.pop();
+      if (threadIdx.x == 0) stg(&out->c[m], best);
+    }
+    const float bound = block_allreduce(Max{fmaxf(top.rest, top.head().key)}, s_max).v;
+    if (threadIdx.x == 0) stg(&out->bound, bound);
   }
-  const float bound = block_allreduce(Max{fmaxf(top.rest, top.c[0].key)}, s_max).v;
-  if (threadIdx.x == 0) stg(&out->bound, bound);
 }
 
 // ------------------------------------------------------------------------------------------------ 2. decide
-// One CTA per request: warp 0 merges the chunk partials row by row; p(d_j), q(d_j); greedy / token acceptance, or
-// block's rho_i (and tau when L <= 1); stop tokens; writes the outputs of every request it decides. Then the whole
-// CTA emits the sampled token of a decided request (emit_sampled) unless `q_later` (token sampling with
+// One CTA per request: its rows' chunk partials are merged in parallel (row j by warp j % warps, lane-strided over
+// the chunks, then the warp butterfly: a fixed order); then warp 0 takes p(d_j), q(d_j); greedy / token acceptance,
+// or block's rho_i (and tau when L <= 1); stop tokens; writes the outputs of every request it decides. Then the
+// whole CTA emits the sampled token of a decided request (emit_sampled) unless `q_later` (token sampling with
 // draft_logprobs: the draft row's statistics come from qstats) and the request rejected a draft.
 template <typename TT, typename TD>
 __global__ void __launch_bounds__(kThreads, 1) decide_kernel(VerifyChainParams p, Workspace w, bool draft_stats,
                                                           bool q_later) {
   DSPARK_SHARED(ReqState, s_st);
+  DSPARK_SHARED(ReqInfo, s_info);
   DSPARK_SHARED_ARRAY(VStats, s_rs, 2);
+  DSPARK_SHARED_ARRAY(ArgMax, s_amax, kMaxK + 1);
+  DSPARK_SHARED_ARRAY(StatsPair, s_pair, kMaxK + 1);
   const int64_t r = blockIdx.x;
+  const int64_t kp1 = p.K + 1;
+  if (threadIdx.x < 32) {
+    const ReqInfo ri = request_info(p, r);
+    if (threadIdx.x == 0) s_info = ri;
+  }
+  __syncthreads();
+  {
+    const ReqInfo ri = s_info;
+    const int lane = threadIdx.x & 31, warps = static_cast<int>(blockDim.x >> 5);
+    for (int j = static_cast<int>(threadIdx.x >> 5); ri.last >= 0 && j <= ri.length; j += warps) {
+      const int64_t base = (r * kp1 + j) * w.chunks;
+      if (!ri.sampled) {
+        const ArgMax a = warp_merge_chunks(w.chunks, ArgMax::empty(), [&](int64_t c) { return ldg(w.amax + base + c); });
+        if (lane == 0) s_amax[j] = a;
+      } else {
+        StatsPair pr = StatsPair::empty();
+        pr.t = warp_merge_chunks(w.chunks, pr.t, [&](int64_t c) { return ldg(w.tpart + base + c); });
+        if (draft_stats && j < ri.length)
+          pr.d = warp_merge_chunks(w.chunks, pr.d, [&](int64_t c) { return ldg(w.dpart + base + c); });
+        if (lane == 0) s_pair[j] = pr;
+      }
+    }
+  }
+  __syncthreads();
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    const ReqInfo ri = request_info(p, r);
+    const ReqInfo ri = s_info;
     const int K = static_cast<int>(p.K), L = ri.length;
-    const int64_t kp1 = p.K + 1;
     const int64_t d = lane < K ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + lane) : int64_t(-1);
     ReqState st{};
     st.length = L;
     st.t = ri.t;
     st.rho = 1.f;
     st.start = ri.start;
-    StatsPartial mine = StatsPartial::empty();
+    // Row j's merged statistics in lane j (j <= L <= K < 32).
+    const bool has = ri.last >= 0 && lane <= L;
+    const ArgMax amax = has && !ri.sampled ? s_amax[lane] : ArgMax::empty();
+    const StatsPair mine = has && ri.sampled ? s_pair[lane] : StatsPair::empty();
     if (ri.last < 0) {  // no target rows: nothing accepted, nothing emitted
       write_outputs(p, r, 0, d, false, 0);
       st.flags = kDone;
     } else {
       st.flags = kHasRows | (ri.sampled ? kSampled : 0);
-      // Row j's merged statistics end in lane j (j <= L <= K < 32).
-      for (int j = 0; j <= L; ++j) {
-        const int64_t slot = r * kp1 + j;
-        const StatsPartial row = warp_merge_chunks(w.chunks, StatsPartial::empty(),
-                                                   [&](int64_t c) { return ldg(w.part + slot * w.chunks + c); });
-        if (lane == j) mine = row;
-      }
       if (ri.sampled && lane <= L) {
         stg(w.rowt + r * kp1 + lane, mine.t);
         if (draft_stats && lane < L) stg(w.rowd + r * kp1 + lane, mine.d);
@@ -616,7 +798,7 @@ __global__ void __launch_bounds__(kThreads, 1) decide_kernel(VerifyChainParams p
       int n_acc = 0;
       bool pending = false;
       if (!ri.sampled) {
-        n_acc = leading_ones(__ballot_sync(kFullMask, lane < L && valid && d == mine.amax.index));
+        n_acc = leading_ones(__ballot_sync(kFullMask, lane < L && valid && d == amax.index));
       } else {
         const float t = ri.t;
         float p_d = 0.f, q_d = 0.f;
@@ -660,7 +842,7 @@ __global__ void __launch_bounds__(kThreads, 1) decide_kernel(VerifyChainParams p
         n_acc = stop_cut(p, n_acc, d, &stopped);
         st.n_acc = n_acc;
         if (!ri.sampled || stopped) {
-          const int64_t emitted = __shfl_sync(kFullMask, static_cast<long long>(mine.amax.index), n_acc);
+          const int64_t emitted = __shfl_sync(kFullMask, static_cast<long long>(amax.index), n_acc);
           write_outputs(p, r, n_acc, d, !stopped, emitted);
           st.flags |= kDone;
         } else {
@@ -780,76 +962,121 @@ __global__ void __launch_bounds__(kThreads, 1) mass_kernel(VerifyChainParams p, 
 }
 
 // ------------------------------------------------------------------------------------------------ 4. qstats
-// (request, chunk), token sampling with draft_logprobs: softmax statistics of the one draft row a rejecting
-// request samples its correction from; the CTA finishing a request's last chunk emits its token.
+// Token sampling with draft_logprobs: softmax statistics of the one draft row a rejecting request samples its
+// correction from, over its own split of the vocabulary (N rows only, so chunks of its own); persistent like stats,
+// walking (request, chunk) items. The CTA finishing a request's last chunk (atomic ticket) emits its token.
 template <typename TT, typename TD>
-__global__ void __launch_bounds__(kThreads, 1) qstats_kernel(VerifyChainParams p, Workspace w) {
+__global__ void __launch_bounds__(kThreads, kStatsCtasPerSm) qstats_kernel(VerifyChainParams p, Workspace w) {
   DSPARK_SHARED(ReqState, s_st);
   DSPARK_SHARED(int32_t, s_last);
   DSPARK_SHARED_ARRAY(VStats, s_rs, 2);
   DSPARK_SHARED_ARRAY(VStats, scratch, 32);
-  const int64_t r = static_cast<int64_t>(blockIdx.x) / w.chunks;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) - r * w.chunks;
-  if (threadIdx.x == 0) s_st = ldg(w.state + r);
-  __syncthreads();
-  const ReqState st = s_st;
-  if ((st.flags & (kDone | kFull)) || !(st.flags & kSampled)) return;  // the same for every CTA of the request
-  const int64_t begin = c * w.chunk;
-  const int64_t end = begin + w.chunk < p.V ? begin + w.chunk : p.V;
-  VStats s = VStats::empty();
-  const float t = st.t;
-  for_each_element(draft_row<TD>(p, r, st.emit_row), begin, end, threadIdx.x, blockDim.x,
-                   [&](int64_t, float x) { s.update(x / t); });
-  s = block_allreduce(s, scratch);
-  if (threadIdx.x == 0) stg(w.qpart + r * w.chunks + c, s);
-  if (!last_cta(w.counter + r, static_cast<uint32_t>(w.chunks), &s_last)) return;
-  if (threadIdx.x < 32) {
-    const VStats pq = warp_merge_chunks(w.chunks, VStats::empty(),
-                                        [&](int64_t cc) { return ld_coherent(w.qpart + r * w.chunks + cc); });
-    if (threadIdx.x == 0) {
-      s_rs[0] = ldg(w.rowt + r * (p.K + 1) + st.emit_row);
-      s_rs[1] = pq;
+  const int64_t items = p.N * w.qchunks;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t r = item / w.qchunks;
+    const int64_t c = item - r * w.qchunks;
+    __syncthreads();  // s_st of the previous item
+    if (threadIdx.x == 0) s_st = ldg(w.state + r);
+    __syncthreads();
+    const ReqState st = s_st;
+    if ((st.flags & (kDone | kFull)) || !(st.flags & kSampled)) continue;  // the same for every CTA of the request
+    const int64_t begin = c * w.qchunk;
+    const int64_t end = begin + w.qchunk < p.V ? begin + w.qchunk : p.V;
+    RowScan sc;
+    sc.init(st.t);
+    scan_chunk<true>(draft_row<TD>(p, r, st.emit_row), begin, end, sc, [](const auto&, int64_t, int64_t, int, float) {});
+    const VStats s = block_allreduce(sc.stats(st.t), scratch);
+    if (threadIdx.x == 0) stg(w.qpart + item, s);
+    if (!last_cta(w.counter + r, static_cast<uint32_t>(w.qchunks), &s_last)) continue;
+    if (threadIdx.x < 32) {
+      const VStats pq = warp_merge_chunks(w.qchunks, VStats::empty(),
+                                          [&](int64_t cc) { return ld_coherent(w.qpart + r * w.qchunks + cc); });
+      if (threadIdx.x == 0) {
+        s_rs[0] = ldg(w.rowt + r * (p.K + 1) + st.emit_row);
+        s_rs[1] = pq;
+      }
     }
+    __syncthreads();
+    emit_sampled<TT, TD>(p, w, r, st, s_rs[0], s_rs[1]);
   }
-  __syncthreads();
-  emit_sampled<TT, TD>(p, w, r, st, s_rs[0], s_rs[1]);
 }
 
 // ------------------------------------------------------------------------------------------------ host side
 struct Plan {
-  SplitV split;
-  int threads;  // per CTA of the split-V kernels: enough 16-byte vectors for one pass over a chunk, 32..256
-  size_t off[9];
+  SplitV split;   // target rows (stats): rows * chunks work items for the resident stats CTAs
+  SplitV qsplit;  // the draft row of each request (qstats)
+  int threads;    // per CTA of stats and mass
+  int qthreads;   // per CTA of qstats
+  size_t off[11];
   size_t total;
 };
 
 inline size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
+// The split of `rows` rows into chunks of at least min_chunk elements (and at most 2^30): about as many work items
+// as the stats kernel's resident CTAs at its design occupancy, or more chunks per row when the last wave of items
+// would leave more than a tenth of those CTAs idle (the fewest chunks that do better, up to 4x).
+inline SplitV stats_split(int64_t V, int64_t rows, int64_t min_chunk) {
+  const int64_t resident = static_cast<int64_t>(device_sm_count()) * kStatsCtasPerSm;
+  auto busy = [&](const SplitV& s) {  // the fraction of resident CTA time doing work items
+    const int64_t items = rows * s.chunks, waves = (items + resident - 1) / resident;
+    return waves > 0 ? static_cast<double>(items) / static_cast<double>(waves * resident) : 1.0;
+  };
+  SplitV best = split_v(V, rows, resident, min_chunk);
+  for (int64_t want = best.chunks + 1; want <= 4 * best.chunks && busy(best) < 0.9 && rows * best.chunks > resident;
+       ++want) {
+    const SplitV s = split_v(V, 1, want, min_chunk);
+    if (busy(s) > busy(best) + 1e-9) best = s;
+  }
+  const int64_t cap = int64_t(1) << 30;
+  if (best.chunk > cap) best = SplitV{cap, (V + cap - 1) / cap};
+  return best;
+}
+
+// Threads per CTA of a split-V kernel: enough 16-byte fp32 vectors for one pass over a chunk, 32..256.
+inline int chunk_threads(int64_t chunk) {
+  const int64_t vecs = (chunk + 3) / 4;
+  return static_cast<int>(vecs >= kThreads ? kThreads : (vecs + 31) / 32 * 32);
+}
+
 inline Plan make_plan(int64_t N, int64_t K, int64_t V) {
   Plan pl;
   const int64_t rows = N * (K + 1);
-  pl.split = split_v(V, rows, static_cast<int64_t>(device_sm_count()) * 4, 2048);
-  const int64_t vecs = (pl.split.chunk + 3) / 4;  // 16-byte fp32 vectors (bf16 rows take half as many)
-  pl.threads = static_cast<int>(vecs >= kThreads ? kThreads : (vecs + 31) / 32 * 32);
+  pl.split = stats_split(V, rows, kMinChunk);
+  pl.qsplit = stats_split(V, N, kMinQChunk);
+  pl.threads = chunk_threads(pl.split.chunk);
+  pl.qthreads = chunk_threads(pl.qsplit.chunk);
+  const size_t items = static_cast<size_t>(rows) * static_cast<size_t>(pl.split.chunks > 0 ? pl.split.chunks : 1);
+  const size_t qitems = static_cast<size_t>(N) * static_cast<size_t>(pl.qsplit.chunks > 0 ? pl.qsplit.chunks : 1);
   const size_t ch = static_cast<size_t>(pl.split.chunks > 0 ? pl.split.chunks : 1);
-  const size_t sizes[9] = {
-      sizeof(StatsPartial) * static_cast<size_t>(rows) * ch,  // part
+  const size_t sizes[11] = {
+      sizeof(ArgMax) * items,                                 // amax
+      sizeof(VStats) * items,                                 // tpart
+      sizeof(VStats) * items,                                 // dpart
       sizeof(VStats) * static_cast<size_t>(rows),             // rowt
       sizeof(VStats) * static_cast<size_t>(rows),             // rowd
       sizeof(float) * static_cast<size_t>(rows),              // rho
       sizeof(ReqState) * static_cast<size_t>(N),              // state
-      sizeof(VStats) * static_cast<size_t>(N) * ch,           // qpart
+      sizeof(VStats) * qitems,                                // qpart
       sizeof(float) * static_cast<size_t>(N * K) * ch,        // masspart
-      sizeof(TopList) * static_cast<size_t>(rows) * ch,       // tops
+      sizeof(TopList) * items,                                // tops
       sizeof(uint32_t) * static_cast<size_t>(N),              // counter
   };
   size_t o = 0;
-  for (int i = 0; i < 9; ++i) {
+  for (int i = 0; i < 11; ++i) {
     pl.off[i] = o;
     o += align_up(sizes[i]);
   }
   pl.total = o;
   return pl;
+}
+
+// A persistent grid: the CTAs of `kernel` resident at once (occupancy query), or `items` when that is fewer.
+template <typename Kernel>
+inline unsigned resident_grid(Kernel kernel, int threads, int64_t items) {
+  const int64_t resident = static_cast<int64_t>(device_sm_count()) * max_active_blocks_per_sm(kernel, threads, 0);
+  const int64_t g = items < resident ? items : resident;
+  return static_cast<unsigned>(g > 0 ? g : 1);
 }
 
 }  // namespace vc
@@ -867,17 +1094,21 @@ inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspa
   const Plan pl = make_plan(p.N, p.K, p.V);
   char* base = static_cast<char*>(workspace);
   Workspace w;
-  w.part = reinterpret_cast<StatsPartial*>(base + pl.off[0]);
-  w.rowt = reinterpret_cast<VStats*>(base + pl.off[1]);
-  w.rowd = reinterpret_cast<VStats*>(base + pl.off[2]);
-  w.rho = reinterpret_cast<float*>(base + pl.off[3]);
-  w.state = reinterpret_cast<ReqState*>(base + pl.off[4]);
-  w.qpart = reinterpret_cast<VStats*>(base + pl.off[5]);
-  w.masspart = reinterpret_cast<float*>(base + pl.off[6]);
-  w.tops = reinterpret_cast<TopList*>(base + pl.off[7]);
-  w.counter = reinterpret_cast<uint32_t*>(base + pl.off[8]);
+  w.amax = reinterpret_cast<ArgMax*>(base + pl.off[0]);
+  w.tpart = reinterpret_cast<VStats*>(base + pl.off[1]);
+  w.dpart = reinterpret_cast<VStats*>(base + pl.off[2]);
+  w.rowt = reinterpret_cast<VStats*>(base + pl.off[3]);
+  w.rowd = reinterpret_cast<VStats*>(base + pl.off[4]);
+  w.rho = reinterpret_cast<float*>(base + pl.off[5]);
+  w.state = reinterpret_cast<ReqState*>(base + pl.off[6]);
+  w.qpart = reinterpret_cast<VStats*>(base + pl.off[7]);
+  w.masspart = reinterpret_cast<float*>(base + pl.off[8]);
+  w.tops = reinterpret_cast<TopList*>(base + pl.off[9]);
+  w.counter = reinterpret_cast<uint32_t*>(base + pl.off[10]);
   w.chunk = pl.split.chunk;
   w.chunks = pl.split.chunks;
+  w.qchunk = pl.qsplit.chunk;
+  w.qchunks = pl.qsplit.chunks;
 
   const bool sampling = p.temperature != nullptr;
   const bool has_logits = p.draft_logits != nullptr;
@@ -885,7 +1116,6 @@ inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspa
   const bool qstats = sampling && has_logits && !p.block_method && p.draft_logprobs != nullptr;
   const int64_t rows = p.N * (p.K + 1);
   LaunchConfig big, per_req;
-  big.grid = dim3(static_cast<unsigned>(rows * w.chunks));
   big.block = dim3(static_cast<unsigned>(pl.threads));
   big.stream = stream;
   per_req.grid = dim3(static_cast<unsigned>(p.N));
@@ -899,7 +1129,9 @@ inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspa
   } while (0)
   DSPARK_DISPATCH_FLOAT(p.target_dtype, TT, return cudaErrorInvalidValue,
     DSPARK_DISPATCH_FLOAT(p.draft_dtype, TD, return cudaErrorInvalidValue,
-      DSPARK_VC_TRY(launch("verify_chain_stats", stats_kernel<TT, TD>, big, p, w, draft_stats));
+      LaunchConfig st = big;
+      st.grid = dim3(resident_grid(stats_kernel<TT, TD>, pl.threads, rows * w.chunks));
+      DSPARK_VC_TRY(launch("verify_chain_stats", stats_kernel<TT, TD>, st, p, w, draft_stats));
       DSPARK_VC_TRY(launch("verify_chain_decide", decide_kernel<TT, TD>, per_req, p, w, draft_stats, qstats));
       if (sampling && p.block_method && p.K > 1) {
         LaunchConfig m = big;
@@ -908,7 +1140,8 @@ inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspa
       }
       if (qstats) {
         LaunchConfig q = big;
-        q.grid = dim3(static_cast<unsigned>(p.N * w.chunks));
+        q.block = dim3(static_cast<unsigned>(pl.qthreads));
+        q.grid = dim3(resident_grid(qstats_kernel<TT, TD>, pl.qthreads, p.N * w.qchunks));
         DSPARK_VC_TRY(launch("verify_chain_qstats", qstats_kernel<TT, TD>, q, p, w));
       }
     )
