@@ -359,6 +359,16 @@ def _asan_preloaded() -> bool:
         return False
 
 
+# The plain SIMT build's access model (csrc/simt/access_model.h): GCC's kernel-address instrumentation in call mode
+# turns every load and store into a call of a hook the runtime defines (no shadow memory, no sanitizer runtime);
+# scalar replacement of aggregates, store merging, vectorisation and loop-to-memcpy rewriting stay off, so that a
+# 16-byte vector access stays one 16-byte access and scalar ones stay scalar, as nvcc compiles them.
+_SIMT_MODEL_FLAGS = ["-DDSPARK_SIMT_MODEL", "-fsanitize=kernel-address", "--param",
+                     "asan-instrumentation-with-call-threshold=0", "--param", "asan-stack=0", "--param",
+                     "asan-globals=0", "-fno-tree-sra", "-fno-ipa-sra", "-fno-store-merging", "-fno-tree-vectorize",
+                     "-fno-tree-loop-distribute-patterns"]
+
+
 def _simt_sources() -> List[str]:
     d = csrc_dir()
     return ([os.path.join(d, "simt", "module.cpp"), os.path.join(d, "simt", "runtime.cpp")] +
@@ -401,7 +411,7 @@ def _simt_build():
         flags += ["-O1"] + san
         ldflags += san
     else:
-        flags += ["-O2"]
+        flags += ["-O2"] + _SIMT_MODEL_FLAGS
     return cpp_extension.load(
         name=name,
         sources=[unity],
