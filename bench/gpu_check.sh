@@ -10,6 +10,7 @@
 # 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py),
 # 4. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled)
 #    with whatever time is left,
+# 5. writes bench/model.py's modelled time beside each measured one (model_vs_measured.csv),
 # and writes everything (logs, JUnit XML, sanitizer logs, ptxas.json, the bench JSON / CSV / PNGs, summary.txt)
 # into OUTDIR. Exit status 1 if any step failed. Nothing here installs torch or triton or assumes their versions.
 #
@@ -186,6 +187,9 @@ else
   sed -n '/^op /,/^$/p' "$OUT/bench.log" | head -80
   tail -25 "$OUT/bench.log"
   record bench "$rc" $(( $(date +%s) - t )) "time budget ${budget} s; log bench.log"
+  # the model beside the measurement, so the model's constants can be checked (bench/model.py: a model)
+  "$PY" bench/model.py "$OUT" --gpu h200 > "$OUT/model.log" 2>&1
+  record "model vs measured" $? - "$(tail -1 "$OUT/model.log")"
 fi
 
 step "done in $(( $(date +%s) - T0 )) s; results in $OUT"

@@ -179,10 +179,21 @@ def simt_include_dirs() -> List[str]:
     return [os.path.join(d, "include"), os.path.join(d, "simt"), os.path.join(d, "torch")] + cuda_header_dirs()
 
 
+# The plain SIMT build's access model (csrc/simt/access_model.h): GCC's kernel-address instrumentation in call mode
+# turns every load and store into a call of a hook the runtime defines (no shadow memory, no sanitizer runtime);
+# scalar replacement of aggregates, store merging, vectorisation and loop-to-memcpy rewriting stay off, so that a
+# 16-byte vector access stays one 16-byte access and scalar ones stay scalar, as nvcc compiles them.
+SIMT_MODEL_FLAGS = ["-DDSPARK_SIMT_MODEL", "-fsanitize=kernel-address", "--param",
+                    "asan-instrumentation-with-call-threshold=0", "--param", "asan-stack=0", "--param",
+                    "asan-globals=0", "-fno-tree-sra", "-fno-ipa-sra", "-fno-store-merging", "-fno-tree-vectorize",
+                    "-fno-tree-loop-distribute-patterns"]
+
+
 def simt_flags(sanitize: bool) -> tuple:
-    """``(compile flags, link flags)`` of the SIMT build; ``sanitize``: AddressSanitizer + UBSan."""
+    """``(compile flags, link flags)`` of the SIMT build: the plain build carries the access model's
+    instrumentation; ``sanitize`` builds with AddressSanitizer + UBSan instead (the two cannot be combined)."""
     if not sanitize:
-        return ["-DDSPARK_SIMT", "-g", "-O2"], []
+        return ["-DDSPARK_SIMT", "-g", "-O2"] + SIMT_MODEL_FLAGS, []
     san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
     return ["-DDSPARK_SIMT", "-g", "-O1"] + san, san
 

@@ -7,12 +7,14 @@ block, shared memory and workspace, so a CPU test runs the real launch configura
 
 What it checks: a ``__syncthreads`` in divergent code and a warp collective whose mask names a lane that does not
 arrive fail the launch with an error naming the kernel; :func:`check` runs a call under three thread schedules and
-shared-memory poison bytes (:data:`CHECK_SCHEDULES`) and requires identical results, which exposes missing barriers
-and reads of unwritten shared memory; the sanitized build (``DSPARK_SIMT_SANITIZE=1`` with the ASan runtime
-preloaded) reports out-of-bounds global and shared accesses. What it counts, per launch (:func:`record`): grid,
-block, shared memory, CTAs, barriers, warp collectives, and global bytes read and written. What it cannot see:
-timing, memory ordering beyond its synchronisation points, warp-synchronous code without ``__syncwarp``, fast-math
-numerics (``__expf`` is ``expf`` here), and Hopper-only instructions.
+shared-memory poison bytes (:data:`CHECK_SCHEDULES`) and requires identical results, which exposes missing barriers and reads of unwritten
+shared memory; the sanitized build (``DSPARK_SIMT_SANITIZE=1`` with the ASan runtime preloaded) reports out-of-bounds
+global and shared accesses. What it counts, per launch (:func:`record`): grid, block, shared memory, CTAs,
+barriers, warp collectives, global bytes read and written, and (plain build) the warp access model's
+instructions, shared-memory wavefronts and global sectors, in total and ``by_line``; it also enforces the GPU's
+shared-memory, register and cooperative-grid launch rules and emulates ``cp.async``. What it cannot see: timing, memory ordering beyond
+its synchronisation points, warp-synchronous code without ``__syncwarp``, fast-math numerics (``__expf`` is ``expf``
+here), and Hopper-only instructions.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from . import _ext
 
 __all__ = ["available", "enabled", "module", "configure", "settings", "record", "schedule", "check",
-           "default_schedules", "Recording", "H200_SMS"]
+           "default_schedules", "Recording", "H200_SMS", "access_model_available", "ACCESS_KEYS"]
 
 H200_SMS = 132  # what the harness reports as the device's multiprocessor count unless told otherwise
 
@@ -58,21 +60,30 @@ def settings() -> Dict[str, Any]:
 
 
 def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison: Optional[int] = None,
-              sm_count: Optional[int] = None, record: Optional[bool] = None) -> Dict[str, Any]:
+              sm_count: Optional[int] = None, record: Optional[bool] = None,
+              arch: Optional[int] = None) -> Dict[str, Any]:
     """Change harness settings (None keeps one); returns the previous settings.
 
     order: "forward" | "reverse" | "random" (the order in which runnable threads, and blocks, resume); seed: of
     "random"; poison: the byte shared memory is filled with before every block; sm_count: what kernels see as the
-    device's multiprocessor count (132, an H200, by default); record: keep a record of every launch.
+    device's multiprocessor count (132, an H200, by default); record: keep a record of every launch; arch: 90 (H100 /
+    H200, the default) or 80 (A100): the shared-memory launch rules enforced.
     """
     m = module()
     old = dict(m.settings())
     new = dict(old)
-    for k, v in (("order", order), ("seed", seed), ("poison", poison), ("sm_count", sm_count), ("record", record)):
+    for k, v in (("order", order), ("seed", seed), ("poison", poison), ("sm_count", sm_count), ("record", record),
+                 ("arch", arch)):
         if v is not None:
             new[k] = v
-    m.configure(new["order"], int(new["seed"]), int(new["poison"]), int(new["sm_count"]), bool(new["record"]))
+    m.configure(new["order"], int(new["seed"]), int(new["poison"]), int(new["sm_count"]), bool(new["record"]),
+                int(new["arch"]))
     return old
+
+
+def access_model_available() -> bool:
+    """True when this build has the warp access model (the plain build; the AddressSanitizer build has not)."""
+    return bool(module().access_model)
 
 
 @contextlib.contextmanager
@@ -115,6 +126,13 @@ class Recording:
     def kernels(self) -> List[str]:
         return [r["kernel"] for r in self.launches]
 
+    @property
+    def access(self) -> Optional[Dict[str, int]]:
+        """The access model's counts (:data:`ACCESS_KEYS`) summed over the launches; None without the model."""
+        if not self.launches or not all(r.get("access_model") for r in self.launches):
+            return None
+        return {k: sum(r[k] for r in self.launches) for k in ACCESS_KEYS}
+
 
 @contextlib.contextmanager
 def record(*, sm_count: Optional[int] = None) -> Iterator[Recording]:
@@ -128,6 +146,60 @@ def record(*, sm_count: Optional[int] = None) -> Iterator[Recording]:
     finally:
         rec.launches.extend(m.take_records())
         configure(**old)
+        _add_by_line(rec.launches)
+
+
+ACCESS_KEYS = ("shared_instructions", "shared_wavefronts", "global_instructions", "global_sectors",
+               "global_sectors_ideal")
+# Files whose lines are plumbing, not the kernel's: an access inlined from them is attributed to the innermost
+# caller outside them (the kernel line that called dspark::ldg, load16, an MMA fragment load, ...).
+_PLUMBING = ("dspark/platform.cuh", "dspark/vec.cuh", "dspark/mma.cuh", "dspark_simt/runtime.h", "simt/access_model.h")
+
+
+def _add_by_line(launches: List[Dict[str, Any]]) -> None:
+    """Turn each launch's ``by_pc`` (code offsets) into ``by_line``: "file.cuh:123" -> the access counts."""
+    pcs = sorted({pc for r in launches for pc, _ in r.get("by_pc", ())})
+    lines = _symbolise(pcs)
+    for r in launches:
+        by_line: Dict[str, Dict[str, int]] = {}
+        for pc, counts in r.pop("by_pc", ()):
+            acc = by_line.setdefault(lines.get(pc, f"pc:{pc:#x}"), dict.fromkeys(ACCESS_KEYS, 0))
+            for k in ACCESS_KEYS:
+                acc[k] += counts[k]
+        r["by_line"] = by_line if r.get("access_model") else {}
+
+
+_line_cache: Dict[int, str] = {}
+
+
+def _symbolise(pcs: List[int]) -> Dict[int, str]:
+    """Code offsets of the SIMT module -> "file:line" of the innermost inlined frame outside :data:`_PLUMBING`
+    (addr2line on the -g build; offsets it cannot place keep a "pc:0x..." name)."""
+    import shutil
+    import subprocess
+
+    todo = [pc for pc in pcs if pc not in _line_cache]
+    tool = shutil.which("addr2line") or shutil.which("llvm-addr2line")
+    if todo and tool:
+        # pc is a return address (of a hook or an emulated instruction's runtime call): pc - 1 is in the call
+        out = subprocess.run([tool, "-e", module().module_path, "-i", "-a"] + [hex(pc - 1) for pc in todo],
+                             capture_output=True, text=True).stdout.splitlines()
+        chains: Dict[int, List[str]] = {}
+        cur = None
+        for line in out:
+            if line.startswith("0x"):
+                cur = int(line, 16) + 1
+                chains[cur] = []
+            elif cur is not None:
+                chains[cur].append(line.split(" (discriminator")[0].strip())
+        for pc in todo:
+            frames = [f for f in chains.get(pc, []) if not f.startswith("??")]
+            mine = [f for f in frames if "/csrc/" in f and not any(p in f for p in _PLUMBING)]
+            best = mine[0] if mine else (frames[0] if frames else None)
+            if best is not None:
+                path, _, num = best.rpartition(":")
+                _line_cache[pc] = f"{os.path.basename(path)}:{num}"
+    return {pc: _line_cache.get(pc, f"pc:{pc:#x}") for pc in pcs}
 
 
 # Runs that differ in every way a correct kernel must not care about: thread and block order, and the bytes

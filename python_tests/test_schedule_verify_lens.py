@@ -768,3 +768,20 @@ def test_auto_never_picks_a_capped_backend(monkeypatch):
     assert torch.equal(o.verify_lens, ref.verify_lens) and torch.equal(o.theta, ref.theta)
     with pytest.raises(ValueError, match="N\\*K <= 16384"):
         dk.schedule_verify_lens(surv, cost_table=LINEAR_TABLE, mode="argmax", backend="triton")
+
+
+@pytest.mark.parametrize("n,k", [(128, 15), (256, 8)])
+@pytest.mark.parametrize("mode", ["exact", "argmax"])
+def test_cuda_over_48k_of_shared_memory_with_static(cuda_device, n, k, mode):
+    """Dynamic shared memory under 48 KB (38416 / 40976 bytes) that passes it with the 256-thread kernel's static
+    part: a GPU refuses such a launch unless the kernel opted in to more; the harness enforces that rule."""
+    from dspark_kernels import simt
+    g = torch.Generator().manual_seed(n * k)
+    s = torch.cumprod(torch.rand(n, k, generator=g) * 0.8 + 0.2, dim=1)
+    if cuda_device.type != "cpu":
+        _cuda_vs_reference(cuda_device, lambda f: f(), s, cost_table=LINEAR_TABLE, mode=mode)
+        return
+    with simt.record() as rec:
+        _cuda_vs_reference(cuda_device, lambda f: f(), s, cost_table=LINEAR_TABLE, mode=mode)
+    (r,) = rec.launches
+    assert r["threads"] == 256 and r["dynamic_smem"] < 48 * 1024 < r["dynamic_smem"] + r["static_smem"]

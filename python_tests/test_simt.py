@@ -259,3 +259,178 @@ def test_warp_mma_divergence_and_misalignment_fault(harness):
         selftest(harness, "mma", x=x, n=256, block=64, variant=2)
     with pytest.raises(RuntimeError, match=r"mma_kernel.*mma::load_a: A must be 32-byte aligned"):
         selftest(harness, "mma", x=x, n=256, block=64, variant=3)
+
+
+# ------------------------------------------------------------------------------------------------ access model
+
+SELFTEST_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc", "simt",
+                            "selftest.cuh")
+
+
+def _line(marker):
+    """selftest.cuh:<n> of the line holding the comment `// model: <marker>` (what by_line names)."""
+    with open(SELFTEST_SRC) as f:
+        for n, text in enumerate(f, 1):
+            if text.rstrip().endswith(f"// model: {marker}"):
+                return f"selftest.cuh:{n}"
+    raise AssertionError(marker)
+
+
+@pytest.fixture
+def model(harness):
+    if not simt.access_model_available():
+        pytest.skip("the AddressSanitizer build has no access model (kernel-address instrumentation feeds it); "
+                    "the plain build runs this test")
+    return harness
+
+
+def _modelled(m, name, *, grid=1, block=32, variant=0, alpha=1.0, x=None, ny=256):
+    x = torch.arange(4096, dtype=torch.float32) if x is None else x
+    y = torch.zeros(ny)
+    with simt.record() as rec:
+        m.selftest(name, x, y, torch.zeros(1), grid, block, variant, alpha)
+    (r,) = rec.launches
+    assert r["access_model"]
+    return r, y
+
+
+def _counts(r):
+    return tuple(r[k] for k in simt.ACCESS_KEYS)
+
+
+@pytest.mark.parametrize("variant,wavefronts", [
+    (0, 1),   # word l: 32 banks, one word each
+    (1, 8),   # word 8 l: banks 0, 8, 16, 24 hold 8 distinct words each
+    (2, 4),   # float4 l: four quarter-warp phases of 8 lanes x 16 bytes, conflict-free each
+])
+def test_shared_bank_conflicts_are_counted_exactly(model, variant, wavefronts):
+    r, y = _modelled(model, "bank", variant=variant)
+    want = torch.arange(32.0) if variant != 2 else 2 * ((torch.arange(32) + 1) % 32).float()
+    assert torch.equal(y[:32], want)
+    # one warp: a global load and store of 32 consecutive floats (4 sectors each), one shared store and one load
+    assert _counts(r) == (2, 2 * wavefronts, 2, 8, 8)
+    marker = "16-byte store" if variant == 2 else "shared store"
+    assert r["by_line"][_line(marker)] == dict(shared_instructions=1, shared_wavefronts=wavefronts,
+                                               global_instructions=0, global_sectors=0, global_sectors_ideal=0)
+    assert r["misaligned_segments"] == 0
+
+
+def test_a_broadcast_is_not_a_conflict(model):
+    r, y = _modelled(model, "bank", variant=3)
+    assert torch.equal(y[:32], torch.zeros(32))
+    assert r["by_line"][_line("shared load")]["shared_wavefronts"] == 1
+    assert r["shared_wavefronts"] == 2
+
+
+@pytest.mark.parametrize("stride,sectors", [(1, 4), (32, 32)])
+def test_strided_global_loads_touch_more_sectors(model, stride, sectors):
+    """Two warps; lane t loads x[t * stride] (4 bytes): 4 sectors per warp when consecutive, 32 at a 128-byte
+    stride; the ideal stays 4 (128 distinct bytes). The store is consecutive either way."""
+    r, y = _modelled(model, "strided", block=64, alpha=stride, ny=128)
+    assert torch.equal(y[:64], torch.arange(64.0) * stride)
+    assert _counts(r) == (0, 0, 4, 2 * sectors + 8, 16)
+    assert r["by_line"][_line("strided load")] == dict(shared_instructions=0, shared_wavefronts=0,
+                                                       global_instructions=2, global_sectors=2 * sectors,
+                                                       global_sectors_ideal=8)
+
+
+def test_sequences_that_do_not_line_up_are_flagged(model):
+    """Odd lanes store once more: per warp, one store of 16 lanes (every other float: 4 sectors, 2 ideal)."""
+    r, y = _modelled(model, "strided", block=64, variant=1, ny=128)
+    assert torch.equal(y[64:], torch.where(torch.arange(64) % 2 == 1, torch.arange(64.0), 0.0))
+    assert r["misaligned_segments"] == 2 and r["misaligned_accesses"] == 2 * (32 * 2 + 16)
+    assert r["by_line"][_line("divergent store")] == dict(shared_instructions=0, shared_wavefronts=0,
+                                                          global_instructions=2, global_sectors=8,
+                                                          global_sectors_ideal=4)
+    aligned, _ = _modelled(model, "strided", block=64, variant=0, ny=128)
+    assert aligned["misaligned_segments"] == 0
+
+
+def test_access_model_is_off_outside_a_recording(harness):
+    with simt.record() as rec:
+        pass
+    assert rec.launches == []
+    y = torch.zeros(64)
+    harness.selftest("bank", torch.arange(64.0), y, torch.zeros(1), 1, 32, 1, 1.0)  # no recording: runs, no record
+    assert torch.equal(y[:32], torch.arange(32.0))
+
+
+# ------------------------------------------------------------------------------------------------ cp.async
+
+def _cp_async_reference(x, n=64):
+    a = x[:4 * n].view(n, 4)
+    b = x[4 * n:6 * n].view(n, 2)
+    c = torch.where(torch.arange(n) % 2 == 0, x[6 * n:7 * n], 0.0)
+    u = (torch.arange(n) + 1) % n
+    return a[u].sum(1) + b[u].sum(1) + c[u] + a[:, 3]
+
+
+def test_cp_async_copies_and_zero_fills(harness):
+    x = torch.randn(4096)
+    y = simt.check(lambda: selftest(harness, "cp_async", x=x, n=4096, block=64)[0])
+    torch.testing.assert_close(y[:64], _cp_async_reference(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant,what", [(1, "read 4 byte"), (2, "read 4 byte")])
+def test_reading_a_cp_async_destination_before_its_wait_fails(model, variant, what):
+    """The check runs on the access hooks of the plain build (so the AddressSanitizer build skips it)."""
+    with pytest.raises(RuntimeError, match=rf"cp_async_kernel.*{what}.*destination of a cp.async.*no cp_async_wait"):
+        selftest(model, "cp_async", n=4096, block=64, variant=variant)
+
+
+def test_cp_async_is_counted_by_the_model(model):
+    """Two warps. 16-byte rows: per warp 512 contiguous bytes (16 sectors) and four quarter-warp wavefronts; 8-byte
+    rows: 8 sectors, two half-warp wavefronts; 4-byte words with odd lanes zero-filled: the 16 even lanes read 64
+    bytes spread over 128 (4 sectors, 2 ideal), and all 32 lanes write one wavefront."""
+    r, _ = _modelled(model, "cp_async", block=64)
+    want = {"cp.async 16": (2, 8, 2, 32, 32), "cp.async 8": (2, 4, 2, 16, 16), "cp.async 4": (2, 2, 2, 8, 4)}
+    for marker, counts in want.items():
+        assert _counts(r["by_line"][_line(marker)]) == counts, marker
+
+
+# ------------------------------------------------------------------------------------------------ launch rules
+
+def test_dynamic_shared_memory_over_48k_needs_the_attribute(harness):
+    """bank_kernel has 4096 bytes of static shared memory: 45 KB dynamic passes alone but not with it."""
+    x, y, a = torch.arange(64.0), torch.zeros(64), torch.zeros(1)
+    harness.launch_rule_case("bank", 44 * 1024, 0, x, y, a)           # 4 KB + 44 KB = 48 KB: the default limit
+    with pytest.raises(RuntimeError, match=r"bank_kernel.*4096 bytes of static \+ 46080 bytes of dynamic.*"
+                                           r"set_max_dynamic_smem"):
+        harness.launch_rule_case("bank", 45 * 1024, 0, x, y, a)
+    harness.launch_rule_case("bank", 45 * 1024, 45 * 1024, x, y, a)   # with the attribute
+    with pytest.raises(RuntimeError, match="more dynamic shared memory than the 46080 bytes"):
+        harness.launch_rule_case("bank", 46 * 1024, 45 * 1024, x, y, a)
+
+
+@pytest.mark.parametrize("arch,kb,ok", [(90, 223, True), (90, 224, False), (80, 159, True), (80, 160, False)])
+def test_per_block_shared_memory_maximum(harness, arch, kb, ok):
+    """227 KB per block on sm_90, 163 KB on sm_80, static (4 KB here) + dynamic."""
+    x, y, a = torch.arange(64.0), torch.zeros(64), torch.zeros(1)
+    old = simt.configure(arch=arch)
+    try:
+        if ok:
+            harness.launch_rule_case("bank", kb * 1024, kb * 1024, x, y, a)
+        else:
+            with pytest.raises(RuntimeError, match=rf"bytes a block may have on sm_{arch}"):
+                harness.launch_rule_case("bank", kb * 1024, kb * 1024, x, y, a)
+    finally:
+        simt.configure(**old)
+
+
+def test_registers_times_threads(harness):
+    x, y, a = torch.arange(1024.0), torch.zeros(1024), torch.zeros(1)
+    try:
+        harness.set_registers([("strided_kernel", 64)])   # 64 x 1024 = 65536: exactly a block's registers
+        harness.selftest("strided", x, y, a, 1, 1024, 0, 1.0)
+        harness.set_registers([("strided_kernel", 65)])   # rounds up to 72 per thread
+        with pytest.raises(RuntimeError, match=r"strided_kernel.*1024 threads of 65 registers need 73728"):
+            harness.selftest("strided", x, y, a, 1, 1024, 0, 1.0)
+    finally:
+        harness.set_registers([])
+
+
+def test_cooperative_grid_limit(harness):
+    """64-thread blocks: 32 resident per SM (the block limit), so 132 SMs hold 4224."""
+    buf, y = torch.zeros(4225), torch.zeros(4225 * 64)
+    with pytest.raises(RuntimeError, match=r"cooperative grid of 4225 blocks cannot be resident on 132 SMs \(32 per"):
+        harness.selftest("grid_barrier", torch.zeros(1), y, buf, 4225, 64, 0)

@@ -6,6 +6,11 @@ csrc/capi/*.cu). The torch translation units get the same include folders and fl
 (dspark_kernels/_ext.py); csrc/capi/*.cu gets only csrc/include. Prints a per-kernel resource table (registers,
 stack frame, spill bytes) and exits 1 if any compile fails or any kernel spills (non-zero "bytes spill" line).
 Needs no GPU. CUDA_HOME is resolved like the extension does (CUDA_HOME / CUDA_PATH, nvcc on PATH, ...).
+
+With ``--json PATH`` each kernel's entry also has its static shared memory, resident CTAs per SM at 128 / 256 /
+512 / 1024 threads (from registers and static shared memory), and for sm_90a a ``sass`` key: opcode counts and the
+innermost loops of its disassembly (``tools/sass.py``; cuobjdump from the toolkit or the Triton wheel). The kernel
+tests read that report through ``python_tests/sass_facts.py`` (CI writes it to build/check_cuda.json first).
 """
 
 from __future__ import annotations
@@ -45,6 +50,34 @@ def _torch_flags(ext, home):
                "-DTORCH_API_INCLUDE_EXTENSION_H"]
     common = list(getattr(cpp_extension, "COMMON_NVCC_FLAGS", []))
     return ["-std=c++20"] + [f"-I{p}" for p in ext.include_dirs() + incs] + defines + common
+
+
+def _add_sass(kernels, outdir, home):
+    """Adds resident CTAs per SM to every kernel entry and the SASS facts (tools/sass.py) to the sm_90a ones, from
+    the objects in `outdir`; returns the cuobjdump used (None: no disassembler, no `sass` keys)."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import sass
+
+    for k in kernels:
+        arch = k["arch"] if k["arch"] in sass.ARCH_LIMITS else "sm_90a"
+        k["ctas_per_sm"] = {t: sass.resident_ctas(k["registers"] or 0, t, k["static_smem"], arch)
+                            for t in (128, 256, 512, 1024)}
+    tool = sass.cuobjdump(home)
+    if tool is None:
+        print("check_cuda: no cuobjdump (toolkit, Triton wheel or nvidia-cuda-cuobjdump): no SASS facts",
+              file=sys.stderr)
+        return None
+    facts = {}
+    for obj in sorted(glob.glob(os.path.join(outdir, "*.o"))):
+        for name, f in sass.object_facts(obj, tool).items():
+            facts[f["mangled"]] = dict(f, demangled=name)
+    for k in kernels:
+        f = facts.get(k["kernel"])
+        if k["arch"] == "sm_90a" and f is not None:
+            k["demangled"] = f.pop("demangled")
+            f.pop("mangled")
+            k["sass"] = f
+    return tool
 
 
 def main() -> int:
@@ -96,7 +129,7 @@ def main() -> int:
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         results = list(pool.map(run, jobs))
 
-    failed, spills, rows = [], [], []
+    failed, spills, rows, static_smem = [], [], [], {}
     for rel, rc, log, dt in results:
         print(f"check_cuda: {rel}: {'ok' if rc == 0 else 'FAILED'} in {dt:.0f} s")
         if rc != 0:
@@ -123,6 +156,8 @@ def main() -> int:
             m = re.search(r"Used (\d+) registers", line)
             if m and rows and rows[-1][3] is None:
                 rows[-1][3] = int(m.group(1))
+                smem = re.search(r"(\d+) bytes smem", line)
+                static_smem[(rel, rows[-1][1], rows[-1][2])] = int(smem.group(1)) if smem else 0
     if rows:
         print(f"{'unit':28} {'arch':6} {'regs':>4} {'stack':>5} {'spill':>5}  kernel")
         for rel, arch, func, regs, stack, spill in rows:
@@ -130,10 +165,12 @@ def main() -> int:
     if args.json:
         import json
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        kernels = [dict(unit=rel, arch=arch, kernel=func, registers=regs, stack_bytes=stack, spill_bytes=spill,
+                        static_smem=static_smem.get((rel, arch, func), 0))
+                   for rel, arch, func, regs, stack, spill in rows]
+        sass_tool = _add_sass(kernels, outdir, home)
         with open(args.json, "w") as fh:
-            json.dump(dict(nvcc=nvcc, kernels=[dict(unit=rel, arch=arch, kernel=func, registers=regs, stack_bytes=stack,
-                                                    spill_bytes=spill) for rel, arch, func, regs, stack, spill in rows],
-                           failed=failed, spills=spills), fh, indent=1)
+            json.dump(dict(nvcc=nvcc, cuobjdump=sass_tool, kernels=kernels, failed=failed, spills=spills), fh, indent=1)
         print(f"check_cuda: wrote the table to {args.json}")
     bad = bool(failed or spills)
     if args.keep or bad:

@@ -12,7 +12,7 @@ namespace dspark {
 namespace simt {
 namespace {
 
-void configure(const std::string& order, uint64_t seed, int poison, int sm_count, bool record) {
+void configure(const std::string& order, uint64_t seed, int poison, int sm_count, bool record, int arch) {
   Settings& s = settings();
   if (order == "forward") s.order = Order::kForward;
   else if (order == "reverse") s.order = Order::kReverse;
@@ -24,7 +24,15 @@ void configure(const std::string& order, uint64_t seed, int poison, int sm_count
   s.poison = static_cast<unsigned char>(poison);
   s.sm_count = sm_count;
   s.record = record;
+  // The two architectures the launch rules model: per-block opt-in and per-SM shared memory (CUDA C++ Programming
+  // Guide, "Compute capabilities", technical specifications table: 227 / 228 KB on 9.0, 163 / 164 KB on 8.0).
+  TORCH_CHECK(arch == 80 || arch == 90, "simt: arch must be 80 or 90, got ", arch);
+  s.arch = arch;
+  s.max_smem_per_block = (arch == 90 ? 227 : 163) * 1024;
+  s.smem_per_sm = (arch == 90 ? 228 : 164) * 1024;
 }
+
+void set_registers(const std::vector<std::pair<std::string, int>>& table) { settings().registers = table; }
 
 py::dict get_settings() {
   const Settings& s = settings();
@@ -34,6 +42,7 @@ py::dict get_settings() {
   d["poison"] = static_cast<int>(s.poison);
   d["sm_count"] = s.sm_count;
   d["record"] = s.record;
+  d["arch"] = s.arch;
   return d;
 }
 
@@ -57,6 +66,29 @@ py::list take_records_py() {
         d["barriers"] = r.barriers;
         d["warp_collectives"] = r.warp_collectives;
         d["grid_barriers"] = r.grid_barriers;
+        d["access_model"] = r.access_model;
+        const char* keys[] = {"shared_instructions", "shared_wavefronts", "global_instructions", "global_sectors",
+                              "global_sectors_ideal"};
+        auto counts = [&](const AccessCounts& c) {
+          const uint64_t v[] = {c.shared_instructions, c.shared_wavefronts, c.global_instructions, c.global_sectors,
+                                c.global_sectors_ideal};
+          py::dict out;
+          for (int i = 0; i < 5; ++i) out[keys[i]] = v[i];
+          return out;
+        };
+        if (r.access_model) {
+          d.attr("update")(counts(r.access));
+          d["misaligned_segments"] = r.misaligned_segments;
+          d["misaligned_accesses"] = r.misaligned_accesses;
+          py::list by_pc;
+          for (const auto& e : r.by_pc) by_pc.append(py::make_tuple(e.first, counts(e.second)));
+          d["by_pc"] = by_pc;
+        } else {
+          for (const char* k : keys) d[k] = py::none();
+          d["misaligned_segments"] = py::none();
+          d["misaligned_accesses"] = py::none();
+          d["by_pc"] = py::list();
+        }
         static_cast<py::list*>(user)->append(d);
       },
       &out);
@@ -112,12 +144,35 @@ void selftest(const std::string& name, const torch::Tensor& x, torch::Tensor& y,
     } else {
       launch("mma_tile_kernel", selftest::mma_tile_kernel<__nv_bfloat16>, cfg, xp, yp, variant);
     }
+  } else if (name == "bank") {
+    launch("bank_kernel", selftest::bank_kernel, cfg, xp, yp, variant);
+  } else if (name == "strided") {
+    launch("strided_kernel", selftest::strided_kernel, cfg, xp, yp, static_cast<int>(alpha), variant);
+  } else if (name == "cp_async") {
+    launch("cp_async_kernel", selftest::cp_async_kernel, cfg, xp, yp, variant);
   } else if (name == "grid_barrier") {
     cfg.cooperative = variant == 0;  // the broken variant uses the grid barrier in a plain launch
     launch("grid_barrier_kernel", selftest::grid_barrier_kernel, cfg, ap, yp);
   } else {
     TORCH_CHECK(false, "simt selftest: unknown kernel '", name, "'");
   }
+}
+
+// The shared-memory launch rules on a self-test kernel: `dynamic` bytes of dynamic shared memory, after
+// set_max_dynamic_smem(kernel, attribute) when attribute > 0 (else with the attribute never set).
+void launch_rule_case(const std::string& name, int64_t dynamic, int64_t attribute, const torch::Tensor& x,
+                      torch::Tensor& y, torch::Tensor& aux) {
+  TORCH_CHECK(name == "bank", "simt launch_rule_case: unknown kernel '", name, "'");
+  check_f32(x, "x");
+  check_f32(y, "y");
+  (void)aux;
+  auto* kernel = selftest::bank_kernel;
+  forget_max_dynamic_smem(reinterpret_cast<const void*>(kernel));
+  if (attribute > 0) ::dspark::set_max_dynamic_smem(kernel, static_cast<size_t>(attribute));
+  LaunchConfig cfg;
+  cfg.block = dim3(32);
+  cfg.smem = static_cast<size_t>(dynamic);
+  launch("bank_kernel", kernel, cfg, x.data_ptr<float>(), y.data_ptr<float>(), 0);
 }
 
 // The split-V self-test: returns (log-sum-exp of logits / T, argmax, Gumbel race winner) per row, and the number of
@@ -153,14 +208,19 @@ py::tuple row_stats(const torch::Tensor& logits, double temperature, const torch
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "dspark_kernels SIMT harness: CUDA kernels on the CPU (settings, launch records, self-tests)";
   m.def("configure", &dspark::simt::configure, py::arg("order"), py::arg("seed"), py::arg("poison"),
-        py::arg("sm_count"), py::arg("record"));
+        py::arg("sm_count"), py::arg("record"), py::arg("arch") = 90);
+  m.def("set_registers", &dspark::simt::set_registers, py::arg("table"));
+  m.attr("access_model") = dspark::simt::access_model_available();
+  m.attr("module_path") = std::string(dspark::simt::module_path());
   m.def("settings", &dspark::simt::get_settings);
   m.def("take_records", &dspark::simt::take_records_py);
   m.def("selftest", &dspark::simt::selftest, py::arg("name"), py::arg("x"), py::arg("y"), py::arg("aux"),
         py::arg("grid"), py::arg("block"), py::arg("variant"), py::arg("alpha") = 1.0);
+  m.def("launch_rule_case", &dspark::simt::launch_rule_case, py::arg("name"), py::arg("dynamic"),
+        py::arg("attribute"), py::arg("x"), py::arg("y"), py::arg("aux"));
   m.def("row_stats", &dspark::simt::row_stats, py::arg("logits"), py::arg("temperature"), py::arg("rng_key"),
         py::arg("min_chunk"));
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) && !defined(DSPARK_SIMT_MODEL)  // (the model's instrumentation defines it too)
   m.attr("sanitized") = true;
 #else
   m.attr("sanitized") = false;

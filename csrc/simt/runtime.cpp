@@ -7,7 +7,10 @@
 // std::runtime_error. Nothing here is thread-safe: one OS thread launches at a time.
 #include "dspark_simt/runtime.h"
 
+#include <dlfcn.h>
 #include <sys/mman.h>
+
+#include "access_model.h"
 
 #include <algorithm>
 #include <memory>
@@ -16,7 +19,11 @@
 #include <string>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__)
+// DSPARK_SIMT_MODEL: the plain build, compiled with GCC's kernel-address instrumentation in call mode, so that
+// every load and store of the translation unit calls the __asan_*_noabort hooks at the end of this file (GCC then
+// defines __SANITIZE_ADDRESS__ too, without any AddressSanitizer runtime).
+#if defined(DSPARK_SIMT_MODEL)
+#elif defined(__SANITIZE_ADDRESS__)
 #define DSPARK_SIMT_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
@@ -108,6 +115,19 @@ struct Fiber {
 #endif
   void* asan_fake_stack = nullptr;
   Launch* launch = nullptr;
+  // access model
+  bool in_kernel = false;      // inside the launch body's KernelScope
+  int runtime_depth = 0;       // inside a runtime function called from the kernel
+  std::vector<model::Access> accesses;  // since the warp's last zip
+  // cp.async: queued copies, in issue order, and the group each belongs to (groups count from 1; 0 = uncommitted)
+  struct CpAsync {
+    char* dst;
+    const char* src;
+    int bytes, src_bytes;
+    uint64_t group;
+  };
+  std::vector<CpAsync> cp_queue;
+  uint64_t cp_committed = 0;   // groups committed so far
 };
 
 struct WarpGroup {
@@ -152,6 +172,9 @@ struct Launch {
   void* sched_fake_stack = nullptr;
   const void* sched_stack_bottom = nullptr;
   size_t sched_stack_size = 0;
+  bool model = false;           // the access model runs (recording, plain build)
+  bool cp_async_used = false;   // some thread queued a cp.async: destinations are checked
+  model::Tally tally;
 };
 
 namespace {
@@ -177,6 +200,30 @@ thread_local Launch* g_launch = nullptr;
 Settings g_settings;
 std::vector<LaunchRecord> g_records;
 uint64_t g_launch_counter = 0;
+std::vector<std::pair<const void*, size_t>> g_max_dynamic_smem;  // set_max_dynamic_smem, per kernel function
+
+// Nonzero while the running fiber executes kernel code whose accesses the hooks must see (the access model is on,
+// or a cp.async is queued in this launch); what every hook tests first.
+int g_hook = 0;
+
+DSPARK_SIMT_UNMODELLED void refresh_hook() {
+  const Fiber* f = g_current;
+  g_hook = f != nullptr && f->in_kernel && f->runtime_depth == 0 && g_launch != nullptr &&
+           (g_launch->model || g_launch->cp_async_used);
+}
+
+// Held by every runtime function kernel code calls: the runtime's own loads and stores are not the kernel's.
+struct RuntimeScope {
+  Fiber* f;
+  DSPARK_SIMT_UNMODELLED RuntimeScope() : f(g_current) {
+    if (f) ++f->runtime_depth;
+    g_hook = 0;
+  }
+  DSPARK_SIMT_UNMODELLED ~RuntimeScope() {
+    if (f) --f->runtime_depth;
+    refresh_hook();
+  }
+};
 
 std::string where(Site s) {
   std::string f = s.file ? s.file : "?";
@@ -377,15 +424,91 @@ std::string describe_wait(const Fiber* f) {
   }
 }
 
-Block& my_block() { return *g_current->ctx.block; }
+DSPARK_SIMT_UNMODELLED Block& my_block() { return *g_current->ctx.block; }
+
+// ------------------------------------------------------------------------------------------- access model
+// Zips warp w of block b: its lanes' accesses since the last zip become warp instructions (access_model.h).
+void zip_warp(Launch* L, Block& b, size_t w) {
+  if (!L->model) return;
+  std::vector<model::Access>* lanes[32] = {};
+  for (size_t l = 0; l < 32 && w * 32 + l < b.threads.size(); ++l) lanes[l] = &b.threads[w * 32 + l]->accesses;
+  model::zip_warp(lanes, L->tally);
+}
+
+void zip_block(Launch* L, Block& b) {
+  for (size_t w = 0; w < b.warps.size(); ++w) zip_warp(L, b, w);
+}
+
+// The lanes of warp w that have not returned.
+unsigned live_lanes(const Block& b, size_t w) {
+  unsigned m = 0;
+  for (size_t l = 0; l < 32 && w * 32 + l < b.threads.size(); ++l)
+    if (b.threads[w * 32 + l]->state != State::kExited) m |= 1u << l;
+  return m;
+}
+
+void complete_cp_async(Fiber* f, uint64_t up_to_group, bool uncommitted_too);
+
+DSPARK_SIMT_UNMODELLED uint32_t code_offset(const void* ra) {
+  static const uintptr_t base = [] {
+    Dl_info info{};
+    return dladdr(reinterpret_cast<void*>(&module_path), &info) ? reinterpret_cast<uintptr_t>(info.dli_fbase)
+                                                                 : uintptr_t(0);
+  }();
+  return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(ra) - base);
+}
+
+// A load or store of kernel code (through the hooks) or of an emulated instruction, by the running fiber: locals
+// (its own stack) are left out, shared-memory accesses are checked against its queued cp.async destinations, and
+// the access model records the rest.
+DSPARK_SIMT_UNMODELLED void on_access(const void* p, size_t bytes, bool write, const void* ra) {
+  Fiber* f = g_current;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a - reinterpret_cast<uintptr_t>(f->stack) < f->stack_size) return;  // the thread's own stack: locals
+  Block& b = *f->ctx.block;
+  const bool shared = a - reinterpret_cast<uintptr_t>(b.smem) < smem_arena_bytes();
+  RuntimeScope scope;
+  if (shared && !f->cp_queue.empty()) {
+    for (const Fiber::CpAsync& c : f->cp_queue) {
+      if (a < reinterpret_cast<uintptr_t>(c.dst) + c.bytes && reinterpret_cast<uintptr_t>(c.dst) < a + bytes) {
+        std::ostringstream os;
+        os << (write ? "wrote" : "read") << " " << bytes << " byte(s) of shared memory at offset "
+           << (a - reinterpret_cast<uintptr_t>(b.smem)) << ", the destination of a cp.async of " << c.bytes
+           << " bytes that no cp_async_wait has completed yet (" << (c.group ? "committed" : "not committed")
+           << "): wait for its group first";
+        fault(os.str());
+      }
+    }
+  }
+  if (f->launch->model)
+    model::push(f->accesses, a, bytes, static_cast<uint8_t>((write ? model::kWrite : 0) | (shared ? model::kShared : 0)),
+                code_offset(ra));
+}
+
+// Performs the queued copies of f up to group `up_to_group` (and the uncommitted ones when asked), in issue order.
+DSPARK_SIMT_UNMODELLED void complete_cp_async(Fiber* f, uint64_t up_to_group, bool uncommitted_too) {
+  RuntimeScope scope;
+  std::vector<Fiber::CpAsync> keep;
+  for (const Fiber::CpAsync& c : f->cp_queue) {
+    if (c.group == 0 ? !uncommitted_too : c.group > up_to_group) {
+      keep.push_back(c);
+      continue;
+    }
+    memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
+    memset(c.dst + c.src_bytes, 0, static_cast<size_t>(c.bytes - c.src_bytes));
+  }
+  f->cp_queue.swap(keep);
+}
 
 void on_exit(Fiber* f) {
   Block& b = *f->ctx.block;
   Launch* L = f->launch;
+  complete_cp_async(f, ~uint64_t(0), true);  // a GPU thread's copies complete even if it never waited
   f->state = State::kExited;
   b.live -= 1;
   b.exited += 1;
   L->grid_live -= 1;
+  if (b.live == 0) zip_block(L, b);
   if (b.bar_arrived > 0)
     fault("returned while " + std::to_string(b.bar_arrived) + " thread(s) of its block wait at __syncthreads (" +
           where(b.bar_site) + "): a barrier in divergent code");
@@ -477,20 +600,122 @@ void release(std::vector<Fiber*>& waiters) {
 
 }  // namespace
 
+// ------------------------------------------------------------------------------------------- launch rules
+namespace {
+
+std::vector<std::pair<const void*, size_t>> g_static_smem;  // static shared memory seen per kernel function
+
+size_t static_smem_of(const void* func) {
+  for (const auto& e : g_static_smem)
+    if (e.first == func) return e.second;
+  return 0;
+}
+
+void note_static_smem(const void* func, size_t bytes) {
+  for (auto& e : g_static_smem)
+    if (e.first == func) {
+      e.second = std::max(e.second, bytes);
+      return;
+    }
+  g_static_smem.emplace_back(func, bytes);
+}
+
+const size_t* max_dynamic_smem_of(const void* func) {
+  for (const auto& e : g_max_dynamic_smem)
+    if (e.first == func && func != nullptr) return &e.second;
+  return nullptr;
+}
+
+int registers_of(const char* kernel) {
+  for (const auto& e : g_settings.registers)
+    if (e.first == kernel) return e.second;
+  return 0;
+}
+
+// Registers a block allocates: per thread rounded up to 8, per warp to 256 (sm_80 / sm_90 allocation units).
+int registers_per_block(int regs, int threads) {
+  const int per_warp = ((regs + 7) / 8 * 8 * 32 + 255) / 256 * 256;
+  return per_warp * ((threads + 31) / 32);
+}
+
+// The GPU's shared-memory rules for a launch with `static_bytes` of static shared memory: empty when it is legal.
+std::string smem_rule(const LaunchSpec& spec, size_t static_bytes) {
+  const size_t dyn = spec.dynamic_smem, total = static_bytes + dyn;
+  const size_t* attr = max_dynamic_smem_of(spec.func);
+  const std::string sizes = std::to_string(static_bytes) + " bytes of static + " + std::to_string(dyn) +
+                            " bytes of dynamic shared memory";
+  if (total > g_settings.max_smem_per_block)
+    return sizes + ": more than the " + std::to_string(g_settings.max_smem_per_block) + " bytes a block may have on sm_" +
+           std::to_string(g_settings.arch);
+  if (attr == nullptr) {
+    if (total > g_settings.default_dynamic_smem_limit)
+      return sizes + ": more than the " + std::to_string(g_settings.default_dynamic_smem_limit) +
+             " bytes a block gets without cudaFuncAttributeMaxDynamicSharedMemorySize; call "
+             "dspark::set_max_dynamic_smem(kernel, " + std::to_string(dyn) + ") before launching";
+    return "";
+  }
+  if (dyn > *attr)
+    return sizes + ": more dynamic shared memory than the " + std::to_string(*attr) +
+           " bytes of the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize";
+  if (static_bytes + *attr > g_settings.max_smem_per_block)
+    return sizes + ": the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize of " + std::to_string(*attr) +
+           " bytes plus its static shared memory exceed the " + std::to_string(g_settings.max_smem_per_block) +
+           " bytes of a block (the GPU refuses the attribute)";
+  return "";
+}
+
+}  // namespace
+
 // A fault raised by a device-side helper of the shared headers (e.g. a misaligned MMA operand).
-void device_fault(const char* msg) { fault(msg); }
+void device_fault(const char* msg) {
+  RuntimeScope scope;
+  fault(msg);
+}
 
 // ------------------------------------------------------------------------------------------- public API
-ThreadCtx& ctx() {
+DSPARK_SIMT_UNMODELLED uint3 thread_idx() { return ctx().thread_idx; }
+DSPARK_SIMT_UNMODELLED uint3 block_idx() { return ctx().block_idx; }
+DSPARK_SIMT_UNMODELLED dim3 block_dim() { return ctx().block_dim; }
+DSPARK_SIMT_UNMODELLED dim3 grid_dim() { return ctx().grid_dim; }
+DSPARK_SIMT_UNMODELLED unsigned lane_id() { return ctx().lane; }
+
+DSPARK_SIMT_UNMODELLED KernelScope::KernelScope() {
+  g_current->in_kernel = true;
+  refresh_hook();
+}
+DSPARK_SIMT_UNMODELLED KernelScope::~KernelScope() {
+  g_current->in_kernel = false;
+  refresh_hook();
+}
+
+bool access_model_available() {
+#if defined(DSPARK_SIMT_MODEL)
+  return true;
+#else
+  return false;
+#endif
+}
+
+const char* module_path() {
+  static std::string path = [] {
+    Dl_info info{};
+    return dladdr(reinterpret_cast<void*>(&module_path), &info) && info.dli_fname ? std::string(info.dli_fname)
+                                                                                   : std::string();
+  }();
+  return path.c_str();
+}
+
+DSPARK_SIMT_UNMODELLED ThreadCtx& ctx() {
   if (g_current == nullptr) throw std::runtime_error("dspark SIMT: a device built-in was used outside a kernel");
   return g_current->ctx;
 }
 
-Settings& settings() { return g_settings; }
+DSPARK_SIMT_UNMODELLED Settings& settings() { return g_settings; }
 
 void syncthreads(Site site) { (void)syncthreads_count(site, 0); }
 
 int syncthreads_count(Site site, int pred) {
+  RuntimeScope scope;
   Fiber* f = g_current;
   Block& b = my_block();
   if (b.exited > 0)
@@ -511,6 +736,7 @@ int syncthreads_count(Site site, int pred) {
     release(b.bar_waiters);
     b.bar_arrived = 0;
     f->launch->record->barriers += 1;
+    zip_block(f->launch, b);
     return count;
   }
   f->state = State::kBarrier;
@@ -521,6 +747,7 @@ int syncthreads_count(Site site, int pred) {
 }
 
 void grid_sync(Site site) {
+  RuntimeScope scope;
   Fiber* f = g_current;
   Launch* L = f->launch;
   if (!L->spec.cooperative) fault("grid barrier (" + where(site) + ") in a launch that is not cooperative");
@@ -530,6 +757,7 @@ void grid_sync(Site site) {
     release(L->grid_waiters);
     L->grid_arrived = 0;
     L->record->grid_barriers += 1;
+    for (auto& bp : L->blocks) zip_block(L, *bp);
     return;
   }
   f->state = State::kGrid;
@@ -539,6 +767,7 @@ void grid_sync(Site site) {
 }
 
 unsigned warp_collective(Site site, unsigned mask, uint64_t value, uint64_t* values) {
+  RuntimeScope scope;
   Fiber* f = g_current;
   Block& b = my_block();
   const unsigned lane = f->ctx.lane;
@@ -574,6 +803,7 @@ unsigned warp_collective(Site site, unsigned mask, uint64_t value, uint64_t* val
       if (w != f) w->state = State::kRunnable;
     }
     f->launch->record->warp_collectives += 1;
+    if ((done.mask & live_lanes(b, f->ctx.warp)) == live_lanes(b, f->ctx.warp)) zip_warp(f->launch, b, f->ctx.warp);
   } else {
     f->state = State::kWarp;
     f->wait_site = site;
@@ -586,6 +816,7 @@ unsigned warp_collective(Site site, unsigned mask, uint64_t value, uint64_t* val
 }
 
 unsigned active_mask() {
+  RuntimeScope scope;
   Fiber* f = g_current;
   Block& b = my_block();
   unsigned m = 0;
@@ -597,34 +828,64 @@ unsigned active_mask() {
 }
 
 void* shared_alloc(const void* key, size_t bytes, size_t align) {
+  RuntimeScope scope;
   Block& b = my_block();
   for (auto& a : b.static_allocs)
     if (a.first == key) return b.smem + a.second;
   if (align < 16) align = 16;
   const size_t off = (b.dyn + b.static_used + align - 1) / align * align;
-  if (off + bytes > g_settings.max_smem_per_block)
-    fault("needs " + std::to_string(off + bytes) + " bytes of shared memory, more than the " +
-          std::to_string(g_settings.max_smem_per_block) + " a block may have");
+  const std::string error = smem_rule(g_current->launch->spec, off + bytes - b.dyn);
+  if (!error.empty()) fault(error);
 #if defined(DSPARK_SIMT_ASAN)
   ASAN_UNPOISON_MEMORY_REGION(b.smem + off, bytes);
 #endif
   b.static_allocs.emplace_back(key, off);
   b.static_used = off + bytes - b.dyn;
+  note_static_smem(g_current->launch->spec.func, b.static_used);
   LaunchRecord* r = g_current->launch->record;
   if (b.static_used > r->static_smem) r->static_smem = b.static_used;
   return b.smem + off;
 }
 
-void* dynamic_smem() { return my_block().smem; }
+DSPARK_SIMT_UNMODELLED void* dynamic_smem() { return my_block().smem; }
 
 void count_read(const void* p, size_t bytes) {
+  RuntimeScope scope;
   ctx().record->bytes_read += bytes;
   if (g_settings.record) g_reads.emplace_back(reinterpret_cast<uintptr_t>(p), static_cast<uint32_t>(bytes));
 }
 
 void count_write(const void* p, size_t bytes) {
+  RuntimeScope scope;
   ctx().record->bytes_written += bytes;
   if (g_settings.record) g_writes.emplace_back(reinterpret_cast<uintptr_t>(p), static_cast<uint32_t>(bytes));
+}
+
+
+int max_active_blocks(const void* func, const char* kernel, int threads, size_t dynamic_smem) {
+  const Settings& s = g_settings;
+  if (threads <= 0) return 0;
+  int n = std::min(s.max_blocks_per_sm, s.max_threads_per_sm / threads);
+  const size_t smem = static_smem_of(func) + dynamic_smem + s.reserved_smem_per_block;
+  n = std::min<int>(n, static_cast<int>(s.smem_per_sm / smem));
+  const int regs = kernel ? registers_of(kernel) : 0;
+  if (regs > 0) n = std::min(n, s.registers_per_sm / registers_per_block(regs, threads));
+  return n;
+}
+
+void set_max_dynamic_smem(const void* kernel, size_t bytes) {
+  for (auto& e : g_max_dynamic_smem)
+    if (e.first == kernel) {
+      e.second = bytes;
+      return;
+    }
+  g_max_dynamic_smem.emplace_back(kernel, bytes);
+}
+
+void forget_max_dynamic_smem(const void* kernel) {
+  g_max_dynamic_smem.erase(std::remove_if(g_max_dynamic_smem.begin(), g_max_dynamic_smem.end(),
+                                          [&](const auto& e) { return e.first == kernel; }),
+                           g_max_dynamic_smem.end());
 }
 
 void launch(const LaunchSpec& spec, const std::function<void()>& body) {
@@ -637,14 +898,19 @@ void launch(const LaunchSpec& spec, const std::function<void()>& body) {
   if (threads == 0 || threads > 1024) throw bad("block of " + std::to_string(threads) + " threads");
   if (blocks == 0 || spec.grid.x > 2147483647u || spec.grid.y > 65535u || spec.grid.z > 65535u)
     throw bad("grid of " + std::to_string(blocks) + " blocks");
-  if (spec.dynamic_smem > g_settings.max_smem_per_block)
-    throw bad(std::to_string(spec.dynamic_smem) + " bytes of dynamic shared memory");
+  const std::string smem_error = smem_rule(spec, static_smem_of(spec.func));
+  if (!smem_error.empty()) throw bad(smem_error);
+  const int regs = registers_of(spec.kernel);
+  if (regs > 0 && registers_per_block(regs, static_cast<int>(threads)) > g_settings.registers_per_block)
+    throw bad(std::to_string(threads) + " threads of " + std::to_string(regs) + " registers need " +
+              std::to_string(registers_per_block(regs, static_cast<int>(threads))) + " registers, more than the " +
+              std::to_string(g_settings.registers_per_block) + " of a block");
   if (spec.cooperative) {
-    const uint64_t per_sm = std::min<uint64_t>(g_settings.max_threads_per_sm / threads,
-                                               spec.dynamic_smem ? g_settings.smem_per_sm / spec.dynamic_smem : 32);
-    if (blocks > per_sm * uint64_t(g_settings.sm_count))
+    const int per_sm = max_active_blocks(spec.func, spec.kernel, static_cast<int>(threads), spec.dynamic_smem);
+    if (blocks > uint64_t(per_sm) * uint64_t(g_settings.sm_count))
       throw bad("a cooperative grid of " + std::to_string(blocks) + " blocks cannot be resident on " +
-                std::to_string(g_settings.sm_count) + " SMs");
+                std::to_string(g_settings.sm_count) + " SMs (" + std::to_string(per_sm) +
+                " per SM at this block size and shared memory)");
   }
   LaunchRecord record;
   record.kernel = spec.kernel;
@@ -657,6 +923,8 @@ void launch(const LaunchSpec& spec, const std::function<void()>& body) {
   L.spec = spec;
   L.record = &record;
   L.body = &body;
+  L.model = g_settings.record && access_model_available();
+  record.access_model = L.model;
   g_launch = &L;
   ++g_launch_counter;
   std::vector<Fiber> fibers;
@@ -738,8 +1006,67 @@ void launch(const LaunchSpec& spec, const std::function<void()>& body) {
   g_current = nullptr;
   record.unique_bytes_read = unique_bytes(g_reads);
   record.unique_bytes_written = unique_bytes(g_writes);
+  record.access = L.tally.total;
+  record.misaligned_segments = L.tally.misaligned_segments;
+  record.misaligned_accesses = L.tally.misaligned_accesses;
+  record.by_pc.assign(L.tally.by_pc.begin(), L.tally.by_pc.end());
+  std::sort(record.by_pc.begin(), record.by_pc.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   if (!error.empty()) throw std::runtime_error(error);
   if (g_settings.record) g_records.push_back(record);
+}
+
+// ------------------------------------------------------------------------------------------- emulated instructions
+DSPARK_SIMT_UNMODELLED void model_access(const void* p, size_t bytes, bool write, const void* pc) {
+  Fiber* f = g_current;
+  if (f == nullptr || !f->in_kernel) return;
+  on_access(p, bytes, write, pc ? pc : __builtin_return_address(0));
+}
+
+DSPARK_SIMT_UNMODELLED void cp_async(void* smem_dst, const void* gmem_src, int bytes, int src_bytes, const void* pc) {
+  const void* ra = pc ? pc : __builtin_return_address(0);
+  RuntimeScope scope;
+  Fiber* f = g_current;
+  Block& b = my_block();
+  const uintptr_t d = reinterpret_cast<uintptr_t>(smem_dst), s = reinterpret_cast<uintptr_t>(gmem_src);
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(b.smem);
+  if (bytes != 4 && bytes != 8 && bytes != 16) fault("cp.async copies 4, 8 or 16 bytes, not " + std::to_string(bytes));
+  if (src_bytes < 0 || src_bytes > bytes)
+    fault("cp.async: src_bytes " + std::to_string(src_bytes) + " is outside [0, " + std::to_string(bytes) + "]");
+  if (d < lo || d + bytes > lo + b.dyn + b.static_used)
+    fault("cp.async: the destination is not in the block's shared memory");
+  if (d % bytes != 0 || (src_bytes > 0 && s % bytes != 0))
+    fault("cp.async of " + std::to_string(bytes) + " bytes: source and destination must be " + std::to_string(bytes) +
+          "-byte aligned");
+  f->launch->cp_async_used = true;
+  f->launch->record->bytes_read += static_cast<uint64_t>(src_bytes);
+  if (g_settings.record && src_bytes > 0) g_reads.emplace_back(s, static_cast<uint32_t>(src_bytes));
+  if (f->launch->model) {
+    if (src_bytes > 0) model::push(f->accesses, s, static_cast<size_t>(src_bytes), 0, code_offset(ra));
+    model::push(f->accesses, d, static_cast<size_t>(bytes), model::kWrite | model::kShared, code_offset(ra));
+  }
+  f->cp_queue.push_back(Fiber::CpAsync{static_cast<char*>(smem_dst), static_cast<const char*>(gmem_src), bytes,
+                                       src_bytes, 0});
+}
+
+DSPARK_SIMT_UNMODELLED void cp_async_commit() {
+  RuntimeScope scope;
+  Fiber* f = g_current;
+  f->cp_committed += 1;
+  for (Fiber::CpAsync& c : f->cp_queue)
+    if (c.group == 0) c.group = f->cp_committed;
+}
+
+DSPARK_SIMT_UNMODELLED void cp_async_wait(int pending_groups) {
+  RuntimeScope scope;
+  Fiber* f = g_current;
+  const uint64_t n = static_cast<uint64_t>(pending_groups < 0 ? 0 : pending_groups);
+  if (f->cp_committed > n) complete_cp_async(f, f->cp_committed - n, false);
+}
+
+DSPARK_SIMT_UNMODELLED void cp_async_wait_all() {
+  RuntimeScope scope;
+  complete_cp_async(g_current, ~uint64_t(0), true);
 }
 
 void take_records(void (*sink)(const LaunchRecord&, void*), void* user) {
@@ -752,3 +1079,36 @@ size_t pending_records() { return g_records.size(); }
 
 }  // namespace simt
 }  // namespace dspark
+
+// ------------------------------------------------------------------------------------------- access hooks
+// What GCC's -fsanitize=kernel-address (call mode, --param asan-instrumentation-with-call-threshold=0) calls before
+// every load and store of the plain build. Outside modelled kernel code they return at the first test.
+#if defined(DSPARK_SIMT_MODEL)
+#define DSPARK_SIMT_HOOK(kind, n, write)                                                        \
+  extern "C" DSPARK_SIMT_UNMODELLED void __asan_##kind##n##_noabort(void* p) {                  \
+    if (__builtin_expect(::dspark::simt::g_hook != 0, 0))                                         \
+      ::dspark::simt::on_access(p, n, write, __builtin_return_address(0));                        \
+  }
+DSPARK_SIMT_HOOK(load, 1, false)
+DSPARK_SIMT_HOOK(load, 2, false)
+DSPARK_SIMT_HOOK(load, 4, false)
+DSPARK_SIMT_HOOK(load, 8, false)
+DSPARK_SIMT_HOOK(load, 16, false)
+DSPARK_SIMT_HOOK(store, 1, true)
+DSPARK_SIMT_HOOK(store, 2, true)
+DSPARK_SIMT_HOOK(store, 4, true)
+DSPARK_SIMT_HOOK(store, 8, true)
+DSPARK_SIMT_HOOK(store, 16, true)
+#undef DSPARK_SIMT_HOOK
+extern "C" DSPARK_SIMT_UNMODELLED void __asan_loadN_noabort(void* p, long n) {
+  if (__builtin_expect(::dspark::simt::g_hook != 0, 0) && n > 0)
+    ::dspark::simt::on_access(p, static_cast<size_t>(n), false, __builtin_return_address(0));
+}
+extern "C" DSPARK_SIMT_UNMODELLED void __asan_storeN_noabort(void* p, long n) {
+  if (__builtin_expect(::dspark::simt::g_hook != 0, 0) && n > 0)
+    ::dspark::simt::on_access(p, static_cast<size_t>(n), true, __builtin_return_address(0));
+}
+extern "C" DSPARK_SIMT_UNMODELLED void __asan_handle_no_return() {}
+extern "C" DSPARK_SIMT_UNMODELLED void __asan_before_dynamic_init(const void*) {}
+extern "C" DSPARK_SIMT_UNMODELLED void __asan_after_dynamic_init() {}
+#endif

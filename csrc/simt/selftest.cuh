@@ -184,3 +184,66 @@ __global__ void mma_kernel(const float* x, float* y, int variant) {
 
 }  // namespace selftest
 }  // namespace dspark
+
+namespace dspark {
+namespace selftest {
+
+// The access model's planted cases (one warp of 32 threads; counts computed by hand in python_tests/test_simt.py).
+// variant 0: lane l stores and loads shared word l (conflict-free); 1: word 8 l (8-way conflict: banks 0, 8, 16,
+// 24 hold 8 words each); 2: float4 l (16-byte, conflict-free per quarter-warp); 3: every lane loads word 0 (a
+// broadcast). Each load reads a word another lane stored (a thread's reload of an address it accessed before is not
+// seen by the access model: see DESIGN).
+__global__ void bank_kernel(const float* x, float* y, int variant) {
+  DSPARK_SHARED_ARRAY(float4, buf, 256);
+  float* s = reinterpret_cast<float*>(buf);
+  const int l = threadIdx.x;
+  const float v = ldg(x + l);
+  if (variant == 2) {
+    buf[l] = make_float4(v, v, v, v);  // model: 16-byte store
+    __syncwarp();
+    const float4 w = buf[(l + 1) & 31];  // model: 16-byte load
+    stg(y + l, w.x + w.w);
+  } else {
+    const int i = variant == 1 ? 8 * l : l;
+    s[i] = v;  // model: shared store
+    __syncwarp();
+    stg(y + l, s[variant == 3 ? 0 : i]);  // model: shared load
+  }
+}
+
+// y[t] = x[t * stride] (variant 0); variant 1 adds a loop whose trip count depends on the lane (odd lanes store
+// once more), so the warps' access sequences do not line up.
+__global__ void strided_kernel(const float* x, float* y, int stride, int variant) {
+  const int t = threadIdx.x;
+  const float v = ldg(x + t * stride);  // model: strided load
+  stg(y + t, v);  // model: store
+  if (variant == 1)
+    for (int i = 0; i < (t & 1); ++i) stg(y + blockDim.x + t, v);  // model: divergent store
+}
+
+// cp.async: three copies in two groups (16-byte rows, 8-byte rows, 4-byte words zero-filled on odd threads), then
+// each thread reads its neighbour's. variant 1 reads the second group's destination after waiting only for the
+// first; variant 2 reads the first group's before any wait.
+__global__ void cp_async_kernel(const float* x, float* y, int variant) {
+  DSPARK_SHARED_ARRAY(float4, a, 64);
+  DSPARK_SHARED_ARRAY(float2, b, 64);
+  DSPARK_SHARED_ARRAY(float, c, 64);
+  const int t = threadIdx.x, n = blockDim.x;
+  cp_async<16>(a + t, x + 4 * t);  // model: cp.async 16
+  cp_async_commit();
+  cp_async<8>(b + t, x + 4 * n + 2 * t);  // model: cp.async 8
+  cp_async_zfill<4>(c + t, x + 6 * n + t, (t & 1) ? 0 : 4);  // model: cp.async 4
+  cp_async_commit();
+  float r = 0.0f;
+  if (variant == 2) r += a[t].x;
+  cp_async_wait<1>();
+  r += a[t].w;
+  if (variant == 1) r += b[t].y;
+  cp_async_wait<0>();
+  __syncthreads();
+  const int u = (t + 1) % n;
+  stg(y + t, a[u].x + a[u].y + a[u].z + a[u].w + b[u].x + b[u].y + c[u] + r);
+}
+
+}  // namespace selftest
+}  // namespace dspark

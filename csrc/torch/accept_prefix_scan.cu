@@ -68,9 +68,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   p.hidden_rows = rows.data_ptr<int32_t>();
   p.kv_slots = block_table.has_value() ? slots.data_ptr<int64_t>() : nullptr;
   p.finished = reinterpret_cast<uint8_t*>(finished.data_ptr<bool>());
+  const DeviceGuard guard(tokens);  // the plan reads the current device's SM count and occupancy
   const size_t ws_bytes = dspark::accept_prefix_scan_workspace_bytes(N);
   at::Tensor ws = at::empty({static_cast<int64_t>(ws_bytes)}, tokens.options().dtype(at::kByte));
-  const DeviceGuard guard(tokens);
   const cudaError_t err = dspark::launch_accept_prefix_scan(p, ws_bytes ? ws.data_ptr() : nullptr,
                                                             current_stream(tokens));
   TORCH_CHECK(err != cudaErrorInvalidValue, kOp, ": N = ", N, " requests exceed what one launch keeps resident");

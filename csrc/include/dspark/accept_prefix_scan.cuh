@@ -236,9 +236,9 @@ inline scan_detail::Plan accept_prefix_scan_plan(int64_t N) {
   using namespace scan_detail;
   if (N <= kSingleCtaMaxN) return Plan{1, N > 0 ? N : 1, kSmallThreads, true};
   const size_t smem = size_t(kMaxChunk) * kSmemPerRequest;
-  int64_t resident = int64_t(device_sm_count()) *
-                     max_active_blocks_per_sm(accept_prefix_scan_kernel<kThreads>, kThreads, smem);
-  if (resident < 1) resident = 1;
+  const int per_sm = max_active_blocks_per_sm(accept_prefix_scan_kernel<kThreads>, kThreads, smem);
+  if (per_sm < 1) return Plan{1, N, kThreads, false};  // the occupancy query failed: refuse, never guess
+  const int64_t resident = int64_t(device_sm_count()) * per_sm;
   int64_t grid = (N + kThreads - 1) / kThreads;  // at least 256 requests per CTA
   if (grid > resident) grid = resident;
   const int64_t chunk = (N + grid - 1) / grid;

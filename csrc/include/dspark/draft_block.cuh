@@ -90,57 +90,6 @@ constexpr int kSplitExp = 14;
 
 enum Head : int { kVanilla = 0, kGated = 1, kRnn = 2 };
 
-#if defined(__CUDACC__) || defined(DSPARK_SIMT)
-// cp.async as platform.cuh will provide it (same names and meaning; this local copy goes when it lands):
-// cp_async_zfill<16>(dst, src, src_bytes) copies src_bytes (0 or 16) of global `src` to shared `dst` and zero-fills
-// the rest; commit closes the thread's group; wait<N> leaves at most N groups in flight. GPU: cp.async.cg; SIMT:
-// the copy happens at the issue (a counted 16-byte global read), so the waits have nothing to do.
-template <int Bytes>
-DSPARK_DEVICE void cp_async_zfill(void* smem_dst, const void* gmem_src, int src_bytes) {
-  static_assert(Bytes == 16, "the local cp.async copy takes 16 bytes");
-#if defined(DSPARK_SIMT)
-  uint4 v = make_uint4(0u, 0u, 0u, 0u);
-  if (src_bytes > 0) v = ldg(static_cast<const uint4*>(gmem_src));
-  *static_cast<uint4*>(smem_dst) = v;
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes) : "memory");
-#else
-  uint4 v = make_uint4(0u, 0u, 0u, 0u);
-  if (src_bytes > 0) v = *static_cast<const uint4*>(gmem_src);
-  *static_cast<uint4*>(smem_dst) = v;
-#endif
-}
-DSPARK_DEVICE void cp_async_commit() {
-#if !defined(DSPARK_SIMT) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int N>
-DSPARK_DEVICE void cp_async_wait() {
-#if !defined(DSPARK_SIMT) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-DSPARK_DEVICE void cp_async_wait_all() {
-#if !defined(DSPARK_SIMT) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-// Lets `kernel` launch with `bytes` of dynamic shared memory (the GPU's default limit is 48 KB of static plus
-// dynamic); platform.cuh's version also tells the SIMT harness, which enforces the rule.
-template <typename Kernel>
-inline cudaError_t set_max_dynamic_smem(Kernel kernel, size_t bytes) {
-#if defined(DSPARK_SIMT)
-  (void)kernel, (void)bytes;
-  return cudaSuccess;
-#else
-  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes));
-#endif
-}
-#endif
-
 struct DraftBlockParams {
   const void* base;  // U [N, K, V]
   DType base_dtype;

@@ -124,6 +124,69 @@ DSPARK_DEVICE void stg(T* p, T v) {
   *p = v;
 }
 
+// ------------------------------------------------------------------------------------------------ cp.async
+// Asynchronous global -> shared copies (sm_80+): cp_async<Bytes>(dst, src) queues a copy of Bytes (4, 8 or 16)
+// from global `src` to shared `dst` (both Bytes-aligned); cp_async_zfill<Bytes>(dst, src, src_bytes) copies only
+// the first src_bytes (0..Bytes; 0 reads nothing, so `src` may then be any address) and zero-fills the rest, which
+// is also the predicated form (src_bytes = pred ? Bytes : 0). cp_async_commit() closes the thread's group of copies
+// issued since the last commit; cp_async_wait<N>() waits until at most the N newest committed groups are still in
+// flight; cp_async_wait_all() waits for every copy, committed or not. A wait makes the copies visible to the
+// thread that issued them; other threads see them after a __syncthreads that follows the wait.
+// GPU: cp.async.cg (16 bytes, bypassing L1) / cp.async.ca (4, 8), cp.async.commit_group, cp.async.wait_group N,
+// cp.async.wait_all. SIMT: the copy happens at the wait, and a load or store of a destination before its wait fails
+// the launch; the access model counts the global read (sectors) and the shared write (wavefronts) at the issue.
+template <int Bytes>
+DSPARK_DEVICE void cp_async_zfill(void* smem_dst, const void* gmem_src, int src_bytes) {
+  static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async copies 4, 8 or 16 bytes");
+#if defined(DSPARK_SIMT)
+  simt::cp_async(smem_dst, gmem_src, Bytes, src_bytes, nullptr);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  if constexpr (Bytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem_src), "n"(Bytes),
+                 "r"(src_bytes)
+                 : "memory");
+  }
+#elif defined(__CUDA_ARCH__)
+  // before sm_80: a synchronous copy with the same meaning
+  unsigned char* d = static_cast<unsigned char*>(smem_dst);
+  const unsigned char* s = static_cast<const unsigned char*>(gmem_src);
+  for (int i = 0; i < Bytes; ++i) d[i] = i < src_bytes ? s[i] : 0;
+#else
+  (void)smem_dst, (void)gmem_src, (void)src_bytes;
+#endif
+}
+template <int Bytes>
+DSPARK_DEVICE void cp_async(void* smem_dst, const void* gmem_src) {
+  cp_async_zfill<Bytes>(smem_dst, gmem_src, Bytes);
+}
+DSPARK_DEVICE void cp_async_commit() {
+#if defined(DSPARK_SIMT)
+  simt::cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+DSPARK_DEVICE void cp_async_wait() {
+  static_assert(N >= 0 && N <= 7, "cp.async.wait_group takes 0..7");
+#if defined(DSPARK_SIMT)
+  simt::cp_async_wait(N);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+DSPARK_DEVICE void cp_async_wait_all() {
+#if defined(DSPARK_SIMT)
+  simt::cp_async_wait_all();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // ------------------------------------------------------------------------------------------------ launch
 struct LaunchConfig {
   dim3 grid{1, 1, 1};
@@ -142,8 +205,15 @@ inline cudaError_t launch(const char* name, void (*kernel)(Params...), const Lau
   static_assert(sizeof...(Params) == sizeof...(Args), "dspark::launch: wrong number of kernel arguments");
 #if defined(DSPARK_SIMT)
   std::tuple<Params...> params(static_cast<Params>(std::forward<Args>(args))...);
-  simt::launch(simt::LaunchSpec{name, cfg.grid, cfg.block, cfg.smem, cfg.cooperative},
-               [&]() { std::apply(kernel, params); });
+  simt::launch(simt::LaunchSpec{name, cfg.grid, cfg.block, cfg.smem, cfg.cooperative,
+                                reinterpret_cast<const void*>(kernel)},
+               [&]() {
+                 // the thread's copies of the kernel and its arguments (not modelled accesses)
+                 void (*fn)(Params...) = kernel;
+                 std::tuple<Params...> mine(params);
+                 simt::KernelScope scope;
+                 std::apply(fn, mine);
+               });
   return cudaSuccess;
 #else
   (void)name;
@@ -190,22 +260,40 @@ inline int device_sm_count() {
 }
 #endif
 
-// How many blocks of `threads` threads and `smem` bytes of dynamic shared memory fit on one SM at once.
+// How many blocks of `threads` threads and `smem` bytes of dynamic shared memory fit on one SM at once; 0 when the
+// occupancy query fails (an invalid configuration, or a kernel image missing for the device): a caller sizing a
+// grid from it must treat 0 as an error, never launch on it. Call set_max_dynamic_smem first for smem > 48 KB.
 template <typename Kernel>
 inline int max_active_blocks_per_sm(Kernel kernel, int threads, size_t smem) {
 #if defined(DSPARK_SIMT)
-  (void)kernel;
-  const simt::Settings& s = simt::settings();
-  int by_threads = s.max_threads_per_sm / (threads > 0 ? threads : 1);
-  int by_smem = smem ? static_cast<int>(s.smem_per_sm / smem) : 32;
-  int n = by_threads < by_smem ? by_threads : by_smem;
-  return n < 32 ? n : 32;
+  return simt::max_active_blocks(reinterpret_cast<const void*>(kernel), nullptr, threads, smem);
 #else
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) return 1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the error state: the caller reports the failure
+    return 0;
+  }
   return n;
 #endif
 }
+
+// Lets `kernel` launch with up to `bytes` of dynamic shared memory (a GPU refuses more than 48 KB of static plus
+// dynamic shared memory without it): cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) on the GPU,
+// recorded and enforced by the SIMT harness. Returns the CUDA status (an error when static + bytes exceed the
+// device's per-block maximum, 227 KB on sm_90, 163 KB on sm_80).
+template <typename Kernel>
+inline cudaError_t set_max_dynamic_smem(Kernel kernel, size_t bytes) {
+#if defined(DSPARK_SIMT)
+  simt::set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
+  return cudaSuccess;
+#else
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+#endif
+}
+
+// Dynamic shared memory a block may use without set_max_dynamic_smem, given its static shared memory.
+constexpr size_t kDefaultSmemPerBlock = 48 * 1024;
 
 
 }  // namespace dspark

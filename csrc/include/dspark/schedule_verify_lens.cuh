@@ -595,18 +595,12 @@ inline size_t schedule_verify_lens_workspace_bytes(const ScheduleVerifyLensParam
 }
 
 namespace sched_detail {
-// Opt `kernel` in to more than 48 KB of dynamic shared memory on the current device (a host-side attribute set
-// before each such launch, no sync; kSmemLimit fits every GPU of sm_80 and later).
+// Opt `kernel` in to `bytes` of dynamic shared memory before each launch that uses any (a host-side attribute, no
+// sync): a GPU limits static + dynamic shared memory to 48 KB without it, and the kernel's static part (its
+// block-scan scratch) counts too, so no dynamic size is safe to leave out.
 template <typename Kernel>
 inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-#if defined(DSPARK_SIMT)
-  (void)kernel;
-  (void)bytes;
-  return cudaSuccess;
-#else
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit));
-#endif
+  return bytes > 0 ? set_max_dynamic_smem(kernel, bytes) : cudaSuccess;
 }
 }  // namespace sched_detail
 

@@ -1071,12 +1071,13 @@ inline Plan make_plan(int64_t N, int64_t K, int64_t V) {
   return pl;
 }
 
-// A persistent grid: the CTAs of `kernel` resident at once (occupancy query), or `items` when that is fewer.
+// A persistent grid: the CTAs of `kernel` resident at once (occupancy query), or `items` when that is fewer;
+// 0 when the occupancy query fails (the launcher then refuses the launch).
 template <typename Kernel>
 inline unsigned resident_grid(Kernel kernel, int threads, int64_t items) {
   const int64_t resident = static_cast<int64_t>(device_sm_count()) * max_active_blocks_per_sm(kernel, threads, 0);
   const int64_t g = items < resident ? items : resident;
-  return static_cast<unsigned>(g > 0 ? g : 1);
+  return static_cast<unsigned>(g > 0 ? g : 0);
 }
 
 }  // namespace vc
@@ -1131,6 +1132,7 @@ inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspa
     DSPARK_DISPATCH_FLOAT(p.draft_dtype, TD, return cudaErrorInvalidValue,
       LaunchConfig st = big;
       st.grid = dim3(resident_grid(stats_kernel<TT, TD>, pl.threads, rows * w.chunks));
+      if (st.grid.x == 0) return cudaErrorInvalidConfiguration;
       DSPARK_VC_TRY(launch("verify_chain_stats", stats_kernel<TT, TD>, st, p, w, draft_stats));
       DSPARK_VC_TRY(launch("verify_chain_decide", decide_kernel<TT, TD>, per_req, p, w, draft_stats, qstats));
       if (sampling && p.block_method && p.K > 1) {
@@ -1142,6 +1144,7 @@ inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspa
         LaunchConfig q = big;
         q.block = dim3(static_cast<unsigned>(pl.qthreads));
         q.grid = dim3(resident_grid(qstats_kernel<TT, TD>, pl.qthreads, p.N * w.qchunks));
+        if (q.grid.x == 0) return cudaErrorInvalidConfiguration;
         DSPARK_VC_TRY(launch("verify_chain_qstats", qstats_kernel<TT, TD>, q, p, w));
       }
     )

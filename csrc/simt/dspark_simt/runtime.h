@@ -39,7 +39,10 @@
 #include <string.h>
 
 #include <functional>
+#include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #undef __launch_bounds__
 #define __launch_bounds__(...)
@@ -57,6 +60,20 @@ struct Site {
   int line;
 };
 
+// The warp access model's counts (see DESIGN, "The warp access model"): warp-level shared and global memory
+// instructions, shared-memory wavefronts under the bank rule, 32-byte global sectors touched and the ideal count.
+struct AccessCounts {
+  uint64_t shared_instructions = 0, shared_wavefronts = 0;
+  uint64_t global_instructions = 0, global_sectors = 0, global_sectors_ideal = 0;
+  void add(const AccessCounts& o) {
+    shared_instructions += o.shared_instructions;
+    shared_wavefronts += o.shared_wavefronts;
+    global_instructions += o.global_instructions;
+    global_sectors += o.global_sectors;
+    global_sectors_ideal += o.global_sectors_ideal;
+  }
+};
+
 struct LaunchRecord {
   const char* kernel = "";
   dim3 grid{1, 1, 1}, block{1, 1, 1};
@@ -67,6 +84,13 @@ struct LaunchRecord {
   uint64_t barriers = 0;         // __syncthreads completed, summed over blocks
   uint64_t warp_collectives = 0;  // warp collectives completed, summed over warps
   uint64_t grid_barriers = 0;
+  // The access model (kept only while recording, and only in the plain build: see access_model_available()).
+  bool access_model = false;
+  AccessCounts access;
+  uint64_t misaligned_segments = 0;  // warp segments whose lanes' access sequences did not line up
+  uint64_t misaligned_accesses = 0;  // lane accesses in those segments
+  // Per code address (offset into the module, see module_path()): the same counts, for a per-source-line view.
+  std::vector<std::pair<uint32_t, AccessCounts>> by_pc;
 };
 
 struct Block;
@@ -80,7 +104,43 @@ struct ThreadCtx {
   LaunchRecord* record;
 };
 
+// Functions of the runtime that kernel code calls are never instrumented by the access model (their own loads and
+// stores are the runtime's, not the kernel's); the built-ins return by value so reading them is no memory access.
+#define DSPARK_SIMT_UNMODELLED __attribute__((no_sanitize_address))
+
 ThreadCtx& ctx();  // the calling fiber's context (error outside a kernel)
+uint3 thread_idx();
+uint3 block_idx();
+dim3 block_dim();
+dim3 grid_dim();
+unsigned lane_id();
+
+// The kernel body of a launch runs inside a KernelScope: only there are loads and stores modelled (copying the
+// kernel's arguments into the thread is not).
+struct KernelScope {
+  KernelScope();
+  ~KernelScope();
+};
+
+// True when this build has the access model (the plain build; the AddressSanitizer build has not, since GCC's
+// kernel-address instrumentation that feeds it cannot be combined with AddressSanitizer).
+bool access_model_available();
+// The file of the loaded module, for symbolising the code addresses of LaunchRecord::by_pc (addr2line -e).
+const char* module_path();
+// An access the compiler does not see as one (an emulated instruction): modelled like an instrumented load or
+// store of `bytes` at `p`, attributed to the code address `pc`.
+void model_access(const void* p, size_t bytes, bool write, const void* pc);
+
+// cp.async emulation: the copy is queued and happens when a wait completes its group; a load or store of a queued
+// destination before that fails the launch. src_bytes < bytes zero-fills the rest (0: nothing is read).
+void cp_async(void* smem_dst, const void* gmem_src, int bytes, int src_bytes, const void* pc);
+void cp_async_commit();
+void cp_async_wait(int pending_groups);  // wait_group N: all but the newest N committed groups complete
+void cp_async_wait_all();                // every queued copy completes, committed or not
+
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), recorded per kernel.
+void set_max_dynamic_smem(const void* kernel, size_t bytes);
+void forget_max_dynamic_smem(const void* kernel);  // as if never set (for the harness's own tests)
 
 // Synchronisation points (called by the intrinsics below).
 void syncthreads(Site site);
@@ -107,6 +167,7 @@ struct LaunchSpec {
   dim3 grid, block;
   size_t dynamic_smem;
   bool cooperative;
+  const void* func = nullptr;  // the kernel function: what set_max_dynamic_smem keys on
 };
 void launch(const LaunchSpec& spec, const std::function<void()>& body);
 
@@ -117,12 +178,27 @@ struct Settings {
   uint64_t seed = 0;             // for kRandom
   unsigned char poison = 0xFF;   // shared-memory fill before every block
   int sm_count = 132;            // what dspark::device_sm_count() reports (an H100/H200 by default)
+  // The launch rules of the device modelled (sm_90 by default; configure(arch=80) for an A100): the per-block
+  // opt-in maximum of shared memory (static + dynamic), the SM's shared memory, the 1 KB the driver reserves per
+  // block, the default dynamic limit without the attribute, threads and registers per SM and per block.
+  int arch = 90;
   size_t max_smem_per_block = 227 * 1024;
   size_t smem_per_sm = 228 * 1024;
+  size_t reserved_smem_per_block = 1024;
+  size_t default_dynamic_smem_limit = 48 * 1024;
   int max_threads_per_sm = 2048;
+  int max_blocks_per_sm = 32;
+  int registers_per_sm = 65536;
+  int registers_per_block = 65536;
+  // Registers per thread of kernels, by launch name (from the SASS report, tools/check_cuda.py); a kernel not named
+  // here is not held to the register rules.
+  std::vector<std::pair<std::string, int>> registers;
   bool record = false;           // keep a LaunchRecord per launch
 };
 Settings& settings();
+// Blocks of `threads` threads and `dynamic_smem` bytes resident per SM under the settings' limits (static shared
+// memory as seen in earlier launches of `func`, registers when known for `kernel`).
+int max_active_blocks(const void* func, const char* kernel, int threads, size_t dynamic_smem);
 // Records of the launches since the last call (when settings().record), oldest first.
 void take_records(void (*sink)(const LaunchRecord&, void*), void* user);
 size_t pending_records();
@@ -131,10 +207,10 @@ size_t pending_records();
 }  // namespace dspark
 
 // ------------------------------------------------------------------------------------------------ built-ins
-#define threadIdx (::dspark::simt::ctx().thread_idx)
-#define blockIdx (::dspark::simt::ctx().block_idx)
-#define blockDim (::dspark::simt::ctx().block_dim)
-#define gridDim (::dspark::simt::ctx().grid_dim)
+#define threadIdx (::dspark::simt::thread_idx())
+#define blockIdx (::dspark::simt::block_idx())
+#define blockDim (::dspark::simt::block_dim())
+#define gridDim (::dspark::simt::grid_dim())
 #ifndef warpSize
 #define warpSize 32
 #endif
@@ -193,7 +269,7 @@ template <typename T>
 inline T shfl(Site site, int kind, unsigned mask, T v, int arg, int width = 32) {
   uint64_t values[32];
   warp_collective(site, mask, to_bits(v), values);
-  const int lane = static_cast<int>(ctx().lane);
+  const int lane = static_cast<int>(lane_id());
   const int base = lane & ~(width - 1);
   int src = lane;
   switch (kind) {

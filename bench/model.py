@@ -1,0 +1,176 @@
+"""A modelled GPU time per kernel launch, from the SIMT harness's counters and the SASS facts. A MODEL, not a
+measurement: every number it prints is labelled "modelled", and bench/gpu_check.sh records it beside the measured
+time when a GPU is lent, so that the model can be checked and its constants corrected.
+
+    from bench.model import model_launch, model_recording
+    with simt.record() as rec: op(...)
+    model_recording(rec.launches, "h200")  # -> {"modelled_us": ..., "launches": [per-launch breakdown]}
+
+Per launch (``model_launch``), with the launch's counters (``simt.record()``) and optional SASS facts:
+  t = launch + grid_barriers * grid_barrier + waves * max(t_dram, t_l2, t_smem, t_latency) / waves
+where
+  t_dram    = unique bytes (what a perfect cache moves) / DRAM copy bandwidth,
+  t_l2      = global sectors * 32 bytes / L2 bandwidth (sectors from the access model; bytes requested without it),
+  t_smem    = shared wavefronts / (SMs in use * one wavefront per clock),
+  t_latency = bytes / (bytes in flight / DRAM latency): Little's law, bytes in flight = SMs in use * resident CTAs
+              per SM * threads * (bytes per load, 16 for a 16-byte load) * loads in flight per thread.
+Waves = CTAs / (resident CTAs per SM * SMs), rounded up; the SMs in use are min(CTAs, SMs), each holding
+min(resident, CTAs / SMs in use) CTAs at once.
+What it leaves out (only a GPU shows it): instruction issue and arithmetic, L1 hits, DRAM page and channel effects,
+clock changes, overlap between launches, and any latency but DRAM's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Optional
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    sms: int
+    dram_bytes_per_s: float   # achievable copy bandwidth (bytes read + written per second)
+    l2_bytes_per_s: float
+    clock_hz: float           # SM clock under load
+    dram_latency_s: float     # load-to-use latency of a DRAM access
+    launch_s: float           # one kernel launch, back to back on a stream
+    grid_barrier_s: float     # one cooperative-groups grid.sync() across a resident grid
+    threads_per_sm: int = 2048
+    blocks_per_sm: int = 32
+    registers_per_sm: int = 65536
+    smem_per_sm: int = 228 * 1024
+
+
+# Constants and where they come from (leads to be replaced by this repository's own measurements in
+# bench/gpu_check.sh's records once a GPU is lent):
+# - SMs: 132 on H100 SXM and H200 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022; the H200 is the same
+#   GH100 die: /work/.library/device/H200.md).
+# - H200 copy bandwidth 4.3 TB/s: a device-to-device copy through PyTorch on an H200 of this workplace, counting
+#   bytes read and written (/work/.library/device/KINDS.md, seen 2026-10-28 and 2026-11-04); the datasheet says
+#   4.8 TB/s. H100 SXM: the same 0.9 fraction of its 3.35 TB/s datasheet figure (H200.md quotes both datasheets),
+#   3.0 TB/s, scaled, not measured here.
+# - L2 bandwidth: 2.5x DRAM on both, an assumption of the order Chips and Cheese reported for an H100's L2 against
+#   its DRAM ("Nvidia's H100: Funny L2, and Tons of Bandwidth", 2023); to be measured.
+# - Clock 1.98 GHz: the SM clock nvidia-smi read under load on this workplace's H200 (KINDS.md, 2026-10-28).
+# - DRAM latency 600 ns: the order of the load-to-use latency past L2 that the same article measured by pointer
+#   chasing on an H100; to be measured.
+# - Launch 2.5 us back to back: the order of the per-kernel launch cost of the NVIDIA developer blog "Getting
+#   Started with CUDA Graphs" (2019) without graphs; grid barrier 1.5 us across a resident grid: the order of the
+#   cooperative grid sync cost in Zhang et al., "A Study of Single and Multi-device Synchronization Methods in Nvidia
+#   GPUs" (IPDPS 2020, V100); neither yet measured on Hopper here.
+# - One shared-memory wavefront per SM clock (128 bytes per clock per SM: the whitepaper's shared-memory bandwidth).
+GPUS = {
+    "h200": Gpu("h200", sms=132, dram_bytes_per_s=4.3e12, l2_bytes_per_s=2.5 * 4.3e12, clock_hz=1.98e9,
+                dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.5e-6),
+    "h100": Gpu("h100", sms=132, dram_bytes_per_s=3.0e12, l2_bytes_per_s=2.5 * 3.0e12, clock_hz=1.98e9,
+                dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.5e-6),
+}
+
+
+def resident_ctas(gpu: Gpu, threads: int, smem_bytes: int, registers: Optional[int] = None) -> int:
+    """CTAs per SM by threads, blocks, shared memory (+1 KB reserved per block) and registers (when known)."""
+    n = min(gpu.blocks_per_sm, gpu.threads_per_sm // max(threads, 1))
+    n = min(n, gpu.smem_per_sm // (smem_bytes + 1024))
+    if registers:
+        per_warp = math.ceil(math.ceil(registers / 8) * 8 * 32 / 256) * 256
+        n = min(n, gpu.registers_per_sm // (per_warp * math.ceil(threads / 32)))
+    return max(n, 0)
+
+
+def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[int] = None,
+                 load_bytes: int = 16, loads_in_flight: int = 1) -> Dict[str, float]:
+    """Modelled time of one launch record (a dict of ``simt.record().launches``), in microseconds, with its terms.
+
+    registers: per thread, from the SASS report (None: not a limit); load_bytes: bytes per thread per load (16 for
+    LDG.E.128); loads_in_flight: independent loads a thread has in flight (from the SASS of the innermost loop)."""
+    g = GPUS[gpu]
+    threads, ctas = int(rec["threads"]), int(rec["ctas"])
+    smem = int(rec.get("static_smem", 0)) + int(rec.get("dynamic_smem", 0))
+    per_sm = resident_ctas(g, threads, smem, registers)
+    if per_sm < 1:
+        raise ValueError(f"{rec.get('kernel')}: {threads} threads and {smem} bytes of shared memory fit no SM")
+    waves = math.ceil(ctas / (per_sm * g.sms))
+    sms_used = min(g.sms, ctas)  # the CTAs spread over the SMs before any SM takes a second one
+    unique = rec.get("unique_bytes_read", 0) + rec.get("unique_bytes_written", 0)
+    requested = rec["bytes_read"] + rec["bytes_written"]
+    sectors = rec.get("global_sectors")
+    l2_bytes = 32 * sectors if sectors is not None else requested
+    wavefronts = rec.get("shared_wavefronts") or 0
+    in_flight = sms_used * min(per_sm, math.ceil(ctas / sms_used)) * threads * load_bytes * loads_in_flight
+    t_dram = unique / g.dram_bytes_per_s
+    t_l2 = l2_bytes / g.l2_bytes_per_s
+    t_smem = wavefronts / (sms_used * g.clock_hz)
+    t_latency = unique * g.dram_latency_s / in_flight if in_flight else 0.0
+    body = max(t_dram, t_l2, t_smem, t_latency)
+    grid = int(rec.get("grid_barriers", 0)) * g.grid_barrier_s
+    total = g.launch_s + body + grid
+    us = 1e6
+    return dict(modelled_us=total * us, launch_us=g.launch_s * us, dram_us=t_dram * us, l2_us=t_l2 * us,
+                smem_us=t_smem * us, latency_us=t_latency * us, grid_barrier_us=grid * us, waves=waves,
+                ctas_per_sm=per_sm, sms_used=sms_used, bytes_in_flight=in_flight,
+                bound=max(("dram", t_dram), ("l2", t_l2), ("smem", t_smem), ("latency", t_latency),
+                          key=lambda kv: kv[1])[0])
+
+
+def model_recording(launches: Iterable[Dict[str, Any]], gpu: str = "h200", **kw) -> Dict[str, Any]:
+    """The modelled time of a sequence of launches (one op call): the sum of :func:`model_launch` (no overlap)."""
+    per = [dict(kernel=r["kernel"], **model_launch(r, gpu, **kw)) for r in launches]
+    return dict(gpu=gpu, modelled_us=sum(p["modelled_us"] for p in per), launches=per)
+
+
+def floor_model_us(floor_bytes: float, launches: int = 1, gpu: str = "h200") -> float:
+    """The model with only the bytes floor known (no harness counters): launches x launch cost + floor / copy
+    bandwidth. What bench/gpu_check.sh sets beside each measured time."""
+    g = GPUS[gpu]
+    return (launches * g.launch_s + floor_bytes / g.dram_bytes_per_s) * 1e6
+
+
+def compare(bench_rows: Iterable[Dict[str, Any]], gpu: str = "h200") -> list:
+    """Rows of a bench record with a measured median: (op, params, measured_us, modelled_us, measured / model)."""
+    out = []
+    for r in bench_rows:
+        if r.get("median_ms") is None or r.get("floor_bytes") is None:
+            continue
+        modelled = floor_model_us(r["floor_bytes"], gpu=gpu)
+        measured = 1e3 * r["median_ms"]
+        params = {k: v for k, v in r.items() if k in ("N", "K", "V", "dtype", "mode", "r", "method", "temperature")}
+        out.append(dict(op=r.get("op"), backend=r.get("backend"), **params, measured_us=measured,
+                        modelled_us=modelled, measured_over_model=measured / modelled))
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import csv
+    import glob
+    import json
+    import os
+
+    ap = argparse.ArgumentParser(description="modelled (not measured) GPU times beside a bench record's measurements")
+    ap.add_argument("bench_dir", help="the folder bench/run.py wrote its JSON record to")
+    ap.add_argument("--gpu", default="h200", choices=sorted(GPUS))
+    ap.add_argument("--out", help="CSV to write (default: BENCH_DIR/model_vs_measured.csv)")
+    args = ap.parse_args(argv)
+    rows = []
+    for path in sorted(glob.glob(os.path.join(args.bench_dir, "*.json"))):
+        with open(path) as f:
+            try:
+                doc = json.load(f)
+            except ValueError:
+                continue
+        if isinstance(doc, dict) and isinstance(doc.get("rows"), list):
+            rows += compare(doc["rows"], args.gpu)
+    out = args.out or os.path.join(args.bench_dir, "model_vs_measured.csv")
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("op", "backend"), k))
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"model: {len(rows)} measured rows beside their modelled (floor-only) {args.gpu} time in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

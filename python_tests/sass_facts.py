@@ -1,0 +1,58 @@
+"""SASS facts of the compiled kernels for the kernel tests: ``sass_facts("verify_chain_stats")``.
+
+Reads the report ``tools/check_cuda.py --json`` writes (``build/check_cuda.json`` in the checkout, or the file named
+by ``DSPARK_SASS_REPORT``); CI's ``.ci/run`` writes it before the tests run. Each fact is an sm_90a kernel's entry:
+``registers``, ``spill_bytes``, ``static_smem``, ``ctas_per_sm`` ({threads: CTAs}), and ``sass``: ``instructions``,
+opcode counts as SASS spells them (``"LDG.E.128"``, ``"LDGSTS"``, ``"LDSM"``, ``"HMMA"``, ``"LDS"``, ``"STS"``,
+``"BAR"``, ``"MUFU"``, ...) and ``loops`` (one dict per innermost loop: ``instructions`` and the same counts).
+
+A test skips only when the report is missing because there is no nvcc to make it; with nvcc present a missing
+report is a failure (run ``python tools/check_cuda.py --json build/check_cuda.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_REPORT = os.path.join(ROOT, "build", "check_cuda.json")
+
+_cache: Dict[str, Any] = {}
+
+
+def report_path() -> str:
+    return os.environ.get("DSPARK_SASS_REPORT") or DEFAULT_REPORT
+
+
+def _nvcc_present() -> bool:
+    from dspark_kernels import _ext
+    home = _ext.cuda_home()
+    return bool(home) and os.path.isfile(os.path.join(home, "bin", "nvcc"))
+
+
+def report() -> Dict[str, Any]:
+    path = report_path()
+    if path not in _cache:
+        if not os.path.isfile(path):
+            if not _nvcc_present():
+                pytest.skip(f"no SASS report at {path}: nvcc is absent, so tools/check_cuda.py cannot make one")
+            pytest.fail(f"no SASS report at {path}; run `python tools/check_cuda.py --json {path}` first "
+                        "(CI's .ci/run does)")
+        with open(path) as f:
+            _cache[path] = json.load(f)
+    return _cache[path]
+
+
+def sass_facts(kernel: str) -> List[Dict[str, Any]]:
+    """The sm_90a entries whose demangled name contains `kernel` (every template instance), each with a ``sass``
+    key; fails when none matches or the report has no SASS (no disassembler when it was made)."""
+    rep = report()
+    found = [k for k in rep["kernels"] if k["arch"] == "sm_90a" and kernel in k.get("demangled", k["kernel"])]
+    assert found, f"no sm_90a kernel named like {kernel!r} in {report_path()}"
+    missing = [k["kernel"] for k in found if "sass" not in k]
+    assert not missing, f"{report_path()} has no SASS for {missing[:3]} (made without cuobjdump)"
+    return found

@@ -1,0 +1,106 @@
+"""bench/model.py (a modelled GPU time, not a measurement) on two launches computed by hand, and tools/sass.py's
+SASS parsing on a hand-written listing."""
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+model = _load("dspark_bench_model", "bench/model.py")
+sass = _load("dspark_tools_sass", "tools/sass.py")
+
+
+def _launch(**kw):
+    rec = dict(kernel="k", threads=256, ctas=264, static_smem=0, dynamic_smem=0, bytes_read=10**9, bytes_written=0,
+               unique_bytes_read=10**9, unique_bytes_written=0, global_sectors=None, shared_wavefronts=None,
+               grid_barriers=0)
+    rec.update(kw)
+    return rec
+
+
+def test_a_streaming_launch_is_dram_bound():
+    """264 CTAs of 256 threads: 8 fit an SM, 2 land on each of the 132; 4 16-byte loads in flight per thread keep
+    132 * 2 * 256 * 64 = 4325376 bytes in flight, 1e9 * 600 ns / that = 138.7 us < 1e9 / 4.3e12 = 232.558 us."""
+    m = model.model_launch(_launch(), "h200", loads_in_flight=4)
+    assert m["ctas_per_sm"] == 8 and m["sms_used"] == 132 and m["waves"] == 1
+    assert m["bytes_in_flight"] == 4325376 and m["bound"] == "dram"
+    assert m["latency_us"] == pytest.approx(138.7160, abs=1e-3)
+    assert m["modelled_us"] == pytest.approx(2.5 + 232.5581, abs=1e-3)
+    h100 = model.model_launch(_launch(), "h100", loads_in_flight=4)
+    assert h100["modelled_us"] == pytest.approx(2.5 + 333.3333, abs=1e-3)
+
+
+def test_one_cta_is_latency_bound_and_pays_its_grid_barriers():
+    """One CTA of 128 threads, one 16-byte load in flight each: 2048 bytes in flight; 1 MiB takes
+    1048576 * 600 ns / 2048 = 307.2 us, plus the launch and three grid barriers of 1.5 us."""
+    rec = _launch(threads=128, ctas=1, bytes_read=2**20, unique_bytes_read=2**20, grid_barriers=3,
+                  global_sectors=2**15, shared_wavefronts=1000)
+    m = model.model_launch(rec, "h200")
+    assert m["bound"] == "latency" and m["bytes_in_flight"] == 2048
+    assert m["modelled_us"] == pytest.approx(2.5 + 307.2 + 4.5, abs=1e-6)
+    assert m["smem_us"] == pytest.approx(1000 / 1.98e9 * 1e6)
+
+
+def test_shared_memory_and_registers_limit_residency():
+    assert model.resident_ctas(model.GPUS["h200"], 256, 100 * 1024) == 2          # 228 KB / 101 KB
+    assert model.resident_ctas(model.GPUS["h200"], 256, 0, registers=128) == 2    # 65536 / (128 * 256)
+    with pytest.raises(ValueError, match="fit no SM"):
+        model.model_launch(_launch(dynamic_smem=228 * 1024), "h200")
+
+
+LISTING = """
+\tcode for sm_90a
+\t\tFunction : _Z1kPKfPf
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/                   LDGSTS.E.BYPASS.128 [R9], desc[UR4][R2.64] ;
+        /*0030*/                   LDSM.16.M88.4 R12, [R9] ;
+        /*0040*/                   HMMA.16816.F32.BF16 R16, R12, R14, R16 ;
+        /*0050*/               @P0 BRA 0x10 ;
+        /*0060*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0070*/                   LDS R5, [R9] ;
+        /*0080*/                   MUFU.EX2 R5, R5 ;
+        /*0090*/              @!P1 BRA 0x70 ;
+        /*00a0*/                   BRA 0x0 ;
+        /*00b0*/                   EXIT ;
+        /*00c0*/                   BRA 0xc0 ;
+"""
+
+
+def test_sass_opcodes_and_innermost_loops():
+    """Two innermost loops ([0x10, 0x50] and [0x70, 0x90]) inside an outer one ([0x0, 0xa0]); the trap branch to
+    itself after EXIT is no loop."""
+    (f,) = sass.parse_sass("arch = sm_90a\n" + LISTING).values()
+    facts = sass.kernel_facts(f["insns"])
+    assert facts["instructions"] == 13
+    assert (facts["LDG.E.128"], facts["LDGSTS"], facts["LDSM"], facts["HMMA"]) == (1, 1, 1, 1)
+    assert (facts["BAR"], facts["LDS"], facts["MUFU"], facts["STS"]) == (1, 1, 1, 0)
+    loops = facts["loops"]
+    assert [(lp["start"], lp["end"], lp["instructions"]) for lp in loops] == [(0x10, 0x50, 5), (0x70, 0x90, 3)]
+    assert loops[0]["LDG.E.128"] == 1 and loops[0]["HMMA"] == 1 and loops[1]["MUFU"] == 1
+
+
+def test_resident_ctas_of_the_sass_report():
+    assert sass.resident_ctas(32, 256, 1024) == 8          # threads: 2048 / 256
+    assert sass.resident_ctas(255, 256, 0) == 1            # 256 registers x 256 threads = the whole file
+    assert sass.resident_ctas(32, 128, 100 * 1024, "sm_80") == 1
+
+
+def test_bench_rows_get_the_floor_model_beside_them():
+    rows = [dict(op="verify_chain", backend="cuda", N=64, median_ms=0.1, floor_bytes=4.3e8),
+            dict(op="x", backend="cuda", status="error")]
+    (r,) = model.compare(rows, "h200")
+    assert r["modelled_us"] == pytest.approx(2.5 + 100.0) and r["measured_us"] == pytest.approx(100.0)
+    assert r["measured_over_model"] == pytest.approx(100.0 / 102.5) and r["N"] == 64
