@@ -11,6 +11,7 @@ from typing import List, Optional
 import torch
 
 from cases import cases_for
+from model import floor_model_us, model_recording
 
 
 def _load_ptxas(path: Optional[str]) -> tuple:
@@ -34,6 +35,19 @@ def _demangle(names: List[str]) -> List[str]:
         return out if p.returncode == 0 and len(out) == len(names) else names
     except (OSError, subprocess.SubprocessError):
         return names
+
+
+def _modelled(launches: List[dict], floor_bytes: int) -> dict:
+    """bench/model.py's H100 / H200 times of the recorded launches (a model, not a measurement), beside the
+    model's time for the bytes floor in as many launches; empty when the harness has no access counts (the
+    sanitized build)."""
+    if not launches or any(ln.get("global_sectors") is None for ln in launches):
+        return {}
+    out = {}
+    for gpu in ("h100", "h200"):
+        out[f"modelled_us_{gpu}"] = round(model_recording(launches, gpu)["modelled_us"], 2)
+        out[f"floor_model_us_{gpu}"] = round(floor_model_us(floor_bytes, len(launches), gpu), 2)
+    return out
 
 
 def structural_report(ops: List[str], ptxas_path: Optional[str]) -> List[dict]:
@@ -73,7 +87,8 @@ def structural_report(ops: List[str], ptxas_path: Optional[str]) -> List[dict]:
                                              unique_over_floor=round(rec.unique_bytes / max(case.floor.total, 1),
                                                                      3),
                                              ctas=int(rec.ctas), launches=len(rec.launches),
-                                             kernels=sorted({str(ln.get("kernel")) for ln in rec.launches})))
+                                             kernels=sorted({str(ln.get("kernel")) for ln in rec.launches}),
+                                             **_modelled(rec.launches, case.floor.total)))
                     except Exception as e:  # noqa: BLE001 - a harness fault or a failing kernel: one row says so
                         measured.append(dict(shape=tag, **case.params, error=f"{type(e).__name__}: {e}"[:200]))
             row.update(simt="ok" if any("error" not in m for m in measured) else "failed", cases=measured)

@@ -5,7 +5,10 @@
   unless ``DSPARK_SIMT_SANITIZE=1``, i.e. they run in CI's sanitizer leg (``.ci/run``), against the build that leg
   makes anyway, not in the default run (where that build alone would cost minutes).
 * Tests marked ``@pytest.mark.slow`` (large shapes through the SIMT harness, minutes each) are deselected unless
-  ``DSPARK_SLOW=1``.
+  ``DSPARK_SLOW=1`` (CI sets it for one run of them).
+* Tests marked ``@pytest.mark.sass`` read the SASS report of ``tools/check_cuda.py --json`` (minutes of nvcc):
+  they are deselected unless the report exists (``build/check_cuda.json`` or ``DSPARK_SASS_REPORT``); CI's compile
+  step writes it before the tests run.
 * Without a GPU, Triton kernels run in the interpreter on CPU tensors: ``TRITON_INTERPRET=1`` is set here (before
   any kernel is defined) so the Triton tests run on every machine; ``triton_device`` says where their tensors go.
 * CUDA kernels run on the CPU through the SIMT harness (``dspark_kernels.simt``): a test that takes the
@@ -25,13 +28,20 @@ if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _deselect(config, items, marker):
+    deselected = [item for item in items if marker in item.keywords]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if marker not in item.keywords]
+
+
 def pytest_collection_modifyitems(config, items):
     for marker, variable in (("sanitized", "DSPARK_SIMT_SANITIZE"), ("slow", "DSPARK_SLOW")):
         if os.environ.get(variable) != "1":
-            deselected = [item for item in items if marker in item.keywords]
-            if deselected:
-                config.hook.pytest_deselected(items=deselected)
-                items[:] = [item for item in items if marker not in item.keywords]
+            _deselect(config, items, marker)
+    from sass_facts import report_path
+    if not os.path.isfile(report_path()):
+        _deselect(config, items, "sass")
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         callspec = getattr(item, "callspec", None)

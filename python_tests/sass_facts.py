@@ -6,8 +6,9 @@ by ``DSPARK_SASS_REPORT``); CI's ``.ci/run`` writes it before the tests run. Eac
 opcode counts as SASS spells them (``"LDG.E.128"``, ``"LDGSTS"``, ``"LDSM"``, ``"HMMA"``, ``"LDS"``, ``"STS"``,
 ``"BAR"``, ``"MUFU"``, ...) and ``loops`` (one dict per innermost loop: ``instructions`` and the same counts).
 
-A test skips only when the report is missing because there is no nvcc to make it; with nvcc present a missing
-report is a failure (run ``python tools/check_cuda.py --json build/check_cuda.json``).
+Tests that read it are marked ``sass``: conftest.py deselects them when the report is absent (making it is minutes of
+nvcc, which the README's test command does not spend); CI's compile step writes it, so they run there. Called
+without the report (an unmarked test), ``report()`` skips when there is no nvcc and fails otherwise.
 """
 
 from __future__ import annotations

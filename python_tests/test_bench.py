@@ -143,6 +143,9 @@ def test_quick_on_cpu(tmp_path):
     assert {r["op"] for r in doc["rows"]} == OPS
     assert all(r["status"] == "ok" for r in doc["rows"] if r["backend"] == "reference")
     assert len(doc["structural"]) == len(OPS)
+    measured = [m for r in doc["structural"] for m in r.get("cases", []) if "error" not in m]
+    assert measured and all(m["modelled_us_h200"] > 0 and m["floor_model_us_h200"] > 0 for m in measured)
+    assert "modelled (bench/model.py, not measured)" in p.stdout
     names = [e.get("name") for e in doc["e2e"]]
     assert "target alone (greedy)" in names and len(names) == 3, doc["e2e"]
     with open(tmp_path / "t.csv") as f:

@@ -625,3 +625,23 @@ def test_cuda_tensor_core_bias_error(cuda_device, w2_dtype):
     print(f"{w2_dtype}: split max abs err {err:.3g} ({err / scale:.3g} of sum|w v|), plain {err_plain:.3g}")
     assert err <= err_plain / 16, (err, err_plain)
     assert err <= (2 ** -14 if w2_dtype == torch.bfloat16 else 2 ** -19) * scale, (err, scale)
+
+
+@pytest.mark.sass
+def test_sass_tensor_core_sweep_uses_cp_async_ldmatrix_and_mma():
+    """sm_90a SASS (tools/check_cuda.py's report): the 16-bit W2 sweep stages W2 with cp.async (LDGSTS) and its
+    innermost MMA loop reads fragments with ldmatrix (LDSM) into mma.sync (HMMA), with no LDGSTS waiting inside it;
+    the fp32 FMA sweep uses none of them; no instance spills."""
+    from sass_facts import sass_facts
+    kernels = sass_facts("draft::draft_block_kernel<")
+    mma = [k for k in kernels if k["demangled"].split(">")[0].endswith("true")]
+    fma = [k for k in kernels if k["demangled"].split(">")[0].endswith("false")]
+    assert len(mma) == 4 and len(fma) == 4  # bf16 / fp16 x 64- / 8-request groups; fp32 and 16-bit FMA
+    for k in kernels:
+        assert k["spill_bytes"] == 0, k["demangled"]
+    for k in mma:
+        loops = k["sass"]["loops"]
+        assert any(lp["LDSM"] > 0 and lp["HMMA"] >= 16 and lp["LDGSTS"] == 0 for lp in loops), k["demangled"]
+        assert any(lp["LDGSTS"] >= 4 for lp in loops), k["demangled"]  # the ring's staging loop
+    for k in fma:
+        assert k["sass"]["LDSM"] == 0 and k["sass"]["HMMA"] == 0 and k["sass"]["LDGSTS"] == 0, k["demangled"]

@@ -540,7 +540,7 @@ def _record(fn, sm_count=None):
 SMS = 132          # the harness's default multiprocessor count (an H200)
 MIN_CHUNK = 4096   # vc::kMinChunk (stats)
 MIN_QCHUNK = 1024  # vc::kMinQChunk (qstats)
-CTAS_PER_SM = 3    # vc::kStatsCtasPerSm, the stats kernel's design occupancy
+CTAS_PER_SM = 2    # vc::kStatsCtasPerSm, the stats kernel's design occupancy
 
 
 def stats_chunks(rows, vocab, min_chunk=MIN_CHUNK):
@@ -852,3 +852,19 @@ def test_cuda_opcheck(monkeypatch):
     torch.library.opcheck(torch.ops.dspark_simt.verify_chain.default,
                           (torch.randn(9, vocab), cu) + args[2:11] + ("token",))
     torch.library.opcheck(torch.ops.dspark_simt.verify_chain.default, args[:8] + (None,) + args[9:])
+
+
+@pytest.mark.sass
+def test_sass_stats_sweep_has_four_16_byte_loads_in_flight():
+    """sm_90a SASS (tools/check_cuda.py's report): every stats instance at the design occupancy without spills, and
+    each of its innermost loops that loads 16-byte vectors issues at least four of them per iteration (the
+    sampled and the greedy sweep)."""
+    from sass_facts import sass_facts
+    kernels = sass_facts("vc::stats_kernel<")
+    assert len(kernels) == 9  # every (target, draft) dtype pair
+    for k in kernels:
+        name = k.get("demangled", k["kernel"])
+        assert k["spill_bytes"] == 0 and k["registers"] <= 65536 // (256 * CTAS_PER_SM), name
+        assert k["ctas_per_sm"]["256"] >= CTAS_PER_SM, name
+        sweeps = [lp for lp in k["sass"]["loops"] if lp["LDG.E.128"] > 0]
+        assert len(sweeps) >= 2 and all(lp["LDG.E.128"] >= 4 for lp in sweeps), (name, sweeps)

@@ -130,6 +130,8 @@ def kernel_facts(insns) -> Dict[str, object]:
 def object_facts(obj: str, tool: str, arch: str = "sm_90a") -> Dict[str, Dict[str, object]]:
     """{demangled kernel name: facts} for the `arch` SASS of an object file or fat binary."""
     p = subprocess.run([tool, "-sass", obj], capture_output=True, text=True)
+    if p.returncode != 0 and "does not contain device code" in p.stderr:
+        return {}  # a host-only unit (the op registration)
     if p.returncode != 0:
         raise RuntimeError(f"cuobjdump -sass {obj} failed: {p.stderr.strip()[:500]}")
     funcs = {k: v for k, v in parse_sass(p.stdout).items() if v["arch"] == arch}

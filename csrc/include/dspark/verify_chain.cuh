@@ -75,7 +75,7 @@ struct VerifyChainParams {
 namespace vc {
 
 constexpr int kThreads = 256;
-constexpr int kStatsCtasPerSm = 3;  // the stats / qstats kernels' design occupancy: <= 80 registers at 256 threads
+constexpr int kStatsCtasPerSm = 2;  // the stats / qstats kernels' design occupancy: <= 128 registers at 256 threads
 constexpr int kLoadsInFlight = 4;   // independent 16-byte loads per thread per step of a row sweep
 constexpr int64_t kMinChunk = 4096;  // elements per stats chunk: a full CTA's thread gets 4 fp32 / 2 bf16 vectors
 constexpr int64_t kMinQChunk = 1024; // elements per qstats chunk (its bookkeeping is a 12-byte partial per chunk)
