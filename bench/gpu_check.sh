@@ -119,7 +119,7 @@ PTXAS_PID=$!
 t=$(date +%s)
 "$PY" -c "import pytest" 2>/dev/null || pip_offline pytest || true
 if "$PY" -c "import pytest" 2>/dev/null; then
-  timeout "$(cap 180)" "$PY" -m pytest python_tests -m gpu -q -p no:cacheprovider -rfEs \
+  DSPARK_SLOW=1 timeout "$(cap 180)" "$PY" -m pytest python_tests -m gpu -q -p no:cacheprovider -rfEs \
     --junitxml="$OUT/pytest_gpu.xml" > "$OUT/pytest_gpu.log" 2>&1
   rc=$?
   tail -15 "$OUT/pytest_gpu.log"

@@ -826,6 +826,7 @@ def test_joint_law_detects_a_block_residual_without_rho(monkeypatch):
     assert not joint_passes(tokens, p)
 
 
+@pytest.mark.slow  # thousands of verifications through the SIMT harness: minutes; CI's slow leg runs it
 @pytest.mark.parametrize("method,use_logprobs", [("block", False), ("token", True)])
 def test_cuda_lossless_joint_law(cuda_device, method, use_logprobs):
     tokens, p = simulate_joint(method, "cuda", JOINT_TRIALS, JOINT_SEED, use_logprobs)
