@@ -49,10 +49,11 @@ def report() -> Dict[str, Any]:
 
 
 def sass_facts(kernel: str) -> List[Dict[str, Any]]:
-    """The sm_90a entries whose demangled name contains `kernel` (every template instance), each with a ``sass``
+    """The sm_90a entries whose demangled name contains `kernel` (every template instance, once), each with a ``sass``
     key; fails when none matches or the report has no SASS (no disassembler when it was made)."""
     rep = report()
-    found = [k for k in rep["kernels"] if k["arch"] == "sm_90a" and kernel in k.get("demangled", k["kernel"])]
+    found = list({k["kernel"]: k for k in rep["kernels"]  # one entry per kernel (the C ABI unit compiles them too)
+                  if k["arch"] == "sm_90a" and kernel in k.get("demangled", k["kernel"])}.values())
     assert found, f"no sm_90a kernel named like {kernel!r} in {report_path()}"
     missing = [k["kernel"] for k in found if "sass" not in k]
     assert not missing, f"{report_path()} has no SASS for {missing[:3]} (made without cuobjdump)"

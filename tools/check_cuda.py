@@ -73,9 +73,9 @@ def _add_sass(kernels, outdir, home):
             facts[f["mangled"]] = dict(f, demangled=name)
     for k in kernels:
         f = facts.get(k["kernel"])
-        if k["arch"] == "sm_90a" and f is not None:
+        if k["arch"] == "sm_90a" and f is not None:  # a kernel in two units (torch and C ABI) gets its own copy
+            f = {key: v for key, v in f.items() if key != "mangled"}
             k["demangled"] = f.pop("demangled")
-            f.pop("mangled")
             k["sass"] = f
     return tool
 
