@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..reference.verify_chain import RESIDUAL_EPS, gather_target_rows
+from ..reference.verify_chain import RESIDUAL_EPS, gather_target_rows, stop_cut
 from ..rng import STREAM_ACCEPT, STREAM_RESIDUAL, argmax_nan_low, uniform, uniform_rows
 from . import layout as L
 from .layout import StatsLayout, argmax_lowest, ids_to_slots, slots_to_ids, softmax_prob
@@ -172,12 +172,7 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
             n_sampled = _block_tau(rho, res_mass[:, 1:], u_accept, length, in_block)
         n_acc = torch.where(sampled, n_sampled, n_acc)
 
-    stopped = torch.zeros_like(n_acc, dtype=torch.bool)
-    if stop_token_ids is not None and stop_token_ids.numel() > 0:
-        is_stop = (drafts.unsqueeze(-1) == stop_token_ids.to(torch.int64)).any(-1) & (pos[:k_len] < n_acc.unsqueeze(-1))
-        first_stop = torch.where(is_stop, pos[:k_len], k_len).min(dim=-1).values
-        stopped = first_stop < n_acc
-        n_acc = torch.where(stopped, first_stop + 1, n_acc)
+    n_acc, stopped = stop_cut(drafts, stop_token_ids, n_acc)
 
     emitted = target_argmax.gather(1, n_acc.view(n, 1)).squeeze(1)
     if temperature is not None:

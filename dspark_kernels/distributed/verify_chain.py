@@ -7,7 +7,7 @@ from typing import Optional, Union
 import torch
 
 from ..ops._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, temperature_tensor
-from ..ops.verify_chain import METHODS, VerifyOutput
+from ..ops.verify_chain import METHODS, VerifyOutput, check_verify_options
 from ..rng import make_rng_key
 from . import comm, ops
 from .layout import MAX_VOCAB
@@ -125,17 +125,5 @@ def _check_args(target, draft_tokens, draft_logits, cu_seqlens, draft_logprobs, 
     if local < 1 or vocab_start < 0 or vocab_start + local > vocab_size or vocab_size > MAX_VOCAB:
         raise ValueError(f"the shard [vocab_start, vocab_start + Vl) = [{vocab_start}, {vocab_start + local}) must be "
                          f"a non-empty part of [0, vocab_size = {vocab_size}) with vocab_size <= 2^24")
-    check_tensor("draft_logits_shard", draft_logits, shape=(n, k_len, local), dtypes=FLOAT_DTYPES, device=dev,
-                 optional=True)
-    check_tensor("draft_logprobs", draft_logprobs, shape=(n, k_len), dtypes=(torch.float32,), device=dev,
-                 optional=True)
-    if draft_logprobs is not None and draft_logits is None:
-        raise ValueError("draft_logprobs needs draft_logits_shard (the residual is sampled from the draft rows)")
-    check_tensor("verify_lens", verify_lens, shape=(n,), dtypes=INT_DTYPES, device=dev, optional=True)
-    if (survival is None) != (thresholds is None):
-        raise ValueError("survival and thresholds must be given together")
-    check_tensor("survival", survival, shape=(n, k_len), dtypes=FLOAT_DTYPES, device=dev, optional=True)
-    check_tensor("thresholds", thresholds, shape=(k_len,), dtypes=FLOAT_DTYPES, device=dev, optional=True)
-    check_tensor("stop_token_ids", stop_token_ids, ndim=1, dtypes=INT_DTYPES, device=dev, optional=True)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_verify_options(n, k_len, local, dev, draft_logits, draft_logprobs, verify_lens, survival, thresholds,
+                         stop_token_ids, method, draft_logits_name="draft_logits_shard")

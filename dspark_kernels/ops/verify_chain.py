@@ -98,12 +98,26 @@ def verify_chain(
     vocab = target_logits.shape[-1]
     if vocab < 1:
         raise ValueError("target_logits must have V >= 1")
-    check_tensor("draft_logits", draft_logits, shape=(n, k_len, vocab), dtypes=FLOAT_DTYPES, device=dev,
+    check_verify_options(n, k_len, vocab, dev, draft_logits, draft_logprobs, verify_lens, survival, thresholds,
+                         stop_token_ids, method)
+    temps = temperature_tensor(temperature, n, dev)
+    rng_key = make_rng_key(seed, offset, dev)
+    return VerifyOutput(*VERIFY_CHAIN(
+        target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival, thresholds, temps,
+        rng_key, stop_token_ids, method, backend=resolve_backend(backend, dev, VERIFY_CHAIN.name)))
+
+
+def check_verify_options(n: int, k_len: int, vocab: int, dev: torch.device, draft_logits, draft_logprobs,
+                         verify_lens, survival, thresholds, stop_token_ids, method: str,
+                         draft_logits_name: str = "draft_logits") -> None:
+    """The checks of verify_chain's arguments beyond the target rows and drafts (shared with the vocabulary-parallel
+    op, whose draft rows are a shard of ``vocab`` tokens named ``draft_logits_name``)."""
+    check_tensor(draft_logits_name, draft_logits, shape=(n, k_len, vocab), dtypes=FLOAT_DTYPES, device=dev,
                  optional=True)
     check_tensor("draft_logprobs", draft_logprobs, shape=(n, k_len), dtypes=(torch.float32,), device=dev,
                  optional=True)
     if draft_logprobs is not None and draft_logits is None:
-        raise ValueError("draft_logprobs needs draft_logits (the residual is sampled from the draft rows)")
+        raise ValueError(f"draft_logprobs needs {draft_logits_name} (the residual is sampled from the draft rows)")
     check_tensor("verify_lens", verify_lens, shape=(n,), dtypes=INT_DTYPES, device=dev, optional=True)
     if (survival is None) != (thresholds is None):
         raise ValueError("survival and thresholds must be given together")
@@ -112,8 +126,3 @@ def verify_chain(
     check_tensor("stop_token_ids", stop_token_ids, ndim=1, dtypes=INT_DTYPES, device=dev, optional=True)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    temps = temperature_tensor(temperature, n, dev)
-    rng_key = make_rng_key(seed, offset, dev)
-    return VerifyOutput(*VERIFY_CHAIN(
-        target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival, thresholds, temps,
-        rng_key, stop_token_ids, method, backend=resolve_backend(backend, dev, VERIFY_CHAIN.name)))

@@ -116,12 +116,7 @@ def verify_chain(
         n_acc = torch.where(sampled, n_sampled, n_acc)
 
     # An accepted stop token ends acceptance right after it, with no bonus token.
-    stopped = torch.zeros_like(n_acc, dtype=torch.bool)
-    if stop_token_ids is not None and stop_token_ids.numel() > 0:
-        is_stop = (drafts.unsqueeze(-1) == stop_token_ids.to(torch.int64)).any(-1) & (pos[:k_len] < n_acc.unsqueeze(-1))
-        first_stop = torch.where(is_stop, pos[:k_len], k_len).min(dim=-1).values
-        stopped = first_stop < n_acc
-        n_acc = torch.where(stopped, first_stop + 1, n_acc)
+    n_acc, stopped = stop_cut(drafts, stop_token_ids, n_acc)
 
     # The token emitted at row n_acc: a correction after a rejection, or the bonus after full acceptance.
     emitted = target_argmax.gather(1, n_acc.view(n, 1)).squeeze(1)
@@ -169,3 +164,17 @@ def _block_accept(p, q, p_d, q_d, eta, length, in_block):
     ok = (eta <= h) & in_block
     tau = torch.where(ok, idx, 0).max(dim=-1).values if k_len > 0 else torch.zeros(n, dtype=torch.int64, device=dev)
     return tau, rho.gather(1, tau.unsqueeze(-1)).squeeze(-1)
+
+
+def stop_cut(drafts: torch.Tensor, stop_token_ids: Optional[torch.Tensor], n_acc: torch.Tensor):
+    """An accepted stop token ends acceptance right after it: ``(n_acc, stopped)`` with ``n_acc`` cut to the first
+    accepted stop token (inclusive) and ``stopped`` bool ``[N]`` where that happened. drafts int64 ``[N, K]``."""
+    stopped = torch.zeros_like(n_acc, dtype=torch.bool)
+    if stop_token_ids is None or stop_token_ids.numel() == 0:
+        return n_acc, stopped
+    k_len = drafts.shape[1]
+    pos = torch.arange(k_len, device=drafts.device)
+    is_stop = (drafts.unsqueeze(-1) == stop_token_ids.to(torch.int64)).any(-1) & (pos < n_acc.unsqueeze(-1))
+    first_stop = torch.where(is_stop, pos, k_len).min(dim=-1).values
+    stopped = first_stop < n_acc
+    return torch.where(stopped, first_stop + 1, n_acc), stopped
