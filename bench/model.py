@@ -3,10 +3,10 @@ measurement: every number it prints is labelled "modelled", and bench/gpu_check.
 time when a GPU is lent, so that the model can be checked and its constants corrected.
 
     from bench.model import model_launch, model_recording
-    with simt.record() as rec: op(...)
+    with simt.record(access=True) as rec: op(...)
     model_recording(rec.launches, "h200")  # -> {"modelled_us": ..., "launches": [per-launch breakdown]}
 
-Per launch (``model_launch``), with the launch's counters (``simt.record()``) and optional SASS facts:
+Per launch (``model_launch``), with the launch's counters (``simt.record(access=True)``) and optional SASS facts:
   t = launch + grid_barriers * grid_barrier + waves * max(t_dram, t_l2, t_smem, t_latency) / waves
 where
   t_dram    = unique bytes (what a perfect cache moves) / DRAM copy bandwidth,

@@ -77,7 +77,7 @@ def structural_report(ops: List[str], ptxas_path: Optional[str]) -> List[dict]:
                 for case in cases_for(op, cpu, grid, "quick"):
                     try:
                         x = case.inputs()
-                        with simt.record() as rec:
+                        with simt.record(access=True) as rec:
                             case.run("cuda", x)
                         moved = int(rec.bytes_read) + int(rec.bytes_written)
                         measured.append(dict(shape=tag, **case.params, bytes_read=int(rec.bytes_read),

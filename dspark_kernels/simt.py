@@ -60,24 +60,25 @@ def settings() -> Dict[str, Any]:
 
 
 def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison: Optional[int] = None,
-              sm_count: Optional[int] = None, record: Optional[bool] = None,
+              sm_count: Optional[int] = None, record: Optional[bool] = None, access: Optional[bool] = None,
               arch: Optional[int] = None) -> Dict[str, Any]:
     """Change harness settings (None keeps one); returns the previous settings.
 
     order: "forward" | "reverse" | "random" (the order in which runnable threads, and blocks, resume); seed: of
     "random"; poison: the byte shared memory is filled with before every block; sm_count: what kernels see as the
-    device's multiprocessor count (132, an H200, by default); record: keep a record of every launch; arch: 90 (H100 /
-    H200, the default) or 80 (A100): the shared-memory launch rules enforced.
+    device's multiprocessor count (132, an H200, by default); record: keep a record of every launch; access: with
+    record, also run the warp access model (the plain build; it costs tens of times a launch's run); arch: 90 (H100
+    / H200, the default) or 80 (A100): the shared-memory launch rules enforced.
     """
     m = module()
     old = dict(m.settings())
     new = dict(old)
     for k, v in (("order", order), ("seed", seed), ("poison", poison), ("sm_count", sm_count), ("record", record),
-                 ("arch", arch)):
+                 ("access", access), ("arch", arch)):
         if v is not None:
             new[k] = v
     m.configure(new["order"], int(new["seed"]), int(new["poison"]), int(new["sm_count"]), bool(new["record"]),
-                int(new["arch"]))
+                bool(new["access"]), int(new["arch"]))
     return old
 
 
@@ -135,11 +136,15 @@ class Recording:
 
 
 @contextlib.contextmanager
-def record(*, sm_count: Optional[int] = None) -> Iterator[Recording]:
-    """Record every launch made in the body: ``with simt.record() as rec: op(...); rec.launches``."""
+def record(*, access: bool = False, sm_count: Optional[int] = None) -> Iterator[Recording]:
+    """Record every launch made in the body: ``with simt.record() as rec: op(...); rec.launches``.
+
+    Every record has the launch's configuration and its byte, barrier and collective counters. ``access=True`` also
+    runs the warp access model (plain build: :data:`ACCESS_KEYS` and ``by_line``; ``None`` in the sanitized build),
+    which costs tens of times the launch itself: ask for it where the counts are read."""
     m = module()
     m.take_records()  # drop anything older
-    old = configure(record=True, sm_count=sm_count)
+    old = configure(record=True, access=access, sm_count=sm_count)
     rec = Recording()
     try:
         yield rec

@@ -9,6 +9,10 @@
 * Tests marked ``@pytest.mark.sass`` read the SASS report of ``tools/check_cuda.py --json`` (minutes of nvcc):
   they are deselected unless the report exists (``build/check_cuda.json`` or ``DSPARK_SASS_REPORT``); CI's compile
   step writes it before the tests run.
+* Tests marked ``@pytest.mark.gpu_build`` load the GPU extension ``tools/check_cuda.py --link build/dspark_C.so``
+  links (or the file ``DSPARK_GPU_BUILD`` names): deselected unless it exists; CI's compile step links it.
+* Under ``pytest -n`` (pytest-xdist; the README's command) each worker gets its share of the cores as torch
+  threads; the workers share one SIMT build (the first builds it, the others wait on its lock).
 * Without a GPU, Triton kernels run in the interpreter on CPU tensors: ``TRITON_INTERPRET=1`` is set here (before
   any kernel is defined) so the Triton tests run on every machine; ``triton_device`` says where their tensors go.
 * CUDA kernels run on the CPU through the SIMT harness (``dspark_kernels.simt``): a test that takes the
@@ -26,6 +30,14 @@ import torch
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n: the workers share the cores
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
+def gpu_build_path() -> str:
+    """The GPU extension library ``tools/check_cuda.py --link`` wrote (CI: build/dspark_C.so)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.environ.get("DSPARK_GPU_BUILD") or os.path.join(root, "build", "dspark_C.so")
 
 
 def _deselect(config, items, marker):
@@ -42,6 +54,8 @@ def pytest_collection_modifyitems(config, items):
     from sass_facts import report_path
     if not os.path.isfile(report_path()):
         _deselect(config, items, "sass")
+    if not os.path.isfile(gpu_build_path()):
+        _deselect(config, items, "gpu_build")
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         callspec = getattr(item, "callspec", None)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import dspark_kernels  # noqa: F401  (defines the ops)
+from cpp_sources import registration_schemas
 from dspark_kernels.ops._registry import OPS, CudaKernel, TritonKernel, schema_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,17 +31,6 @@ def _python_params(fn) -> list:
     assert all(p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty for p in params), \
         f"{fn.__module__}.{fn.__qualname__} must take the schema's parameters positionally, without defaults"
     return [p.name for p in params]
-
-
-def _cpp_schemas() -> dict:
-    """name -> schema string of every ``m.def("..." "...")`` in registration.cpp (adjacent literals joined)."""
-    with open(os.path.join(ROOT, "csrc", "torch", "registration.cpp")) as f:
-        text = f.read()
-    out = {}
-    for body in re.findall(r"m\.def\(((?:\s*\"[^\"]*\")+)\s*\)", text):
-        schema = "".join(re.findall(r"\"([^\"]*)\"", body))
-        out[schema[:schema.index("(")]] = schema
-    return out
 
 
 def _capi_inputs(name: str) -> list:
@@ -67,7 +57,7 @@ def _capi_inputs(name: str) -> list:
 def test_every_op_is_defined_once_everywhere():
     assert NAMES == sorted(["rng_uniform_", "draft_block", "verify_chain", "accept_prefix_scan",
                             "schedule_verify_lens"])
-    assert sorted(_cpp_schemas()) == NAMES
+    assert sorted(registration_schemas()) == NAMES
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -94,7 +84,7 @@ def test_fake_and_backends_take_the_schema_parameters_in_order(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_cpp_schema_equals_the_python_schema(name):
-    cpp = torch._C.parse_schema("dspark_C::" + _cpp_schemas()[name])
+    cpp = torch._C.parse_schema("dspark_C::" + registration_schemas()[name])
     py = torch._C.parse_schema(f"dspark_C::{name}{OPS[name].schema}")
     assert _args(cpp) == _args(py)
     assert [str(r.type) for r in cpp.returns] == [str(r.type) for r in py.returns]

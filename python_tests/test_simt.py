@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import dspark_kernels as dk
+from cpp_sources import registration_schemas
 from dspark_kernels import _ext, rng, simt
 from dspark_kernels.ops._common import resolve_backend
 
@@ -74,22 +75,19 @@ def test_opcheck_rng_uniform(harness):
     torch.library.opcheck(torch.ops.dspark_simt.rng_uniform_.default, (out, key, 2))
 
 
-def test_schemas_match_the_gpu_build(harness):
-    """The SIMT library registers the same ops with the same schemas as dspark_C (one launcher source, two builds);
+def test_schemas_are_the_registration_source(harness):
+    """The SIMT library registers every op of csrc/torch/registration.cpp with that file's schema (the GPU build
+    compiles the same file: python_tests/test_gpu_build.py compares the two builds where CI links the GPU one);
     every op has a fake implementation."""
     simt_ops = torch.ops.dspark_simt
     names = [n for n in dir(simt_ops) if not n.startswith("_") and hasattr(getattr(simt_ops, n), "default")]
-    assert "rng_uniform_" in names
+    source = registration_schemas()
+    assert sorted(names) == sorted(source) and "rng_uniform_" in names
     for name in names:
-        schema = str(getattr(simt_ops, name).default._schema)
-        assert schema.startswith(f"dspark_simt::{name}(")
+        schema = getattr(simt_ops, name).default._schema
+        assert str(schema) == str(torch._C.parse_schema(f"dspark_simt::{source[name]}")), name
         assert name in _ext._fakes, f"{name} has no fake implementation"
-    if _ext.cuda_home() is None:
-        return
-    gpu_ops = _ext.load()
-    for name in names:
-        assert str(getattr(gpu_ops, name).default._schema) == \
-            str(getattr(simt_ops, name).default._schema).replace("dspark_simt::", "dspark_C::")
+
 
 
 # ------------------------------------------------------------------------------------------------ counters
@@ -287,7 +285,7 @@ def model(harness):
 def _modelled(m, name, *, grid=1, block=32, variant=0, alpha=1.0, x=None, ny=256):
     x = torch.arange(4096, dtype=torch.float32) if x is None else x
     y = torch.zeros(ny)
-    with simt.record() as rec:
+    with simt.record(access=True) as rec:
         m.selftest(name, x, y, torch.zeros(1), grid, block, variant, alpha)
     (r,) = rec.launches
     assert r["access_model"]
@@ -353,6 +351,18 @@ def test_access_model_is_off_outside_a_recording(harness):
     y = torch.zeros(64)
     harness.selftest("bank", torch.arange(64.0), y, torch.zeros(1), 1, 32, 1, 1.0)  # no recording: runs, no record
     assert torch.equal(y[:32], torch.arange(32.0))
+
+
+def test_access_model_runs_only_when_asked(model):
+    x, y = torch.arange(64.0), torch.zeros(64)
+    with simt.record() as rec:
+        model.selftest("bank", x, y, torch.zeros(1), 1, 32, 1, 1.0)
+    (r,) = rec.launches
+    assert not r["access_model"] and r["by_line"] == {} and r["shared_wavefronts"] is None
+    assert r["bytes_read"] > 0  # the byte counters run in every recording
+    with simt.record(access=True) as rec:
+        model.selftest("bank", x, y, torch.zeros(1), 1, 32, 1, 1.0)
+    assert rec.launches[0]["access_model"] and rec.launches[0]["shared_wavefronts"] > 0
 
 
 # ------------------------------------------------------------------------------------------------ cp.async

@@ -530,9 +530,9 @@ def test_cuda_no_rows_and_empty_batch(cuda_device, simt_check):
 
 
 # ---------------------------------------------------------------- CUDA: bytes moved, CTAs, launches
-def _record(fn, sm_count=None):
+def _record(fn, sm_count=None, access=False):
     from dspark_kernels import simt
-    with simt.record(sm_count=sm_count) as rec:
+    with simt.record(sm_count=sm_count, access=access) as rec:
         out = fn()
     return out, rec
 
@@ -653,6 +653,32 @@ def _bytes_case(method, draft_mode, temperature):
     if draft_mode == "logprobs":
         kwargs["draft_logprobs"] = draft_logprobs_of(draft_logits, drafts, temperature)
     return target, drafts, kwargs
+
+
+BYTES_PER_STATS_INSTRUCTION = 0  # placeholder
+
+
+@pytest.mark.simt
+@pytest.mark.parametrize("method,draft_mode,temperature", [("token", "none", 0.0), ("token", "logprobs", 1.0),
+                                                            ("block", "logits", 1.0)])
+def test_cuda_stats_pass_reads_whole_sectors(monkeypatch, method, draft_mode, temperature):
+    """The warp access model on the stats pass: its global loads touch at most 1.05x the 32-byte sectors their
+    bytes need, with V = 32003 bf16 rows starting at every 2-byte offset modulo 16 (a row's unaligned head and tail
+    are scalar, its body 16-byte loads of consecutive lanes); and the 16-byte loads carry the bytes."""
+    monkeypatch.setenv("DSPARK_SIMT", "1")
+    from dspark_kernels import simt
+    if not simt.access_model_available():
+        pytest.skip("the AddressSanitizer build has no access model; the plain build runs this test")
+    target, drafts, kwargs = _bytes_case(method, draft_mode, temperature)
+    out, rec = _record(lambda: dk.verify_chain(target, drafts, backend="cuda", **kwargs), access=True)
+    ref = dk.verify_chain(target, drafts, backend="reference", **kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(out, ref))
+    (stats,) = [ln for ln in rec.launches if ln["kernel"] == "verify_chain_stats"]
+    assert stats["global_sectors"] <= 1.05 * stats["global_sectors_ideal"], \
+        (stats["global_sectors"], stats["global_sectors_ideal"])
+    per_instruction = (stats["bytes_read"] + stats["bytes_written"]) / stats["global_instructions"]
+    assert per_instruction >= BYTES_PER_STATS_INSTRUCTION, per_instruction  # 512: every lane's 16 bytes
+    assert stats["misaligned_segments"] == 0
 
 
 TOP_M = 8            # candidates kept per (row, chunk) for the emitted token (vc::kTopM)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Compile every CUDA translation unit for sm_80 and sm_90a with ``-Xptxas -v``; fail on errors or spills.
 
-Usage: ``python tools/check_cuda.py [-j JOBS] [--keep DIR] [files...]`` (default: csrc/torch/*.cu, csrc/torch/*.cpp,
+Usage: ``python tools/check_cuda.py [-j JOBS] [--keep DIR] [--json PATH] [--link PATH] [files...]`` (default: csrc/torch/*.cu, csrc/torch/*.cpp,
 csrc/capi/*.cu). The torch translation units get the same include folders and flags as the extension build
 (dspark_kernels/_ext.py); csrc/capi/*.cu gets only csrc/include. Prints a per-kernel resource table (registers,
 stack frame, spill bytes) and exits 1 if any compile fails or any kernel spills (non-zero "bytes spill" line).
@@ -11,6 +11,9 @@ With ``--json PATH`` each kernel's entry also has its static shared memory, resi
 512 / 1024 threads (from registers and static shared memory), and for sm_90a a ``sass`` key: opcode counts and the
 innermost loops of its disassembly (``tools/sass.py``; cuobjdump from the toolkit or the Triton wheel). The kernel
 tests read that report through ``python_tests/sass_facts.py`` (CI writes it to build/check_cuda.json first).
+
+With ``--link PATH`` the csrc/torch objects are also linked into the extension library (CI: build/dspark_C.so), which
+``python_tests/test_gpu_build.py`` loads without a GPU to compare its registered schemas with the SIMT build's.
 """
 
 from __future__ import annotations
@@ -52,6 +55,26 @@ def _torch_flags(ext, home):
     return ["-std=c++20"] + [f"-I{p}" for p in ext.include_dirs() + incs] + defines + common
 
 
+def _link(path, objects, home):
+    """Links the extension's objects into the shared library at `path`, as torch's extension build links them
+    (torch's libraries and the CUDA runtime); returns [] or ["link"] on failure."""
+    import torch
+
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    cuda_lib = os.path.join(home, "lib64")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    cmd = [os.environ.get("CXX", "c++"), "-shared", "-o", path] + objects + [
+        f"-L{torch_lib}", f"-L{cuda_lib}", f"-Wl,-rpath,{torch_lib}", f"-Wl,-rpath,{cuda_lib}", "-lc10", "-ltorch",
+        "-ltorch_cpu", "-ltorch_python", "-lc10_cuda", "-ltorch_cuda", "-lcudart"]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    print(f"check_cuda: link {path}: {'ok' if p.returncode == 0 else 'FAILED'} in {time.time() - t0:.0f} s")
+    if p.returncode != 0:
+        print(" ".join(cmd) + "\n" + p.stdout + p.stderr, file=sys.stderr)
+        return ["link"]
+    return []
+
+
 def _add_sass(kernels, outdir, home):
     """Adds resident CTAs per SM to every kernel entry and the SASS facts (tools/sass.py) to the sm_90a ones, from
     the objects in `outdir`; returns the cuobjdump used (None: no disassembler, no `sass` keys)."""
@@ -86,6 +109,8 @@ def main() -> int:
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--keep", help="write objects and full ptxas logs here (default: a temporary folder, removed "
                                    "when everything passes)")
+    ap.add_argument("--link", metavar="PATH", help="also link the csrc/torch objects into the extension library at "
+                                                   "PATH (what python_tests/test_gpu_build.py loads)")
     ap.add_argument("--json", metavar="PATH", help="also write the per-kernel table (and failures, spills) as JSON "
                                                    "(read by bench/run.py --ptxas-json)")
     args = ap.parse_args()
@@ -172,6 +197,9 @@ def main() -> int:
         with open(args.json, "w") as fh:
             json.dump(dict(nvcc=nvcc, cuobjdump=sass_tool, kernels=kernels, failed=failed, spills=spills), fh, indent=1)
         print(f"check_cuda: wrote the table to {args.json}")
+    if args.link and not failed:
+        failed += _link(args.link, [os.path.join(outdir, os.path.relpath(f, ROOT).replace(os.sep, "_") + ".o")
+                                    for f in files if "/torch/" in f.replace(os.sep, "/")], home)
     bad = bool(failed or spills)
     if args.keep or bad:
         print(f"check_cuda: {len(results)} units in {time.time() - t_all:.0f} s (logs in {outdir})")

@@ -12,7 +12,7 @@ namespace dspark {
 namespace simt {
 namespace {
 
-void configure(const std::string& order, uint64_t seed, int poison, int sm_count, bool record, int arch) {
+void configure(const std::string& order, uint64_t seed, int poison, int sm_count, bool record, bool access, int arch) {
   Settings& s = settings();
   if (order == "forward") s.order = Order::kForward;
   else if (order == "reverse") s.order = Order::kReverse;
@@ -24,6 +24,7 @@ void configure(const std::string& order, uint64_t seed, int poison, int sm_count
   s.poison = static_cast<unsigned char>(poison);
   s.sm_count = sm_count;
   s.record = record;
+  s.access = access;
   // The two architectures the launch rules model: per-block opt-in and per-SM shared memory (CUDA C++ Programming
   // Guide, "Compute capabilities", technical specifications table: 227 / 228 KB on 9.0, 163 / 164 KB on 8.0).
   TORCH_CHECK(arch == 80 || arch == 90, "simt: arch must be 80 or 90, got ", arch);
@@ -42,6 +43,7 @@ py::dict get_settings() {
   d["poison"] = static_cast<int>(s.poison);
   d["sm_count"] = s.sm_count;
   d["record"] = s.record;
+  d["access"] = s.access;
   d["arch"] = s.arch;
   return d;
 }
@@ -208,7 +210,7 @@ py::tuple row_stats(const torch::Tensor& logits, double temperature, const torch
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "dspark_kernels SIMT harness: CUDA kernels on the CPU (settings, launch records, self-tests)";
   m.def("configure", &dspark::simt::configure, py::arg("order"), py::arg("seed"), py::arg("poison"),
-        py::arg("sm_count"), py::arg("record"), py::arg("arch") = 90);
+        py::arg("sm_count"), py::arg("record"), py::arg("access"), py::arg("arch") = 90);
   m.def("set_registers", &dspark::simt::set_registers, py::arg("table"));
   m.attr("access_model") = dspark::simt::access_model_available();
   m.attr("module_path") = std::string(dspark::simt::module_path());

@@ -923,7 +923,7 @@ void launch(const LaunchSpec& spec, const std::function<void()>& body) {
   L.spec = spec;
   L.record = &record;
   L.body = &body;
-  L.model = g_settings.record && access_model_available();
+  L.model = g_settings.record && g_settings.access && access_model_available();
   record.access_model = L.model;
   g_launch = &L;
   ++g_launch_counter;

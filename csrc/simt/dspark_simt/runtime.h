@@ -194,6 +194,7 @@ struct Settings {
   // here is not held to the register rules.
   std::vector<std::pair<std::string, int>> registers;
   bool record = false;           // keep a LaunchRecord per launch
+  bool access = false;           // with record: run the warp access model too (plain build; tens of times slower)
 };
 Settings& settings();
 // Blocks of `threads` threads and `dynamic_smem` bytes resident per SM under the settings' limits (static shared
