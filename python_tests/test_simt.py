@@ -228,37 +228,6 @@ def test_split_v_partials_equal_torch(harness, dtype, vocab):
     assert phase1["bytes_read"] == x.numel() * x.element_size() + 16 * phase1["ctas"] * phase1["threads"]
 
 
-# ------------------------------------------------------------------------------------------------ warp MMA
-
-@pytest.mark.parametrize("dtype,variant", [(torch.bfloat16, 0), (torch.float16, 1)])
-@pytest.mark.parametrize("m,n,k", [(32, 8, 16), (45, 13, 37), (64, 24, 48), (1, 1, 1), (33, 9, 17)])
-def test_warp_mma_matches_torch_matmul(harness, dtype, variant, m, n, k):
-    """dspark/mma.cuh's m32n8k16 primitive (the SIMT emulation of the GPU's WMMA) on padded odd tiles: operands
-    in the 16-bit type, products exact, float32 accumulation, against float64 torch matmul of the same operands."""
-    g = torch.Generator().manual_seed(m * 100 + n * 10 + k)
-    a = torch.randn(m, k, generator=g).to(dtype).float()
-    b = (torch.randn(k, n, generator=g) * 3).to(dtype).float()
-    x = torch.cat([torch.tensor([m, n, k], dtype=torch.float32), a.reshape(-1), b.reshape(-1)])
-    y = simt.check(lambda: selftest(harness, "mma", x=x, n=m * n, block=64, variant=variant)[0])
-    got = y[: m * n].view(m, n).double()
-    want = a.double() @ b.double()
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5 * k)
-    # float32 accumulation of exact products: at least as close as torch's float32 matmul of the same operands
-    err, err_torch = (got - want).abs().max(), ((a @ b).double() - want).abs().max()
-    assert err <= 4 * err_torch + 1e-6, (err, err_torch)
-    assert not torch.equal(got, (a.to(dtype) @ b.to(dtype)).double()) or k == 1  # more exact than a bf16/fp16 result
-
-
-def test_warp_mma_divergence_and_misalignment_fault(harness):
-    x = torch.cat([torch.tensor([32.0, 8.0, 16.0]), torch.ones(32 * 16 + 16 * 8)])
-    y, _ = selftest(harness, "mma", x=x, n=256, block=64, variant=0)
-    assert torch.equal(y[:256], torch.full((256,), 16.0))
-    with pytest.raises(RuntimeError, match=r"mma_kernel.*lane"):
-        selftest(harness, "mma", x=x, n=256, block=64, variant=2)
-    with pytest.raises(RuntimeError, match=r"mma_kernel.*mma::load_a: A must be 32-byte aligned"):
-        selftest(harness, "mma", x=x, n=256, block=64, variant=3)
-
-
 # ------------------------------------------------------------------------------------------------ access model
 
 SELFTEST_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc", "simt",

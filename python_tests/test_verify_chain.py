@@ -538,14 +538,14 @@ def _record(fn, sm_count=None, access=False):
 
 
 SMS = 132          # the harness's default multiprocessor count (an H200)
-MIN_CHUNK = 4096   # vc::kMinChunk (stats)
-MIN_QCHUNK = 1024  # vc::kMinQChunk (qstats)
-CTAS_PER_SM = 2    # vc::kStatsCtasPerSm, the stats kernel's design occupancy
+MIN_CHUNK = 4096   # verify::kMinChunk (stats)
+MIN_QCHUNK = 1024  # verify::kMinQChunk (qstats)
+CTAS_PER_SM = 2    # verify::kStatsCtasPerSm, the stats kernel's design occupancy
 
 
 def stats_chunks(rows, vocab, min_chunk=MIN_CHUNK):
-    """Chunks per row of the stats split (vc::stats_split): about as many work items as resident CTAs at the design
-    occupancy, more chunks when the last wave would leave over a tenth of them idle."""
+    """Chunks per row of the stats split (verify::stats_split): about as many work items as resident CTAs at the
+    design occupancy, more chunks when the last wave would leave over a tenth of them idle."""
     resident = SMS * CTAS_PER_SM
 
     def chunks(per_row):
@@ -681,8 +681,8 @@ def test_cuda_stats_pass_reads_whole_sectors(monkeypatch, method, draft_mode, te
     assert stats["misaligned_segments"] == 0
 
 
-TOP_M = 8            # candidates kept per (row, chunk) for the emitted token (vc::kTopM)
-TOPLIST_BYTES = 136  # one (row, chunk) candidate list (vc::TopList)
+TOP_M = 8            # candidates kept per (row, chunk) for the emitted token (verify::kTopM)
+TOPLIST_BYTES = 136  # one (row, chunk) candidate list (verify::TopList)
 
 
 def bookkeeping_allowance(n, rows, chunks):
@@ -887,7 +887,7 @@ def test_sass_stats_sweep_has_four_16_byte_loads_in_flight():
     each of its innermost loops that loads 16-byte vectors issues at least four of them per iteration (the
     sampled and the greedy sweep)."""
     from sass_facts import sass_facts
-    kernels = sass_facts("vc::stats_kernel<")
+    kernels = sass_facts("verify::stats_kernel<")
     assert len(kernels) == 9  # every (target, draft) dtype pair
     for k in kernels:
         name = k.get("demangled", k["kernel"])

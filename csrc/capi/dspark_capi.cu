@@ -343,8 +343,8 @@ int verify_params(const dspark_verify_chain_args* a, dspark::VerifyChainParams* 
   *p = dspark::VerifyChainParams{};
   if (a == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": args is NULL");
   if (a->N < 0) return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N must be >= 0, got " + std::to_string(a->N));
-  if (a->K < 1 || a->K > dspark::vc::kMaxK)
-    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": K must be in [1, " + std::to_string(dspark::vc::kMaxK) +
+  if (a->K < 1 || a->K > dspark::verify::kMaxK)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": K must be in [1, " + std::to_string(dspark::verify::kMaxK) +
                                           "], got " + std::to_string(a->K));
   if (a->V < 1 || a->V >= (int64_t(1) << 34))
     return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": V must be in [1, 2^34), got " + std::to_string(a->V));
@@ -360,7 +360,7 @@ int verify_params(const dspark_verify_chain_args* a, dspark::VerifyChainParams* 
   p->block_method = a->method == DSPARK_VERIFY_BLOCK;
   if (a->N == 0) return DSPARK_OK;  // nothing to read or write
   // one CTA per (row, chunk) of the widest kernel: the grid must fit gridDim.x
-  const dspark::vc::Plan plan = dspark::vc::make_plan(a->N, a->K, a->V);
+  const dspark::verify::Plan plan = dspark::verify::make_plan(a->N, a->K, a->V);
   if (a->N > (int64_t(1) << 31) / (a->K + 1) ||
       a->N * (a->K + 1) * plan.split.chunks > (int64_t(1) << 31) - 1)
     return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N = " + std::to_string(a->N) +

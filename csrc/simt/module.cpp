@@ -126,12 +126,6 @@ void selftest(const std::string& name, const torch::Tensor& x, torch::Tensor& y,
     launch("shuffle_mask_kernel", selftest::shuffle_mask_kernel, cfg, yp, variant);
   } else if (name == "oob_read") {
     launch("oob_read_kernel", selftest::oob_read_kernel, cfg, xp, yp, x.numel(), variant);
-  } else if (name == "mma") {
-    if (variant == 1) {
-      launch("mma_kernel", selftest::mma_kernel<__half>, cfg, xp, yp, variant);
-    } else {
-      launch("mma_kernel", selftest::mma_kernel<__nv_bfloat16>, cfg, xp, yp, variant);
-    }
   } else if (name == "ldmatrix") {
     launch("ldmatrix_kernel", selftest::ldmatrix_kernel, cfg, xp, yp, variant);
   } else if (name == "mma_sync") {
@@ -185,11 +179,11 @@ py::tuple row_stats(const torch::Tensor& logits, double temperature, const torch
   TORCH_CHECK(rng_key.scalar_type() == at::kLong && rng_key.numel() == 2, "simt row_stats: rng_key must be int64 [2]");
   const int64_t rows = logits.size(0), V = logits.size(1);
   const SplitV split = split_v(V, rows, 2 * device_sm_count(), min_chunk);
-  auto ws = torch::empty({rows * split.chunks * static_cast<int64_t>(sizeof(RowPartial))}, torch::kUInt8);
+  auto ws = torch::empty({rows * split.chunks * static_cast<int64_t>(sizeof(selftest::RowPartial))}, torch::kUInt8);
   auto lse = torch::empty({rows}, torch::kFloat32);
   auto am = torch::empty({rows}, torch::kInt64);
   auto race = torch::empty({rows}, torch::kInt64);
-  auto* wsp = reinterpret_cast<RowPartial*>(ws.data_ptr());
+  auto* wsp = reinterpret_cast<selftest::RowPartial*>(ws.data_ptr());
   const float t = static_cast<float>(temperature);
   const int64_t* key = rng_key.data_ptr<int64_t>();
   const DType dtype = logits.scalar_type() == at::kFloat      ? DType::kFloat32

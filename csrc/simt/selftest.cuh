@@ -81,6 +81,22 @@ __global__ void grid_barrier_kernel(float* buf, float* y) {
 namespace dspark {
 namespace selftest {
 
+// The partial of one (row, chunk) of a row of logits. Every field merges associatively, with the package's tie rule,
+// so a row's merged partials do not depend on how the row was split.
+struct RowPartial {
+  SoftmaxStats stats;  // of the scaled logits
+  ArgMax argmax;       // of the raw logits
+  ArgMax race;         // of the sampling scores (Gumbel race)
+  DSPARK_HOST_DEVICE_FN static RowPartial empty() {
+    return RowPartial{SoftmaxStats::empty(), ArgMax::empty(), ArgMax::empty()};
+  }
+  DSPARK_HOST_DEVICE_FN void merge(const RowPartial& o) {
+    stats.merge(o.stats);
+    argmax.merge(o.argmax);
+    race.merge(o.race);
+  }
+};
+
 // The split-V convention end to end, on rows of any float dtype: phase 1 reduces each (row, chunk) to a RowPartial
 // (softmax stats of row / T, argmax, Gumbel race winner with uniform(request=row, position=0, RESIDUAL, token))
 // through 16-byte loads with a scalar head and tail; phase 2 merges a row's chunks.
@@ -128,58 +144,6 @@ inline void row_stats(const T* logits, int64_t rows, int64_t V, float temperatur
   cfg.grid = dim3(static_cast<unsigned>(rows));
   cfg.block = dim3(32);
   launch("row_combine_kernel", row_combine_kernel, cfg, workspace, split.chunks, lse, argmax, race);
-}
-
-// The warp MMA primitive (dspark/mma.cuh) on a padded problem: x = [M, N, K, A (M x K row-major), B (K x N
-// row-major)] as floats (M <= 64, N <= 24, K <= 48), y = A @ B (M x N row-major). Two warps; warp w owns rows
-// [32w, 32w + 32). variant 0: bf16, 1: fp16, 2: bf16 with half of warp 0 skipping the MMA (broken: divergence),
-// 3: bf16 with a misaligned A operand (broken).
-struct alignas(32) SmemChunk32 {
-  unsigned char b[32];
-};
-template <typename T>
-__global__ void mma_kernel(const float* x, float* y, int variant) {
-  constexpr int kMaxM = 64, kMaxN = 24, kMaxK = 48, kLda = kMaxK + 8, kLdb = kMaxK + 8, kLdd = kMaxM + 4;
-  DSPARK_SHARED_ARRAY(SmemChunk32, a_raw, (kMaxM * kLda * 2 + 31) / 32 + 1);
-  DSPARK_SHARED_ARRAY(SmemChunk32, b_raw, (kMaxN * kLdb * 2 + 31) / 32);
-  DSPARK_SHARED_ARRAY(SmemChunk32, d_raw, (kMaxN * kLdd * 4 + 31) / 32);
-  T* a = reinterpret_cast<T*>(a_raw);
-  T* b = reinterpret_cast<T*>(b_raw);
-  float* d = reinterpret_cast<float*>(d_raw);
-  const int M = static_cast<int>(ldg(x)), N = static_cast<int>(ldg(x + 1)), K = static_cast<int>(ldg(x + 2));
-  const float* A = x + 3;
-  const float* B = A + M * K;
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  for (int i = t; i < kMaxM * kLda; i += blockDim.x) {  // A padded with zeros
-    const int r = i / kLda, c = i - r * kLda;
-    a[i] = from_float<T>(r < M && c < K ? ldg(A + r * K + c) : 0.0f);
-  }
-  for (int i = t; i < kMaxN * kLdb; i += blockDim.x) {  // B column-major: column j = row j of b
-    const int j = i / kLdb, c = i - j * kLdb;
-    b[i] = from_float<T>(j < N && c < K ? ldg(B + c * N + j) : 0.0f);
-  }
-  __syncthreads();
-  const int rows0 = warp * mma::kM;
-  if (rows0 < M) {  // warp-uniform
-    const T* aw = a + rows0 * kLda + (variant == 3 ? 1 : 0);
-    for (int n0 = 0; n0 < N; n0 += mma::kN) {
-      mma::Acc acc;
-      mma::zero(acc);
-      for (int k0 = 0; k0 < K; k0 += mma::kK) {
-        mma::FragA<T> fa;
-        mma::FragB<T> fb;
-        mma::load_a(fa, aw + k0, kLda);
-        mma::load_b(fb, b + n0 * kLdb + k0, kLdb);
-        if (variant != 2 || warp != 0 || lane < 16) mma::mma(acc, fa, fb);
-      }
-      mma::store(d + n0 * kLdd + rows0, kLdd, acc);
-    }
-  }
-  __syncthreads();
-  for (int i = t; i < M * N; i += blockDim.x) {
-    const int r = i / N, j = i - r * N;
-    stg(y + i, d[j * kLdd + r]);
-  }
 }
 
 }  // namespace selftest

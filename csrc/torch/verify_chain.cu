@@ -17,7 +17,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
   dspark::VerifyChainParams p;
   p.drafts_i64 = check_int(kOp, "draft_tokens", draft_tokens, draft_tokens, {kAnySize, kAnySize});
   const int64_t N = draft_tokens.size(0), K = draft_tokens.size(1);
-  TORCH_CHECK(K >= 1 && K <= dspark::vc::kMaxK, kOp, ": draft_tokens must have K in [1, ", dspark::vc::kMaxK,
+  TORCH_CHECK(K >= 1 && K <= dspark::verify::kMaxK, kOp, ": draft_tokens must have K in [1, ", dspark::verify::kMaxK,
               "] columns, got ", K);
   p.target_dtype = check_float(kOp, "target_logits", target_logits, draft_tokens);
   if (cu_seqlens) {

@@ -60,7 +60,7 @@ struct AcceptPrefixScanParams {
   uint8_t* finished = nullptr;     // [N] bool
 };
 
-namespace scan_detail {
+namespace scan {
 constexpr int kSmallThreads = 1024;        // the single-CTA launch (N <= 1024)
 constexpr int kThreads = 256;              // the cooperative launch
 constexpr int64_t kMaxChunk = 1024;        // requests per CTA (shared memory: 36 bytes each)
@@ -74,7 +74,7 @@ struct Plan {
   int threads;
   bool ok;
 };
-}  // namespace scan_detail
+}  // namespace scan
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
 template <int kThreads>
@@ -88,15 +88,15 @@ __global__ void __launch_bounds__(kThreads)
   int32_t* cu_s = e_s + chunk;               // [chunk] exclusive prefix within the chunk
   int32_t* fl_s = e_s + 2 * chunk;           // [chunk] an emitted token is a stop token
   DSPARK_SHARED_ARRAY(int64_t, scratch, 32);
-  DSPARK_SHARED_ARRAY(int64_t, stops_s, scan_detail::kMaxSmemStops);
-  constexpr int U = scan_detail::kUnroll;
+  DSPARK_SHARED_ARRAY(int64_t, stops_s, scan::kMaxSmemStops);
+  constexpr int U = scan::kUnroll;
 
   const int tid = threadIdx.x;
   const int64_t N = p.N, K = p.K, kp1 = K + 1;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t left = N - r0;
   const int64_t cnt = left < chunk ? (left > 0 ? left : 0) : chunk;
-  const bool smem_stops = p.num_stops <= scan_detail::kMaxSmemStops;
+  const bool smem_stops = p.num_stops <= scan::kMaxSmemStops;
   if (smem_stops)
     for (int64_t s = tid; s < p.num_stops; s += kThreads) stops_s[s] = p.stop_token_ids.at(s);
 
@@ -232,8 +232,8 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 
 // How the launch splits N requests (the same on both sides of the workspace query).
-inline scan_detail::Plan accept_prefix_scan_plan(int64_t N) {
-  using namespace scan_detail;
+inline scan::Plan accept_prefix_scan_plan(int64_t N) {
+  using namespace scan;
   if (N <= kSingleCtaMaxN) return Plan{1, N > 0 ? N : 1, kSmallThreads, true};
   const size_t smem = size_t(kMaxChunk) * kSmemPerRequest;
   const int per_sm = max_active_blocks_per_sm(accept_prefix_scan_kernel<kThreads>, kThreads, smem);
@@ -248,7 +248,7 @@ inline scan_detail::Plan accept_prefix_scan_plan(int64_t N) {
 
 // Workspace: the chunk totals (0 bytes for N <= 1024).
 inline size_t accept_prefix_scan_workspace_bytes(int64_t N) {
-  const scan_detail::Plan plan = accept_prefix_scan_plan(N);
+  const scan::Plan plan = accept_prefix_scan_plan(N);
   return plan.grid > 1 ? size_t(plan.grid) * sizeof(int64_t) : 0;
 }
 
@@ -257,7 +257,7 @@ inline size_t accept_prefix_scan_workspace_bytes(int64_t N) {
 // resident (1024 requests per resident CTA: about 800k on an H200), cudaSuccess for N == 0 after writing
 // cu_out[0] = 0.
 inline cudaError_t launch_accept_prefix_scan(const AcceptPrefixScanParams& p, void* workspace, cudaStream_t stream) {
-  using namespace scan_detail;
+  using namespace scan;
   const Plan plan = accept_prefix_scan_plan(p.N);
   if (!plan.ok) return cudaErrorInvalidValue;
   if (plan.grid > 1 && workspace == nullptr) return cudaErrorInvalidValue;

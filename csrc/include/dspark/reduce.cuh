@@ -1,5 +1,5 @@
 // dspark/reduce.cuh: the reductions the kernels share (no torch): the argmax rule, exponential-race / Gumbel
-// scores, warp and block all-reduces of any small struct, and the split-V partial of one row of logits.
+// scores, softmax statistics, the split of a row into chunks, and warp and block all-reduces of any small struct.
 //
 // One argmax rule everywhere (reference, Triton, CUDA): NaN counts as -inf, infinities stay, ties go to the lowest
 // index, and an all -inf / NaN row yields its lowest index (like torch.argmax after NaN -> -inf).
@@ -77,23 +77,6 @@ struct SoftmaxStats {
     m = nm;
   }
   DSPARK_HOST_DEVICE_FN float log_sum_exp() const { return m + logf(s); }
-};
-
-// The split-V convention: phase 1 reduces each (row, chunk) of a row of logits to a RowPartial and writes it to a
-// workspace [rows, chunks]; phase 2 merges the chunks of a row in chunk order. Every field merges associatively,
-// with the package's tie rule, so the result does not depend on the split.
-struct RowPartial {
-  SoftmaxStats stats;  // of the scaled logits
-  ArgMax argmax;       // of the raw logits
-  ArgMax race;         // of the sampling scores (Gumbel or exponential race)
-  DSPARK_HOST_DEVICE_FN static RowPartial empty() {
-    return RowPartial{SoftmaxStats::empty(), ArgMax::empty(), ArgMax::empty()};
-  }
-  DSPARK_HOST_DEVICE_FN void merge(const RowPartial& o) {
-    stats.merge(o.stats);
-    argmax.merge(o.argmax);
-    race.merge(o.race);
-  }
 };
 
 // How a row of V elements is split into chunks: `chunk` is a multiple of 32 elements (16-byte vectors of every

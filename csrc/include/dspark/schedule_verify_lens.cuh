@@ -66,7 +66,7 @@ struct ScheduleVerifyLensParams {
   float* theta = nullptr;                  // []
 };
 
-namespace sched_detail {
+namespace sched {
 constexpr int kSmallThreads = 256;            // M <= kSmallM: a 256-thread CTA (fewer warps in every barrier)
 constexpr int kThreads = 512;                 // larger M (512: up to 128 registers, no spills)
 constexpr int64_t kSmallM = 4096;
@@ -140,10 +140,10 @@ DSPARK_HOST_DEVICE_FN int ceil_log2(uint64_t x) {
   while ((uint64_t(1) << b) < x && b < 63) ++b;
   return b;
 }
-}  // namespace sched_detail
+}  // namespace sched
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
-namespace sched_detail {
+namespace sched {
 
 template <bool kSmem, typename T>
 DSPARK_DEVICE T bld(const T* p) {
@@ -497,12 +497,12 @@ DSPARK_DEVICE int64_t first_argmax(const double* theta, int64_t M, double* dscra
   return ri;
 }
 
-}  // namespace sched_detail
+}  // namespace sched
 
 template <int kThreads, bool kSmem>
 __global__ void __launch_bounds__(kThreads, 1)
     schedule_verify_lens_kernel(ScheduleVerifyLensParams p, void* __restrict__ workspace) {
-  using namespace sched_detail;
+  using namespace sched;
   DSPARK_SHARED_ARRAY(int32_t, counts, 256 * (kThreads / 32));
   DSPARK_SHARED_ARRAY(int64_t, scratch, 32);
   DSPARK_SHARED_ARRAY(double, dscratch, 32);
@@ -590,11 +590,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Workspace bytes (0 when the arrays fit in shared memory).
 inline size_t schedule_verify_lens_workspace_bytes(const ScheduleVerifyLensParams& p) {
-  const sched_detail::Layout l = sched_detail::layout(p);
+  const sched::Layout l = sched::layout(p);
   return l.smem ? 0 : l.bytes;
 }
 
-namespace sched_detail {
+namespace sched {
 // Opt `kernel` in to `bytes` of dynamic shared memory before each launch that uses any (a host-side attribute, no
 // sync): a GPU limits static + dynamic shared memory to 48 KB without it, and the kernel's static part (its
 // block-scan scratch) counts too, so no dynamic size is safe to leave out.
@@ -602,12 +602,12 @@ template <typename Kernel>
 inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   return bytes > 0 ? set_max_dynamic_smem(kernel, bytes) : cudaSuccess;
 }
-}  // namespace sched_detail
+}  // namespace sched
 
 // Launch on `stream`; the caller has checked the arguments (see ScheduleVerifyLensParams). One CTA.
 inline cudaError_t launch_schedule_verify_lens(const ScheduleVerifyLensParams& p, void* workspace,
                                                cudaStream_t stream) {
-  using namespace sched_detail;
+  using namespace sched;
   const Layout l = layout(p);
   if (!l.smem && workspace == nullptr) return cudaErrorInvalidValue;
   LaunchConfig cfg;

@@ -4,7 +4,6 @@
 
 #include <stdint.h>
 
-#include "mma.cuh"
 #include "platform.cuh"
 #include "reduce.cuh"
 #include "rng.cuh"

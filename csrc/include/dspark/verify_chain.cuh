@@ -72,7 +72,7 @@ struct VerifyChainParams {
   uint8_t* out_accept_mask = nullptr;    // [N, K] (bool)
 };
 
-namespace vc {
+namespace verify {
 
 constexpr int kThreads = 256;
 constexpr int kStatsCtasPerSm = 2;  // the stats / qstats kernels' design occupancy: <= 128 registers at 256 threads
@@ -188,11 +188,6 @@ struct RaceMass {
 struct OrFlag {
   int v;
   DSPARK_HOST_DEVICE_FN void merge(const OrFlag& o) { v |= o.v; }
-};
-
-struct Sum1 {
-  float v;
-  DSPARK_HOST_DEVICE_FN void merge(const Sum1& o) { v += o.v; }
 };
 
 // Per-request state between kernels.
@@ -892,7 +887,7 @@ __global__ void __launch_bounds__(kThreads, 1) mass_kernel(VerifyChainParams p, 
   DSPARK_SHARED_ARRAY(VStats, s_stats, 2);
   DSPARK_SHARED(int64_t, s_dq);
   DSPARK_SHARED(int32_t, s_last);
-  DSPARK_SHARED_ARRAY(Sum1, scratch, 32);
+  DSPARK_SHARED_ARRAY(Sum, scratch, 32);
   const int64_t km1 = p.K - 1, kp1 = p.K + 1;
   const int64_t item = static_cast<int64_t>(blockIdx.x) / w.chunks;
   const int64_t c = static_cast<int64_t>(blockIdx.x) - item * w.chunks;
@@ -923,7 +918,7 @@ __global__ void __launch_bounds__(kThreads, 1) mass_kernel(VerifyChainParams p, 
       const float q = onehot ? (x == dq ? 1.f : 0.f) : pq.prob(b / t);
       mass += residual_weight(rho, pt.prob(a / t), q);
     });
-    mass = block_allreduce(Sum1{mass}, scratch).v;
+    mass = block_allreduce(Sum{mass}, scratch).v;
     if (threadIdx.x == 0) stg(w.masspart + (r * p.K + i) * w.chunks + c, mass);
   }
   if (!last_cta(w.counter + r, static_cast<uint32_t>(km1 * w.chunks), &s_last)) return;
@@ -1080,16 +1075,18 @@ inline unsigned resident_grid(Kernel kernel, int threads, int64_t items) {
   return static_cast<unsigned>(g > 0 ? g : 0);
 }
 
-}  // namespace vc
+}  // namespace verify
 
 // Workspace of a launch_verify_chain call with these shapes (device memory, no initialisation needed).
-inline size_t verify_chain_workspace_bytes(int64_t N, int64_t K, int64_t V) { return vc::make_plan(N, K, V).total; }
+inline size_t verify_chain_workspace_bytes(int64_t N, int64_t K, int64_t V) {
+  return verify::make_plan(N, K, V).total;
+}
 
 // Launch on `stream`; the caller has checked shapes and dtypes (K in [1, 16], V >= 1, N >= 0). Returns the first
 // failing launch's status. Launches: stats, decide (greedy, and token sampling without draft_logprobs: 2), + qstats
 // (token sampling with draft_logprobs: 3), + mass (block verification with K > 1: 3).
 inline cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspace, cudaStream_t stream) {
-  using namespace vc;
+  using namespace verify;
   if (p.N <= 0) return cudaSuccess;
   if (p.K < 1 || p.K > kMaxK || p.V < 1) return cudaErrorInvalidValue;
   const Plan pl = make_plan(p.N, p.K, p.V);
