@@ -3,29 +3,30 @@ registers exactly the schemas of the SIMT build: one launcher source, two builds
 unless that library exists (making it is minutes of nvcc, which the README's test command does not spend)."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
-import torch
 
 from conftest import gpu_build_path
+from cpp_sources import registered_schemas
 from dspark_kernels import _ext
 
 pytestmark = pytest.mark.gpu_build
 
 _LIST = """
 import json, sys, torch
+from cpp_sources import registered_schemas
 torch.ops.load_library(sys.argv[1])
-ns = torch.ops.dspark_C
-names = [n for n in dir(ns) if not n.startswith("_") and hasattr(getattr(ns, n), "default")]
-print(json.dumps({n: str(getattr(ns, n).default._schema) for n in names}))
+print(json.dumps(registered_schemas("dspark_C")))
 """
 
 
 def _gpu_schemas() -> dict:
     """Loaded in a child process: the test process may hold another build of the same library."""
-    p = subprocess.run([sys.executable, "-c", _LIST, gpu_build_path()], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-c", _LIST, gpu_build_path()], capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -33,9 +34,7 @@ def _gpu_schemas() -> dict:
 def test_gpu_build_registers_the_simt_build_schemas(monkeypatch):
     monkeypatch.setenv("DSPARK_SIMT", "1")
     _ext.load_simt()
-    simt_ops = torch.ops.dspark_simt
-    simt = {n: str(getattr(simt_ops, n).default._schema).replace("dspark_simt::", "dspark_C::")
-            for n in dir(simt_ops) if not n.startswith("_") and hasattr(getattr(simt_ops, n), "default")}
+    simt = {n: s.replace("dspark_simt::", "dspark_C::") for n, s in registered_schemas("dspark_simt").items()}
     gpu = _gpu_schemas()
     assert "rng_uniform_" in gpu and "verify_chain" in gpu
     assert gpu == simt

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dspark_kernels as dk
-from cpp_sources import registration_schemas
+from cpp_sources import registered_schemas, registration_schemas
 from dspark_kernels import _ext, rng, simt
 from dspark_kernels.ops._common import resolve_backend
 
@@ -79,13 +79,11 @@ def test_schemas_are_the_registration_source(harness):
     """The SIMT library registers every op of csrc/torch/registration.cpp with that file's schema (the GPU build
     compiles the same file: python_tests/test_gpu_build.py compares the two builds where CI links the GPU one);
     every op has a fake implementation."""
-    simt_ops = torch.ops.dspark_simt
-    names = [n for n in dir(simt_ops) if not n.startswith("_") and hasattr(getattr(simt_ops, n), "default")]
+    registered = registered_schemas("dspark_simt")
     source = registration_schemas()
-    assert sorted(names) == sorted(source) and "rng_uniform_" in names
-    for name in names:
-        schema = getattr(simt_ops, name).default._schema
-        assert str(schema) == str(torch._C.parse_schema(f"dspark_simt::{source[name]}")), name
+    assert sorted(registered) == sorted(source) and "rng_uniform_" in registered
+    for name, schema in registered.items():
+        assert schema == str(torch._C.parse_schema(f"dspark_simt::{source[name]}")), name
         assert name in _ext._fakes, f"{name} has no fake implementation"
 
 
