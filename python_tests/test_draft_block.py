@@ -546,7 +546,7 @@ def test_cuda_sweep_shared_and_global_access(cuda_device, n):
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
     from dspark_kernels import simt
-    base, anchors, head, _, _, temperature = make_triton_case("vanilla", n, 1, 16901, 64, 1, torch.bfloat16,
+    base, anchors, head, _, _, temperature = make_triton_case("vanilla", n, 1, 4099, 64, 1, torch.bfloat16,
                                                               "mixed", "none", seed=n + 1)
     with simt.record(access=True) as rec:
         dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="cuda")
