@@ -121,9 +121,9 @@ def _group_three_ranks(rank, world):
     inp = verify_inputs(8, 4, vocab, seed=0)
     check_verify(rank, spans, vocab, inp, verify_modes(inp))
     check_draft(rank, spans, vocab, 5, 4, ("vanilla", "gated", "rnn"), (0.0, mixed_temps(5)))
-    # the Triton pieces (the interpreter on the CPU): the residual pass of block verification, draft_step
-    check_verify(rank, spans, vocab, inp, [m for m in verify_modes(inp) if m[0] == "block draft rows"],
-                 backend="triton")
+    # the Triton pieces (the interpreter on the CPU): the stats pass, the residual pass, draft_step
+    triton_modes = ("greedy", "token draft rows", "block draft rows", "token packed+lens+survival+stops")
+    check_verify(rank, spans, vocab, inp, [m for m in verify_modes(inp) if m[0] in triton_modes], backend="triton")
     check_draft(rank, spans, vocab, 5, 4, ("rnn",), (mixed_temps(5),), backend="triton")
 
 
@@ -138,6 +138,8 @@ def _group_one_token_shards(rank, world):
     inp["target"][5, 2] = float("-inf")        # a row without a finite logit
     inp["draft"][3, 0, 7] = float("inf")       # a draft row softmax turns into NaN
     check_verify(rank, spans, vocab, inp, verify_modes(inp, methods=("token", "block"))[:5])
+    triton_modes = ("greedy", "token one-hot", "token draft rows", "block one-hot")   # the Triton stats pass
+    check_verify(rank, spans, vocab, inp, [m for m in verify_modes(inp) if m[0] in triton_modes], backend="triton")
     check_draft(rank, spans, vocab, 4, 3, ("gated",), (0.0, mixed_temps(4)))
 
 
@@ -398,6 +400,63 @@ def test_triton_verify_residual_equals_the_reference():
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True)
     clean = args[:2] + (inp["drafts"].clamp(0, vocab - 1),) + args[3:] + ("triton",)
     torch.library.opcheck(torch.ops.dspark_dist.verify_residual.default, clean)
+
+
+def _stats_case_inputs(n, k, local, vocab_start, vocab, dtype, seed):
+    """Target / draft shards with a NaN, a +inf, an all -inf row, a row with three finite logits (the race's
+    lowest-id rule over -inf keys), an argmax tied across the shard (and across tiles), drafts on and off it."""
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(n, k + 1, local, generator=g) * 2
+    draft = target[:, :k] + torch.randn(n, k, local, generator=g)
+    target[0, 0, local // 2] = float("nan")
+    target[1, k] = float("-inf")
+    target[2, 1] = float("-inf")
+    target[2, 1, :3] = torch.tensor([0.5, -1.0, 2.0])[:local]
+    target[n - 1, 0, local - 1] = float("inf")
+    target[3 % n, 2 % (k + 1), :] = 0.0                                     # every column ties
+    target[0, 1, local - 1] = target[0, 1, 0] = target[0, 1].max() + 1     # a tie: the lowest id wins
+    draft[1, 0, local // 3] = float("nan")
+    drafts = torch.randint(0, vocab, (n, k), generator=g)
+    drafts[0] = vocab_start + torch.arange(k) % local                      # owned by the shard
+    drafts[1, k - 1] = vocab + 3                                            # out of range: reads token 0
+    drafts[2, 0] = -1
+    return target.to(dtype), draft.to(dtype), drafts
+
+
+def test_triton_verify_stats_equals_the_reference():
+    """The Triton stats pass (interpreter on the CPU) writes the reference's StatsLayout buffer: greedy, sampled
+    (mixed greedy requests) with one-hot drafts and with draft rows; dense and packed; float32, bfloat16, float16;
+    shards of 1 token, fewer than top_m, 333 and 1000 tokens, vocab_start > 0; one tile and many (block_v = 64:
+    the running top-(M+1) merge). Ids and argmax values exactly; the other floats to rtol 1e-5, atol 1e-6 (sums
+    in another order, the log's rounding)."""
+    from dspark_kernels.distributed.triton_stats import verify_stats as triton_stats
+    n, k, top_m = 4, 2, 8
+    key = make_rng_key(6, 3, "cpu")
+    temps = torch.tensor([0.0, 1.0, 0.7, 1.6])
+    for local, start, vocab, dtype, packed, block in ((1, 999, 1000, torch.float32, False, None),
+                                                      (5, 0, 1000, torch.bfloat16, True, None),
+                                                      (333, 200, 1000, torch.bfloat16, False, 64),
+                                                      (333, 667, 1000, torch.float16, True, 128),
+                                                      (1000, 400, 1400, torch.float32, True, None)):
+        target, draft, drafts = _stats_case_inputs(n, k, local, start, vocab, dtype, seed=local)
+        cu = None
+        if packed:
+            target, cu = _packed(target, torch.tensor([k, 0, 1, k]))
+        for t, d in ((None, None), (temps, None), (temps, draft)):
+            args = (target, cu, drafts, d, t, key, start, vocab, top_m)
+            ref = D.ops.verify_stats(*args, "reference")
+            out = triton_stats(*args, block_v=block)
+            case = (local, start, dtype, packed, block, t is not None, d is not None)
+            lay = L.StatsLayout(t is not None, d is not None, top_m)
+            exact = [L.AMAX_VAL, L.AMAX_ID] + (list(range(lay.width))[lay.cand("id")] if lay.sampled else [])
+            assert torch.equal(out[..., exact], ref[..., exact]), case
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True, msg=lambda m: f"{case}: {m}")
+    assert torch.equal(D.ops.verify_stats(*args, "triton"), out)            # the op dispatches to the kernel
+    g = torch.Generator().manual_seed(1)
+    clean = (torch.randn(3, k + 1, 40, generator=g), None, drafts[:3].clamp(0, 99), torch.randn(3, k, 40, generator=g),
+             temps[:3], key, 60, 100, 4, "triton")                           # opcheck compares NaN != NaN
+    torch.library.opcheck(torch.ops.dspark_dist.verify_stats.default, clean)
+    torch.library.opcheck(torch.ops.dspark_dist.verify_stats.default, clean[:4] + (None,) + clean[5:])
 
 
 def test_pack_key_orders_like_argmax():

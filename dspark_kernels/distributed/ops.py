@@ -19,8 +19,8 @@ Layouts: ``dspark_kernels.distributed.layout``. Every schema is plain tensors an
 a CUDA kernel can implement each op as it stands: ``verify_stats`` is verify_chain's per-chunk stats pass with a
 chunk offset added to the token ids, ``verify_residual`` its exact fallback pass, ``verify_decide`` its decide step
 reading P partials instead of ``chunks``. Backends: "reference" (pure PyTorch) for every piece, "triton" for
-``draft_step`` and ``verify_residual``. No CUDA kernels yet; calling a piece with a backend it does not have
-raises (the composite ops pick per piece: ``piece_backend``).
+``verify_stats``, ``draft_step`` and ``verify_residual``. No CUDA kernels yet; calling a piece with a backend it
+does not have raises (the composite ops pick per piece: ``piece_backend``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from . import layout as L
 from . import local_draft, local_verify
 
 LOCAL_BACKENDS = ("auto", "reference", "triton")
-TRITON_PIECES = ("draft_step", "verify_residual")   # the local pieces with a Triton kernel
+TRITON_PIECES = ("verify_stats", "draft_step", "verify_residual")   # the local pieces with a Triton kernel
 
 
 def piece_backend(backend: Optional[str], device: torch.device, piece: str) -> str:
@@ -64,6 +64,9 @@ def _triton_impl(piece: str, backend: str, reference_impl):
     if piece == "draft_step":
         from .triton_draft import draft_step
         return draft_step
+    if piece == "verify_stats":
+        from .triton_stats import verify_stats
+        return verify_stats
     from .triton_verify import verify_residual
     return verify_residual
 
@@ -72,9 +75,9 @@ def _triton_impl(piece: str, backend: str, reference_impl):
 def verify_stats(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
                  draft_logits_shard: Optional[torch.Tensor], temperature: Optional[torch.Tensor],
                  rng_key: torch.Tensor, vocab_start: int, vocab_size: int, top_m: int, backend: str) -> torch.Tensor:
-    _triton_impl("verify_stats", backend, None)
-    return local_verify.verify_stats(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature,
-                                     rng_key, vocab_start, vocab_size, top_m)
+    return _triton_impl("verify_stats", backend, local_verify.verify_stats)(
+        target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature, rng_key, vocab_start, vocab_size,
+        top_m)
 
 
 @verify_stats.register_fake

@@ -55,8 +55,8 @@ def verify_chain(
             shards do not tile ``[0, vocab_size)``, a rank's shapes or modes differ, or a rank's arguments fail
             their checks (one tiny all-gather, which then synchronises with a GPU group). With False nothing is
             read back: the layout is trusted, and a rank whose arguments fail raises alone.
-        backend: of the local pieces: "auto" | "reference" | "triton" (Triton for the residual pass, the reference
-            for the statistics and the decide step, which have no kernel yet; "auto": Triton on a GPU).
+        backend: of the local pieces: "auto" | "reference" | "triton" (Triton for the statistics and the residual
+            pass, the reference for the decide step, which has no kernel yet; "auto": Triton on a GPU).
 
     Collectives: one all-gather of the metadata (P x 8 int64 or so), one all-gather of the per-(row, shard)
     statistics, and for sampling (a temperature tensor, or a float > 0) one all-gather of a fixed-size second
@@ -64,7 +64,7 @@ def verify_chain(
     nothing is read on the host (unless ``validate``).
     """
     n = k_len = rows = local = 0
-    error = None
+    error, stats_backend = None, "reference"
     if top_m is None:
         top_m = DEFAULT_TOP_M if method == "token" else 1
     try:
@@ -73,6 +73,7 @@ def verify_chain(
         check_tensor("draft_tokens", draft_tokens, ndim=2, dtypes=INT_DTYPES)
         n, k_len = draft_tokens.shape
         dev = draft_tokens.device
+        stats_backend = ops.piece_backend(backend, dev, "verify_stats")
         residual_backend = ops.piece_backend(backend, dev, "verify_residual")
         if k_len < 1:
             raise ValueError(f"draft_tokens must have K >= 1 columns, got shape {tuple(draft_tokens.shape)}")
@@ -95,7 +96,7 @@ def verify_chain(
                               signature=signature, validate=validate, local_error=error)
     has_draft = draft_logits_shard is not None
     stats = ops.verify_stats(target_logits_shard, cu_seqlens, draft_tokens, draft_logits_shard, temps, rng_key,
-                             vocab_start, vocab_size, top_m, "reference")
+                             vocab_start, vocab_size, top_m, stats_backend)
     stats = comm.all_gather(stats, group)
     decide = lambda residual: ops.verify_decide(
         stats, shards, residual, cu_seqlens, max(rows, 0), draft_tokens, draft_logprobs, verify_lens, survival,
