@@ -9,10 +9,11 @@ time when a GPU is lent, so that the model can be checked and its constants corr
 Per launch (``model_launch``), with the launch's counters (``simt.record(access=True)``) and optional SASS facts:
   t = launch + grid_barriers * grid_barrier + waves * max(t_dram, t_l2, t_smem, t_latency) / waves
 where
-  t_dram    = unique bytes (what a perfect cache moves) / DRAM copy bandwidth,
+  t_dram    = DRAM bytes / DRAM copy bandwidth: the unique bytes (what a perfect cache moves) when they fit in L2,
+              else every byte requested (a re-read working set larger than L2 misses it on every pass),
   t_l2      = global sectors * 32 bytes / L2 bandwidth (sectors from the access model; bytes requested without it),
   t_smem    = shared wavefronts / (SMs in use * one wavefront per clock),
-  t_latency = bytes / (bytes in flight / DRAM latency): Little's law, bytes in flight = SMs in use * resident CTAs
+  t_latency = DRAM bytes / (bytes in flight / DRAM latency): Little's law, bytes in flight = SMs in use * resident CTAs
               per SM * threads * (bytes per load, 16 for a 16-byte load) * loads in flight per thread.
 Waves = CTAs / (resident CTAs per SM * SMs), rounded up; the SMs in use are min(CTAs, SMs), each holding
 min(resident, CTAs / SMs in use) CTAs at once.
@@ -37,6 +38,7 @@ class Gpu:
     dram_latency_s: float     # load-to-use latency of a DRAM access
     launch_s: float           # one kernel launch, back to back on a stream
     grid_barrier_s: float     # one cooperative-groups grid.sync() across a resident grid
+    l2_capacity_bytes: int = 50 * 2**20
     threads_per_sm: int = 2048
     blocks_per_sm: int = 32
     registers_per_sm: int = 65536
@@ -60,6 +62,9 @@ class Gpu:
 #   Started with CUDA Graphs" (2019) without graphs; grid barrier 1.5 us across a resident grid: the order of the
 #   cooperative grid sync cost in Zhang et al., "A Study of Single and Multi-device Synchronization Methods in Nvidia
 #   GPUs" (IPDPS 2020, V100); neither yet measured on Hopper here.
+# - L2 capacity 50 MB on both (the H100 whitepaper's SXM5 figure; the H200 is the same die). A launch whose distinct
+#   bytes exceed it and that re-reads them (draft_block's W2 once per position) misses L2 on every pass: DRAM moves
+#   the bytes requested (LRU on a cyclic sweep keeps nothing), else the distinct bytes.
 # - One shared-memory wavefront per SM clock (128 bytes per clock per SM: the whitepaper's shared-memory bandwidth).
 GPUS = {
     "h200": Gpu("h200", sms=132, dram_bytes_per_s=4.3e12, l2_bytes_per_s=2.5 * 4.3e12, clock_hz=1.98e9,
@@ -95,14 +100,15 @@ def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[
     sms_used = min(g.sms, ctas)  # the CTAs spread over the SMs before any SM takes a second one
     unique = rec.get("unique_bytes_read", 0) + rec.get("unique_bytes_written", 0)
     requested = rec["bytes_read"] + rec["bytes_written"]
+    dram = unique if unique <= g.l2_capacity_bytes else max(unique, requested)
     sectors = rec.get("global_sectors")
     l2_bytes = 32 * sectors if sectors is not None else requested
     wavefronts = rec.get("shared_wavefronts") or 0
     in_flight = sms_used * min(per_sm, math.ceil(ctas / sms_used)) * threads * load_bytes * loads_in_flight
-    t_dram = unique / g.dram_bytes_per_s
+    t_dram = dram / g.dram_bytes_per_s
     t_l2 = l2_bytes / g.l2_bytes_per_s
     t_smem = wavefronts / (sms_used * g.clock_hz)
-    t_latency = unique * g.dram_latency_s / in_flight if in_flight else 0.0
+    t_latency = dram * g.dram_latency_s / in_flight if in_flight else 0.0
     body = max(t_dram, t_l2, t_smem, t_latency)
     grid = int(rec.get("grid_barriers", 0)) * g.grid_barrier_s
     total = g.launch_s + body + grid

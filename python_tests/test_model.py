@@ -53,6 +53,15 @@ def test_one_cta_is_latency_bound_and_pays_its_grid_barriers():
     assert m["smem_us"] == pytest.approx(1000 / 1.98e9 * 1e6)
 
 
+def test_a_working_set_larger_than_l2_is_reread_from_dram():
+    """1e9 bytes requested: 1e8 distinct bytes (over the 50 MiB L2) re-read ten times move all 1e9 from DRAM;
+    1e7 distinct bytes (they fit) move once."""
+    big = model.model_launch(_launch(unique_bytes_read=10**8), "h200", loads_in_flight=4)
+    assert big["dram_us"] == pytest.approx(1e9 / 4.3e12 * 1e6)
+    small = model.model_launch(_launch(unique_bytes_read=10**7), "h200", loads_in_flight=4)
+    assert small["dram_us"] == pytest.approx(1e7 / 4.3e12 * 1e6) and small["bound"] == "l2"
+
+
 def test_shared_memory_and_registers_limit_residency():
     assert model.resident_ctas(model.GPUS["h200"], 256, 100 * 1024) == 2          # 228 KB / 101 KB
     assert model.resident_ctas(model.GPUS["h200"], 256, 0, registers=128) == 2    # 65536 / (128 * 256)
