@@ -61,14 +61,15 @@ def settings() -> Dict[str, Any]:
 
 def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison: Optional[int] = None,
               sm_count: Optional[int] = None, record: Optional[bool] = None, access: Optional[bool] = None,
-              arch: Optional[int] = None) -> Dict[str, Any]:
+              arch: Optional[int] = None, registers: Optional[List[tuple]] = None) -> Dict[str, Any]:
     """Change harness settings (None keeps one); returns the previous settings.
 
     order: "forward" | "reverse" | "random" (the order in which runnable threads, and blocks, resume); seed: of
     "random"; poison: the byte shared memory is filled with before every block; sm_count: what kernels see as the
     device's multiprocessor count (132, an H200, by default); record: keep a record of every launch; access: with
     record, also run the warp access model (the plain build; it costs tens of times a launch's run); arch: 90 (H100
-    / H200, the default) or 80 (A100): the shared-memory launch rules enforced.
+    / H200, the default) or 80 (A100): the shared-memory launch rules enforced; registers: (launch name, registers
+    per thread) pairs the occupancy query and the per-block register limit use (a launch not named has no limit).
     """
     m = module()
     old = dict(m.settings())
@@ -79,6 +80,8 @@ def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison
             new[k] = v
     m.configure(new["order"], int(new["seed"]), int(new["poison"]), int(new["sm_count"]), bool(new["record"]),
                 bool(new["access"]), int(new["arch"]))
+    if registers is not None:
+        m.set_registers([(str(k), int(r)) for k, r in registers])
     return old
 
 

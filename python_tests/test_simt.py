@@ -396,6 +396,7 @@ def test_per_block_shared_memory_maximum(harness, arch, kb, ok):
 
 def test_registers_times_threads(harness):
     x, y, a = torch.arange(1024.0), torch.zeros(1024), torch.zeros(1)
+    old = simt.settings()["registers"]
     try:
         harness.set_registers([("strided_kernel", 64)])   # 64 x 1024 = 65536: exactly a block's registers
         harness.selftest("strided", x, y, a, 1, 1024, 0, 1.0)
@@ -403,7 +404,7 @@ def test_registers_times_threads(harness):
         with pytest.raises(RuntimeError, match=r"strided_kernel.*1024 threads of 65 registers need 73728"):
             harness.selftest("strided", x, y, a, 1, 1024, 0, 1.0)
     finally:
-        harness.set_registers([])
+        harness.set_registers(old)
 
 
 def test_cooperative_grid_limit(harness):
@@ -411,3 +412,4 @@ def test_cooperative_grid_limit(harness):
     buf, y = torch.zeros(4225), torch.zeros(4225 * 64)
     with pytest.raises(RuntimeError, match=r"cooperative grid of 4225 blocks cannot be resident on 132 SMs \(32 per"):
         harness.selftest("grid_barrier", torch.zeros(1), y, buf, 4225, 64, 0)
+

@@ -45,6 +45,7 @@ py::dict get_settings() {
   d["record"] = s.record;
   d["access"] = s.access;
   d["arch"] = s.arch;
+  d["registers"] = s.registers;
   return d;
 }
 
