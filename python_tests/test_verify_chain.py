@@ -567,8 +567,9 @@ def stats_chunks(rows, vocab, min_chunk=MIN_CHUNK):
 
 
 def resident_ctas(block):
-    """CTAs of `block` threads resident at once as the harness's occupancy query reports it (threads per SM bound)."""
-    return SMS * (2048 // block)
+    """CTAs of `block` threads the persistent grids hold: the occupancy by threads, capped at the design occupancy
+    (what a GPU gives the kernels at their registers; the harness's occupancy query does not know registers)."""
+    return SMS * min(2048 // block, CTAS_PER_SM)
 
 
 def headline_case(n, k, mode, verified, seed=0):

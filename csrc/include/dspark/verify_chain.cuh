@@ -1066,11 +1066,15 @@ inline Plan make_plan(int64_t N, int64_t K, int64_t V) {
   return pl;
 }
 
-// A persistent grid: the CTAs of `kernel` resident at once (occupancy query), or `items` when that is fewer;
-// 0 when the occupancy query fails (the launcher then refuses the launch).
+// A persistent grid: the CTAs of `kernel` resident at once at the design occupancy (the occupancy query, capped at
+// kStatsCtasPerSm: what a GPU gives these kernels at their <= 128 registers, and what the SIMT harness, whose
+// occupancy query does not know registers, would otherwise exceed), or `items` when that is fewer; 0 when the
+// occupancy query fails (the launcher then refuses the launch).
 template <typename Kernel>
 inline unsigned resident_grid(Kernel kernel, int threads, int64_t items) {
-  const int64_t resident = static_cast<int64_t>(device_sm_count()) * max_active_blocks_per_sm(kernel, threads, 0);
+  const int per_sm = max_active_blocks_per_sm(kernel, threads, 0);
+  const int64_t resident =
+      static_cast<int64_t>(device_sm_count()) * (per_sm < kStatsCtasPerSm ? per_sm : kStatsCtasPerSm);
   const int64_t g = items < resident ? items : resident;
   return static_cast<unsigned>(g > 0 ? g : 0);
 }
