@@ -209,33 +209,54 @@ def clear_stale_lock(build_dir: str, max_age_s: float = 600.0) -> None:
     """torch's JIT build holds ``<build_dir>/lock`` while it compiles; a build killed midway leaves it behind and
     every later build waits on it forever. Remove a lock older than ``max_age_s`` when no process is building in
     that folder (none has it as its working directory, as ninja does), saying so; raise naming the file when that
-    cannot be told (no /proc)."""
-    import time
+    cannot be told (no /proc). Processes that start together (pytest -n workers) decide one at a time, under an
+    flock of ``<build_dir>/lock.clear``: a lock that another one removed, or that a fresh build made since, stays."""
+    import fcntl
 
     lock = os.path.join(build_dir, "lock")
-    try:
-        age = time.time() - os.path.getmtime(lock)
-    except OSError:
+    if _lock_age(lock) is None:
         return  # no lock: nothing to do
-    if age < max_age_s:
-        return  # a build may be running right now: torch waits for it
-    if not os.path.isdir("/proc/self"):
-        raise RuntimeError(f"dspark_kernels: the extension build lock {lock} is {age / 60:.0f} minutes old; if no "
-                           f"build of the extension is running, delete that file and retry")
+    with open(os.path.join(build_dir, "lock.clear"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        age = _lock_age(lock)
+        if age is None or age < max_age_s:
+            return  # removed by another process, or a build may be running right now: torch waits for it
+        if not os.path.isdir("/proc/self"):
+            raise RuntimeError(f"dspark_kernels: the extension build lock {lock} is {age / 60:.0f} minutes old; if "
+                               f"no build of the extension is running, delete that file and retry")
+        if _building_in(build_dir):
+            return  # a live build (ninja / nvcc run in the build folder): leave its lock alone
+        try:
+            os.remove(lock)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise RuntimeError(f"dspark_kernels: the extension build lock {lock} is stale ({age / 60:.0f} minutes "
+                               f"old, no build running) and could not be removed ({e}); delete it and retry") from e
+    print(f"dspark_kernels: removed a stale build lock {lock} ({age / 60:.0f} minutes old, no build running; "
+          f"left by a build that was killed)", file=sys.stderr, flush=True)
+
+
+def _lock_age(lock: str):
+    """Seconds since ``lock`` was last modified, or None when it does not exist."""
+    import time
+
+    try:
+        return time.time() - os.path.getmtime(lock)
+    except OSError:
+        return None
+
+
+def _building_in(build_dir: str) -> bool:
+    """True when a process (ninja, nvcc, the compiler) has ``build_dir`` as its working directory."""
     target = os.path.realpath(build_dir)
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.path.realpath(os.readlink(f"/proc/{pid}/cwd")) == target:
-                return  # a live build (ninja / nvcc run in the build folder): leave its lock alone
+                return True
         except OSError:
             continue
-    try:
-        os.remove(lock)
-    except OSError as e:
-        raise RuntimeError(f"dspark_kernels: the extension build lock {lock} is stale ({age / 60:.0f} minutes old, no "
-                           f"build running) and could not be removed ({e}); delete it and retry") from e
-    print(f"dspark_kernels: removed a stale build lock {lock} ({age / 60:.0f} minutes old, no build running; "
-          f"left by a build that was killed)", file=sys.stderr, flush=True)
+    return False
 
 
 def asan_preload() -> str:
