@@ -7,9 +7,9 @@ draft_logprobs) at K in {7, 15}, V = 151936 bf16, and draft_block (vanilla, r = 
 
 verify_chain runs with the warp access model (sectors and wavefronts feed the model's L2 and shared-memory terms);
 draft_block without it (its harness run with the model costs an hour here), so its L2 term is the bytes requested
-and its shared-memory term is absent: said in each row. The SASS report (build/check_cuda.json, when present) gives
-the stats kernel's registers and loads in flight. Prints the model's time for the bytes floor in as many launches
-beside it.
+and its shared-memory term is absent: said in each row. Loads in flight per thread come from the kernels' designs
+(:data:`LOADS_IN_FLIGHT`; the SASS tests hold the kernels to them), registers are not a limit here. Prints the
+model's time for the bytes floor in as many launches beside it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ V = 151936
 
 def _verify_case(k: int, mode: str):
     """One request verifying all K drafts (target randn * 2; greedy drafts: the argmax with one mismatch in the
-    middle; token: drafts sampled from draft = target + randn * 2) -> (args, kwargs, floor bytes)."""
+    middle; token: drafts sampled from draft = target + randn * 2, with draft_logprobs) -> (args, kwargs)."""
     gen = torch.Generator().manual_seed(0)
     target = (torch.randn(1, k + 1, V, generator=gen) * 2).to(torch.bfloat16)
     kwargs = dict(verify_lens=torch.tensor([k]))

@@ -87,7 +87,6 @@ def test_schemas_are_the_registration_source(harness):
         assert name in _ext._fakes, f"{name} has no fake implementation"
 
 
-
 # ------------------------------------------------------------------------------------------------ counters
 
 def test_counters_of_a_toy_kernel_match_hand_computed_values(harness):
@@ -396,15 +395,16 @@ def test_per_block_shared_memory_maximum(harness, arch, kb, ok):
 
 def test_registers_times_threads(harness):
     x, y, a = torch.arange(1024.0), torch.zeros(1024), torch.zeros(1)
-    old = simt.settings()["registers"]
+    old = simt.configure(registers=[("strided_kernel", 64)])   # 64 x 1024 = 65536: exactly a block's registers
     try:
-        harness.set_registers([("strided_kernel", 64)])   # 64 x 1024 = 65536: exactly a block's registers
+        assert simt.settings()["registers"] == [("strided_kernel", 64)]
         harness.selftest("strided", x, y, a, 1, 1024, 0, 1.0)
-        harness.set_registers([("strided_kernel", 65)])   # rounds up to 72 per thread
+        simt.configure(registers=[("strided_kernel", 65)])        # rounds up to 72 per thread
         with pytest.raises(RuntimeError, match=r"strided_kernel.*1024 threads of 65 registers need 73728"):
             harness.selftest("strided", x, y, a, 1, 1024, 0, 1.0)
     finally:
-        harness.set_registers(old)
+        simt.configure(**old)
+    assert simt.settings()["registers"] == old["registers"]
 
 
 def test_cooperative_grid_limit(harness):
@@ -412,4 +412,3 @@ def test_cooperative_grid_limit(harness):
     buf, y = torch.zeros(4225), torch.zeros(4225 * 64)
     with pytest.raises(RuntimeError, match=r"cooperative grid of 4225 blocks cannot be resident on 132 SMs \(32 per"):
         harness.selftest("grid_barrier", torch.zeros(1), y, buf, 4225, 64, 0)
-
