@@ -5,7 +5,8 @@ Usage: ``python tools/check_cuda.py [-j JOBS] [--keep DIR] [--json PATH] [--link
 csrc/torch/*.cu, csrc/torch/*.cpp, csrc/capi/*.cu). The torch translation units get the same include folders and
 flags as the extension build (dspark_kernels/_build.py); csrc/capi/*.cu gets only csrc/include. Prints a
 per-kernel resource table (registers, stack frame, spill bytes) and exits 1 if any compile fails or any kernel
-spills (non-zero "bytes spill" line). Needs no GPU. CUDA_HOME is resolved like the extension does (CUDA_HOME / CUDA_PATH, nvcc on PATH, ...).
+spills (non-zero "bytes spill" line). Needs no GPU. CUDA_HOME is resolved like the extension does (CUDA_HOME /
+CUDA_PATH, nvcc on PATH, ...).
 
 With ``--json PATH`` each kernel's entry also has its static shared memory, resident CTAs per SM at 128 / 256 /
 512 / 1024 threads (from registers and static shared memory), and for sm_90a a ``sass`` key: opcode counts and the
