@@ -8,7 +8,8 @@ draft_logprobs) at K in {7, 15}, V = 151936 bf16, and draft_block (vanilla, r = 
 verify_chain runs with the warp access model (sectors and wavefronts feed the model's L2 and shared-memory terms);
 draft_block without it (its harness run with the model costs an hour here), so its L2 term is the bytes requested
 and its shared-memory term is absent: said in each row. Loads in flight per thread come from the kernels' designs
-(:data:`LOADS_IN_FLIGHT`; the SASS tests hold the kernels to them), registers are not a limit here. Prints the
+(:data:`LOADS_IN_FLIGHT`; the SASS tests hold the kernels to them); registers limit occupancy when the harness has
+them (``DSPARK_SIMT_REGISTERS=build/check_cuda.json``: each launch's ``registers``), else not. Prints the
 model's time for the bytes floor in as many launches beside it.
 """
 
@@ -81,7 +82,8 @@ def draft_rows(gpu: str):
 
 
 def _row(op, params, launches, floor, gpu, access):
-    per = [model_launch(ln, gpu, loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1)) for ln in launches]
+    per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1))
+           for ln in launches]
     return dict(op=op, **params, launches=len(launches), access_model=access, floor_bytes=floor,
                 modelled_us=round(sum(p["modelled_us"] for p in per), 2),
                 floor_model_us=round(floor_model_us(floor, len(launches), gpu), 2),

@@ -20,6 +20,7 @@ here), and Hopper-only instructions.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -29,7 +30,8 @@ import torch
 from . import _ext
 
 __all__ = ["available", "enabled", "module", "configure", "settings", "record", "schedule", "check",
-           "default_schedules", "Recording", "H200_SMS", "access_model_available", "ACCESS_KEYS"]
+           "default_schedules", "Recording", "H200_SMS", "access_model_available", "ACCESS_KEYS", "load_registers",
+           "registers_from_report"]
 
 H200_SMS = 132  # what the harness reports as the device's multiprocessor count unless told otherwise
 
@@ -39,9 +41,20 @@ def enabled() -> bool:
     return _ext.simt_enabled()
 
 
+_registers_env_done = False
+
+
 def module():
-    """The SIMT build's Python module (built on first use)."""
-    return _ext.load_simt()
+    """The SIMT build's Python module (built on first use). On first use, when ``DSPARK_SIMT_REGISTERS`` names a
+    ``tools/check_cuda.py --json`` report, the harness takes its kernels' registers from it (:func:`load_registers`)."""
+    global _registers_env_done
+    m = _ext.load_simt()
+    if not _registers_env_done:
+        _registers_env_done = True
+        path = os.environ.get("DSPARK_SIMT_REGISTERS")
+        if path:
+            load_registers(path)
+    return m
 
 
 def available() -> bool:
@@ -68,8 +81,10 @@ def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison
     "random"; poison: the byte shared memory is filled with before every block; sm_count: what kernels see as the
     device's multiprocessor count (132, an H200, by default); record: keep a record of every launch; access: with
     record, also run the warp access model (the plain build; it costs tens of times a launch's run); arch: 90 (H100
-    / H200, the default) or 80 (A100): the shared-memory launch rules enforced; registers: (launch name, registers
-    per thread) pairs the occupancy query and the per-block register limit use (a launch not named has no limit).
+    / H200, the default) or 80 (A100): the shared-memory launch rules enforced; registers: (kernel symbol, registers
+    per thread) pairs the occupancy query and the per-block register limit use, keyed by the kernel function's
+    mangled name (a launch record's ``symbol``; :func:`registers_from_report` reads them from the SASS report); a
+    kernel not listed has no register limit.
     """
     m = module()
     old = dict(m.settings())
@@ -83,6 +98,28 @@ def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison
     if registers is not None:
         m.set_registers([(str(k), int(r)) for k, r in registers])
     return old
+
+
+def registers_from_report(report: Dict[str, Any], arch: str = "sm_90a") -> List[tuple]:
+    """(kernel symbol, registers per thread) of every kernel in a ``tools/check_cuda.py --json`` report compiled for
+    `arch`, for ``configure(registers=...)``: the harness's kernel functions carry the mangled names nvcc gives the GPU
+    build's kernels, so each launch is then held to its GPU build's registers (occupancy, cooperative grid limit,
+    registers per block)."""
+    return sorted({(k["kernel"], int(k["registers"])) for k in report["kernels"]
+                   if k.get("arch") == arch and k.get("registers")})
+
+
+def load_registers(path: str, arch: str = "sm_90a") -> List[tuple]:
+    """Hold every launch to the registers of the SASS report at `path` (:func:`registers_from_report`); returns the
+    table. A missing or unreadable report is an error naming it."""
+    try:
+        with open(path) as f:
+            report = json.load(f)
+        table = registers_from_report(report, arch)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RuntimeError(f"DSPARK_SIMT_REGISTERS / load_registers: cannot read the SASS report {path!r}: {e}") from e
+    _ext.load_simt().set_registers(table)
+    return table
 
 
 def access_model_available() -> bool:

@@ -9,6 +9,8 @@
 * Tests marked ``@pytest.mark.sass`` read the SASS report of ``tools/check_cuda.py --json`` (minutes of nvcc):
   they are deselected unless the report exists (``build/check_cuda.json`` or ``DSPARK_SASS_REPORT``); CI's compile
   step writes it before the tests run.
+  When the report exists, the SIMT harness also takes every kernel's registers from it (``DSPARK_SIMT_REGISTERS``),
+  so its occupancy queries and cooperative grids are those of the GPU build.
 * Tests marked ``@pytest.mark.gpu_build`` load the GPU extension ``tools/check_cuda.py --link build/dspark_C.so``
   links (or the file ``DSPARK_GPU_BUILD`` names): deselected unless it exists; CI's compile step links it.
 * Under ``pytest -n`` (pytest-xdist; the README's command) each worker gets its share of the cores as torch
@@ -30,6 +32,13 @@ import torch
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+def _sass_report() -> str:
+    from sass_facts import report_path
+    return report_path()
+
+
+if os.path.isfile(_sass_report()):  # the harness sizes grids with the GPU build's registers (CI writes the report)
+    os.environ.setdefault("DSPARK_SIMT_REGISTERS", _sass_report())
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n: the workers share the cores
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
@@ -51,8 +60,7 @@ def pytest_collection_modifyitems(config, items):
     for marker, variable in (("sanitized", "DSPARK_SIMT_SANITIZE"), ("slow", "DSPARK_SLOW")):
         if os.environ.get(variable) != "1":
             _deselect(config, items, marker)
-    from sass_facts import report_path
-    if not os.path.isfile(report_path()):
+    if not os.path.isfile(_sass_report()):
         _deselect(config, items, "sass")
     if not os.path.isfile(gpu_build_path()):
         _deselect(config, items, "gpu_build")

@@ -518,6 +518,35 @@ def test_cuda_cooperative_chunks(cuda_device, simt_check):
         _cuda_vs_reference(cuda_device, simt_check, tokens, seq, **kw)
 
 
+def _alloc(launch):
+    """Registers a thread of `launch` is allocated (rounded up to 8)."""
+    return -(-launch["registers"] // 8) * 8
+
+
+def test_cuda_cooperative_grid_follows_registers(cuda_device):
+    """The cooperative grid is as many CTAs as the SMs hold at once, registers included: at 4000 requests on one SM,
+    6 CTAs by the largest chunk's shared memory alone, 4 at 64 registers a thread (65536 / (64 x 256)); the result
+    is the same."""
+    if cuda_device.type != "cpu":
+        pytest.skip("the SM count and register table are the SIMT harness's settings")
+    from dspark_kernels import simt
+    g = torch.Generator().manual_seed(13)
+    tokens, seq, kw = _random_scan_inputs(g, 4000, 5, False)
+    old = simt.configure(registers=[], sm_count=1)
+    try:
+        with simt.record() as rec:
+            _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)
+        (launch,) = rec.launches
+        assert launch["registers"] is None and launch["ctas"] == 6
+        simt.configure(registers=[(launch["symbol"], 64)])
+        with simt.record() as rec:
+            _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)
+        (launch,) = rec.launches
+        assert launch["registers"] == 64 and launch["ctas"] == 4
+    finally:
+        simt.configure(**old)
+
+
 def test_cuda_65536_requests(cuda_device):
     """The largest batch one launch takes. The harness runs a cooperative grid as fibers whose stacks are
     mmap'd (two mappings each, vm.max_map_count = 65530), so on the CPU it models 16 SMs (96 CTAs); a GPU runs
@@ -535,7 +564,10 @@ def test_cuda_65536_requests(cuda_device):
         with simt.record(sm_count=16) as rec:
             o = _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)
         (launch,) = rec.launches
-        assert launch["ctas"] == 96 and launch["grid_barriers"] == 1
+        # the plan sizes for the largest chunk's shared memory: 6 CTAs per SM; 4 at the GPU build's 64 registers
+        # (when the SASS report is loaded); 65536 requests then split evenly over the resident CTAs
+        per_sm = 6 if launch["registers"] is None else min(6, 65536 // (_alloc(launch) * 256))
+        assert launch["ctas"] == 16 * per_sm and launch["grid_barriers"] == 1
     else:
         o = _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)
     assert int(o.cu_out[-1]) > 2 ** 17

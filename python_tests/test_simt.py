@@ -1,6 +1,7 @@
 """The SIMT harness: CUDA kernels on the CPU, its fault checks (each on a planted bug, next to the correct twin), its
 counters against hand-computed values, and the kernel building blocks (16-byte loads, split-V partials, races)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -393,18 +394,69 @@ def test_per_block_shared_memory_maximum(harness, arch, kb, ok):
         simt.configure(**old)
 
 
+STRIDED = "_ZN6dspark8selftest14strided_kernelEPKfPfii"  # dspark::selftest::strided_kernel(const float*, float*, int, int)
+GRID_BARRIER = "_ZN6dspark8selftest19grid_barrier_kernelEPfS1_"  # dspark::selftest::grid_barrier_kernel(float*, float*)
+
+
+def test_launches_carry_their_kernel_symbol(harness):
+    """The harness finds each kernel function's mangled name (what the SASS report keys on); with no register table
+    a launch's registers are unknown."""
+    x, y, a = torch.arange(64.0), torch.zeros(64), torch.zeros(1)
+    with simt.record() as rec:
+        harness.selftest("strided", x, y, a, 1, 64, 0, 1.0)
+    (launch,) = rec.launches
+    assert launch["kernel"] == "strided_kernel" and launch["symbol"] == STRIDED
+    assert launch["registers"] is None and launch["ctas_per_sm"] == 32  # 64 threads: the 32-block limit
+
+
 def test_registers_times_threads(harness):
     x, y, a = torch.arange(1024.0), torch.zeros(1024), torch.zeros(1)
-    old = simt.configure(registers=[("strided_kernel", 64)])   # 64 x 1024 = 65536: exactly a block's registers
+    old = simt.configure(registers=[(STRIDED, 64)])   # 64 x 1024 = 65536: exactly a block's registers
     try:
-        assert simt.settings()["registers"] == [("strided_kernel", 64)]
-        harness.selftest("strided", x, y, a, 1, 1024, 0, 1.0)
-        simt.configure(registers=[("strided_kernel", 65)])        # rounds up to 72 per thread
+        assert simt.settings()["registers"] == [(STRIDED, 64)]
+        with simt.record() as rec:
+            harness.selftest("strided", x, y, a, 1, 1024, 0, 1.0)
+        assert rec.launches[0]["registers"] == 64 and rec.launches[0]["ctas_per_sm"] == 1
+        simt.configure(registers=[(STRIDED, 65)])        # rounds up to 72 per thread
         with pytest.raises(RuntimeError, match=r"strided_kernel.*1024 threads of 65 registers need 73728"):
             harness.selftest("strided", x, y, a, 1, 1024, 0, 1.0)
+        simt.configure(registers=[("strided_kernel", 65)])  # a launch name is not a symbol: no limit
+        harness.selftest("strided", x, y, a, 1, 1024, 0, 1.0)
     finally:
         simt.configure(**old)
     assert simt.settings()["registers"] == old["registers"]
+
+
+def test_registers_limit_the_cooperative_grid(harness):
+    """64-thread blocks of 128 registers: 8192 registers a block, so 8 per SM (not the 32 the block limit allows)
+    and 4 SMs hold 32 of them."""
+    old = simt.configure(registers=[(GRID_BARRIER, 128)], sm_count=4)
+    try:
+        y = torch.zeros(33 * 64)
+        harness.selftest("grid_barrier", torch.zeros(1), y, torch.zeros(32), 32, 64, 0)
+        with pytest.raises(RuntimeError, match=r"cooperative grid of 33 blocks cannot be resident on 4 SMs \(8 per"):
+            harness.selftest("grid_barrier", torch.zeros(1), y, torch.zeros(33), 33, 64, 0)
+    finally:
+        simt.configure(**old)
+
+
+def test_registers_from_the_sass_report(harness, tmp_path):
+    """load_registers takes the report's sm_90a entries that have registers; a missing report is an error naming it."""
+    report = {"kernels": [dict(arch="sm_90a", kernel=STRIDED, registers=64),
+                          dict(arch="sm_80", kernel=STRIDED, registers=72),
+                          dict(arch="sm_90a", kernel="_ZN6dspark5draft12phase_matvecILi1EEEvv", registers=None)]}
+    assert simt.registers_from_report(report) == [(STRIDED, 64)]
+    assert simt.registers_from_report(report, "sm_80") == [(STRIDED, 72)]
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    old = simt.settings()
+    try:
+        assert simt.load_registers(str(path)) == [(STRIDED, 64)]
+        assert simt.settings()["registers"] == [(STRIDED, 64)]
+        with pytest.raises(RuntimeError, match=r"cannot read the SASS report .*absent\.json"):
+            simt.load_registers(str(tmp_path / "absent.json"))
+    finally:
+        simt.configure(registers=old["registers"])
 
 
 def test_cooperative_grid_limit(harness):
@@ -412,3 +464,37 @@ def test_cooperative_grid_limit(harness):
     buf, y = torch.zeros(4225), torch.zeros(4225 * 64)
     with pytest.raises(RuntimeError, match=r"cooperative grid of 4225 blocks cannot be resident on 132 SMs \(32 per"):
         harness.selftest("grid_barrier", torch.zeros(1), y, buf, 4225, 64, 0)
+
+
+@pytest.mark.sass
+def test_every_launched_kernel_has_its_gpu_registers(harness):
+    """Each kernel the ops launch through the harness carries the symbol of a kernel in the SASS report, so the
+    report's register table holds every harness launch to its GPU build's registers (no launch goes unlimited)."""
+    from sass_facts import report
+    from test_draft_block import make_triton_case
+    table = dict(simt.registers_from_report(report()))
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(2, 4, 300, generator=g).to(torch.bfloat16)
+    draft_logits = torch.randn(2, 3, 300, generator=g)
+    drafts = torch.randint(0, 300, (2, 3), generator=g)
+    with simt.record() as rec:
+        dk.verify_chain(target, drafts, backend="cuda")
+        dk.verify_chain(target, drafts, draft_logits=draft_logits, temperature=1.0, method="block", backend="cuda")
+        dk.verify_chain(target, drafts, draft_logits=draft_logits, temperature=torch.tensor([1.0, 0.0]),
+                        backend="cuda")
+        for n in (3, 2000):
+            dk.accept_prefix_scan(torch.randint(0, 9, (n, 4), generator=g), torch.randint(1, 9, (n,), generator=g),
+                                  num_accepted=torch.randint(0, 4, (n,), generator=g), backend="cuda")
+        dk.schedule_verify_lens(torch.rand(3, 4, generator=g).sort(-1, descending=True).values,
+                                cost_table=dk.CostTable([1, 8], [10.0, 11.0]), mode="argmax", backend="cuda")
+        for kind, dtype in (("vanilla", torch.bfloat16), ("rnn", torch.float32)):
+            base, anchors, head, hidden, conf, temp = make_triton_case(kind, 2, 3, 300, 16, 8, dtype, "mixed",
+                                                                       "sts", seed=1)
+            dk.draft_block(base, anchors, head, hidden=hidden, confidence=conf, temperature=temp, seed=1,
+                           backend="cuda")
+    launched = {(r["kernel"], r["symbol"]) for r in rec.launches}
+    assert len({k for k, _ in launched}) >= 8, sorted(launched)
+    missing = sorted((k, s) for k, s in launched if s not in table)
+    assert not missing, f"launches whose kernel is not in the SASS report's sm_90a table: {missing}"
+    assert all(r["registers"] == table[r["symbol"]] for r in rec.launches if r["symbol"] in table
+               and simt.settings()["registers"]), "the suite loads the report's registers (DSPARK_SIMT_REGISTERS)"

@@ -568,7 +568,8 @@ def stats_chunks(rows, vocab, min_chunk=MIN_CHUNK):
 
 def resident_ctas(block):
     """CTAs of `block` threads the persistent grids hold: the occupancy by threads, capped at the design occupancy
-    (what a GPU gives the kernels at their registers; the harness's occupancy query does not know registers)."""
+    (what a GPU gives the kernels at their registers; the harness's occupancy query knows registers only when the
+    SASS report is loaded)."""
     return SMS * min(2048 // block, CTAS_PER_SM)
 
 

@@ -55,6 +55,9 @@ py::list take_records_py() {
       [](const LaunchRecord& r, void* user) {
         py::dict d;
         d["kernel"] = std::string(r.kernel);
+        d["symbol"] = r.symbol;
+        d["registers"] = r.registers > 0 ? py::object(py::int_(r.registers)) : py::object(py::none());
+        d["ctas_per_sm"] = r.ctas_per_sm;
         d["grid"] = py::make_tuple(r.grid.x, r.grid.y, r.grid.z);
         d["block"] = py::make_tuple(r.block.x, r.block.y, r.block.z);
         d["ctas"] = uint64_t(r.grid.x) * r.grid.y * r.grid.z;

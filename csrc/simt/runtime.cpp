@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 // DSPARK_SIMT_MODEL: the plain build, compiled with GCC's kernel-address instrumentation in call mode, so that
@@ -626,9 +627,25 @@ const size_t* max_dynamic_smem_of(const void* func) {
   return nullptr;
 }
 
-int registers_of(const char* kernel) {
+// The linker symbol of a kernel function (its mangled name: the one nvcc gives the GPU build's kernel, so the SASS
+// report's table applies as is), cached; "" when the function has no exported symbol of its own.
+const std::string& symbol_of(const void* func) {
+  static std::unordered_map<const void*, std::string> cache;  // node-based: references stay valid
+  auto it = cache.find(func);
+  if (it != cache.end()) return it->second;
+  Dl_info info{};
+  std::string name;
+  if (func != nullptr && dladdr(func, &info) != 0 && info.dli_saddr == func && info.dli_sname != nullptr)
+    name = info.dli_sname;
+  return cache.emplace(func, std::move(name)).first->second;
+}
+
+// Registers per thread of a kernel function from the settings' table (0: unknown, no register limit).
+int registers_of(const void* func) {
+  const std::string& symbol = symbol_of(func);
+  if (symbol.empty()) return 0;
   for (const auto& e : g_settings.registers)
-    if (e.first == kernel) return e.second;
+    if (e.first == symbol) return e.second;
   return 0;
 }
 
@@ -862,13 +879,13 @@ void count_write(const void* p, size_t bytes) {
 }
 
 
-int max_active_blocks(const void* func, const char* kernel, int threads, size_t dynamic_smem) {
+int max_active_blocks(const void* func, int threads, size_t dynamic_smem) {
   const Settings& s = g_settings;
   if (threads <= 0) return 0;
   int n = std::min(s.max_blocks_per_sm, s.max_threads_per_sm / threads);
   const size_t smem = static_smem_of(func) + dynamic_smem + s.reserved_smem_per_block;
   n = std::min<int>(n, static_cast<int>(s.smem_per_sm / smem));
-  const int regs = kernel ? registers_of(kernel) : 0;
+  const int regs = registers_of(func);
   if (regs > 0) n = std::min(n, s.registers_per_sm / registers_per_block(regs, threads));
   return n;
 }
@@ -900,20 +917,22 @@ void launch(const LaunchSpec& spec, const std::function<void()>& body) {
     throw bad("grid of " + std::to_string(blocks) + " blocks");
   const std::string smem_error = smem_rule(spec, static_smem_of(spec.func));
   if (!smem_error.empty()) throw bad(smem_error);
-  const int regs = registers_of(spec.kernel);
+  const int regs = registers_of(spec.func);
   if (regs > 0 && registers_per_block(regs, static_cast<int>(threads)) > g_settings.registers_per_block)
     throw bad(std::to_string(threads) + " threads of " + std::to_string(regs) + " registers need " +
               std::to_string(registers_per_block(regs, static_cast<int>(threads))) + " registers, more than the " +
               std::to_string(g_settings.registers_per_block) + " of a block");
   if (spec.cooperative) {
-    const int per_sm = max_active_blocks(spec.func, spec.kernel, static_cast<int>(threads), spec.dynamic_smem);
+    const int per_sm = max_active_blocks(spec.func, static_cast<int>(threads), spec.dynamic_smem);
     if (blocks > uint64_t(per_sm) * uint64_t(g_settings.sm_count))
       throw bad("a cooperative grid of " + std::to_string(blocks) + " blocks cannot be resident on " +
                 std::to_string(g_settings.sm_count) + " SMs (" + std::to_string(per_sm) +
-                " per SM at this block size and shared memory)");
+                " per SM at this block size, shared memory and registers)");
   }
   LaunchRecord record;
   record.kernel = spec.kernel;
+  record.symbol = symbol_of(spec.func);
+  record.registers = regs;
   record.grid = spec.grid;
   record.block = spec.block;
   record.dynamic_smem = spec.dynamic_smem;
@@ -1013,6 +1032,8 @@ void launch(const LaunchSpec& spec, const std::function<void()>& body) {
   std::sort(record.by_pc.begin(), record.by_pc.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   if (!error.empty()) throw std::runtime_error(error);
+  // after the blocks ran: the static shared memory they declared counts
+  record.ctas_per_sm = max_active_blocks(spec.func, static_cast<int>(threads), spec.dynamic_smem);
   if (g_settings.record) g_records.push_back(record);
 }
 

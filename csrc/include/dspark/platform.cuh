@@ -266,7 +266,7 @@ inline int device_sm_count() {
 template <typename Kernel>
 inline int max_active_blocks_per_sm(Kernel kernel, int threads, size_t smem) {
 #if defined(DSPARK_SIMT)
-  return simt::max_active_blocks(reinterpret_cast<const void*>(kernel), nullptr, threads, smem);
+  return simt::max_active_blocks(reinterpret_cast<const void*>(kernel), threads, smem);
 #else
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {

@@ -1068,8 +1068,8 @@ inline Plan make_plan(int64_t N, int64_t K, int64_t V) {
 
 // A persistent grid: the CTAs of `kernel` resident at once at the design occupancy (the occupancy query, capped at
 // kStatsCtasPerSm: what a GPU gives these kernels at their <= 128 registers, and what the SIMT harness, whose
-// occupancy query does not know registers, would otherwise exceed), or `items` when that is fewer; 0 when the
-// occupancy query fails (the launcher then refuses the launch).
+// occupancy query knows registers only from a loaded SASS report, would otherwise exceed), or `items` when that is
+// fewer; 0 when the occupancy query fails (the launcher then refuses the launch).
 template <typename Kernel>
 inline unsigned resident_grid(Kernel kernel, int threads, int64_t items) {
   const int per_sm = max_active_blocks_per_sm(kernel, threads, 0);

@@ -76,6 +76,9 @@ struct AccessCounts {
 
 struct LaunchRecord {
   const char* kernel = "";
+  std::string symbol;  // the kernel function's linker symbol ("" when it has none of its own)
+  int registers = 0;   // per thread, from the settings' table (0: unknown)
+  int ctas_per_sm = 0; // the occupancy query's answer for this launch's block and shared memory (at launch time)
   dim3 grid{1, 1, 1}, block{1, 1, 1};
   uint64_t dynamic_smem = 0, static_smem = 0;
   bool cooperative = false;
@@ -190,16 +193,16 @@ struct Settings {
   int max_blocks_per_sm = 32;
   int registers_per_sm = 65536;
   int registers_per_block = 65536;
-  // Registers per thread of kernels, by launch name (from the SASS report, tools/check_cuda.py); a kernel not named
-  // here is not held to the register rules.
+  // Registers per thread of kernels, by linker symbol (the mangled names of the SASS report, tools/check_cuda.py,
+  // which the harness's kernel functions share); a kernel not listed is not held to the register rules.
   std::vector<std::pair<std::string, int>> registers;
   bool record = false;           // keep a LaunchRecord per launch
   bool access = false;           // with record: run the warp access model too (plain build; tens of times slower)
 };
 Settings& settings();
 // Blocks of `threads` threads and `dynamic_smem` bytes resident per SM under the settings' limits (static shared
-// memory as seen in earlier launches of `func`, registers when known for `kernel`).
-int max_active_blocks(const void* func, const char* kernel, int threads, size_t dynamic_smem);
+// memory as seen in earlier launches of `func`, its registers when the settings' table lists its symbol).
+int max_active_blocks(const void* func, int threads, size_t dynamic_smem);
 // Records of the launches since the last call (when settings().record), oldest first.
 void take_records(void (*sink)(const LaunchRecord&, void*), void* user);
 size_t pending_records();
