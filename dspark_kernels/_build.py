@@ -205,14 +205,29 @@ def simt_unity_source() -> str:
             '#include "dspark_simt/runtime.h"\n' + "".join(f'#include "{p}"\n' for p in simt_sources()))
 
 
-def clear_stale_lock(build_dir: str, max_age_s: float = 600.0) -> None:
-    """torch's JIT build holds ``<build_dir>/lock`` while it compiles; a build killed midway leaves it behind and
-    every later build waits on it forever. Remove a lock older than ``max_age_s`` when no process is building in
+def torch_locks_by_existence() -> bool:
+    """True when torch's JIT build lock blocks by the mere existence of ``<build_dir>/lock`` (its ``FileBaton``,
+    torch < 2.14), so a killed build leaves a lock that blocks every later one; False when torch holds an OS-level
+    flock on that file instead (torch >= 2.14: the kernel releases it when the holder dies, and the file stays)."""
+    from torch.utils import cpp_extension
+
+    return hasattr(cpp_extension, "FileBaton")
+
+
+def clear_stale_lock(build_dir: str, max_age_s: float = 600.0, *, by_existence: Optional[bool] = None) -> None:
+    """torch's JIT build holds ``<build_dir>/lock`` while it compiles; with a lock that blocks by existence
+    (``by_existence``, default :func:`torch_locks_by_existence`) a build killed midway leaves it behind and every
+    later build waits on it forever. Remove such a lock older than ``max_age_s`` when no process is building in
     that folder (none has it as its working directory, as ninja does), saying so; raise naming the file when that
     cannot be told (no /proc). Processes that start together (pytest -n workers) decide one at a time, under an
-    flock of ``<build_dir>/lock.clear``: a lock that another one removed, or that a fresh build made since, stays."""
+    flock of ``<build_dir>/lock.clear``: a lock that another one removed, or that a fresh build made since, stays.
+    An flock-style lock is never stale and is left alone (removing its file could let two builds run at once)."""
     import fcntl
 
+    if by_existence is None:
+        by_existence = torch_locks_by_existence()
+    if not by_existence:
+        return
     lock = os.path.join(build_dir, "lock")
     if _lock_age(lock) is None:
         return  # no lock: nothing to do

@@ -1,10 +1,13 @@
-"""dspark_kernels/_build.py's stale-lock removal: a lock a killed build left is removed, a fresh one stays, and
-processes that find the same stale lock at once (pytest -n workers) all go on."""
+"""dspark_kernels/_build.py's stale-lock removal: with torch's existence-style lock (torch < 2.14), a lock a killed
+build left is removed, a fresh one stays, and processes that find the same stale lock at once (pytest -n workers)
+all go on; torch's flock-style lock (torch >= 2.14) is never touched."""
 
 import os
 import subprocess
 import sys
 import time
+
+import torch
 
 from dspark_kernels import _build
 
@@ -15,7 +18,7 @@ from dspark_kernels import _build
 open(sys.argv[2], "w").close()
 while not os.path.exists(sys.argv[3]):
     time.sleep(0.001)
-_build.clear_stale_lock(sys.argv[1])
+_build.clear_stale_lock(sys.argv[1], by_existence=True)
 """
 
 
@@ -29,13 +32,26 @@ def _lock(tmp_path, age_s):
 
 def test_a_stale_lock_is_removed_and_a_fresh_one_stays(tmp_path, capsys):
     lock = _lock(tmp_path, 3600)
-    _build.clear_stale_lock(str(tmp_path))
+    _build.clear_stale_lock(str(tmp_path), by_existence=True)
     assert not lock.exists()
     assert "removed a stale build lock" in capsys.readouterr().err
     lock = _lock(tmp_path, 5)
-    _build.clear_stale_lock(str(tmp_path))
+    _build.clear_stale_lock(str(tmp_path), by_existence=True)
     assert lock.exists()
-    _build.clear_stale_lock(str(tmp_path / "absent"))  # no folder, no lock: nothing to do
+    _build.clear_stale_lock(str(tmp_path / "absent"), by_existence=True)  # no folder, no lock: nothing to do
+
+
+def test_an_flock_style_lock_is_left_alone(tmp_path, capsys):
+    """torch >= 2.14 keeps the lock file and flocks it: an old file is no sign of a killed build."""
+    lock = _lock(tmp_path, 3600)
+    _build.clear_stale_lock(str(tmp_path), by_existence=False)
+    assert lock.exists() and "removed" not in capsys.readouterr().err
+
+
+def test_the_lock_style_follows_torch():
+    """torch 2.14 replaced the existence-style FileBaton with an flock (torch/utils/cpp_extension.py)."""
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    assert _build.torch_locks_by_existence() == ((major, minor) < (2, 14))
 
 
 def test_processes_clearing_one_stale_lock_at_once_all_go_on(tmp_path):
