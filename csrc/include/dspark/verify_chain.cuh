@@ -138,38 +138,50 @@ struct TopList {
   uint32_t pad;
 };
 
-// A thread's kThreadTop best candidates (sorted, best first) and the best key it dropped. The list lives in shared
-// memory (slot s of thread t at c[s * stride + t], private to the thread: no barrier), so a row sweep holds only the
-// last slot's key in a register: the one every token is compared with.
+// A thread's kThreadTop best candidates (sorted, best first, by the Cand::beats order) and the best key it dropped,
+// held in registers: the slots are indexed by compile-time constants only (unrolled loops; a register array indexed
+// at run time would go to local memory). A slot keeps its token as an offset from the chunk's first token (a chunk
+// has at most 2^30 tokens), 12 bytes; a row sweep compares every token with the last slot's key (last()).
 struct ThreadTop {
-  Cand* c;  // this thread's slot 0
-  int stride;
+  static constexpr int32_t kNone = INT32_MAX;  // the offset of an empty slot (after every token, as INT64_MAX)
+  struct Slot {
+    float key;
+    float lg;
+    int32_t off;  // token - begin
+    DSPARK_DEVICE bool beats(const Slot& o) const { return key > o.key || (key == o.key && off < o.off); }
+  };
+  Slot c[kThreadTop];
+  int64_t begin;  // the chunk's first token
   float rest;
-  float last;  // c[kThreadTop - 1].key
-  DSPARK_DEVICE void init(Cand* base, int nthreads) {
-    c = base + threadIdx.x;
-    stride = nthreads;
+  DSPARK_DEVICE void init(int64_t chunk_begin) {
 #pragma unroll
-    for (int s = 0; s < kThreadTop; ++s) c[s * stride] = Cand::empty();
+    for (int s = 0; s < kThreadTop; ++s) c[s] = Slot{-INFINITY, 0.f, kNone};
+    begin = chunk_begin;
     rest = -INFINITY;
-    last = -INFINITY;
   }
-  DSPARK_DEVICE Cand head() const { return c[0]; }
+  DSPARK_DEVICE float last() const { return c[kThreadTop - 1].key; }
+  DSPARK_DEVICE Cand head() const { return Cand{c[0].key, c[0].lg, c[0].off == kNone ? INT64_MAX : begin + c[0].off}; }
   DSPARK_DEVICE void insert(float key, float lg, int64_t idx) {
-    const Cand n{key, lg, idx};
-    if (!n.beats(c[(kThreadTop - 1) * stride])) {
+    const Slot n{key, lg, static_cast<int32_t>(idx - begin)};
+    if (!n.beats(c[kThreadTop - 1])) {
       rest = fmaxf(rest, key);
       return;
     }
-    rest = fmaxf(rest, last);
-    int s = kThreadTop - 1;
-    for (; s > 0 && n.beats(c[(s - 1) * stride]); --s) c[s * stride] = c[(s - 1) * stride];
-    c[s * stride] = n;
-    last = c[(kThreadTop - 1) * stride].key;
+    rest = fmaxf(rest, last());
+    // The list is sorted, so n beats a suffix of it: the first slot of that suffix takes n, each later one the slot
+    // above it (the last slot's candidate drops out).
+    bool b[kThreadTop];
+#pragma unroll
+    for (int s = 0; s < kThreadTop; ++s) b[s] = n.beats(c[s]);
+#pragma unroll
+    for (int s = kThreadTop - 1; s > 0; --s)
+      if (b[s]) c[s] = b[s - 1] ? c[s - 1] : n;
+    if (b[0]) c[0] = n;
   }
   DSPARK_DEVICE void pop() {
-    for (int s = 0; s + 1 < kThreadTop; ++s) c[s * stride] = c[(s + 1) * stride];
-    c[(kThreadTop - 1) * stride] = Cand::empty();
+#pragma unroll
+    for (int s = 0; s + 1 < kThreadTop; ++s) c[s] = c[s + 1];
+    c[kThreadTop - 1] = Slot{-INFINITY, 0.f, kNone};
   }
 };
 
@@ -625,7 +637,6 @@ __global__ void __launch_bounds__(kThreads, kStatsCtasPerSm) stats_kernel(Verify
   DSPARK_SHARED_ARRAY(StatsPair, s_pair, 32);
   DSPARK_SHARED_ARRAY(Cand, s_cand, 32);
   DSPARK_SHARED_ARRAY(Max, s_max, 32);
-  DSPARK_SHARED_ARRAY(Cand, s_top, kThreadTop * kThreads);  // the threads' candidate lists (ThreadTop)
   const int64_t kp1 = p.K + 1;
   const int64_t items = p.N * kp1 * w.chunks;
   int64_t info_r = -1;  // the request s_info holds
@@ -660,13 +671,13 @@ __global__ void __launch_bounds__(kThreads, kStatsCtasPerSm) stats_kernel(Verify
       continue;
     }
     ThreadTop top;
-    top.init(s_top, blockDim.x);
+    top.init(begin);
     scan_chunk<true>(trow, begin, end, sc, [&](const auto& x, int64_t at, int64_t stride, int nv, float bm) {
       // -log(E) <= -log(-log(1 - 2^-24)) < 16.7, so key <= l + 16.7: a token that far below the thread's 4th best
       // key cannot enter and needs neither its uniform nor the logs (most of a real row); the 4th best bounds it.
       // The batch maximum decides for the whole batch (x / T is monotone in x); else token by token.
-      if (bm / t + kMaxGumbel < top.last) {
-        top.rest = fmaxf(top.rest, top.last);
+      if (bm / t + kMaxGumbel < top.last()) {
+        top.rest = fmaxf(top.rest, top.last());
         return;
       }
       constexpr int kU = static_cast<int>(sizeof(x) / sizeof(x[0]));
@@ -679,8 +690,8 @@ __global__ void __launch_bounds__(kThreads, kStatsCtasPerSm) stats_kernel(Verify
       for (int k = 0; k < kU; ++k)
 #pragma unroll
         for (int e = 0; e < kN; ++e)
-          if (k < nv && !(x[k][e] / t + kMaxGumbel < top.last)) open |= 1u << (k * kN + e);
-      top.rest = fmaxf(top.rest, top.last);  // the tokens not open: below the 4th best key by the bound
+          if (k < nv && !(x[k][e] / t + kMaxGumbel < top.last())) open |= 1u << (k * kN + e);
+      top.rest = fmaxf(top.rest, top.last());  // the tokens not open: below the 4th best key by the bound
       if (open == 0u) return;
       ResidualExp ex = residual_exp(s_ph, r, j);  // built here: no registers held across the sweep
       while (open != 0u) {
@@ -694,8 +705,8 @@ __global__ void __launch_bounds__(kThreads, kStatsCtasPerSm) stats_kernel(Verify
             if (q == k * kN + e) v = x[k][e];
         const float l = v / t;
         const int64_t i = at + (q / kN) * stride + q % kN;
-        if (l + kMaxGumbel < top.last) {
-          top.rest = fmaxf(top.rest, top.last);
+        if (l + kMaxGumbel < top.last()) {
+          top.rest = fmaxf(top.rest, top.last());
         } else {
           top.insert(nan_to_neg_inf(l - logf(ex(i))), l, i);
         }
