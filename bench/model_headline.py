@@ -3,7 +3,7 @@
 counters at N = 1 (a MODEL, not a measurement): verify_chain (greedy; token sampling with draft logits and
 draft_logprobs) at K in {7, 15}, V = 151936 bf16, and draft_block (vanilla, r = 256, bf16 W2) at K = 7.
 
-    python bench/model_headline.py [--gpu h200] [--json PATH]
+    python bench/model_headline.py [--gpu h200] [--json PATH] [--batch N]
 
 verify_chain runs with the warp access model (sectors and wavefronts feed the model's L2 and shared-memory terms);
 draft_block without it (its harness run with the model costs an hour here), so its L2 term is the bytes requested
@@ -33,36 +33,36 @@ LOADS_IN_FLIGHT = {"verify_chain_stats": 4, "draft_block_kernel[mma]": 16}
 V = 151936
 
 
-def _verify_case(k: int, mode: str):
-    """One request verifying all K drafts (target randn * 2; greedy drafts: the argmax with one mismatch in the
+def _verify_case(n: int, k: int, mode: str):
+    """`n` requests verifying all K drafts (target randn * 2; greedy drafts: the argmax with one mismatch in the
     middle; token: drafts sampled from draft = target + randn * 2, with draft_logprobs) -> (args, kwargs)."""
     gen = torch.Generator().manual_seed(0)
-    target = (torch.randn(1, k + 1, V, generator=gen) * 2).to(torch.bfloat16)
-    kwargs = dict(verify_lens=torch.tensor([k]))
+    target = (torch.randn(n, k + 1, V, generator=gen) * 2).to(torch.bfloat16)
+    kwargs = dict(verify_lens=torch.full((n,), k))
     if mode == "greedy":
         drafts = target[:, :k].float().argmax(-1)
         drafts[:, k // 2] = (drafts[:, k // 2] + 1) % V
         return (target, drafts), kwargs
-    draft_logits = (target[:, :k].float() + torch.randn(1, k, V, generator=gen) * 2).to(torch.bfloat16)
+    draft_logits = (target[:, :k].float() + torch.randn(n, k, V, generator=gen) * 2).to(torch.bfloat16)
     probs = torch.softmax(draft_logits.float().view(-1, V), -1)
-    drafts = torch.multinomial(probs, 1, generator=gen).view(1, k)
+    drafts = torch.multinomial(probs, 1, generator=gen).view(n, k)
     logprobs = torch.log_softmax(draft_logits.float(), -1).gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
-    kwargs.update(draft_logits=draft_logits, draft_logprobs=logprobs, temperature=torch.ones(1), seed=2)
+    kwargs.update(draft_logits=draft_logits, draft_logprobs=logprobs, temperature=torch.ones(n), seed=2)
     return (target, drafts), kwargs
 
 
-def verify_rows(gpu: str):
+def verify_rows(gpu: str, n: int = 1, ks=(7, 15), access: bool = True):
     import dspark_kernels as dk
     from dspark_kernels import simt
     rows = []
-    for k in (7, 15):
+    for k in ks:
         for mode in ("greedy", "token"):
-            args, kwargs = _verify_case(k, mode)
-            with simt.record(access=True) as rec:
+            args, kwargs = _verify_case(n, k, mode)
+            with simt.record(access=access) as rec:
                 out = dk.verify_chain(*args, backend="cuda", **kwargs)
             rejected = int((out.num_accepted < kwargs["verify_lens"]).sum())
-            floor = (k + 1) * V * 2 + (rejected * V * 2 if mode == "token" else 0)
-            rows.append(_row("verify_chain", dict(N=1, K=k, V=V, mode=mode), rec.launches, floor, gpu, True))
+            floor = n * (k + 1) * V * 2 + (rejected * V * 2 if mode == "token" else 0)
+            rows.append(_row("verify_chain", dict(N=n, K=k, V=V, mode=mode), rec.launches, floor, gpu, access))
     return rows
 
 
@@ -95,9 +95,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu", default="h200", choices=("h200", "h100"))
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--batch", type=int, default=1, help="verify_chain only, at this N and K = 7")
+    ap.add_argument("--no-access", action="store_true",
+                    help="with --batch: without the access model (its shared-memory term is then absent and its L2 "
+                         "term the bytes requested)")
     args = ap.parse_args()
     os.environ.setdefault("DSPARK_SIMT", "1")
-    rows = verify_rows(args.gpu) + draft_rows(args.gpu)
+    if args.batch == 1:
+        rows = verify_rows(args.gpu) + draft_rows(args.gpu)
+    else:
+        rows = verify_rows(args.gpu, args.batch, ks=(7,), access=not args.no_access)
     for r in rows:
         print(json.dumps(r))
     if args.json:

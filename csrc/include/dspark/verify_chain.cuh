@@ -623,6 +623,45 @@ DSPARK_DEVICE void scan_chunk(const T* row, int64_t begin, int64_t end, RowScan&
       });
 }
 
+// The CTA's best kTopM candidates over its threads' lists, best first, into out->c (Cand::empty() where there are
+// fewer), and into out->bound the best key of everything else: the candidates not written and the tokens the lists
+// dropped. Each warp takes its own best kTopM by kTopM warp reductions (shuffles; the winning lane pops), then warp 0
+// takes the CTA's from the warps' lists in `s_wtop` (kThreads / 32 * kTopM entries, two per lane): the same
+// candidates as kTopM block reductions, which would cost 2 kTopM barriers and every warp reading every warp's partial.
+DSPARK_DEVICE void emit_top(ThreadTop& top, Cand* s_wtop, Max* s_max, TopList* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int entries = (blockDim.x >> 5) * kTopM;
+#pragma unroll 1
+  for (int m = 0; m < kTopM; ++m) {
+    const Cand mine = top.head();
+    const Cand best = warp_allreduce(mine);
+    if (best.idx != INT64_MAX && mine.idx == best.idx) top.pop();
+    if (lane == 0) s_wtop[warp * kTopM + m] = best;
+  }
+  // every list's best left (the barriers inside also publish s_wtop to warp 0)
+  const float rest = block_allreduce(Max{fmaxf(top.rest, top.head().key)}, s_max).v;
+  if (warp != 0) return;
+  static_assert(kThreads / 32 * kTopM <= 64, "emit_top: two warp-list entries per lane");
+  Cand a = lane < entries ? s_wtop[lane] : Cand::empty();
+  Cand b = lane + 32 < entries ? s_wtop[lane + 32] : Cand::empty();
+  if (b.beats(a)) {
+    const Cand c = a;
+    a = b;
+    b = c;
+  }
+#pragma unroll 1
+  for (int m = 0; m < kTopM; ++m) {
+    const Cand best = warp_allreduce(a);
+    if (best.idx != INT64_MAX && a.idx == best.idx) {
+      a = b;
+      b = Cand::empty();
+    }
+    if (lane == 0) stg(&out->c[m], best);
+  }
+  const float left = warp_allreduce(Max{a.key}).v;  // the warps' candidates not written
+  if (lane == 0) stg(&out->bound, fmaxf(rest, left));
+}
+
 // Persistent: the grid is the resident CTAs (or fewer when there are fewer work items), each walking the (row,
 // chunk) items blockIdx.x, blockIdx.x + gridDim.x, ... Greedy rows: the chunk's raw argmax. Sampled rows: softmax
 // stats of target / T (and of draft / T where whole draft rows are read) and the chunk's best kTopM tokens by the
@@ -635,7 +674,7 @@ __global__ void __launch_bounds__(kThreads, kStatsCtasPerSm) stats_kernel(Verify
   DSPARK_SHARED(rng::Philox, s_ph);
   DSPARK_SHARED_ARRAY(ArgMax, s_amax, 32);
   DSPARK_SHARED_ARRAY(StatsPair, s_pair, 32);
-  DSPARK_SHARED_ARRAY(Cand, s_cand, 32);
+  DSPARK_SHARED_ARRAY(Cand, s_wtop, kThreads / 32 * kTopM);  // each warp's best kTopM candidates (emit_top)
   DSPARK_SHARED_ARRAY(Max, s_max, 32);
   const int64_t kp1 = p.K + 1;
   const int64_t items = p.N * kp1 * w.chunks;
@@ -725,15 +764,7 @@ __global__ void __launch_bounds__(kThreads, kStatsCtasPerSm) stats_kernel(Verify
       stg(w.tpart + item, part.t);
       if (draft_stats && j < ri.length) stg(w.dpart + item, part.d);
     }
-#pragma unroll 1
-    for (int m = 0; m < kTopM; ++m) {
-      const Cand mine = top.head();
-      const Cand best = block_allreduce(mine, s_cand);
-      if (best.idx != INT64_MAX && mine.idx == best.idx) top.pop();
-      if (threadIdx.x == 0) stg(&out->c[m], best);
-    }
-    const float bound = block_allreduce(Max{fmaxf(top.rest, top.head().key)}, s_max).v;
-    if (threadIdx.x == 0) stg(&out->bound, bound);
+    emit_top(top, s_wtop, s_max, out);
   }
 }
 
