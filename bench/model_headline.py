@@ -26,9 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import floor_model_us, model_launch  # noqa: E402
 
 # 16-byte loads each thread has in flight, by kernel, from the kernels' designs (DESIGN.md) and their SASS tests:
-# verify_chain's stats pass issues four LDG.E.128 per iteration (test_verify_chain's SASS test); draft_block's
-# tensor-core sweep keeps two 16 KB stages of its cp.async ring in flight per 128-thread CTA (16 per thread).
-LOADS_IN_FLIGHT = {"verify_chain_stats": 4, "draft_block_kernel[mma]": 16}
+# verify_chain's stats and qstats sweeps issue four LDG.E.128 per iteration (test_verify_chain's SASS tests);
+# draft_block's tensor-core sweep keeps two 16 KB stages of its cp.async ring in flight per 128-thread CTA (16 per
+# thread).
+LOADS_IN_FLIGHT = {"verify_chain_stats": 4, "verify_chain_qstats": 4, "draft_block_kernel[mma]": 16}
 
 V = 151936
 

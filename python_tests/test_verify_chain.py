@@ -908,3 +908,16 @@ def test_sass_stats_sweep_has_four_16_byte_loads_in_flight():
         assert k["ctas_per_sm"]["256"] >= CTAS_PER_SM, name
         sweeps = [lp for lp in k["sass"]["loops"] if lp["LDG.E.128"] > 0]
         assert len(sweeps) >= 2 and all(lp["LDG.E.128"] >= 4 for lp in sweeps), (name, sweeps)
+
+
+@pytest.mark.sass
+def test_sass_qstats_sweep_has_four_16_byte_loads_in_flight():
+    """sm_90a SASS: every qstats instance at the design occupancy without spills, its draft-row sweep issuing four
+    16-byte loads per iteration (scan_chunk, as the stats pass; the emission's loops after it load fewer)."""
+    from sass_facts import sass_facts
+    kernels = sass_facts("verify::qstats_kernel<")
+    assert len(kernels) == 9
+    for k in kernels:
+        name = k.get("demangled", k["kernel"])
+        assert k["spill_bytes"] == 0 and k["registers"] <= 65536 // (256 * CTAS_PER_SM), name
+        assert max(lp["LDG.E.128"] for lp in k["sass"]["loops"]) >= 4, name
