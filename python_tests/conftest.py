@@ -32,6 +32,8 @@ import torch
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def _sass_report() -> str:
     from sass_facts import report_path
     return report_path()

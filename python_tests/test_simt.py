@@ -470,7 +470,7 @@ def test_cooperative_grid_limit(harness):
 def test_every_launched_kernel_has_its_gpu_registers(harness):
     """Each kernel the ops launch through the harness carries the symbol of a kernel in the SASS report, so the
     report's register table holds every harness launch to its GPU build's registers (no launch goes unlimited)."""
-    from sass_facts import report
+    from sass_facts import report, report_path
     from test_draft_block import make_triton_case
     table = dict(simt.registers_from_report(report()))
     g = torch.Generator().manual_seed(0)
@@ -496,5 +496,5 @@ def test_every_launched_kernel_has_its_gpu_registers(harness):
     assert len({k for k, _ in launched}) >= 8, sorted(launched)
     missing = sorted((k, s) for k, s in launched if s not in table)
     assert not missing, f"launches whose kernel is not in the SASS report's sm_90a table: {missing}"
-    assert all(r["registers"] == table[r["symbol"]] for r in rec.launches if r["symbol"] in table
-               and simt.settings()["registers"]), "the suite loads the report's registers (DSPARK_SIMT_REGISTERS)"
+    if os.environ.get("DSPARK_SIMT_REGISTERS") == report_path():  # conftest.py loads the report's table
+        assert all(r["registers"] == table[r["symbol"]] for r in rec.launches)
