@@ -48,6 +48,17 @@ def report() -> Dict[str, Any]:
     return _cache[path]
 
 
+def sass_tool():
+    """tools/sass.py (its ``resident_ctas`` is the GPU's occupancy rule the report's ``ctas_per_sm`` uses)."""
+    if "tools/sass.py" not in _cache:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("dspark_tools_sass", os.path.join(ROOT, "tools", "sass.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _cache["tools/sass.py"] = mod
+    return _cache["tools/sass.py"]
+
+
 def sass_facts(kernel: str) -> List[Dict[str, Any]]:
     """The sm_90a entries whose demangled name contains `kernel` (every template instance, once), each with a ``sass``
     key; fails when none matches or the report has no SASS (no disassembler when it was made)."""

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import dspark_kernels as dk
+from sass_facts import sass_tool
 
 I64 = torch.int64
 I32 = torch.int32
@@ -518,11 +519,6 @@ def test_cuda_cooperative_chunks(cuda_device, simt_check):
         _cuda_vs_reference(cuda_device, simt_check, tokens, seq, **kw)
 
 
-def _alloc(launch):
-    """Registers a thread of `launch` is allocated (rounded up to 8)."""
-    return -(-launch["registers"] // 8) * 8
-
-
 def test_cuda_cooperative_grid_follows_registers(cuda_device):
     """The cooperative grid is as many CTAs as the SMs hold at once, registers included: at 4000 requests on one SM,
     6 CTAs by the largest chunk's shared memory alone, 4 at 64 registers a thread (65536 / (64 x 256)); the result
@@ -566,7 +562,7 @@ def test_cuda_65536_requests(cuda_device):
         (launch,) = rec.launches
         # the plan sizes for the largest chunk's shared memory: 6 CTAs per SM; 4 at the GPU build's 64 registers
         # (when the SASS report is loaded); 65536 requests then split evenly over the resident CTAs
-        per_sm = 6 if launch["registers"] is None else min(6, 65536 // (_alloc(launch) * 256))
+        per_sm = 6 if launch["registers"] is None else min(6, sass_tool().resident_ctas(launch["registers"], 256, 0))
         assert launch["ctas"] == 16 * per_sm and launch["grid_barriers"] == 1
     else:
         o = _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)

@@ -394,8 +394,10 @@ def test_per_block_shared_memory_maximum(harness, arch, kb, ok):
         simt.configure(**old)
 
 
-STRIDED = "_ZN6dspark8selftest14strided_kernelEPKfPfii"  # dspark::selftest::strided_kernel(const float*, float*, int, int)
-GRID_BARRIER = "_ZN6dspark8selftest19grid_barrier_kernelEPfS1_"  # dspark::selftest::grid_barrier_kernel(float*, float*)
+# the selftest kernels' linker symbols: dspark::selftest::strided_kernel(const float*, float*, int, int) and
+# dspark::selftest::grid_barrier_kernel(float*, float*)
+STRIDED = "_ZN6dspark8selftest14strided_kernelEPKfPfii"
+GRID_BARRIER = "_ZN6dspark8selftest19grid_barrier_kernelEPfS1_"
 
 
 def test_launches_carry_their_kernel_symbol(harness):
@@ -441,7 +443,8 @@ def test_registers_limit_the_cooperative_grid(harness):
 
 
 def test_registers_from_the_sass_report(harness, tmp_path):
-    """load_registers takes the report's sm_90a entries that have registers; a missing report is an error naming it."""
+    """load_registers takes the report's sm_90a entries that have registers; a missing report is an error naming
+    it."""
     report = {"kernels": [dict(arch="sm_90a", kernel=STRIDED, registers=64),
                           dict(arch="sm_80", kernel=STRIDED, registers=72),
                           dict(arch="sm_90a", kernel="_ZN6dspark5draft12phase_matvecILi1EEEvv", registers=None)]}
