@@ -541,29 +541,31 @@ SMS = 132          # the harness's default multiprocessor count (an H200)
 MIN_CHUNK = 4096   # verify::kMinChunk (stats)
 MIN_QCHUNK = 1024  # verify::kMinQChunk (qstats)
 CTAS_PER_SM = 2    # verify::kStatsCtasPerSm, the stats kernel's design occupancy
+ITEM_COST = 4096   # verify::kItemCost
 
 
 def stats_chunks(rows, vocab, min_chunk=MIN_CHUNK):
-    """Chunks per row of the stats split (verify::stats_split): about as many work items as resident CTAs at the
-    design occupancy, more chunks when the last wave would leave over a tenth of them idle."""
+    """Chunks per row of the stats split (verify::stats_split): the least per-CTA cost waves x (chunk + ITEM_COST)
+    of a persistent grid of the resident CTAs at the design occupancy, over 1 .. 4x the chunks that give about one
+    item per resident CTA; ties to fewer chunks."""
     resident = SMS * CTAS_PER_SM
 
-    def chunks(per_row):
-        chunk = max(min_chunk, -(-(-(-vocab // per_row)) // 32) * 32)
-        return -(-vocab // chunk)
+    def chunk_of(per_row):
+        return max(min_chunk, -(-(-(-vocab // per_row)) // 32) * 32)
 
-    def busy(c):
-        waves = -(-rows * c // resident)
-        return rows * c / (waves * resident)
+    def cost(chunk):
+        return -(-rows * -(-vocab // chunk) // resident) * (chunk + ITEM_COST)
 
-    best = chunks(-(-resident // rows))
-    want = best + 1
-    while want <= 4 * best and busy(best) < 0.9 and rows * best > resident:
-        c = chunks(want)
-        if busy(c) > busy(best) + 1e-9:
-            best = c
-        want += 1
-    return best
+    first = -(-vocab // chunk_of(-(-resident // rows)))
+    best = min((chunk_of(want) for want in range(1, 4 * first + 1)), key=lambda c: (cost(c), -c))
+    return -(-vocab // best)
+
+
+def test_stats_split_by_hand():
+    """The per-CTA costs of stats_split's rule at V = 151936, 264 resident CTAs: K = 15 (16 rows) takes 16 chunks of
+    9504 (one wave: 9504 + 4096 = 13600) over 33 of 4608 (two waves: 2 x 8704 = 17408); K = 7 (8 rows) 33 chunks of
+    4608 (one wave); N = 64, K = 7 (512 rows) whole rows (two waves of 151936 + 4096)."""
+    assert [stats_chunks(rows, 151936) for rows in (16, 8, 512)] == [16, 33, 1]
 
 
 def resident_ctas(block):
@@ -622,10 +624,13 @@ def check_headline_bytes(n, k, mode, verified):
 @pytest.mark.parametrize("k", [7, 15])
 @pytest.mark.parametrize("mode", ["greedy", "token"])
 def test_cuda_bytes_at_the_headline_vocab(monkeypatch, k, mode):
-    """N = 1, V = 151936 bf16: bytes read within 1.01x of the floor, 2 launches (greedy) / 3 (token sampling with
-    draft_logprobs: + qstats over the rejecting request's draft row, with a split of its own that fills the GPU)."""
+    """N = 1, V = 151936 bf16: bytes read within 1.01x of the floor, the stats items in one wave, 2 launches (greedy)
+    / 3 (token sampling with draft_logprobs: + qstats over the rejecting request's draft row, with a split of its own
+    that fills the GPU)."""
     monkeypatch.setenv("DSPARK_SIMT", "1")
     rec = check_headline_bytes(1, k, mode, verified=1)
+    stats = rec.launches[0]   # one wave: every (row, chunk) item has a resident CTA of its own
+    assert stats["ctas"] == (k + 1) * stats_chunks(k + 1, 151936) <= resident_ctas(stats["block"][0]), stats["ctas"]
     if mode == "token":
         q = rec.launches[2]
         assert q["kernel"] == "verify_chain_qstats"

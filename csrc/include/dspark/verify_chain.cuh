@@ -14,7 +14,8 @@
 //              loads in flight, takes the max of a batch first (argmax by value, the tie rule only at merges;
 //              one rescale per new max), sums 2^((x - max) * log2(e) / T), and lets the batch max decide whether
 //              any of the batch's tokens can enter its candidates (only then keys, uniforms and logs).
-//   2. decide  (request, one CTA): the rows' chunk partials merged in parallel across warps; then warp 0: p(d_j),
+//   2. decide  (request, one CTA): the rows' chunk partials merged in parallel across warps (each warp's rows in one
+//              round trip, the drafts and the logits at them loaded meanwhile by warp 0); then warp 0: p(d_j),
 //              q(d_j); greedy / token acceptance, or block's rho_i; stop tokens; then the CTA emits the sampled
 //              token (emit_sampled) of every request already decided, unless its draft row's statistics are still
 //              to come (qstats).
@@ -79,6 +80,7 @@ constexpr int kStatsCtasPerSm = 2;  // the stats / qstats kernels' design occupa
 constexpr int kLoadsInFlight = 4;   // independent 16-byte loads per thread per step of a row sweep
 constexpr int64_t kMinChunk = 4096;  // elements per stats chunk: a full CTA's thread gets 4 fp32 / 2 bf16 vectors
 constexpr int64_t kMinQChunk = 1024; // elements per qstats chunk (its bookkeeping is a 12-byte partial per chunk)
+constexpr int64_t kItemCost = 4096;  // a work item's fixed cost (first loads' round trip, CTA merges), in elements
 constexpr float kResidualEps = 1e-6f;
 constexpr int kMaxK = 16;
 constexpr int kTopM = 8;        // candidates kept per (row, chunk) for the emitted token
@@ -301,6 +303,23 @@ template <typename T, typename Get>
 DSPARK_DEVICE T warp_merge_chunks(int64_t chunks, T acc, Get&& get) {
   for (int64_t c = threadIdx.x & 31; c < chunks; c += 32) acc.merge(get(c));
   return warp_allreduce(acc);
+}
+
+// The chunk partials of up to R rows (row i when live[i]) merged by one full warp, each row in warp_merge_chunks'
+// order, with every row's loads of a lane-strided step issued before any is merged (R rows, one round trip).
+template <int R, typename T, typename Get>
+DSPARK_DEVICE void warp_merge_rows(int64_t chunks, const bool (&live)[R], T (&acc)[R], Get&& get) {
+  for (int64_t c = threadIdx.x & 31; c < chunks; c += 32) {
+    T x[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) x[i] = live[i] ? get(i, c) : acc[i];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (live[i]) acc[i].merge(x[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+    if (live[i]) acc[i] = warp_allreduce(acc[i]);
 }
 
 DSPARK_DEVICE bool in_vocab(int64_t d, int64_t V) { return d >= 0 && d < V; }
@@ -769,6 +788,47 @@ __global__ void __launch_bounds__(kThreads, kStatsCtasPerSm) stats_kernel(Verify
 }
 
 // ------------------------------------------------------------------------------------------------ 2. decide
+constexpr int kDecideWarps = kThreads / 32;
+constexpr int kRowsPerWarp = (kMaxK + 1 + kDecideWarps - 1) / kDecideWarps;  // rows j, j + 8, j + 16 of warp j
+
+// decide's merges of request r's row partials: row j by warp j % warps, every row of a warp in one round trip
+// (warp_merge_rows), into s_amax[j] (greedy rows) or s_pair[j] (sampled: target / T, and draft / T for j < L when
+// the stats pass read whole draft rows).
+DSPARK_DEVICE void merge_rows(const VerifyChainParams& p, const Workspace& w, int64_t r, const ReqInfo& ri,
+                              bool draft_stats, ArgMax* s_amax, StatsPair* s_pair) {
+  constexpr int R = kRowsPerWarp;
+  const int lane = threadIdx.x & 31, warps = static_cast<int>(blockDim.x >> 5);
+  for (int j0 = static_cast<int>(threadIdx.x >> 5); ri.last >= 0 && j0 <= ri.length; j0 += R * warps) {
+    const int64_t base = (r * (p.K + 1) + j0) * w.chunks, row_step = warps * w.chunks;
+    if (!ri.sampled) {
+      bool live[R];
+      ArgMax a[R];
+#pragma unroll
+      for (int i = 0; i < R; ++i) live[i] = j0 + i * warps <= ri.length, a[i] = ArgMax::empty();
+      warp_merge_rows(w.chunks, live, a, [&](int i, int64_t c) { return ldg(w.amax + base + i * row_step + c); });
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (lane == 0 && live[i]) s_amax[j0 + i * warps] = a[i];
+    } else {  // slots 0..R-1: target / T of the rows; R..2R-1: their draft / T
+      bool live[2 * R];
+      VStats st[2 * R];
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const int j = j0 + i * warps;
+        live[i] = j <= ri.length;
+        live[R + i] = draft_stats && j < ri.length;
+        st[i] = st[R + i] = VStats::empty();
+      }
+      warp_merge_rows(w.chunks, live, st, [&](int i, int64_t c) {
+        return i < R ? ldg(w.tpart + base + i * row_step + c) : ldg(w.dpart + base + (i - R) * row_step + c);
+      });
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (lane == 0 && live[i]) s_pair[j0 + i * warps] = StatsPair{st[i], st[R + i]};
+    }
+  }
+}
+
 // One CTA per request: its rows' chunk partials are merged in parallel (row j by warp j % warps, lane-strided over
 // the chunks, then the warp butterfly: a fixed order); then warp 0 takes p(d_j), q(d_j); greedy / token acceptance,
 // or block's rho_i (and tau when L <= 1); stop tokens; writes the outputs of every request it decides. Then the
@@ -784,34 +844,31 @@ __global__ void __launch_bounds__(kThreads, 1) decide_kernel(VerifyChainParams p
   DSPARK_SHARED_ARRAY(StatsPair, s_pair, kMaxK + 1);
   const int64_t r = blockIdx.x;
   const int64_t kp1 = p.K + 1;
+  // Warp 0, before the merges: the request's info and drafts, and in sampled rows the raw target logit at d_j and
+  // q's input (the draft logit at d_j, or its log-prob), so these loads overlap the merges' instead of following them.
+  int64_t d = -1;
+  float at_t = 0.f, at_q = 0.f;
   if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    if (lane < p.K) d = load_int(p.draft_tokens, p.drafts_i64, r * p.K + lane);
     const ReqInfo ri = request_info(p, r);
-    if (threadIdx.x == 0) s_info = ri;
-  }
-  __syncthreads();
-  {
-    const ReqInfo ri = s_info;
-    const int lane = threadIdx.x & 31, warps = static_cast<int>(blockDim.x >> 5);
-    for (int j = static_cast<int>(threadIdx.x >> 5); ri.last >= 0 && j <= ri.length; j += warps) {
-      const int64_t base = (r * kp1 + j) * w.chunks;
-      if (!ri.sampled) {
-        const ArgMax a = warp_merge_chunks(w.chunks, ArgMax::empty(), [&](int64_t c) { return ldg(w.amax + base + c); });
-        if (lane == 0) s_amax[j] = a;
-      } else {
-        StatsPair pr = StatsPair::empty();
-        pr.t = warp_merge_chunks(w.chunks, pr.t, [&](int64_t c) { return ldg(w.tpart + base + c); });
-        if (draft_stats && j < ri.length)
-          pr.d = warp_merge_chunks(w.chunks, pr.d, [&](int64_t c) { return ldg(w.dpart + base + c); });
-        if (lane == 0) s_pair[j] = pr;
-      }
+    if (lane == 0) s_info = ri;
+    if (ri.last >= 0 && ri.sampled && lane < ri.length) {
+      const int64_t safe = in_vocab(d, p.V) ? d : 0;
+      at_t = load_float(p.target, p.target_dtype, (ri.start + lane) * p.V + safe);
+      if (p.draft_logprobs != nullptr)
+        at_q = ldg(p.draft_logprobs + r * p.K + lane);
+      else if (p.draft_logits != nullptr)
+        at_q = load_float(p.draft_logits, p.draft_dtype, (r * p.K + lane) * p.V + safe);
     }
   }
+  __syncthreads();
+  merge_rows(p, w, r, s_info, draft_stats, s_amax, s_pair);
   __syncthreads();
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     const ReqInfo ri = s_info;
     const int K = static_cast<int>(p.K), L = ri.length;
-    const int64_t d = lane < K ? load_int(p.draft_tokens, p.drafts_i64, r * p.K + lane) : int64_t(-1);
     ReqState st{};
     st.length = L;
     st.t = ri.t;
@@ -840,12 +897,11 @@ __global__ void __launch_bounds__(kThreads, 1) decide_kernel(VerifyChainParams p
         const float t = ri.t;
         float p_d = 0.f, q_d = 0.f;
         if (lane < L) {
-          const int64_t row = ri.start + lane;
-          p_d = mine.t.prob(load_float(p.target, p.target_dtype, row * p.V + safe) / t) * (valid ? 1.f : 0.f);
+          p_d = mine.t.prob(at_t / t) * (valid ? 1.f : 0.f);
           if (p.draft_logprobs != nullptr) {
-            q_d = expf(ldg(p.draft_logprobs + r * p.K + lane));
+            q_d = expf(at_q);
           } else if (p.draft_logits != nullptr) {
-            q_d = mine.d.prob(load_float(p.draft_logits, p.draft_dtype, (r * p.K + lane) * p.V + safe) / t);
+            q_d = mine.d.prob(at_q / t);
           } else {
             q_d = valid ? 1.f : 0.f;
           }
@@ -1050,20 +1106,25 @@ struct Plan {
 
 inline size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
-// The split of `rows` rows into chunks of at least min_chunk elements (and at most 2^30): about as many work items
-// as the stats kernel's resident CTAs at its design occupancy, or more chunks per row when the last wave of items
-// would leave more than a tenth of those CTAs idle (the fewest chunks that do better, up to 4x).
+// The split of `rows` rows into chunks of at least min_chunk elements (and at most 2^30) that a persistent grid of
+// the stats kernel's resident CTAs (at its design occupancy) sweeps fastest: the least per-CTA cost
+// waves * (chunk + kItemCost) over 1 .. 4x the chunks that give about one item per resident CTA, ties to fewer
+// chunks (fewer partials for decide to merge). For N = 1, K = 15 that is one wave of 16 x 16 items rather than two
+// of 16 x 33: the same bytes per CTA within 4 %, half the items' fixed costs.
 inline SplitV stats_split(int64_t V, int64_t rows, int64_t min_chunk) {
   const int64_t resident = static_cast<int64_t>(device_sm_count()) * kStatsCtasPerSm;
-  auto busy = [&](const SplitV& s) {  // the fraction of resident CTA time doing work items
-    const int64_t items = rows * s.chunks, waves = (items + resident - 1) / resident;
-    return waves > 0 ? static_cast<double>(items) / static_cast<double>(waves * resident) : 1.0;
-  };
-  SplitV best = split_v(V, rows, resident, min_chunk);
-  for (int64_t want = best.chunks + 1; want <= 4 * best.chunks && busy(best) < 0.9 && rows * best.chunks > resident;
-       ++want) {
+  if (rows < 1) rows = 1;
+  const SplitV first = split_v(V, rows, resident, min_chunk);
+  SplitV best = first;
+  int64_t best_cost = INT64_MAX;
+  for (int64_t want = 1; want <= 4 * first.chunks; ++want) {
     const SplitV s = split_v(V, 1, want, min_chunk);
-    if (busy(s) > busy(best) + 1e-9) best = s;
+    const int64_t waves = (rows * s.chunks + resident - 1) / resident;
+    const int64_t cost = waves * (s.chunk + kItemCost);
+    if (cost < best_cost) {
+      best = s;
+      best_cost = cost;
+    }
   }
   const int64_t cap = int64_t(1) << 30;
   if (best.chunk > cap) best = SplitV{cap, (V + cap - 1) / cap};
