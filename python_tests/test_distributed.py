@@ -6,6 +6,8 @@ reference op on the gathered inputs (integers exactly, floats to 1e-5).
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -121,7 +123,7 @@ def _group_three_ranks(rank, world):
     inp = verify_inputs(8, 4, vocab, seed=0)
     check_verify(rank, spans, vocab, inp, verify_modes(inp))
     check_draft(rank, spans, vocab, 5, 4, ("vanilla", "gated", "rnn"), (0.0, mixed_temps(5)))
-    # the Triton pieces (the interpreter on the CPU): the stats pass, the residual pass, draft_step
+    # the Triton pieces (the interpreter on the CPU): the stats pass, the decide step, the residual pass, draft_step
     triton_modes = ("greedy", "token draft rows", "block draft rows", "token packed+lens+survival+stops")
     check_verify(rank, spans, vocab, inp, [m for m in verify_modes(inp) if m[0] in triton_modes], backend="triton")
     check_draft(rank, spans, vocab, 5, 4, ("rnn",), (mixed_temps(5),), backend="triton")
@@ -138,7 +140,7 @@ def _group_one_token_shards(rank, world):
     inp["target"][5, 2] = float("-inf")        # a row without a finite logit
     inp["draft"][3, 0, 7] = float("inf")       # a draft row softmax turns into NaN
     check_verify(rank, spans, vocab, inp, verify_modes(inp, methods=("token", "block"))[:5])
-    triton_modes = ("greedy", "token one-hot", "token draft rows", "block one-hot")   # the Triton stats pass
+    triton_modes = ("greedy", "token one-hot", "token draft rows", "block one-hot")   # Triton stats and decide
     check_verify(rank, spans, vocab, inp, [m for m in verify_modes(inp) if m[0] in triton_modes], backend="triton")
     check_draft(rank, spans, vocab, 4, 3, ("gated",), (0.0, mixed_temps(4)))
 
@@ -457,6 +459,108 @@ def test_triton_verify_stats_equals_the_reference():
              temps[:3], key, 60, 100, 4, "triton")                           # opcheck compares NaN != NaN
     torch.library.opcheck(torch.ops.dspark_dist.verify_stats.default, clean)
     torch.library.opcheck(torch.ops.dspark_dist.verify_stats.default, clean[:4] + (None,) + clean[5:])
+
+
+def _decide_case_inputs(vocab, n, k, shards):
+    """verify_inputs with the rows the decide step's branches need, and the random key: request 0 greedy-accepts
+    the stop token 7; request 2's row 0 is flat and its draft is the row's race head, the second best in the same
+    shard (with one candidate per shard no certificate holds: the second exchange decides); request 3's
+    p(d_1) = 0.9 (block's S_1 moves tau); a NaN, a +inf and an all -inf row."""
+    inp = verify_inputs(n, k, vocab, seed=1, force_tokens=(0, 333))
+    inp["drafts"][3] = torch.tensor([333, 0, 5])
+    inp["target"][4, 1, 500] = float("nan")
+    inp["target"][5, 2] = float("-inf")
+    inp["draft"][4, 1, 7] = float("inf")
+    inp["drafts"][0] = torch.tensor([5, 7, 9])
+    inp["target"][0, torch.arange(k), inp["drafts"][0]] = 50.0
+    rest = torch.cat([inp["target"][3, 0, :333], inp["target"][3, 0, 334:]]) / 1.3
+    inp["target"][3, 0, 333] = 1.3 * (rest.logsumexp(0) + torch.log(torch.tensor(9.0)))
+    inp["draft"][3, 0, 333] = inp["target"][3, 0, 333] + 5.0
+    lo, hi = int(shards[0, 1]), int(shards[1, 0] + shards[1, 1])
+    for off in range(100):
+        key = make_rng_key(7, off, "cpu")
+        top2 = uniform(key, 2, 0, STREAM_RESIDUAL, torch.arange(vocab)).topk(2).indices
+        if bool((top2 < lo).all() or (top2 >= hi).all()):
+            break
+    inp["target"][2, 0] = 0.0
+    inp["drafts"][2, 0] = top2[0]
+    inp["draft"][2, 0, top2[0]] += 30.0
+    t = torch.where(inp["temps"] > 0, inp["temps"], 1.0).view(n, 1, 1)
+    inp["logprobs"] = torch.log_softmax(inp["draft"] / t, -1).gather(
+        -1, inp["drafts"].clamp(0, vocab - 1).unsqueeze(-1)).squeeze(-1)
+    return inp, key
+
+
+def _decide_stats(inp, shards, packed, draft, temps, key, top_m):
+    """(target, cu_seqlens, the gathered first exchange [P, N, K+1, F]) of the reference stats pass over ``shards``;
+    packed: request 1 has no row at all, the others 1 to K + 1 rows."""
+    target, cu = inp["target"], None
+    if packed:
+        counts = torch.tensor([4, 0, 2, 4, 1, 3])[:target.shape[0]]
+        target = torch.cat([target[r, :int(c)] for r, c in enumerate(counts)])
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    stats = torch.stack([D.ops.verify_stats(target[..., a:a + b], cu, inp["drafts"], None if draft is None else
+                                            draft[..., a:a + b], temps, key, a, inp["target"].shape[-1], top_m,
+                                            "reference") for a, b in shards.tolist()])
+    return target, cu, stats
+
+
+def _check_decide(args, case):
+    """The Triton decide step on ``args``: integer outputs equal to the reference's, the plan to 1e-5 / 1e-6."""
+    from dspark_kernels.distributed.triton_decide import verify_decide as triton_decide
+    ref, out = D.ops.verify_decide(*args, "reference"), triton_decide(*args)
+    for field, a, b in zip(("tokens", "num_accepted", "accept_mask"), ref[:3], out[:3]):
+        assert torch.equal(a, b), (case, field, a, b)
+    torch.testing.assert_close(out[3], ref[3], rtol=1e-5, atol=1e-6, equal_nan=True, msg=lambda m: f"{case}: {m}")
+    return ref
+
+
+def test_triton_verify_decide_equals_the_reference():
+    """The Triton decide step (interpreter on the CPU) against the reference, on the gathered statistics of three
+    uneven shards (333, 1 and 666 tokens of V = 1000; top_m above the one-token shard's width): greedy, token and
+    block with one-hot drafts, draft rows and draft_logprobs; dense and packed (a request without rows) with
+    verify_lens and survival + thresholds; stop tokens, mixed temperatures with greedy requests, NaN / inf rows;
+    the first call (no residual) and the second with the reference residual pass's exchange (certificate failures,
+    block's S_i). tokens, num_accepted, accept_mask equal; the plan to rtol 1e-5, atol 1e-6."""
+    vocab, n, k = 1000, 6, 3
+    shards = torch.tensor([[0, 333], [333, 1], [334, 666]])
+    inp, key = _decide_case_inputs(vocab, n, k, shards)
+    surv = torch.rand(n, k, generator=torch.Generator().manual_seed(5)).sort(-1, descending=True).values
+    surv[:4] = 1.0
+    stops = torch.tensor([999, 7])
+    needed = moved = 0
+    for method, draft, logprobs, packed in itertools.product(("token", "block"), (False, True), (False, True),
+                                                              (False, True)):
+        if logprobs and not draft:
+            continue
+        top_m = 1 if packed else 4
+        dr = inp["draft"] if draft else None
+        target, cu, stats = _decide_stats(inp, shards, packed, dr, inp["temps"], key, top_m)
+        lens = (torch.tensor([3, 2, 2, 3, 1, 3]), surv, torch.full((k,), 0.2)) if packed else (None, None, None)
+        args = lambda res, stats=stats, temps=inp["temps"]: (
+            stats, shards, res, cu, target.shape[0] if packed else 0, inp["drafts"],
+            inp["logprobs"] if logprobs else None, *lens, temps, key, stops, method, draft, top_m, vocab)
+        case = (method, draft, logprobs, packed)
+        first = _check_decide(args(None), case + ("first call",))
+        residual = torch.stack([D.ops.verify_residual(target[..., a:a + b], cu, inp["drafts"], None if dr is None else
+                                                      dr[..., a:a + b], first[3], inp["temps"], key, a, vocab,
+                                                      "reference") for a, b in shards.tolist()])
+        second = _check_decide(args(residual), case + ("second call",))
+        needed += int((first[3][..., L.PLAN_NEED] > 0).sum()) if method == "token" else 0
+        moved += int((first[1] != second[1]).sum()) if method == "block" else 0
+        if method == "token" and not draft:   # greedy: the first exchange holds argmaxes only
+            greedy = _decide_stats(inp, shards, packed, None, None, key, top_m)[2]
+            _check_decide(args(None, greedy, None), case + ("greedy",))
+    assert needed > 0 and moved > 0     # certificates failed (the second exchange decided), S_i moved block's tau
+    from dspark_kernels.distributed.triton_decide import verify_decide as triton_decide
+    assert all(torch.equal(a, b) for a, b in zip(D.ops.verify_decide(*args(residual), "triton"),
+                                                 triton_decide(*args(residual))))   # the op dispatches to the kernel
+    g = torch.Generator().manual_seed(2)
+    clean = dict(inp, target=torch.randn(n, k + 1, vocab, generator=g), draft=torch.randn(n, k, vocab, generator=g))
+    _, _, stats = _decide_stats(clean, shards, False, clean["draft"], inp["temps"], key, 4)
+    dec = (stats, shards, None, None, 0, inp["drafts"], inp["logprobs"], None, None, None, inp["temps"], key, stops,
+           "token", True, 4, vocab, "triton")                                 # opcheck compares NaN != NaN
+    torch.library.opcheck(torch.ops.dspark_dist.verify_decide.default, dec)
 
 
 def test_pack_key_orders_like_argmax():

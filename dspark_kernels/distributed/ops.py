@@ -19,8 +19,8 @@ Layouts: ``dspark_kernels.distributed.layout``. Every schema is plain tensors an
 a CUDA kernel can implement each op as it stands: ``verify_stats`` is verify_chain's per-chunk stats pass with a
 chunk offset added to the token ids, ``verify_residual`` its exact fallback pass, ``verify_decide`` its decide step
 reading P partials instead of ``chunks``. Backends: "reference" (pure PyTorch) for every piece, "triton" for
-``verify_stats``, ``draft_step`` and ``verify_residual``. No CUDA kernels yet; calling a piece with a backend it
-does not have raises (the composite ops pick per piece: ``piece_backend``).
+``verify_stats``, ``verify_decide``, ``draft_step`` and ``verify_residual``. No CUDA kernels yet; calling a piece
+with a backend it does not have raises (the composite ops pick per piece: ``piece_backend``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from . import layout as L
 from . import local_draft, local_verify
 
 LOCAL_BACKENDS = ("auto", "reference", "triton")
-TRITON_PIECES = ("verify_stats", "draft_step", "verify_residual")   # the local pieces with a Triton kernel
+TRITON_PIECES = ("verify_stats", "verify_decide", "draft_step", "verify_residual")   # the pieces with a Triton kernel
 
 
 def piece_backend(backend: Optional[str], device: torch.device, piece: str) -> str:
@@ -67,6 +67,9 @@ def _triton_impl(piece: str, backend: str, reference_impl):
     if piece == "verify_stats":
         from .triton_stats import verify_stats
         return verify_stats
+    if piece == "verify_decide":
+        from .triton_decide import verify_decide
+        return verify_decide
     from .triton_verify import verify_residual
     return verify_residual
 
@@ -96,10 +99,9 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
                   temperature: Optional[torch.Tensor], rng_key: torch.Tensor, stop_token_ids: Optional[torch.Tensor],
                   method: str, has_draft_logits: bool, top_m: int, vocab_size: int, backend: str,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _triton_impl("verify_decide", backend, None)
-    return local_verify.verify_decide(stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprobs,
-                                      verify_lens, survival, thresholds, temperature, rng_key, stop_token_ids,
-                                      method, has_draft_logits, top_m, vocab_size)
+    return _triton_impl("verify_decide", backend, local_verify.verify_decide)(
+        stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprobs, verify_lens, survival,
+        thresholds, temperature, rng_key, stop_token_ids, method, has_draft_logits, top_m, vocab_size)
 
 
 def plan_slots(sampled: bool, method: str, k_len: int) -> int:

@@ -55,8 +55,8 @@ def verify_chain(
             shards do not tile ``[0, vocab_size)``, a rank's shapes or modes differ, or a rank's arguments fail
             their checks (one tiny all-gather, which then synchronises with a GPU group). With False nothing is
             read back: the layout is trusted, and a rank whose arguments fail raises alone.
-        backend: of the local pieces: "auto" | "reference" | "triton" (Triton for the statistics and the residual
-            pass, the reference for the decide step, which has no kernel yet; "auto": Triton on a GPU).
+        backend: of the local pieces: "auto" | "reference" | "triton" (Triton for the statistics pass, the decide
+            step and the residual pass; "auto": Triton on a GPU).
 
     Collectives: one all-gather of the metadata (P x 8 int64 or so), one all-gather of the per-(row, shard)
     statistics, and for sampling (a temperature tensor, or a float > 0) one all-gather of a fixed-size second
@@ -64,7 +64,7 @@ def verify_chain(
     nothing is read on the host (unless ``validate``).
     """
     n = k_len = rows = local = 0
-    error, stats_backend = None, "reference"
+    error, stats_backend, decide_backend = None, "reference", "reference"
     if top_m is None:
         top_m = DEFAULT_TOP_M if method == "token" else 1
     try:
@@ -74,6 +74,7 @@ def verify_chain(
         n, k_len = draft_tokens.shape
         dev = draft_tokens.device
         stats_backend = ops.piece_backend(backend, dev, "verify_stats")
+        decide_backend = ops.piece_backend(backend, dev, "verify_decide")
         residual_backend = ops.piece_backend(backend, dev, "verify_residual")
         if k_len < 1:
             raise ValueError(f"draft_tokens must have K >= 1 columns, got shape {tuple(draft_tokens.shape)}")
@@ -100,7 +101,7 @@ def verify_chain(
     stats = comm.all_gather(stats, group)
     decide = lambda residual: ops.verify_decide(
         stats, shards, residual, cu_seqlens, max(rows, 0), draft_tokens, draft_logprobs, verify_lens, survival,
-        thresholds, temps, rng_key, stop_token_ids, method, has_draft, top_m, vocab_size, "reference")
+        thresholds, temps, rng_key, stop_token_ids, method, has_draft, top_m, vocab_size, decide_backend)
     tokens, num_accepted, accept_mask, plan = decide(None)
     if sampled:  # the second exchange: always issued (fixed size), so no rank needs to know whether it is needed
         residual = ops.verify_residual(target_logits_shard, cu_seqlens, draft_tokens, draft_logits_shard, plan, temps,
