@@ -868,7 +868,7 @@ __global__ void __launch_bounds__(kThreads, 1) decide_kernel(VerifyChainParams p
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     const ReqInfo ri = s_info;
-    const int K = static_cast<int>(p.K), L = ri.length;
+    const int L = ri.length;
     ReqState st{};
     st.length = L;
     st.t = ri.t;
@@ -888,7 +888,6 @@ __global__ void __launch_bounds__(kThreads, 1) decide_kernel(VerifyChainParams p
         if (draft_stats && lane < L) stg(w.rowd + r * kp1 + lane, mine.d);
       }
       const bool valid = in_vocab(d, p.V);
-      const int64_t safe = valid ? d : 0;
       int n_acc = 0;
       bool pending = false;
       if (!ri.sampled) {
