@@ -313,6 +313,15 @@ def _joint_law_cases(rank, world):
         dk.verify_chain = unsharded
 
 
+def test_draft_block_refuses_a_reduced_draft_vocabulary():
+    """Sharding a draft vocabulary is not built: a head with draft_to_target is an error naming it (validate=False
+    raises before any collective, so no process group is needed)."""
+    base, anchors, head, _, _ = draft_inputs(2, 3, 20, "vanilla", seed=2)
+    mapped = dk.MarkovHead("vanilla", head.w1, head.w2[:8], draft_to_target=torch.arange(8) * 2)
+    with pytest.raises(ValueError, match=r"head_shard\.draft_to_target"):
+        D.draft_block(base[..., :8], anchors, mapped, vocab_start=0, vocab_size=8, validate=False)
+
+
 def test_sharded_joint_law_of_two_tokens():
     """Chi-square of the joint law of two generated tokens through the sharded path (token with draft_logprobs,
     block), on a one-token shard and a three-token one; the same case's power is shown in test_verify_chain

@@ -195,7 +195,7 @@ def test_bad_input_names_the_argument():
 @pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
 def test_opcheck(kind):
     base, anchors, head, hidden, conf = make_case(kind, n=2, k=3, vocab=9)
-    args = (base, anchors, kind, head.w1, head.w2, head.wg, head.bg, head.wj, head.bj, hidden, conf.weight,
+    args = (base, anchors, kind, head.w1, head.w2, None, head.wg, head.bg, head.wj, head.bj, hidden, conf.weight,
             torch.tensor(0.3), conf.sts_temperatures, torch.tensor([0.0, 1.0]), torch.tensor([1, 2]), True,
             "reference")
     torch.library.opcheck(torch.ops.dspark.draft_block.default, args)
@@ -236,7 +236,7 @@ def plain_torch_logits(base, anchors, head, hidden, tokens):
     n, k_len, vocab = base.shape
     prev, state, out = anchors, None, []
     for k in range(k_len):
-        valid = (prev >= 0) & (prev < vocab)
+        valid = (prev >= 0) & (prev < head.w1.shape[0])
         e = head.w1[torch.where(valid, prev, 0)] * valid.unsqueeze(-1).to(base.dtype)
         if head.kind == "vanilla":
             v = e
@@ -258,7 +258,8 @@ def run_both(triton_device, base, anchors, head, hidden, confidence, temperature
               temperature=temperature, seed=seed, offset=offset, return_logits=return_logits)
     ref = dk.draft_block(base, anchors, head, backend="reference", **kw)
     move = lambda x: x.to(triton_device) if isinstance(x, torch.Tensor) else x  # noqa: E731
-    dev_head = dk.MarkovHead(head.kind, *(move(w) for w in (head.w1, head.w2, head.wg, head.bg, head.wj, head.bj)))
+    dev_head = dk.MarkovHead(head.kind, *(move(w) for w in (head.w1, head.w2, head.wg, head.bg, head.wj, head.bj,
+                                                              head.draft_to_target)))
     dev_conf = None if confidence is None else dk.ConfidenceHead(
         *(move(x) for x in (confidence.weight, confidence.bias, confidence.sts_temperatures)))
     out = wrap(lambda: dk.draft_block(move(base), move(anchors), dev_head, backend=backend,
@@ -275,10 +276,18 @@ def logprobs_from_logits(logits, tokens, temperature):
     return torch.log_softmax(logits / t[:, None, None], -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+def draft_ids(tokens, draft_to_target):
+    """The draft ids of drafted target ids (the tokens themselves without a map)."""
+    if draft_to_target is None:
+        return tokens
+    return (tokens.unsqueeze(-1) == draft_to_target.to(tokens.device)).int().argmax(-1)
+
+
 def assert_matches(ref, out, base, anchors, head, hidden, temperature=None):
     assert out.tokens.dtype == torch.int64 and torch.equal(out.tokens, ref.tokens)
     if temperature is not None and out.logits is not None:  # the new output, from the returned logits
-        torch.testing.assert_close(out.draft_logprobs, logprobs_from_logits(out.logits, out.tokens, temperature),
+        drafted = draft_ids(out.tokens, head.draft_to_target)
+        torch.testing.assert_close(out.draft_logprobs, logprobs_from_logits(out.logits, drafted, temperature),
                                    rtol=1e-5, atol=2e-5, equal_nan=True)
     for name in ("logits", "conf_logits", "survival", "draft_logprobs"):
         a, b = getattr(out, name), getattr(ref, name)
@@ -350,7 +359,7 @@ def test_triton_opcheck_and_distinct_outputs(triton_device):
     base, anchors, head, hidden, confidence, _ = make_triton_case("rnn", 2, 3, 9, 4, 5, torch.float32,
                                                                   "greedy", "none")
     dev = lambda x: x.to(triton_device)  # noqa: E731
-    args = (dev(base), dev(anchors), "rnn", dev(head.w1), dev(head.w2), None, None, dev(head.wj), dev(head.bj),
+    args = (dev(base), dev(anchors), "rnn", dev(head.w1), dev(head.w2), None, None, None, dev(head.wj), dev(head.bj),
             dev(hidden), None, None, None, dev(torch.tensor([0.0, 1.0])), dev(torch.tensor([1, 2])), False, "triton")
     tokens, logits, conf, survival, logprobs = torch.ops.dspark.draft_block.default(*args)
     assert tokens.shape == logprobs.shape == (2, 3) and logits.shape == conf.shape == survival.shape == (0,)
@@ -585,7 +594,8 @@ def test_cuda_opcheck(cuda_device):
         pytest.skip("opchecks the SIMT build's op on CPU tensors")
     base, anchors, head, hidden, confidence, _ = make_triton_case("rnn", 2, 3, 9, 4, 5, torch.float32,
                                                                   "greedy", "sts")
-    args = (base, anchors, "rnn", head.w1, head.w2, None, None, head.wj, head.bj, hidden, confidence.weight.view(-1),
+    args = (base, anchors, "rnn", head.w1, head.w2, None, None, None, head.wj, head.bj, hidden,
+            confidence.weight.view(-1),
             confidence.bias.view(()), confidence.sts_temperatures, torch.tensor([0.0, 1.0]), torch.tensor([1, 2]),
             True)
     torch.library.opcheck(torch.ops.dspark_simt.draft_block.default, args)
@@ -645,3 +655,132 @@ def test_sass_tensor_core_sweep_uses_cp_async_ldmatrix_and_mma():
         assert any(lp["LDGSTS"] >= 4 for lp in loops), k["demangled"]  # the ring's staging loop
     for k in fma:
         assert k["sass"]["LDSM"] == 0 and k["sass"]["HMMA"] == 0 and k["sass"]["LDGSTS"] == 0, k["demangled"]
+
+
+# ---------------------------------------------------------------- a reduced draft vocabulary (draft_to_target)
+
+def reduced_case(kind, n, k, vd, vt, rank, d, dtype, temps, conf, seed):
+    """``make_triton_case`` over Vd draft ids, with W1 over Vt target ids, anchors that are target ids (out of range
+    at both ends) and a shuffled map, so the tie rule and the random keys have to be the draft ids'."""
+    base, _, head, hidden, confidence, temperature = make_triton_case(kind, n, k, vd, rank, d, dtype, temps, conf,
+                                                                      seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    d2t = torch.randperm(vt, generator=g)[:vd]
+    anchors = torch.randint(0, vt, (n,), generator=g)
+    anchors[0] = -3
+    if n > 1:
+        anchors[-1] = vt + 2
+    head = dk.MarkovHead(kind, torch.randn(vt, rank, generator=g).to(dtype), head.w2, head.wg, head.bg, head.wj,
+                         head.bj, draft_to_target=d2t)
+    return base, anchors, head, hidden, confidence, temperature
+
+
+def test_reduced_vocabulary_by_hand():
+    """V = 5 target ids, Vd = 3 draft ids mapped to [4, 0, 2]; rank 1, W1[x] = x, W2 = [1, -1, 0]. Position 0 from
+    anchor 2: logits [2, -2, 0], draft id 0, token 4. Position 1: U = [-10, 0, 0] plus 4 W2: [-6, -4, 0], draft id 2,
+    token 2."""
+    head = dk.MarkovHead("vanilla", torch.arange(5.0).reshape(5, 1), torch.tensor([[1.0], [-1.0], [0.0]]),
+                         draft_to_target=torch.tensor([4, 0, 2], dtype=torch.int32))
+    base = torch.tensor([[[0.0, 0.0, 0.0], [-10.0, 0.0, 0.0]]])
+    out = dk.draft_block(base, torch.tensor([2]), head, return_logits=True, backend="reference")
+    assert out.tokens.tolist() == [[4, 2]]
+    logits = torch.tensor([[[2.0, -2.0, 0.0], [-6.0, -4.0, 0.0]]])
+    torch.testing.assert_close(out.logits, logits)
+    torch.testing.assert_close(out.draft_logprobs[0], torch.log_softmax(logits[0], -1)[[0, 1], [0, 2]])
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_reduced_vocabulary_is_the_full_one_with_the_other_ids_masked(kind):
+    """Greedy drafting over Vd ids equals drafting over all Vt ids with U = -inf and W2 = 0 off the map."""
+    base, anchors, head, hidden, confidence, _ = reduced_case(kind, 3, 5, 13, 40, 6, 7, torch.float32, "greedy",
+                                                              "sts", seed=5)
+    d2t = head.draft_to_target
+    full_base = torch.full((3, 5, 40), float("-inf"))
+    full_base[..., d2t] = base
+    full_w2 = torch.zeros(40, 6)
+    full_w2[d2t] = head.w2
+    full = dk.MarkovHead(kind, head.w1, full_w2, head.wg, head.bg, head.wj, head.bj)
+    kw = dict(hidden=hidden, confidence=confidence, return_logits=True, backend="reference")
+    red, ref = dk.draft_block(base, anchors, head, **kw), dk.draft_block(full_base, anchors, full, **kw)
+    assert torch.equal(red.tokens, ref.tokens) and torch.isin(red.tokens, d2t).all()
+    assert len(set(red.tokens.flatten().tolist())) > 3  # the walk goes somewhere
+    torch.testing.assert_close(red.logits, ref.logits[..., d2t])
+    for name in ("draft_logprobs", "conf_logits", "survival"):
+        torch.testing.assert_close(getattr(red, name), getattr(ref, name), msg=name)
+
+
+def assert_reduced_samples_follow_the_draft_softmax(dev, run, backend):
+    """Chi-square of the tokens of position 0 against softmax(logits / T) over the draft ids, pushed through the map
+    (the target ids off the map must never come out)."""
+    trials, vd, vt, temp = 3000, 24, 50, 0.8
+    base, _, head, _, _, _ = reduced_case("vanilla", 1, 2, vd, vt, 4, 3, torch.float32, "greedy", "none", seed=9)
+    d2t = head.draft_to_target
+    head = dk.MarkovHead("vanilla", head.w1.to(dev), head.w2.to(dev), draft_to_target=d2t.to(dev))
+    out = run(lambda: dk.draft_block(base.expand(trials, -1, -1).to(dev), torch.full((trials,), 7, device=dev), head,
+                                     temperature=temp, seed=4, return_logits=True, backend=backend))
+    tokens, logits = out.tokens.cpu(), out.logits.cpu()
+    expected = torch.zeros(vt, dtype=torch.float64)
+    expected[d2t] = torch.softmax(logits[0, 0] / temp, -1).double() * trials
+    observed = counts(tokens[:, 0], vt)
+    assert observed[expected == 0].sum() == 0
+    assert passes(observed[d2t], expected[d2t])
+    assert not passes(observed[d2t].flip(0), expected[d2t])  # the check can fail
+    torch.testing.assert_close(out.draft_logprobs.cpu(), logprobs_from_logits(logits, draft_ids(tokens, d2t), temp),
+                               rtol=1e-5, atol=2e-5)
+
+
+def test_reduced_vocabulary_samples_follow_the_draft_softmax():
+    assert_reduced_samples_follow_the_draft_softmax(torch.device("cpu"), lambda fn: fn(), "reference")
+
+
+def test_cuda_reduced_vocabulary_samples_follow_the_draft_softmax(cuda_device, simt_check):
+    assert_reduced_samples_follow_the_draft_softmax(cuda_device, simt_check, "cuda")
+
+
+REDUCED_CASES = [  # head, N, K, Vd, Vt, r, d, dtype, temperatures, confidence
+    ("vanilla", 3, 4, 37, 100, 8, 5, torch.bfloat16, "mixed", "sts"),
+    ("gated", 2, 3, 300, 1000, 16, 7, torch.float32, "sampled", "conf"),
+    ("rnn", 3, 5, 17, 64, 8, 9, torch.float16, "greedy", "none"),
+]
+
+
+@pytest.mark.parametrize("kind,n,k,vd,vt,rank,d,dtype,temps,conf", REDUCED_CASES)
+def test_triton_reduced_vocabulary_matches_reference(triton_device, kind, n, k, vd, vt, rank, d, dtype, temps, conf):
+    case = reduced_case(kind, n, k, vd, vt, rank, d, dtype, temps, conf, seed=n + k + vd)
+    ref, out = run_both(triton_device, *case, True)
+    assert_matches(ref, out, *case[:4], case[5])
+
+
+@pytest.mark.parametrize("kind,n,k,vd,vt,rank,d,dtype,temps,conf", REDUCED_CASES)
+def test_cuda_reduced_vocabulary_matches_reference(cuda_device, simt_check, kind, n, k, vd, vt, rank, d, dtype, temps,
+                                                   conf):
+    case = reduced_case(kind, n, k, vd, vt, rank, d, dtype, temps, conf, seed=n + k + vd)
+    ref, out = run_both(cuda_device, *case, True, backend="cuda", wrap=simt_check)
+    assert_matches(ref, out, *case[:4], case[5])
+
+
+def test_reduced_vocabulary_opcheck():
+    base, anchors, head, _, _, _ = reduced_case("vanilla", 2, 3, 9, 20, 4, 3, torch.float32, "greedy", "none", 1)
+    args = (base, anchors, "vanilla", head.w1, head.w2, head.draft_to_target, None, None, None, None, None, None,
+            None, None, torch.tensor([0.0, 1.0]), torch.tensor([1, 2]), True, "reference")
+    torch.library.opcheck(torch.ops.dspark.draft_block.default, args)
+
+
+def test_bad_draft_to_target_names_the_argument():
+    w1, w2 = torch.zeros(10, 2), torch.zeros(4, 2)
+    for table, message in ((torch.tensor([0, 3, 3, 1]), "distinct"), (torch.tensor([0, 10, 2, 1]), r"\[0, 10\)"),
+                           (torch.tensor([-1, 3, 2, 1]), r"\[0, 10\)"), (torch.tensor([0.0, 1, 2, 3]), "dtype"),
+                           (torch.tensor([[0, 1, 2, 3]]), "dimensions"), (torch.tensor([], dtype=torch.int64), "empty")):
+        with pytest.raises(ValueError, match="draft_to_target") as e:
+            dk.MarkovHead("vanilla", w1, w2, draft_to_target=table)
+        assert e.match(message)
+    head = dk.MarkovHead("vanilla", w1, w2, draft_to_target=torch.tensor([9, 0, 4]))  # a map of Vd = 3 ids
+    with pytest.raises(ValueError, match=r"head\.draft_to_target"):
+        dk.draft_block(torch.zeros(1, 2, 4), torch.tensor([0]), head)
+    with pytest.raises(ValueError, match=r"head\.w2"):
+        dk.draft_block(torch.zeros(1, 2, 3), torch.tensor([0]), head)
+
+
+def test_draft_to_target_from_offsets():
+    offsets = torch.tensor([0, 4, 4, 10], dtype=torch.int32)
+    assert dk.draft_to_target_from_offsets(offsets).tolist() == [0, 5, 6, 13]

@@ -193,23 +193,33 @@ def test_per_request_temperature_zero_is_greedy():
 
 
 # ---------------------------------------------------------------- losslessness, statistically
-def simulate(method, k, temp, use_draft_logits, trials=20000, length=None, vocab=50, seed=0):
+def simulate(method, k, temp, use_draft_logits, trials=20000, length=None, vocab=50, seed=0, draft_vocab=None,
+             map_shift=0):
     """Generate ``length`` tokens per request by repeated draft + verify; return tokens [trials, length] and the
-    per-position target distributions. Target and draft distributions depend on the absolute position only."""
+    per-position target distributions. Target and draft distributions depend on the absolute position only.
+    ``draft_vocab``: drafts over that many target ids (a shuffled ``draft_to_target``), verified with the map
+    rolled by ``map_shift`` (0: the true map)."""
     length = length or k + 2
     gen = torch.Generator().manual_seed(seed)
     table = length + k + 1
     p_logits = torch.randn(table, vocab, generator=gen) * 1.5
-    q_logits = p_logits + torch.randn(table, vocab, generator=gen) * 2.0   # a related but wrong draft
+    d2t = torch.randperm(vocab, generator=gen)[:draft_vocab] if draft_vocab else None
+    q_logits = (p_logits if d2t is None else p_logits[:, d2t]) + torch.randn(
+        table, draft_vocab or vocab, generator=gen) * 2.0   # a related but wrong draft
     out = torch.full((trials, length), -1, dtype=torch.int64)
     made = torch.zeros(trials, dtype=torch.int64)
     step = 0
     while bool((made < length).any()):
         pos = (made.unsqueeze(1) + torch.arange(k + 1)).clamp(max=table - 1)
         draft_l = q_logits[pos[:, :k]]
-        drafts = torch.multinomial(torch.softmax(draft_l / temp, -1).view(-1, vocab), 1, generator=gen).view(trials, k)
+        drafts = torch.multinomial(torch.softmax(draft_l / temp, -1).view(-1, draft_l.shape[-1]), 1,
+                                   generator=gen).view(trials, k)
+        verify_map = None
+        if d2t is not None:
+            drafts, verify_map = d2t[drafts], d2t.roll(map_shift)
         res = dk.verify_chain(p_logits[pos], drafts, draft_logits=draft_l if use_draft_logits else None,
-                              temperature=temp, seed=seed + 1, offset=step, method=method)
+                              draft_to_target=verify_map if use_draft_logits else None, temperature=temp,
+                              seed=seed + 1, offset=step, method=method)
         emitted = res.tokens >= 0
         slot = made.unsqueeze(1) + torch.cumsum(emitted.long(), 1) - 1
         keep = emitted & (slot < length)
@@ -228,6 +238,44 @@ def test_lossless_sampling(method, k, temp, use_draft_logits):
     trials, vocab = tokens.shape[0], p.shape[1]
     for m in range(tokens.shape[1]):
         assert passes(counts(tokens[:, m], vocab), p[m] * trials), f"position {m}"
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_lossless_sampling_with_a_reduced_draft_vocabulary(method):
+    """Drafts over 15 of the 50 target ids, verified with their rows over those 15 and the map: the output follows
+    the target at every position (the corrections supply the 35 ids never drafted). With a wrong map it does not."""
+    tokens, p = simulate(method, 3, 1.0, True, vocab=50, seed=23, draft_vocab=15)
+    trials = tokens.shape[0]
+    for m in range(tokens.shape[1]):
+        assert passes(counts(tokens[:, m], 50), p[m] * trials), f"position {m}"
+    tokens, p = simulate(method, 3, 1.0, True, vocab=50, seed=23, draft_vocab=15, map_shift=1)
+    assert not all(passes(counts(tokens[:, m], 50), p[m] * trials) for m in range(tokens.shape[1]))
+
+
+def test_reduced_draft_rows_are_the_dense_rows_with_the_other_ids_at_minus_inf():
+    """The map only places the rows: the result equals verifying dense rows (-inf off the map) exactly; a map entry
+    outside [0, V) is dropped."""
+    gen = torch.Generator().manual_seed(4)
+    n, k, vocab, vd = 5, 3, 30, 8
+    target = torch.randn(n, k + 1, vocab, generator=gen)
+    d2t = torch.randperm(vocab, generator=gen)[:vd]
+    d2t[5] = vocab + 3
+    rows = torch.randn(n, k, vd, generator=gen)
+    dense = torch.full((n, k, vocab), float("-inf"))
+    keep = torch.arange(vd) != 5
+    dense[..., d2t[keep]] = rows[..., keep]
+    drafts = d2t[torch.randint(0, vd, (n, k), generator=gen).clamp(max=4)]
+    for method in ("token", "block"):
+        kw = dict(temperature=torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0]), seed=3, method=method)
+        got = dk.verify_chain(target, drafts, draft_logits=rows, draft_to_target=d2t, **kw)
+        want = dk.verify_chain(target, drafts, draft_logits=dense, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), method
+    with pytest.raises(ValueError, match="draft_to_target needs draft_logits"):
+        dk.verify_chain(target, drafts, draft_to_target=d2t)
+    with pytest.raises(ValueError, match="draft_logits"):
+        dk.verify_chain(target, drafts, draft_logits=rows[..., :7], draft_to_target=d2t)
+    with pytest.raises(ValueError, match="draft_to_target"):
+        dk.verify_chain(target, drafts, draft_logits=rows, draft_to_target=d2t.float())
 
 
 def test_chi_square_detects_a_lossy_verifier():

@@ -166,9 +166,10 @@ DSPARK_API int dspark_schedule_verify_lens(const dspark_schedule_verify_lens_arg
  *   logprob_k = log_softmax(logits_k / T)[token] (T = 1 for greedy requests);
  *   conf_k = w . [h_k; e] + b,  survival_k = prod_{i<=k} sigmoid(conf_i / T_sts_i).
  * All arithmetic is float32 whatever the input dtypes; every float input has its own DSPARK_DTYPE_F32 / BF16 /
- * F16 field. Defined results for unchecked values: an anchor outside [0, V) reads a zero embedding; NaN logits
- * never yield a token outside [0, V); a NaN or negative temperature counts as greedy; logprob is NaN for a row
- * holding a NaN or +inf logit (or only -inf), as torch.log_softmax gives. */
+ * F16 field. Defined results for unchecked values: a token outside W1's rows (an anchor, or a draft_to_target
+ * entry) reads a zero embedding; NaN logits never yield a draft id outside [0, V); draft_to_target entries are not
+ * read for distinctness or range (dspark_kernels.MarkovHead checks them); a NaN or negative temperature counts as
+ * greedy; logprob is NaN for a row holding a NaN or +inf logit (or only -inf), as torch.log_softmax gives. */
 enum { DSPARK_HEAD_VANILLA = 0, DSPARK_HEAD_GATED = 1, DSPARK_HEAD_RNN = 2 };
 
 typedef struct dspark_draft_block_args {
@@ -176,15 +177,22 @@ typedef struct dspark_draft_block_args {
                                     (then the call does nothing and needs no pointers) */
   int64_t R;                     /* rank r of the Markov head (>= 0) */
   int64_t D;                     /* hidden size d (>= 0; ignored, taken as 0, when hidden is not used) */
+  int64_t VT;                    /* rows of w1, the target vocabulary (>= 0) with draft_to_target; ignored, taken
+                                    as V, without */
   const void* base_logits;       /* [N, K, V] float: the backbone's logits U of the K positions */
   int base_logits_dtype;
   const void* anchor_tokens;     /* [N] int32/int64: the last committed token of each request (x_0) */
   int anchor_tokens_dtype;
   int head_kind;                 /* DSPARK_HEAD_VANILLA, DSPARK_HEAD_GATED or DSPARK_HEAD_RNN */
-  const void* w1;                /* [V, R] float: the embedding of the previous token */
+  const void* w1;                /* [VT, R] float: the embedding of the previous token (a target id) */
   int w1_dtype;
   const void* w2;                /* [V, R] float: the correction W2 (an nn.Linear(r, V) weight) */
   int w2_dtype;
+  const void* draft_to_target;   /* [V] int32/int64: the target id of each draft id, for a drafter over a reduced
+                                    vocabulary of V ids (base_logits, w2 and logits cover them; tokens are
+                                    draft_to_target[j] for the drafted id j, and the next position reads W1 at it),
+                                    or NULL (V is the target vocabulary) */
+  int draft_to_target_dtype;
   const void* wg;                /* [R, D + R] float: the gate (DSPARK_HEAD_GATED: required; ignored otherwise) */
   int wg_dtype;
   const void* bg;                /* [R] float: the gate's bias (DSPARK_HEAD_GATED: required; ignored otherwise) */

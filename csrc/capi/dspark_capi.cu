@@ -287,6 +287,17 @@ int draft_params(const dspark_draft_block_args* a, dspark::DraftBlockParams* p, 
   p->w1 = a->w1;
   DSPARK_TRY(float_array(fn, "w2", a->w2, a->w2_dtype, false, &p->w2_dtype));
   p->w2 = a->w2;
+  p->VT = a->V;
+  if (a->draft_to_target != nullptr) {
+    if (a->VT < 0)
+      return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": VT (w1's rows) must be >= 0, got " +
+                                            std::to_string(a->VT));
+    dspark::IntArray d2t;
+    DSPARK_TRY(int_array(fn, "draft_to_target", a->draft_to_target, a->draft_to_target_dtype, false, &d2t));
+    p->d2t = d2t.ptr;
+    p->d2t_int64 = d2t.is64;
+    p->VT = a->VT;
+  }
   const bool has_conf = a->conf_weight != nullptr;
   const bool needs_hidden = a->head_kind != DSPARK_HEAD_VANILLA || has_conf;
   if (needs_hidden) {

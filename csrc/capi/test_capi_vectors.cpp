@@ -556,6 +556,20 @@ void draft_verify_argument_errors() {
             strstr(dspark_last_error(), "w1_dtype") != nullptr,
         "an integer w1_dtype must be rejected, naming w1_dtype");
   d.w1_dtype = DSPARK_DTYPE_F32;
+  int32_t d2t[3] = {2, 0, 1};  // a draft vocabulary of V = 3 ids over VT target ids
+  d.draft_to_target = d2t;
+  d.draft_to_target_dtype = DSPARK_DTYPE_F32;
+  check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_ERR_BAD_DTYPE &&
+            strstr(dspark_last_error(), "draft_to_target") != nullptr,
+        "a float draft_to_target must be rejected, naming draft_to_target");
+  d.draft_to_target_dtype = DSPARK_DTYPE_I32;
+  d.VT = -1;
+  check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_ERR_BAD_SHAPE &&
+            strstr(dspark_last_error(), "VT") != nullptr,
+        "VT < 0 with draft_to_target must be rejected, naming VT");
+  d.VT = 3;
+  check(dspark_draft_block_workspace_size(&d, &bytes) == DSPARK_OK && bytes > 0, "a valid size query with a map");
+  d.draft_to_target = nullptr;
   d.temperature = lp;  // sampling without a key
   check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_ERR_NULL_POINTER &&
             strstr(dspark_last_error(), "rng_key") != nullptr,

@@ -15,7 +15,7 @@ constexpr const char* kOp = "draft_block";
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> launch(
     const Tensor& base_logits, const Tensor& anchor_tokens, c10::string_view head_kind, const Tensor& w1,
-    const Tensor& w2, const OptT& wg, const OptT& bg, const OptT& wj, const OptT& bj, const OptT& hidden,
+    const Tensor& w2, const OptT& draft_to_target, const OptT& wg, const OptT& bg, const OptT& wj, const OptT& bj, const OptT& hidden,
     const OptT& conf_weight, const OptT& conf_bias, const OptT& sts_temperatures, const OptT& temperature,
     const Tensor& rng_key, bool return_logits) {
   check_shape(kOp, "base_logits", base_logits, {kAnySize, kAnySize, kAnySize});
@@ -39,9 +39,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> launch(
     TORCH_CHECK(head_kind == "rnn", kOp, ": head_kind must be vanilla, gated or rnn, got ", head_kind);
     p.head = dspark::draft::kRnn;
   }
-  check_shape(kOp, "w1", w1, {V, kAnySize});
+  if (draft_to_target.has_value()) {
+    p.d2t_int64 = check_int(kOp, "draft_to_target", *draft_to_target, base, {V});
+    p.d2t = draft_to_target->data_ptr();
+    check_shape(kOp, "w1", w1, {kAnySize, kAnySize});
+  } else {
+    check_shape(kOp, "w1", w1, {V, kAnySize});
+  }
   const int64_t R = w1.size(1);
   p.R = R;
+  p.VT = w1.size(0);
   p.w1_dtype = check_float(kOp, "w1", w1, base);
   p.w2_dtype = check_float(kOp, "w2", w2, base, {V, R});
   p.w1 = w1.data_ptr();

@@ -309,6 +309,7 @@ class SpeculativeDecoder:
         # draft_logprobs: the accept tests use log q(d) from the drafter, so only rejected draft rows are read
         verified = dk.verify_chain(
             out.logits, drafts.tokens, cu_seqlens=cu, draft_logits=drafts.logits,
+            draft_to_target=self.head.draft_to_target if drafts.logits is not None else None,
             draft_logprobs=drafts.draft_logprobs if drafts.logits is not None else None, temperature=temp,
             seed=self.seed, offset=2 * step + 1, stop_token_ids=stops, method=self.method, backend=self.backend)
         clock.mark("verify")

@@ -115,6 +115,9 @@ def _check_args(base, anchor_tokens, head, hidden, confidence, vocab_start, voca
     check_tensor("anchor_tokens", anchor_tokens, shape=(n,), dtypes=INT_DTYPES, device=dev)
     if head.kind not in HEAD_KINDS:
         raise ValueError(f"head_shard.kind must be one of {HEAD_KINDS}, got {head.kind!r}")
+    if head.draft_to_target is not None:
+        raise ValueError("head_shard.draft_to_target: distributed.draft_block drafts over the target vocabulary "
+                         "only; a reduced draft vocabulary is not sharded yet (use dk.draft_block)")
     check_tensor("head_shard.w1", head.w1, shape=(vocab_size, None), dtypes=FLOAT_DTYPES, device=dev)
     rank = head.w1.shape[1]
     check_tensor("head_shard.w2", head.w2, shape=(local, rank), dtypes=FLOAT_DTYPES, device=dev)

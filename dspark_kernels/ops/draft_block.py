@@ -20,8 +20,11 @@ class MarkovHead:
     """Weights of the sequential Markov head (layouts of the DeepSpec checkpoints; any float dtype).
 
     kind: "vanilla" | "gated" | "rnn".
-    w1: ``[V, r]`` embedding of the previous token. w2: ``[V, r]`` (an ``nn.Linear(r, V)`` weight).
+    w1: ``[V, r]`` embedding of the previous token (a target id). w2: ``[Vd, r]`` (an ``nn.Linear(r, Vd)`` weight).
     wg ``[r, d + r]``, bg ``[r]``: the gate (gated only). wj ``[3r, 2r + d]``, bj ``[3r]``: the joint map (rnn only).
+    draft_to_target: int32/int64 ``[Vd]``, the target id of each draft id, for a drafter over a reduced vocabulary
+    (``draft_to_target_from_offsets`` converts the offset form ``target = d + d2t[d]``); None: Vd = V, the identity.
+    Its entries must be distinct and in [0, V); that is checked here, once (it reads the table on the host).
     """
 
     kind: str
@@ -31,6 +34,30 @@ class MarkovHead:
     bg: Optional[torch.Tensor] = None
     wj: Optional[torch.Tensor] = None
     bj: Optional[torch.Tensor] = None
+    draft_to_target: Optional[torch.Tensor] = None
+
+    def __post_init__(self):
+        if self.draft_to_target is not None:
+            check_draft_to_target(self.draft_to_target, self.w1.shape[0])
+
+
+def check_draft_to_target(table: torch.Tensor, target_vocab: int) -> None:
+    """Raise a ValueError naming ``draft_to_target`` unless it is a 1-D int table of distinct ids in
+    [0, target_vocab). Reads the table (a device synchronisation): call it when a head is built, not per step."""
+    check_tensor("draft_to_target", table, ndim=1, dtypes=INT_DTYPES)
+    if table.numel() == 0:
+        raise ValueError("draft_to_target must map at least one draft id, got an empty table")
+    lo, hi = int(table.min()), int(table.max())
+    if lo < 0 or hi >= target_vocab:
+        raise ValueError(f"draft_to_target entries must lie in [0, {target_vocab}) (W1's rows), got [{lo}, {hi}]")
+    if int(torch.unique(table).numel()) != table.numel():
+        raise ValueError("draft_to_target must map draft ids to distinct target ids, got duplicates")
+
+
+def draft_to_target_from_offsets(offsets: torch.Tensor) -> torch.Tensor:
+    """The target ids of a speculators-style ``d2t`` offset table (``target = d + d2t[d]``), int64 ``[Vd]``."""
+    check_tensor("d2t", offsets, ndim=1, dtypes=INT_DTYPES)
+    return torch.arange(offsets.numel(), device=offsets.device) + offsets.to(torch.int64)
 
 
 @dataclass
@@ -54,8 +81,8 @@ class DraftBlockOutput(NamedTuple):
     draft_logprobs: Optional[torch.Tensor] = None  # float32 [N, K]: log q(token) under softmax(logits / T)
 
 
-def _fake(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
-          sts_temperatures, temperature, rng_key, return_logits):
+def _fake(base_logits, anchor_tokens, head_kind, w1, w2, draft_to_target, wg, bg, wj, bj, hidden, conf_weight,
+          conf_bias, sts_temperatures, temperature, rng_key, return_logits):
     n, k, v = base_logits.shape
     new = base_logits.new_empty
     conf_shape = (n, k) if conf_weight is not None else (0,)
@@ -66,9 +93,10 @@ def _fake(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden,
 
 DRAFT_BLOCK = define_op(
     "draft_block",
-    "(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, Tensor? wg, Tensor? bg, "
-    "Tensor? wj, Tensor? bj, Tensor? hidden, Tensor? conf_weight, Tensor? conf_bias, Tensor? sts_temperatures, "
-    "Tensor? temperature, Tensor rng_key, bool return_logits) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, Tensor? draft_to_target, "
+    "Tensor? wg, Tensor? bg, Tensor? wj, Tensor? bj, Tensor? hidden, Tensor? conf_weight, Tensor? conf_bias, "
+    "Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, bool return_logits) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     _fake,
     {"reference": reference.draft_block, "triton": TritonKernel("draft_block", "draft_block"),
      "cuda": CudaKernel("draft_block")},
@@ -91,8 +119,9 @@ def draft_block(
     """Draft a block of K tokens per request with the Markov head, plus confidence logits and survival.
 
     Args:
-        base_logits: float32/bf16/fp16 ``[N, K, V]``, the parallel backbone's logits ``U`` for the K block positions.
-        anchor_tokens: int32/int64 ``[N]``, the last committed token of each request (``x_0``).
+        base_logits: float32/bf16/fp16 ``[N, K, V]``, the parallel backbone's logits ``U`` for the K block positions
+            (``[N, K, Vd]`` over the draft vocabulary of a head with ``draft_to_target``).
+        anchor_tokens: int32/int64 ``[N]``, the last committed token of each request (``x_0``, a target id).
         head: a ``MarkovHead`` (vanilla / gated / rnn weights, see its docstring).
         hidden: float ``[N, K, d]``, the backbone's hidden states; required by the gated and rnn heads and by the
             confidence head.
@@ -105,11 +134,13 @@ def draft_block(
 
     Returns:
         ``DraftBlockOutput(tokens int64 [N, K], logits float32 [N, K, V] | None, conf_logits float32 [N, K] | None,
-        survival float32 [N, K] | None, draft_logprobs float32 [N, K])``. ``logits_k = U_k + B(x_{k-1})`` in float32 (sampling used exactly these);
-        ``conf_logits`` are the raw ``z_k``; ``survival_k = prod_{i<=k} sigmoid(z_i / T_i)``. An anchor outside
-        [0, V) reads a zero Markov embedding; NaN logits never yield a token outside [0, V).
-        ``draft_logprobs[n, k] = log_softmax(logits_k / T_n)[tokens[n, k]]``: log q of each drafted token under the
-        distribution it was drawn from (``verify_chain`` uses ``q(d) = exp(draft_logprobs)``); greedy requests
+        survival float32 [N, K] | None, draft_logprobs float32 [N, K])``. ``logits_k = U_k + B(x_{k-1})`` in
+        float32 (sampling used exactly these; over the draft vocabulary with ``draft_to_target``, whose map takes
+        the drafted id to the target id in ``tokens``); ``conf_logits`` are the raw ``z_k``;
+        ``survival_k = prod_{i<=k} sigmoid(z_i / T_i)``. An anchor outside W1's rows reads a zero Markov embedding;
+        NaN logits never yield a token outside the (draft) vocabulary.
+        ``draft_logprobs[n, k] = log_softmax(logits_k / T_n)[j]`` (j the drafted id): log q of each drafted token
+        under the distribution it was drawn from (``verify_chain`` uses ``q(d) = exp(draft_logprobs)``); greedy requests
         (T <= 0) report it at T = 1 (the draft model's own log-probability; the verifier does not read it for
         them). NaN when the row holds a NaN or +inf logit or only -inf, as ``torch.log_softmax`` gives.
     """
@@ -121,7 +152,10 @@ def draft_block(
     check_tensor("anchor_tokens", anchor_tokens, shape=(n,), dtypes=INT_DTYPES, device=dev)
     if head.kind not in HEAD_KINDS:
         raise ValueError(f"head.kind must be one of {HEAD_KINDS}, got {head.kind!r}")
-    check_tensor("head.w1", head.w1, shape=(vocab, None), dtypes=FLOAT_DTYPES, device=dev)
+    d2t = head.draft_to_target
+    check_tensor("head.draft_to_target", d2t, shape=(vocab,), dtypes=INT_DTYPES, device=dev, optional=True)
+    check_tensor("head.w1", head.w1, shape=(None if d2t is not None else vocab, None), dtypes=FLOAT_DTYPES,
+                 device=dev)
     rank = head.w1.shape[1]
     check_tensor("head.w2", head.w2, shape=(vocab, rank), dtypes=FLOAT_DTYPES, device=dev)
     needs_hidden = head.kind != "vanilla" or confidence is not None
@@ -163,7 +197,7 @@ def draft_block(
     temps = temperature_tensor(temperature, n, dev)
     rng_key = make_rng_key(seed, offset, dev)
     tokens, logits, conf, survival, logprobs = DRAFT_BLOCK(
-        base_logits, anchor_tokens, head.kind, head.w1, head.w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
+        base_logits, anchor_tokens, head.kind, head.w1, head.w2, d2t, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
         sts, temps, rng_key, bool(return_logits), backend=resolve_backend(backend, dev, DRAFT_BLOCK.name))
     has_conf = confidence is not None
     return DraftBlockOutput(tokens, logits if return_logits else None, conf if has_conf else None,

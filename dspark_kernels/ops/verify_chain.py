@@ -44,6 +44,7 @@ def verify_chain(
     *,
     cu_seqlens: Optional[torch.Tensor] = None,
     draft_logits: Optional[torch.Tensor] = None,
+    draft_to_target: Optional[torch.Tensor] = None,
     draft_logprobs: Optional[torch.Tensor] = None,
     verify_lens: Optional[torch.Tensor] = None,
     survival: Optional[torch.Tensor] = None,
@@ -64,7 +65,13 @@ def verify_chain(
         cu_seqlens: int32/int64 ``[N+1]``, the packed layout's row offsets (request r owns rows
             ``cu[r]..cu[r+1]-1``, so its verify length is ``cu[r+1] - cu[r] - 1``).
         draft_logits: float ``[N, K, V]``, the logits the drafts were sampled from (``draft_block(...,
-            return_logits=True)``); None means one-hot drafts (``q(d_j) = 1``).
+            return_logits=True)``); None means one-hot drafts (``q(d_j) = 1``). ``[N, K, Vd]`` with
+            ``draft_to_target``.
+        draft_to_target: int32/int64 ``[Vd]`` (needs ``draft_logits``): the target ids of a reduced draft
+            vocabulary (``MarkovHead.draft_to_target``); q is zero at every target id off the map. The rows are
+            scattered into dense float32 ``[N, K, V]`` rows (-inf off the map) that the kernels then read: N K V x 4
+            bytes written on top of their own traffic. Entries must be distinct (``MarkovHead`` checks them; a
+            duplicate keeps the larger logit); entries outside [0, V) are dropped, never written out of bounds.
         draft_logprobs: float32 ``[N, K]`` (needs ``draft_logits``): ``log q_j(d_j)``, the log-probability at the
             request's temperature with which each draft was sampled (``draft_block`` returns it). The accept tests
             then use ``q(d_j) = exp(draft_logprobs)`` instead of the draft rows, so the CUDA backend reads only the
@@ -98,6 +105,8 @@ def verify_chain(
     vocab = target_logits.shape[-1]
     if vocab < 1:
         raise ValueError("target_logits must have V >= 1")
+    if draft_to_target is not None:
+        draft_logits = dense_draft_logits(draft_logits, draft_to_target, n, k_len, vocab, dev)
     check_verify_options(n, k_len, vocab, dev, draft_logits, draft_logprobs, verify_lens, survival, thresholds,
                          stop_token_ids, method)
     temps = temperature_tensor(temperature, n, dev)
@@ -105,6 +114,21 @@ def verify_chain(
     return VerifyOutput(*VERIFY_CHAIN(
         target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival, thresholds, temps,
         rng_key, stop_token_ids, method, backend=resolve_backend(backend, dev, VERIFY_CHAIN.name)))
+
+
+def dense_draft_logits(draft_logits, draft_to_target, n: int, k_len: int, vocab: int, dev) -> torch.Tensor:
+    """float32 ``[N, K, V]``: ``draft_logits [N, K, Vd]`` at the target ids ``draft_to_target [Vd]``, -inf elsewhere
+    (a max-scatter: an id outside [0, V) writes -inf at id 0, which changes nothing)."""
+    if draft_logits is None:
+        raise ValueError("draft_to_target needs draft_logits (the rows over the draft vocabulary)")
+    check_tensor("draft_to_target", draft_to_target, ndim=1, dtypes=INT_DTYPES, device=dev)
+    check_tensor("draft_logits", draft_logits, shape=(n, k_len, draft_to_target.numel()), dtypes=FLOAT_DTYPES,
+                 device=dev)
+    ids = draft_to_target.to(torch.int64)
+    valid = (ids >= 0) & (ids < vocab)
+    src = torch.where(valid, draft_logits.float(), float("-inf"))
+    dense = torch.full((n, k_len, vocab), float("-inf"), dtype=torch.float32, device=dev)
+    return dense.scatter_reduce_(2, torch.where(valid, ids, 0).expand(n, k_len, -1), src, "amax")
 
 
 def check_verify_options(n: int, k_len: int, vocab: int, dev: torch.device, draft_logits, draft_logprobs,

@@ -14,13 +14,19 @@ position k-1) through the Markov head's embedding ``e = W1[x_k]`` and corrects t
     conf_k   = w . [h_k; e] + b,   survival_k = prod_{i<=k} sigmoid(conf_i / T_i)
     logprob_k = log_softmax(logits_k / T)[draft_k]             T = 1 for greedy requests (T <= 0 or NaN)
 
+A reduced draft vocabulary (``draft_to_target``, int ``[Vd]``): U, W2 and the sweep cover Vd draft ids, the
+drafted id j is emitted as the target id ``draft_to_target[j]`` (which the next position's ``W1`` gather reads, so
+W1 has the target vocabulary's rows), and every random draw is keyed by the draft id. Without it Vd = V and the
+map is the identity.
+
 ``draft_logprobs`` is log q(d_k), the log-probability of each drafted token under the distribution it was drawn
 from, softmax(logits_k / T); verify_chain's accept test uses q(d) = exp(draft_logprobs). For greedy requests the
 sampling distribution is a point mass (its T -> 0 limit gives log q = 0, which says nothing), so they report the
 draft model's own log-probability at T = 1 instead; the verifier never reads it for greedy requests. A row holding
 a NaN or +inf logit (or only -inf) gives NaN, exactly as torch.log_softmax does.
 
-Everything is computed in float32 whatever the input dtypes. An anchor outside [0, V) reads a zero embedding.
+Everything is computed in float32 whatever the input dtypes. A token outside W1's rows (an anchor, or a map entry
+outside them) reads a zero embedding.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from ..rng import STREAM_DRAFT, argmax_nan_low, gumbel_argmax, uniform_rows
 
 
 def markov_embed(w1: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """float32 ``[N, r]`` rows ``W1[tokens]``; zero rows for tokens outside [0, V)."""
+    """float32 ``[N, r]`` rows ``W1[tokens]``; zero rows for tokens outside W1's rows."""
     valid = (tokens >= 0) & (tokens < w1.shape[0])
     rows = w1[torch.where(valid, tokens, 0)].float()
     return rows * valid.unsqueeze(-1)
@@ -45,6 +51,7 @@ def draft_block(
     head_kind: str,
     w1: torch.Tensor,
     w2: torch.Tensor,
+    draft_to_target: Optional[torch.Tensor],
     wg: Optional[torch.Tensor],
     bg: Optional[torch.Tensor],
     wj: Optional[torch.Tensor],
@@ -89,12 +96,13 @@ def draft_block(
         logits = base_logits[:, k].float() + v @ w2f.T
         if conf is not None:
             conf[:, k] = torch.cat([h, e], dim=-1) @ conf_weight.float() + conf_bias.float()
-        prev = argmax_nan_low(logits)
+        drafted = argmax_nan_low(logits)  # a draft id
         if temperature is not None:
             drawn = gumbel_argmax(logits / safe_t, uniform_rows(rng_key, requests, k, STREAM_DRAFT, vocab))
-            prev = torch.where(sampled, drawn, prev)
+            drafted = torch.where(sampled, drawn, drafted)
+        prev = draft_to_target[drafted].to(torch.int64) if draft_to_target is not None else drafted
         tokens[:, k] = prev
-        logprobs[:, k] = torch.log_softmax(logits / safe_t, dim=-1).gather(-1, prev.unsqueeze(-1)).squeeze(-1)
+        logprobs[:, k] = torch.log_softmax(logits / safe_t, dim=-1).gather(-1, drafted.unsqueeze(-1)).squeeze(-1)
         if logits_out is not None:
             logits_out[:, k] = logits
 

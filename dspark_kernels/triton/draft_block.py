@@ -3,7 +3,7 @@
 Same meaning and randomness as ``dspark_kernels.reference.draft_block`` (read that first). Per request and position
 k, with ``x`` the token before the position (the anchor, then the previous draft):
 
-1. the Markov embedding ``e = W1[x]`` (a zero row for ``x`` outside [0, V)) and the head's vector ``v``: vanilla reads
+1. the Markov embedding ``e = W1[x]`` (a zero row for ``x`` outside W1's VT rows) and the head's vector ``v``: vanilla reads
    ``e`` straight from ``W1`` inside the vocabulary loop; gated and rnn compute ``v`` once per position with
    BLOCK_R x BLOCK_C matrix-vector tiles and park it in a small per-request float32 scratch row (the rnn state
    lives there too, ping-ponged between two rows so a row block never overwrites state another row block still
@@ -17,6 +17,9 @@ k, with ``x`` the token before the position (the anchor, then the previous draft
    ``logits / T`` (T = 1 for greedy rows) and the scaled logit of each lane's winner, so the drafted token's
    log-probability ``log_softmax(logits / T)[token]`` comes out with no second pass (NaN for a row with a NaN or
    +inf logit, or only -inf ones, as torch gives).
+
+With a draft vocabulary (``draft_to_target``) the pass covers its V draft ids and the drafted id j becomes the token
+``x = draft_to_target[j]`` (HAS_MAP); W1 has VT rows.
 
 Everything is float32 whatever the input dtypes; offsets are 64-bit (N*K*V and V*r may pass 2**31).
 """
@@ -197,10 +200,10 @@ def _vocab_pass(u_row, logits_row, w2_ptr, e_row, e_ok, v_row, V, R, t, sampled,
 
 @triton.jit
 def _draft_block_kernel(
-    base_ptr, anchor_ptr, w1_ptr, w2_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr, hidden_ptr, cw_ptr, cb_ptr, sts_ptr,
+    base_ptr, anchor_ptr, w1_ptr, w2_ptr, d2t_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr, hidden_ptr, cw_ptr, cb_ptr, sts_ptr,
     temp_ptr, rng_key_ptr, scratch_ptr, tokens_ptr, logits_ptr, conf_ptr, surv_ptr, logprob_ptr,
-    K, V, R, D,
-    HEAD: tl.constexpr, HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr, RETURN_LOGITS: tl.constexpr,
+    K, V, VT, R, D,
+    HEAD: tl.constexpr, HAS_MAP: tl.constexpr, HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr, RETURN_LOGITS: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
@@ -217,7 +220,7 @@ def _draft_block_kernel(
 
     for k in range(0, K):
         row = n * K + k                     # int64
-        e_ok = (prev >= 0) & (prev < V)
+        e_ok = (prev >= 0) & (prev < VT)
         e_row = w1_ptr + tl.where(e_ok, prev, 0) * R
         h_row = hidden_ptr + row * D
         # the head's vector v (gated / rnn) into the scratch row, between barriers: the previous position's
@@ -239,6 +242,8 @@ def _draft_block_kernel(
         prev, logprob = _vocab_pass(base_ptr + row * V, logits_ptr + row * V, w2_ptr, e_row, e_ok, v_row, V, R, t,
                                     sampled, k0, k1, offset_lo, n, k, vs_ar, rs_ar, HEAD, RETURN_LOGITS, BLOCK_V,
                                     BLOCK_R)
+        if HAS_MAP:
+            prev = tl.load(d2t_ptr + prev).to(tl.int64)  # the drafted id is in [0, V)
         tl.store(tokens_ptr + row, prev)
         tl.store(logprob_ptr + row, logprob)
 
@@ -257,7 +262,7 @@ def _floor_pow2(x: int) -> int:
     return 1 << (max(x, 1).bit_length() - 1)
 
 
-def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
+def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, draft_to_target, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
                 sts_temperatures, temperature, rng_key, return_logits):
     """Same flat arguments and results as ``dspark_kernels.reference.draft_block`` (checked by the wrapper; tensors
     contiguous, as the registry passes them)."""
@@ -281,7 +286,7 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, h
     tile = _TILE if dev.type == "cuda" else _TILE_INTERPRET
     block_v, block_r, block_c = _blocks(v, rank, width, {"vanilla": 1, "gated": 2, "rnn": 3}[head_kind], tile)
     _draft_block_kernel[(n,)](
-        base, anchor_tokens, w1, w2,
+        base, anchor_tokens, w1, w2, draft_to_target if draft_to_target is not None else dummy,
         wg if wg is not None else dummy, bg if bg is not None else dummy,
         wj if wj is not None else dummy, bj if bj is not None else dummy,
         hidden if hidden is not None else dummy,
@@ -290,8 +295,8 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, wg, bg, wj, bj, h
         sts_temperatures if sts_temperatures is not None else dummy,
         temperature if temperature is not None else torch.zeros(n, device=dev), rng_key, scratch,
         tokens, logits, conf, survival, logprobs,
-        k, v, rank, d,
-        HEAD=_HEAD_IDS[head_kind], HAS_CONF=has_conf, HAS_STS=sts_temperatures is not None,
+        k, v, w1.shape[0], rank, d,
+        HEAD=_HEAD_IDS[head_kind], HAS_MAP=draft_to_target is not None, HAS_CONF=has_conf, HAS_STS=sts_temperatures is not None,
         RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v, BLOCK_R=block_r, BLOCK_C=block_c,
         num_warps=_NUM_WARPS,
     )

@@ -1,12 +1,14 @@
 // dspark/draft_block.cuh: the whole draft block (all K positions of all N requests) in ONE cooperative launch.
 //
 // Meaning: dspark_kernels/reference/draft_block.py (the spec). Per request n and position k, with x the token
-// before the position (the anchor, then the previous draft) and e = W1[x] (a zero row for x outside [0, V)):
+// before the position (the anchor, then the previous draft) and e = W1[x] (a zero row for x outside W1's VT rows):
 //   vanilla v = e;  gated v = sigmoid(Wg [h_k; e] + bg) * e;  rnn [g, c, o] = Wj [s; e; h_k] + bj,
 //   s = sigmoid(g) s + (1 - sigmoid(g)) tanh(c), v = tanh(o);
 //   logits = U_k + W2 v;  token = argmax(logits) (greedy) or argmax(logits / T - log(-log u)) (T > 0);
 //   logprob = log_softmax(logits / T)[token] (T = 1 for greedy rows);  conf = w . [h_k; e] + b,
 //   survival = prod sigmoid(conf / T_sts).
+// With a draft vocabulary (d2t: [V] target ids) U, W2 and the sweep cover its V ids and the drafted id j becomes the
+// target id x = d2t[j] (the token written and the row of W1 the next position reads); without one, x = j, VT = V.
 //
 // Structure (a persistent kernel, G CTAs of 128 threads, every CTA resident; 2K grid barriers per block for the
 // vanilla head, 3K for gated / rnn):
@@ -96,10 +98,12 @@ struct DraftBlockParams {
   const void* anchors;  // [N] int32 or int64
   bool anchors_int64;
   int head;  // Head
-  const void* w1;  // [V, R]
+  const void* w1;  // [VT, R]
   DType w1_dtype;
   const void* w2;  // [V, R]
   DType w2_dtype;
+  const void* d2t;  // [V] int32 or int64 target ids of the draft ids, or null (the identity; VT = V)
+  bool d2t_int64;
   const void* wg;  // [R, D + R] (gated)
   DType wg_dtype;
   const void* bg;  // [R]
@@ -119,6 +123,7 @@ struct DraftBlockParams {
   const float* temperature;  // [N] or null (every request greedy); T <= 0 or NaN: greedy
   const int64_t* rng_key;    // [2] (seed, offset)
   int64_t N, K, V, R, D;
+  int64_t VT;         // W1's rows (the target vocabulary)
   int64_t* tokens;    // [N, K]
   float* logprobs;    // [N, K]
   float* logits;      // [N, K, V] or null
@@ -215,6 +220,14 @@ struct Workspace {
   Part* parts;   // [G, N]
 };
 
+// The token of drafted id j: d2t[j] with a draft vocabulary, else j (an index outside [0, V), which no merge
+// gives, is passed through unread).
+DSPARK_DEVICE int64_t target_id(const DraftBlockParams& p, int64_t j) {
+  if (p.d2t == nullptr || j < 0 || j >= p.V) return j;
+  return p.d2t_int64 ? ldg(static_cast<const int64_t*>(p.d2t) + j)
+                     : static_cast<int64_t>(ldg(static_cast<const int32_t*>(p.d2t) + j));
+}
+
 // Request n's partials of the last sweep, merged by the whole block (every thread gets the result).
 DSPARK_DEVICE Part merge_parts(const Workspace& ws, int G, int64_t N, int64_t n, Part* scratch) {
   Part acc = Part::empty();
@@ -228,7 +241,7 @@ DSPARK_DEVICE Part merge_parts(const Workspace& ws, int G, int64_t N, int64_t n,
 DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                  float* zs, Part* part_scratch, float* sum_scratch) {
   const int t = threadIdx.x;
-  const int64_t N = p.N, K = p.K, V = p.V, R = p.R, D = p.D;
+  const int64_t N = p.N, K = p.K, R = p.R, D = p.D;
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     int64_t x;
     if (k == 0) {
@@ -236,14 +249,14 @@ DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& pla
                           : static_cast<int64_t>(ldg(static_cast<const int32_t*>(p.anchors) + n));
     } else {
       const Part pt = merge_parts(ws, plan.grid, N, n, part_scratch);
-      x = pt.win.index;
+      x = target_id(p, pt.win.index);
       if (t == 0) {
         stg(p.tokens + n * K + (k - 1), x);
         stg(p.logprobs + n * K + (k - 1), pt.logprob());
       }
     }
     float* erow = (p.head == kVanilla ? ws.v : ws.e) + n * R;
-    if (x >= 0 && x < V) {
+    if (x >= 0 && x < p.VT) {
       for_each_element(offset_row(p.w1, p.w1_dtype, x * R), p.w1_dtype, 0, R, t, blockDim.x, [&](int64_t i, float w) {
         zs[i] = w;
         stg(erow + i, w);
@@ -767,7 +780,7 @@ __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockPara
   for (int64_t n = blockIdx.x; n < p.N; n += gridDim.x) {  // the last position's tokens
     const Part pt = merge_parts(ws, plan.grid, p.N, n, part_scratch);
     if (threadIdx.x == 0) {
-      stg(p.tokens + n * p.K + (p.K - 1), pt.win.index);
+      stg(p.tokens + n * p.K + (p.K - 1), target_id(p, pt.win.index));
       stg(p.logprobs + n * p.K + (p.K - 1), pt.logprob());
     }
   }
