@@ -59,7 +59,9 @@ class _ShardedOps:
     def draft_block(self, base_logits, anchor_tokens, head, **kw):
         return draft_block(base_logits, anchor_tokens, head, **self._shard_args("draft_block"), **kw)
 
-    def verify_chain(self, target_logits, draft_tokens, *, draft_logits=None, **kw):
+    def verify_chain(self, target_logits, draft_tokens, *, draft_logits=None, draft_to_target=None, **kw):
+        if draft_to_target is not None:  # distributed.draft_block refuses such heads first
+            raise ValueError("draft_to_target: a reduced draft vocabulary is not sharded yet")
         return verify_chain(target_logits, draft_tokens, draft_logits_shard=draft_logits,
                             **self._shard_args("verify_chain"), **kw)
 

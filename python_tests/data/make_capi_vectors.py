@@ -92,7 +92,7 @@ def _draft_case(base, anchors, kind, w1, w2, wg=None, bg=None, wj=None, bj=None,
                 conf_bias=None, sts=None, temperature=None, key=(0, 0), return_logits=False):
     rng_key = torch.tensor(list(key), dtype=torch.int64)
     tokens, logits, conf, surv, logprobs = reference.draft_block(
-        base, anchors, kind, w1, w2, wg, bg, wj, bj, hidden, conf_weight, conf_bias, sts, temperature, rng_key,
+        base, anchors, kind, w1, w2, None, wg, bg, wj, bj, hidden, conf_weight, conf_bias, sts, temperature, rng_key,
         return_logits)
     n, k, v = base.shape
     has_conf = conf_weight is not None
