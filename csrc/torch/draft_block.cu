@@ -15,9 +15,9 @@ constexpr const char* kOp = "draft_block";
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> launch(
     const Tensor& base_logits, const Tensor& anchor_tokens, c10::string_view head_kind, const Tensor& w1,
-    const Tensor& w2, const OptT& draft_to_target, const OptT& wg, const OptT& bg, const OptT& wj, const OptT& bj, const OptT& hidden,
-    const OptT& conf_weight, const OptT& conf_bias, const OptT& sts_temperatures, const OptT& temperature,
-    const Tensor& rng_key, bool return_logits) {
+    const Tensor& w2, const OptT& draft_to_target, const OptT& wg, const OptT& bg, const OptT& wj, const OptT& bj,
+    const OptT& hidden, const OptT& conf_weight, const OptT& conf_bias, const OptT& sts_temperatures,
+    const OptT& temperature, const Tensor& rng_key, bool return_logits) {
   check_shape(kOp, "base_logits", base_logits, {kAnySize, kAnySize, kAnySize});
   const Tensor& base = base_logits;
   const int64_t N = base.size(0), K = base.size(1), V = base.size(2);

@@ -3,11 +3,11 @@
 Same meaning and randomness as ``dspark_kernels.reference.draft_block`` (read that first). Per request and position
 k, with ``x`` the token before the position (the anchor, then the previous draft):
 
-1. the Markov embedding ``e = W1[x]`` (a zero row for ``x`` outside W1's VT rows) and the head's vector ``v``: vanilla reads
-   ``e`` straight from ``W1`` inside the vocabulary loop; gated and rnn compute ``v`` once per position with
-   BLOCK_R x BLOCK_C matrix-vector tiles and park it in a small per-request float32 scratch row (the rnn state
-   lives there too, ping-ponged between two rows so a row block never overwrites state another row block still
-   reads); ``tl.debug_barrier`` orders those writes against the reads of the whole program;
+1. the Markov embedding ``e = W1[x]`` (a zero row for ``x`` outside W1's VT rows) and the head's vector ``v``:
+   vanilla reads ``e`` straight from ``W1`` inside the vocabulary loop; gated and rnn compute ``v`` once per
+   position with BLOCK_R x BLOCK_C matrix-vector tiles and park it in a small per-request float32 scratch row (the
+   rnn state lives there too, ping-ponged between two rows so a row block never overwrites state another row block
+   still reads); ``tl.debug_barrier`` orders those writes against the reads of the whole program;
 2. the confidence logit ``z = w . [h_k; e] + b`` and the running survival product ``prod sigmoid(z / T_sts)``;
 3. one pass over the vocabulary in BLOCK_V chunks: ``logits = U_k + W2 @ v`` (a BLOCK_V x BLOCK_R tile of ``W2``
    per r block), written when asked for, and the running argmax of either the logits (greedy) or the Gumbel-max
@@ -203,8 +203,8 @@ def _draft_block_kernel(
     base_ptr, anchor_ptr, w1_ptr, w2_ptr, d2t_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr, hidden_ptr, cw_ptr, cb_ptr, sts_ptr,
     temp_ptr, rng_key_ptr, scratch_ptr, tokens_ptr, logits_ptr, conf_ptr, surv_ptr, logprob_ptr,
     K, V, VT, R, D,
-    HEAD: tl.constexpr, HAS_MAP: tl.constexpr, HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr, RETURN_LOGITS: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    HEAD: tl.constexpr, HAS_MAP: tl.constexpr, HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr,
+    RETURN_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     k0, k1, offset_lo = load_key(rng_key_ptr)
@@ -262,8 +262,8 @@ def _floor_pow2(x: int) -> int:
     return 1 << (max(x, 1).bit_length() - 1)
 
 
-def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, draft_to_target, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
-                sts_temperatures, temperature, rng_key, return_logits):
+def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, draft_to_target, wg, bg, wj, bj, hidden, conf_weight,
+                conf_bias, sts_temperatures, temperature, rng_key, return_logits):
     """Same flat arguments and results as ``dspark_kernels.reference.draft_block`` (checked by the wrapper; tensors
     contiguous, as the registry passes them)."""
     n, k, v = base_logits.shape
@@ -296,8 +296,9 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, draft_to_target, 
         temperature if temperature is not None else torch.zeros(n, device=dev), rng_key, scratch,
         tokens, logits, conf, survival, logprobs,
         k, v, w1.shape[0], rank, d,
-        HEAD=_HEAD_IDS[head_kind], HAS_MAP=draft_to_target is not None, HAS_CONF=has_conf, HAS_STS=sts_temperatures is not None,
-        RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v, BLOCK_R=block_r, BLOCK_C=block_c,
+        HEAD=_HEAD_IDS[head_kind], HAS_MAP=draft_to_target is not None, HAS_CONF=has_conf,
+        HAS_STS=sts_temperatures is not None, RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v, BLOCK_R=block_r,
+        BLOCK_C=block_c,
         num_warps=_NUM_WARPS,
     )
     return tokens, logits, conf, survival, logprobs
