@@ -7,17 +7,22 @@ time when a GPU is lent, so that the model can be checked and its constants corr
     model_recording(rec.launches, "h200")  # -> {"modelled_us": ..., "launches": [per-launch breakdown]}
 
 Per launch (``model_launch``), with the launch's counters (``simt.record(access=True)``) and optional SASS facts:
-  t = launch + grid_barriers * grid_barrier + waves * max(t_dram, t_l2, t_smem, t_latency) / waves
+  t = launch + grid_barriers * grid_barrier + max(t_dram, t_l2, t_smem, t_latency, t_tensor)
 where
-  t_dram    = DRAM bytes / DRAM copy bandwidth: the unique bytes (what a perfect cache moves) when they fit in L2,
-              else every byte requested (a re-read working set larger than L2 misses it on every pass),
+  t_dram    = DRAM bytes / DRAM copy bandwidth: the harness's L2 estimate when the record has it (``dram_bytes_read``,
+              csrc/simt/runtime.cpp's estimate_dram_reads: a re-read hits L2 when the CTA's own traffic since fits its
+              share of L2, or another CTA touched the sector since the last grid barrier) plus the distinct bytes
+              written; else the unique bytes (what a perfect cache moves) when they fit in L2, else every byte
+              requested (a re-read working set larger than L2 misses it on every pass),
   t_l2      = global sectors * 32 bytes / L2 bandwidth (sectors from the access model; bytes requested without it),
   t_smem    = shared wavefronts / (SMs in use * one wavefront per clock),
   t_latency = DRAM bytes / (bytes in flight / DRAM latency): Little's law, bytes in flight = SMs in use * resident CTAs
-              per SM * threads * (bytes per load, 16 for a 16-byte load) * loads in flight per thread.
+              per SM * threads * (bytes per load, 16 for a 16-byte load) * loads in flight per thread,
+  t_tensor  = tensor-core FLOPs (the launch's m16n8k16 MMAs x 4096, when the caller knows them: ``mma``) / the
+              dense 16-bit tensor peak scaled to the SMs in use (a lower bound: mma.sync is not wgmma).
 Waves = CTAs / (resident CTAs per SM * SMs), rounded up; the SMs in use are min(CTAs, SMs), each holding
 min(resident, CTAs / SMs in use) CTAs at once.
-What it leaves out (only a GPU shows it): instruction issue and arithmetic, L1 hits, DRAM page and channel effects,
+What it leaves out (only a GPU shows it): instruction issue and arithmetic other than the MMAs it is given, L1 hits, DRAM page and channel effects,
 clock changes, overlap between launches, and any latency but DRAM's.
 """
 
@@ -35,6 +40,7 @@ class Gpu:
     dram_bytes_per_s: float   # achievable copy bandwidth (bytes read + written per second)
     l2_bytes_per_s: float
     clock_hz: float           # SM clock under load
+    tensor_flops_per_s: float  # dense bf16 / fp16 tensor-core peak (FLOPs, multiply and add counted apart)
     dram_latency_s: float     # load-to-use latency of a DRAM access
     launch_s: float           # one kernel launch, back to back on a stream
     grid_barrier_s: float     # one cooperative-groups grid.sync() across a resident grid
@@ -66,11 +72,14 @@ class Gpu:
 #   bytes exceed it and that re-reads them (draft_block's W2 once per position) misses L2 on every pass: DRAM moves
 #   the bytes requested (LRU on a cyclic sweep keeps nothing), else the distinct bytes.
 # - One shared-memory wavefront per SM clock (128 bytes per clock per SM: the whitepaper's shared-memory bandwidth).
+# - Dense BF16 / FP16 tensor peak 989.4 TFLOPS on the H100 SXM5 (the whitepaper's table; the H200 datasheet gives
+#   the same 989 TFLOPS): a bound that wgmma can approach; draft_block's mma.sync m16n8k16 has not been measured
+#   here and may reach less.
 GPUS = {
     "h200": Gpu("h200", sms=132, dram_bytes_per_s=4.3e12, l2_bytes_per_s=2.5 * 4.3e12, clock_hz=1.98e9,
-                dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.5e-6),
+                tensor_flops_per_s=989.4e12, dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.5e-6),
     "h100": Gpu("h100", sms=132, dram_bytes_per_s=3.0e12, l2_bytes_per_s=2.5 * 3.0e12, clock_hz=1.98e9,
-                dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.5e-6),
+                tensor_flops_per_s=989.4e12, dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.5e-6),
 }
 
 
@@ -85,11 +94,12 @@ def resident_ctas(gpu: Gpu, threads: int, smem_bytes: int, registers: Optional[i
 
 
 def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[int] = None,
-                 load_bytes: int = 16, loads_in_flight: int = 1) -> Dict[str, float]:
+                 load_bytes: int = 16, loads_in_flight: int = 1, mma: int = 0) -> Dict[str, float]:
     """Modelled time of one launch record (a dict of ``simt.record().launches``), in microseconds, with its terms.
 
     registers: per thread, from the SASS report (None: not a limit); load_bytes: bytes per thread per load (16 for
-    LDG.E.128); loads_in_flight: independent loads a thread has in flight (from the SASS of the innermost loop)."""
+    LDG.E.128); loads_in_flight: independent loads a thread has in flight (from the SASS of the innermost loop);
+    mma: the launch's m16n8k16 tensor-core MMAs (0: none, or not known)."""
     g = GPUS[gpu]
     threads, ctas = int(rec["threads"]), int(rec["ctas"])
     smem = int(rec.get("static_smem", 0)) + int(rec.get("dynamic_smem", 0))
@@ -100,7 +110,10 @@ def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[
     sms_used = min(g.sms, ctas)  # the CTAs spread over the SMs before any SM takes a second one
     unique = rec.get("unique_bytes_read", 0) + rec.get("unique_bytes_written", 0)
     requested = rec["bytes_read"] + rec["bytes_written"]
-    dram = unique if unique <= g.l2_capacity_bytes else max(unique, requested)
+    if rec.get("dram_bytes_read") is not None:
+        dram = rec["dram_bytes_read"] + rec.get("unique_bytes_written", 0)
+    else:
+        dram = unique if unique <= g.l2_capacity_bytes else max(unique, requested)
     sectors = rec.get("global_sectors")
     l2_bytes = 32 * sectors if sectors is not None else requested
     wavefronts = rec.get("shared_wavefronts") or 0
@@ -109,15 +122,17 @@ def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[
     t_l2 = l2_bytes / g.l2_bytes_per_s
     t_smem = wavefronts / (sms_used * g.clock_hz)
     t_latency = dram * g.dram_latency_s / in_flight if in_flight else 0.0
-    body = max(t_dram, t_l2, t_smem, t_latency)
+    t_tensor = mma * 4096 / (g.tensor_flops_per_s * sms_used / g.sms)
+    body = max(t_dram, t_l2, t_smem, t_latency, t_tensor)
     grid = int(rec.get("grid_barriers", 0)) * g.grid_barrier_s
     total = g.launch_s + body + grid
     us = 1e6
     return dict(modelled_us=total * us, launch_us=g.launch_s * us, dram_us=t_dram * us, l2_us=t_l2 * us,
-                smem_us=t_smem * us, latency_us=t_latency * us, grid_barrier_us=grid * us, waves=waves,
+                smem_us=t_smem * us, latency_us=t_latency * us, tensor_us=t_tensor * us, grid_barrier_us=grid * us,
+                waves=waves,
                 ctas_per_sm=per_sm, sms_used=sms_used, bytes_in_flight=in_flight,
                 bound=max(("dram", t_dram), ("l2", t_l2), ("smem", t_smem), ("latency", t_latency),
-                          key=lambda kv: kv[1])[0])
+                          ("tensor", t_tensor), key=lambda kv: kv[1])[0])
 
 
 def model_recording(launches: Iterable[Dict[str, Any]], gpu: str = "h200", **kw) -> Dict[str, Any]:

@@ -3,11 +3,13 @@
 counters at N = 1 (a MODEL, not a measurement): verify_chain (greedy; token sampling with draft logits and
 draft_logprobs) at K in {7, 15}, V = 151936 bf16, and draft_block (vanilla, r = 256, bf16 W2) at K = 7.
 
-    python bench/model_headline.py [--gpu h200] [--json PATH] [--batch N]
+    python bench/model_headline.py [--gpu h200] [--json PATH] [--batch N] [--draft N K]
 
 verify_chain runs with the warp access model (sectors and wavefronts feed the model's L2 and shared-memory terms);
 draft_block without it (its harness run with the model costs an hour here), so its L2 term is the bytes requested
-and its shared-memory term is absent: said in each row. Loads in flight per thread come from the kernels' designs
+and its shared-memory term is absent: said in each row; its DRAM term is the harness's L2 estimate
+(``dram_bytes_read``), its tensor term the MMAs the harness counted. ``--draft N K`` models draft_block at a batch:
+the harness runs one position (the others repeat its work) and the counters are scaled to K. Loads in flight per thread come from the kernels' designs
 (:data:`LOADS_IN_FLIGHT`; the SASS tests hold the kernels to them); registers limit occupancy when the harness has
 them (``DSPARK_SIMT_REGISTERS=build/check_cuda.json``: each launch's ``registers``), else not. Prints the
 model's time for the bytes floor in as many launches beside it.
@@ -67,24 +69,65 @@ def verify_rows(gpu: str, n: int = 1, ks=(7, 15), access: bool = True):
     return rows
 
 
-def draft_rows(gpu: str):
-    import dspark_kernels as dk
-    from dspark_kernels import simt
+def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
+    """draft_block's tensor-core sweep as make_plan sizes it (csrc/include/dspark/draft_block.cuh; the tests hold the
+    harness's launches to it): request groups of min(N, 64, 16384 // rpad rounded down to 8), one lane of CTAs per
+    group, as many vocabulary slices of >= 128 rows as the resident CTAs (one per SM) leave each lane; and the
+    m16n8k16 MMAs of one position: per slice tile of 128 rows and group, 4 warps x rpad / 16 steps x 2 row blocks x
+    ceil(group / 8) request blocks (twice that when v needs its lo rows: ``mma_lo``)."""
+    rpad = -(-rank // 32) * 32
+    group = min(n, max(1, min(64, 16384 // rpad) // 8 * 8))
+    groups = -(-n // group)
+    lanes = min(groups, sms)
+    slices = min(max(1, vocab // 128), max(1, sms // lanes))
+    lanes = min(groups, max(1, sms // slices))
+    octets = -(-vocab // 8)
+    tiles = sum(-(-(min(8 * ((b + 1) * octets // slices), vocab) - 8 * (b * octets // slices)) // 128)
+                for b in range(slices))
+    per_tile = sum(4 * (rpad // 16) * 2 * -(-min(group, n - g0) // 8) for g0 in range(0, n, group))
+    return dict(slices=slices, lanes=lanes, group=group, ctas=slices * lanes, mma=tiles * per_tile,
+                mma_lo=2 * tiles * per_tile)
+
+
+def _draft_case(n: int, k: int, r: int = 256):
     gen = torch.Generator().manual_seed(0)
-    k, r = 7, 256
-    base = (torch.randn(1, k, V, generator=gen) * 2).to(torch.bfloat16)
+    import dspark_kernels as dk
+    base = (torch.randn(n, k, V, generator=gen) * 2).to(torch.bfloat16)
     head = dk.MarkovHead("vanilla", w1=(torch.randn(V, r, generator=gen) * 0.05).to(torch.bfloat16),
                          w2=(torch.randn(V, r, generator=gen) * 0.05).to(torch.bfloat16))
-    anchors = torch.tensor([11])
+    anchors = torch.randint(0, V, (n,), generator=gen)
+    return base, head, anchors
+
+
+def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0):
+    """draft_block (vanilla, r = 256, bf16 U / W1 / W2, greedy) at N = `n`, K = `k`. With ``run_k`` < k the harness
+    runs ``run_k`` positions and the launch's per-position counters (bytes, DRAM estimate, MMAs, grid barriers) are
+    scaled to k positions (every position does the same work), said in the row."""
+    import dspark_kernels as dk
+    from dspark_kernels import simt
+    r, run_k = 256, run_k or k
+    base, head, anchors = _draft_case(n, run_k, r)
     with simt.record() as rec:
         out = dk.draft_block(base, anchors, head, temperature=0.0, seed=1, backend="cuda")
-    floor = (base.numel() * 2 + k * V * r * 2 + k * r * 2 + out.tokens.numel() * 8 + out.draft_logprobs.numel() * 4)
-    return [_row("draft_block", dict(N=1, K=k, V=V, r=r, mode="greedy"), rec.launches, floor, gpu, False)]
+    (ln,) = rec.launches
+    if run_k != k:
+        scale = k / run_k
+        ln = dict(ln, **{key: int(round(ln[key] * scale)) for key in
+                         ("bytes_read", "bytes_written", "unique_bytes_read", "unique_bytes_written",
+                          "dram_bytes_read", "mma", "grid_barriers")})
+    per_pos_out = out.tokens.element_size() + out.draft_logprobs.element_size()
+    floor = n * k * V * 2 + k * V * r * 2 + n * k * r * 2 + n * k * per_pos_out
+    plan = draft_sweep_plan(n, V, r)
+    params = dict(N=n, K=k, V=V, r=r, mode="greedy", ctas=ln["ctas"], lanes=plan["lanes"])
+    row = _row("draft_block", params, [ln], floor, gpu, False)
+    if run_k != k:
+        row["note"] += f"; the harness ran {run_k} of the {k} positions, its counters scaled to {k}"
+    return [row]
 
 
 def _row(op, params, launches, floor, gpu, access):
-    per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1))
-           for ln in launches]
+    per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1),
+                        mma=ln.get("mma", 0)) for ln in launches]
     return dict(op=op, **params, launches=len(launches), access_model=access, floor_bytes=floor,
                 modelled_us=round(sum(p["modelled_us"] for p in per), 2),
                 floor_model_us=round(floor_model_us(floor, len(launches), gpu), 2),
@@ -97,12 +140,16 @@ def main() -> int:
     ap.add_argument("--gpu", default="h200", choices=("h200", "h100"))
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--batch", type=int, default=1, help="verify_chain only, at this N and K = 7")
+    ap.add_argument("--draft", type=int, nargs=2, metavar=("N", "K"),
+                    help="draft_block only, at this N and K (the harness runs one position, scaled to K)")
     ap.add_argument("--no-access", action="store_true",
                     help="with --batch: without the access model (its shared-memory term is then absent and its L2 "
                          "term the bytes requested)")
     args = ap.parse_args()
     os.environ.setdefault("DSPARK_SIMT", "1")
-    if args.batch == 1:
+    if args.draft:
+        rows = draft_rows(args.gpu, args.draft[0], args.draft[1], run_k=1)
+    elif args.batch == 1:
         rows = verify_rows(args.gpu) + draft_rows(args.gpu)
     else:
         rows = verify_rows(args.gpu, args.batch, ks=(7,), access=not args.no_access)

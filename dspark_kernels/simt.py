@@ -74,7 +74,8 @@ def settings() -> Dict[str, Any]:
 
 def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison: Optional[int] = None,
               sm_count: Optional[int] = None, record: Optional[bool] = None, access: Optional[bool] = None,
-              arch: Optional[int] = None, registers: Optional[List[tuple]] = None) -> Dict[str, Any]:
+              arch: Optional[int] = None, registers: Optional[List[tuple]] = None,
+              l2_bytes: Optional[int] = None) -> Dict[str, Any]:
     """Change harness settings (None keeps one); returns the previous settings.
 
     order: "forward" | "reverse" | "random" (the order in which runnable threads, and blocks, resume); seed: of
@@ -84,17 +85,18 @@ def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison
     / H200, the default) or 80 (A100): the shared-memory launch rules enforced; registers: (kernel symbol, registers
     per thread) pairs the occupancy query and the per-block register limit use, keyed by the kernel function's
     mangled name (a launch record's ``symbol``; :func:`registers_from_report` reads them from the SASS report); a
-    kernel not listed has no register limit.
+    kernel not listed has no register limit; l2_bytes: the L2 of each launch record's ``dram_bytes_read``
+    estimate (50 MB, an H100 / H200, by default).
     """
     m = module()
     old = dict(m.settings())
     new = dict(old)
     for k, v in (("order", order), ("seed", seed), ("poison", poison), ("sm_count", sm_count), ("record", record),
-                 ("access", access), ("arch", arch)):
+                 ("access", access), ("arch", arch), ("l2_bytes", l2_bytes)):
         if v is not None:
             new[k] = v
     m.configure(new["order"], int(new["seed"]), int(new["poison"]), int(new["sm_count"]), bool(new["record"]),
-                bool(new["access"]), int(new["arch"]))
+                bool(new["access"]), int(new["arch"]), int(new["l2_bytes"]))
     if registers is not None:
         m.set_registers([(str(k), int(r)) for k, r in registers])
     return old
@@ -159,6 +161,13 @@ class Recording:
         """Distinct global bytes read plus written, summed over launches: what a perfect cache would move (a broadcast
         read of one value by every thread counts once; a re-read in a later launch counts again)."""
         return sum(r["unique_bytes_read"] + r["unique_bytes_written"] for r in self.launches)
+
+    @property
+    def dram_bytes(self) -> int:
+        """Modelled DRAM traffic, summed over launches: each launch's ``dram_bytes_read`` (32-byte sectors read that
+        an L2 of ``settings()["l2_bytes"]`` shared by the resident CTAs would not hold; the rule is in
+        csrc/simt/runtime.cpp, ``estimate_dram_reads``) plus its distinct bytes written. An estimate, not a count."""
+        return sum(r["dram_bytes_read"] + r["unique_bytes_written"] for r in self.launches)
 
     @property
     def ctas(self) -> int:

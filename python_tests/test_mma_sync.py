@@ -147,7 +147,9 @@ def test_ldmatrix_then_mma_from_shared_memory(harness, dtype, b_trans, k):
     a, b = torch.randn(16, k, generator=g).to(dtype).float(), torch.randn(k, 8, generator=g).to(dtype).float()
     x = torch.cat([torch.tensor([float(k)]), a.reshape(-1), b.reshape(-1)])
     variant = (1 if dtype == torch.float16 else 0) + (2 if b_trans else 0)
-    words = run(harness, "mma_tile", x.numpy().view(np.uint32), variant)
+    with simt.record() as rec:
+        words = run(harness, "mma_tile", x.numpy().view(np.uint32), variant)
+    assert rec.launches[0]["mma"] == k // 16  # the harness counts one per warp-wide MMA
     d = torch.from_numpy(words[:128].view(np.float32).copy()).view(16, 8)
     want = a.double() @ b.double()
     torch.testing.assert_close(d.double(), want, rtol=0, atol=1e-5 * float(want.abs().max()))

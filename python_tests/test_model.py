@@ -62,6 +62,26 @@ def test_a_working_set_larger_than_l2_is_reread_from_dram():
     assert small["dram_us"] == pytest.approx(1e7 / 4.3e12 * 1e6) and small["bound"] == "l2"
 
 
+def test_the_harness_dram_estimate_replaces_the_l2_rule():
+    """A record with the harness's DRAM estimate: 1e9 bytes requested, 1e8 distinct (over L2, so the rule above would
+    move all 1e9), but the estimate says 2e8 read + 1e6 distinct bytes written: DRAM time 2.01e8 / 4.3e12, the
+    requested bytes still L2's (1e9 / 10.75e12 = 93.02 us, the larger term)."""
+    m = model.model_launch(_launch(unique_bytes_read=10**8, dram_bytes_read=2 * 10**8, unique_bytes_written=10**6),
+                           "h200", loads_in_flight=4)
+    assert m["dram_us"] == pytest.approx(2.01e8 / 4.3e12 * 1e6)
+    assert m["bound"] == "l2" and m["modelled_us"] == pytest.approx(2.5 + 1e9 / 10.75e12 * 1e6)
+
+
+def test_tensor_core_work_bounds_a_launch():
+    """1e9 bytes (232.56 us of DRAM) and 1e8 m16n8k16 MMAs = 4.096e11 FLOPs: 414.0 us at 989.4 TFLOPS on all 132
+    SMs, 828.0 us when the launch's 66 CTAs use half of them."""
+    m = model.model_launch(_launch(), "h200", loads_in_flight=4, mma=10**8)
+    assert m["bound"] == "tensor" and m["tensor_us"] == pytest.approx(4.096e11 / 989.4e12 * 1e6)
+    assert m["modelled_us"] == pytest.approx(2.5 + 413.99, abs=1e-2)
+    half = model.model_launch(_launch(ctas=66), "h200", loads_in_flight=4, mma=10**8)
+    assert half["tensor_us"] == pytest.approx(2 * 4.096e11 / 989.4e12 * 1e6)
+
+
 def test_shared_memory_and_registers_limit_residency():
     assert model.resident_ctas(model.GPUS["h200"], 256, 100 * 1024) == 2          # 228 KB / 101 KB
     assert model.resident_ctas(model.GPUS["h200"], 256, 0, registers=128) == 2    # 65536 / (128 * 256)

@@ -151,6 +151,38 @@ def test_shuffle_mask_naming_an_absent_lane_is_an_error(harness):
             selftest(harness, "shuffle_mask", block=64, variant=1)
 
 
+@pytest.mark.parametrize("grid,variant,l2,reads", [
+    (1, 0, 1 << 20, 1),   # one CTA re-reads 16 KB within its share of L2 -> DRAM once
+    (1, 0, 8 << 10, 2),   # ... an L2 of 8 KB: its own 16 KB stream evicts it -> twice
+    (3, 0, 1 << 20, 1),   # three CTAs read the same bytes: the later ones hit what the first brought in -> once
+    (3, 0, 30 << 10, 4),  # ... a share of 10 KB per CTA: each CTA's own re-read of 16 KB misses (the first pass
+                          # of CTAs 1 and 2 hits CTA 0's): pessimistic where CTAs share data (a GPU keeps one copy)
+    (3, 1, 30 << 10, 1),  # a grid barrier between the passes: 16 KB moved since the last touch, within L2 -> once
+    (3, 1, 2 << 10, 2),   # ... an L2 of 2 KB: the first reader after the barrier misses, the others hit -> twice,
+                          # less the 32 sectors the last thread to arrive re-reads before the others resume (it runs
+                          # on at once in the harness, its own reads of just before still near)
+])
+def test_dram_estimate_of_re_reads(harness, grid, variant, l2, reads):
+    """The DRAM-read estimate (csrc/simt/runtime.cpp, estimate_dram_reads) on a kernel whose every block reads the
+    same 16 KB twice, computed by hand: 32-byte sectors, a CTA's share of L2, other CTAs in the same phase."""
+    n, block = 4096, 128
+    x = torch.arange(n, dtype=torch.float32)
+    y = torch.zeros(grid * block)
+    old = simt.configure(l2_bytes=l2)
+    try:
+        with simt.record() as rec:
+            harness.selftest("reread", x, y, torch.zeros(1), grid, block, variant)
+    finally:
+        simt.configure(**old)
+    sums = torch.stack([2 * x[t::block].sum() for t in range(block)]).repeat(grid)
+    assert torch.allclose(y, sums)
+    (r,) = rec.launches
+    assert r["bytes_read"] == 2 * grid * 4 * n and r["unique_bytes_read"] == 4 * n
+    near = 32 * 32 if (variant, reads) == (1, 2) else 0
+    assert r["dram_bytes_read"] == reads * 4 * n - near, (r["dram_bytes_read"], reads * 4 * n)
+    assert rec.dram_bytes == r["dram_bytes_read"] + grid * block * 4
+
+
 def test_grid_barrier_needs_a_cooperative_launch(harness):
     y, buf = simt.check(lambda: selftest(harness, "grid_barrier", grid=5, block=64, aux=5, variant=0))
     assert torch.equal(buf, torch.arange(1, 6, dtype=torch.float32))

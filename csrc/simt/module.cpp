@@ -12,7 +12,8 @@ namespace dspark {
 namespace simt {
 namespace {
 
-void configure(const std::string& order, uint64_t seed, int poison, int sm_count, bool record, bool access, int arch) {
+void configure(const std::string& order, uint64_t seed, int poison, int sm_count, bool record, bool access, int arch,
+               uint64_t l2_bytes) {
   Settings& s = settings();
   if (order == "forward") s.order = Order::kForward;
   else if (order == "reverse") s.order = Order::kReverse;
@@ -25,6 +26,8 @@ void configure(const std::string& order, uint64_t seed, int poison, int sm_count
   s.sm_count = sm_count;
   s.record = record;
   s.access = access;
+  TORCH_CHECK(l2_bytes >= 1, "simt: l2_bytes must be positive, got ", l2_bytes);
+  s.l2_bytes = l2_bytes;
   // The two architectures the launch rules model: per-block opt-in and per-SM shared memory (CUDA C++ Programming
   // Guide, "Compute capabilities", technical specifications table: 227 / 228 KB on 9.0, 163 / 164 KB on 8.0).
   TORCH_CHECK(arch == 80 || arch == 90, "simt: arch must be 80 or 90, got ", arch);
@@ -45,6 +48,7 @@ py::dict get_settings() {
   d["record"] = s.record;
   d["access"] = s.access;
   d["arch"] = s.arch;
+  d["l2_bytes"] = s.l2_bytes;
   d["registers"] = s.registers;
   return d;
 }
@@ -69,9 +73,11 @@ py::list take_records_py() {
         d["bytes_written"] = r.bytes_written;
         d["unique_bytes_read"] = r.unique_bytes_read;
         d["unique_bytes_written"] = r.unique_bytes_written;
+        d["dram_bytes_read"] = r.dram_bytes_read;
         d["barriers"] = r.barriers;
         d["warp_collectives"] = r.warp_collectives;
         d["grid_barriers"] = r.grid_barriers;
+        d["mma"] = r.mma;
         d["access_model"] = r.access_model;
         const char* keys[] = {"shared_instructions", "shared_wavefronts", "global_instructions", "global_sectors",
                               "global_sectors_ideal"};
@@ -150,6 +156,9 @@ void selftest(const std::string& name, const torch::Tensor& x, torch::Tensor& y,
     launch("strided_kernel", selftest::strided_kernel, cfg, xp, yp, static_cast<int>(alpha), variant);
   } else if (name == "cp_async") {
     launch("cp_async_kernel", selftest::cp_async_kernel, cfg, xp, yp, variant);
+  } else if (name == "reread") {
+    cfg.cooperative = variant == 1;
+    launch("reread_kernel", selftest::reread_kernel, cfg, xp, yp, x.numel(), variant);
   } else if (name == "grid_barrier") {
     cfg.cooperative = variant == 0;  // the broken variant uses the grid barrier in a plain launch
     launch("grid_barrier_kernel", selftest::grid_barrier_kernel, cfg, ap, yp);
@@ -208,7 +217,8 @@ py::tuple row_stats(const torch::Tensor& logits, double temperature, const torch
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "dspark_kernels SIMT harness: CUDA kernels on the CPU (settings, launch records, self-tests)";
   m.def("configure", &dspark::simt::configure, py::arg("order"), py::arg("seed"), py::arg("poison"),
-        py::arg("sm_count"), py::arg("record"), py::arg("access"), py::arg("arch") = 90);
+        py::arg("sm_count"), py::arg("record"), py::arg("access"), py::arg("arch") = 90,
+        py::arg("l2_bytes") = uint64_t(50) << 20);
   m.def("set_registers", &dspark::simt::set_registers, py::arg("table"));
   m.attr("access_model") = dspark::simt::access_model_available();
   m.attr("module_path") = std::string(dspark::simt::module_path());

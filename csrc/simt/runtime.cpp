@@ -180,20 +180,80 @@ struct Launch {
 
 namespace {
 
-// Global accesses of the running launch, for the unique-byte counts (kept only while recording).
-std::vector<std::pair<uintptr_t, uint32_t>> g_reads, g_writes;
+// Global accesses of the running launch, in the order they ran (kept only while recording): for the unique-byte
+// counts and the DRAM-read estimate.
+struct GlobalAccess {
+  uintptr_t addr;
+  uint32_t cta;         // the block's linear index
+  uint16_t bytes;
+  uint16_t write : 1;
+  uint16_t phase : 15;  // grid barriers the launch had passed (saturating)
+};
+std::vector<GlobalAccess> g_accesses;
 
-uint64_t unique_bytes(std::vector<std::pair<uintptr_t, uint32_t>>& acc) {
-  std::sort(acc.begin(), acc.end());
+// Distinct bytes of the accesses that are writes (`write`) or reads.
+uint64_t unique_bytes(const std::vector<GlobalAccess>& acc, bool write) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> r;
+  for (const auto& a : acc)
+    if (bool(a.write) == write) r.emplace_back(a.addr, a.addr + a.bytes);
+  std::sort(r.begin(), r.end());
   uint64_t total = 0;
   uintptr_t end = 0;
-  for (const auto& a : acc) {
-    const uintptr_t lo = std::max(a.first, end), hi = a.first + a.second;
-    if (hi > lo) total += hi - lo;
-    if (hi > end) end = hi;
+  for (const auto& x : r) {
+    const uintptr_t lo = std::max(x.first, end);
+    if (x.second > lo) total += x.second - lo;
+    if (x.second > end) end = x.second;
   }
-  acc.clear();
   return total;
+}
+
+// DRAM reads of a launch under an L2 of `l2` bytes shared by `resident` CTAs running side by side (a model of what
+// L2 keeps, not a cache simulation): the accesses replayed in the order they ran, in 32-byte sectors. A read of a
+// sector misses (32 bytes from DRAM) when no access of the launch touched it before; or when its last toucher was
+// the same CTA and that CTA has since moved more than its share of L2 (l2 / resident bytes: its own stream would
+// have evicted the sector); or when its last toucher was another CTA before the last grid barrier and the launch
+// has since moved more than l2 bytes. A sector another CTA touched since the last grid barrier hits: CTAs that
+// share data between two grid barriers stream it side by side on a GPU (the harness runs them one after the
+// other). Writes allocate in L2: they count as touches here, and as DRAM traffic through the unique bytes written.
+// The harness runs a block's threads one after another between two barriers, so a re-read within one barrier
+// interval looks nearer than it is on a GPU: the estimate is meant for kernels that stream in barrier-separated
+// stages (cp.async rings, tiles).
+uint64_t estimate_dram_reads(const std::vector<GlobalAccess>& acc, uint64_t l2, uint64_t resident, uint64_t ctas) {
+  struct Touch {
+    uint32_t cta;
+    uint16_t phase;
+    uint64_t global_at, local_at;
+  };
+  const uint64_t share = l2 / std::max<uint64_t>(resident, 1);
+  std::unordered_map<uintptr_t, Touch> last;
+  last.reserve(acc.size() / 2 + 16);
+  std::vector<uint64_t> local(ctas + 1, 0);
+  uint64_t now = 0, dram = 0;
+  for (const GlobalAccess& a : acc) {
+    const uint32_t cta = static_cast<uint32_t>(std::min<uint64_t>(a.cta, ctas));
+    for (uintptr_t s = a.addr / 32; s <= (a.addr + a.bytes - 1) / 32; ++s) {
+      auto it = last.find(s);
+      bool miss = true;
+      if (it != last.end()) {
+        const Touch& t = it->second;
+        miss = t.cta == cta ? local[cta] - t.local_at > share : (t.phase != a.phase && now - t.global_at > l2);
+      }
+      if (miss && !a.write) dram += 32;
+      last[s] = Touch{cta, static_cast<uint16_t>(a.phase), now, local[cta]};
+    }
+    now += a.bytes;
+    local[cta] += a.bytes;
+  }
+  return dram;
+}
+
+void note_global(uintptr_t addr, size_t bytes, bool write, const ThreadCtx& c) {
+  const uint16_t phase = static_cast<uint16_t>(std::min<uint64_t>(c.record->grid_barriers, 32767));
+  const uint32_t cta = c.block != nullptr ? c.block->linear : 0u;
+  for (size_t done = 0; done < bytes; done += 32768) {
+    const size_t n = std::min<size_t>(bytes - done, 32768);
+    g_accesses.push_back(GlobalAccess{addr + done, cta, static_cast<uint16_t>(n), write, phase});
+  }
 }
 
 thread_local Fiber* g_current = nullptr;
@@ -869,13 +929,18 @@ DSPARK_SIMT_UNMODELLED void* dynamic_smem() { return my_block().smem; }
 void count_read(const void* p, size_t bytes) {
   RuntimeScope scope;
   ctx().record->bytes_read += bytes;
-  if (g_settings.record) g_reads.emplace_back(reinterpret_cast<uintptr_t>(p), static_cast<uint32_t>(bytes));
+  if (g_settings.record) note_global(reinterpret_cast<uintptr_t>(p), bytes, false, ctx());
+}
+
+void count_mma() {
+  RuntimeScope scope;
+  if (ctx().lane == 0) ctx().record->mma += 1;
 }
 
 void count_write(const void* p, size_t bytes) {
   RuntimeScope scope;
   ctx().record->bytes_written += bytes;
-  if (g_settings.record) g_writes.emplace_back(reinterpret_cast<uintptr_t>(p), static_cast<uint32_t>(bytes));
+  if (g_settings.record) note_global(reinterpret_cast<uintptr_t>(p), bytes, true, ctx());
 }
 
 
@@ -1017,14 +1082,20 @@ void launch(const LaunchSpec& spec, const std::function<void()>& body) {
     }
   } catch (...) {
     g_launch = nullptr;
-    g_reads.clear();
-    g_writes.clear();
+    g_accesses.clear();
     throw;
   }
   g_launch = nullptr;
   g_current = nullptr;
-  record.unique_bytes_read = unique_bytes(g_reads);
-  record.unique_bytes_written = unique_bytes(g_writes);
+  if (g_settings.record) {
+    const int per_sm = max_active_blocks(spec.func, static_cast<int>(threads), spec.dynamic_smem);
+    const uint64_t resident = std::min<uint64_t>(blocks, uint64_t(std::max(per_sm, 1)) * uint64_t(g_settings.sm_count));
+    record.dram_bytes_read = estimate_dram_reads(g_accesses, g_settings.l2_bytes, resident, blocks);
+    record.unique_bytes_read = unique_bytes(g_accesses, false);
+    record.unique_bytes_written = unique_bytes(g_accesses, true);
+    g_accesses.clear();
+    g_accesses.shrink_to_fit();
+  }
   record.access = L.tally.total;
   record.misaligned_segments = L.tally.misaligned_segments;
   record.misaligned_accesses = L.tally.misaligned_accesses;
@@ -1061,7 +1132,7 @@ DSPARK_SIMT_UNMODELLED void cp_async(void* smem_dst, const void* gmem_src, int b
           "-byte aligned");
   f->launch->cp_async_used = true;
   f->launch->record->bytes_read += static_cast<uint64_t>(src_bytes);
-  if (g_settings.record && src_bytes > 0) g_reads.emplace_back(s, static_cast<uint32_t>(src_bytes));
+  if (g_settings.record && src_bytes > 0) note_global(s, static_cast<size_t>(src_bytes), false, f->ctx);
   if (f->launch->model) {
     if (src_bytes > 0) model::push(f->accesses, s, static_cast<size_t>(src_bytes), 0, code_offset(ra));
     model::push(f->accesses, d, static_cast<size_t>(bytes), model::kWrite | model::kShared, code_offset(ra));

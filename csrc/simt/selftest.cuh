@@ -75,6 +75,19 @@ __global__ void grid_barrier_kernel(float* buf, float* y) {
   if (threadIdx.x == 0) stg(y + blockIdx.x, ld_coherent(buf + (blockIdx.x + 1) % gridDim.x));
 }
 
+// Every block reads all of x[0, n) twice (its threads striding by the block), with a block barrier between the two
+// passes, or a grid barrier when `variant` is 1 (a cooperative launch); y[block, thread] = the thread's sum. For
+// the DRAM-read estimate's hand-computed cases (python_tests/test_simt.py).
+__global__ void reread_kernel(const float* x, float* y, int64_t n, int variant) {
+  float acc = 0.0f;
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1 && variant == 1) grid_sync();
+    if (pass == 1 && variant == 0) __syncthreads();
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += ldg(x + i);
+  }
+  stg(y + blockIdx.x * int64_t(blockDim.x) + threadIdx.x, acc);
+}
+
 }  // namespace selftest
 }  // namespace dspark
 

@@ -20,16 +20,19 @@
 //     phase 1b (gated / rnn only): the gate / rnn matrix-vector products for the whole batch at once (items =
 //        blocks of output rows x groups of 32 requests, weights staged in shared memory and read once per group):
 //        v (and the rnn state, ping-ponged between two rows) into the workspace.  grid barrier
-//     phase 2 (the vocabulary sweep): CTA b owns a slice of the vocabulary (whole groups of 8 rows, slices as even
-//        as that allows: slice_bounds) and streams its W2 slice once per position and request group (up to 64 requests; fewer when r is
-//        large):
+//     phase 2 (the vocabulary sweep): the grid is slices x lanes (make_plan). CTA b owns vocabulary slice b % slices
+//        (whole groups of 8 rows, slices as even as that allows: slice_bounds) and streams its W2 slice once per
+//        position for each request group of its lane (groups of up to 64 requests, fewer when r is large; lane
+//        b / slices takes groups b / slices, + lanes, ...). One lane while N fits one group; at larger N the lanes
+//        of a slice stream the same W2 rows side by side, so DRAM serves W2 once per position and L2 the rest.
 //        * bf16 / fp16 W2 (r <= 2048), on tensor cores (dspark/mma_sync.cuh: ldmatrix + mma.sync m16n8k16): the
 //          group's float32 v rows are split into hi + lo rows of W2's type after a per-request power-of-two scale
 //          (max |v| -> [2^13, 2^14): 16 significant bits of v with bf16, 22 with fp16), the group padded to a
-//          multiple of 8 with zero rows. The slice streams as chunks of 128 rows x 64 columns through a 3-stage
+//          multiple of 8 with zero rows; when every lo row is zero (v already of W2's type: the vanilla head with
+//          such a W1) the lo products are skipped. The slice streams as chunks of 128 rows x 64 columns through a 3-stage
 //          cp.async ring (two 16 KB chunks in flight while one is multiplied; padded strides, so every ldmatrix
 //          phase is conflict-free); warp w multiplies rows 32w..32w+31 (two m16 blocks, A by ldmatrix x4) by 8
-//          requests at a time (one ldmatrix x4 for the hi and lo B fragments, two MMAs per block) into float32
+//          requests at a time (one ldmatrix x4 for the hi and lo B fragments, two MMAs per block, or one) into float32
 //          accumulators (64 floats per lane for 64 requests). After a tile's last chunk they go to a shared
 //          [NB, 128] bias tile, unscaled when folded.
 //        * fp32 W2 (and 16-bit W2 with r > 2048): the FMA sweep: a tile of 128 rows x 32 columns is staged as
@@ -40,10 +43,11 @@
 //        Gumbel race winner (one Philox evaluation per quad: its four words are the quad's uniforms) and the
 //        softmax statistics of logits / T into a running partial kept in registers across the whole slice; one
 //        shuffle reduction per request and slice. The bias never reaches global memory. Partials go to a
-//        workspace [G, N].
-//        CTAs: every resident one (one per SM) at every N, as long as each gets >= 128 vocabulary rows (132 CTAs
-//        for V >= 16896 on a 132-SM GPU); each reads the v rows of all N requests per position (N * r * 4 bytes,
-//        written by the phase before, so from L2).
+//        workspace [slices, N].
+//        CTAs: every resident one (one per SM) while slices x lanes can fill the GPU and each slice keeps >= 128
+//        vocabulary rows (132 CTAs for V >= 16896 on a 132-SM GPU up to 4 groups; 128 = 8 x 16 at 16 groups); each
+//        reads the v rows of its groups per position (r * 4 bytes a request, written by the phase before, so from
+//        L2).
 //     grid barrier
 //   final: the last position's partials are merged (one CTA per request) into its tokens and log-probabilities.
 //
@@ -134,7 +138,9 @@ struct DraftBlockParams {
 // The launch shape, decided on the host from the shapes and the device (the same code in both builds).
 struct Plan {
   bool mma;           // the tensor-core sweep (16-bit W2, R <= kMaxMmaRank)
-  int grid;           // CTAs (all resident)
+  int grid;           // CTAs (all resident): slices x lanes
+  int slices;         // vocabulary slices of the sweep (CTA b sweeps slice b % slices)
+  int lanes;          // request lanes: CTA b sweeps request groups b / slices, + lanes, ... of its slice
   int group;          // requests per sweep group (NB)
   int64_t vrows;      // the group's rows in the v and bias tiles (the tensor-core sweep pads it to 8)
   int tpr;            // threads folding each request of a group (a power of two, tpr * group <= kThreads)
@@ -217,7 +223,7 @@ struct Workspace {
   float* v;      // [N, R]: the head's vector of the current position (vanilla: e itself)
   float* e;      // [N, R]: e = W1[x] of the current position (gated, rnn)
   float* state;  // [2, N, R]: the rnn state, ping-pong (rnn only)
-  Part* parts;   // [G, N]
+  Part* parts;   // [slices, N]
 };
 
 // The token of drafted id j: d2t[j] with a draft vocabulary, else j (an index outside [0, V), which no merge
@@ -248,7 +254,7 @@ DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& pla
       x = p.anchors_int64 ? ldg(static_cast<const int64_t*>(p.anchors) + n)
                           : static_cast<int64_t>(ldg(static_cast<const int32_t*>(p.anchors) + n));
     } else {
-      const Part pt = merge_parts(ws, plan.grid, N, n, part_scratch);
+      const Part pt = merge_parts(ws, plan.slices, N, n, part_scratch);
       x = target_id(p, pt.win.index);
       if (t == 0) {
         stg(p.tokens + n * K + (k - 1), x);
@@ -472,13 +478,14 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
   float* wt = smem + plan.off_wt;      // [kThreads, kWtStride]
   float* lt = smem + plan.off_l;       // [NB, kLtStrideM]: the tile's biases
   float* temps = smem + plan.off_temp;  // [NB]: T, or 0 for greedy
+  const int slice = static_cast<int>(blockIdx.x) % plan.slices, lane_id = static_cast<int>(blockIdx.x) / plan.slices;
   int64_t v0, v1;
-  slice_bounds(V, plan.grid, blockIdx.x, v0, v1);
+  slice_bounds(V, plan.slices, slice, v0, v1);
   constexpr int kEpv = static_cast<int>(16 / sizeof(TW));  // elements per 16-byte vector
   const TW* w2 = static_cast<const TW*>(p.w2);
   const bool vec = (R * static_cast<int64_t>(sizeof(TW))) % 16 == 0 && is_aligned16(w2);
   const int tpr = plan.tpr, jf = t / tpr, hf = t - jf * tpr;  // fold: thread hf of request jf
-  for (int64_t g0 = 0; g0 < N; g0 += plan.group) {
+  for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
     __syncthreads();
     for (int64_t i = t; i < nb * rpad; i += kThreads) {
@@ -546,25 +553,30 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
       if (jf < nb) fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, 1.0f, temps[jf], hf, tpr, pt);
     }
     pt = reduce_lanes(pt, tpr);
-    if (hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + jf, pt);
+    if (hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(slice) * N + g0 + jf, pt);
   }
 }
 
-// x ~= hi + lo in a 16-bit type (an infinite or NaN hi carries no lo).
+// x ~= hi + lo in a 16-bit type (an infinite or NaN hi carries no lo); true when lo is not zero.
 template <typename TW>
-DSPARK_DEVICE void split_store(float x, TW* hi, TW* lo) {
+DSPARK_DEVICE bool split_store(float x, TW* hi, TW* lo) {
   const TW h = from_float<TW>(x);
   const float hf = to_float(h);
+  const TW l = from_float<TW>(hf - hf == 0.0f ? x - hf : 0.0f);
   *hi = h;
-  *lo = from_float<TW>(hf - hf == 0.0f ? x - hf : 0.0f);
+  *lo = l;
+  return to_float(l) != 0.0f;
 }
 
 // The group's v rows as hi + lo rows of W2's type (one warp per request; rows nb..nbp-1 are zero): hi = T(v s),
 // lo = T(v s - hi), with s a power of two per request that brings max |v| to [2^13, 2^14) (fp16's range; exact,
-// undone on the bias through unscale[j] = 1 / s). vt holds all hi rows, then all lo rows, `ldv` apart.
+// undone on the bias through unscale[j] = 1 / s). vt holds all hi rows, then all lo rows, `ldv` apart. Returns
+// whether this thread stored a lo that is not zero (a v row of 16-bit values, such as the vanilla head's W1 row of
+// W2's type, has none: the sweep then skips the lo products, which would add exact zeros).
 template <typename TW>
-DSPARK_DEVICE void split_group(const Workspace& ws, int64_t R, int64_t rpad, int64_t g0, int nb, int nbp, TW* vt,
+DSPARK_DEVICE bool split_group(const Workspace& ws, int64_t R, int64_t rpad, int64_t g0, int nb, int nbp, TW* vt,
                                int64_t lo_off, int ldv, float* unscale, int lane, int warp) {
+  bool lo_live = false;
   for (int j = warp; j < nbp; j += kWarps) {
     TW* hi = vt + static_cast<int64_t>(j) * ldv;
     TW* lo = hi + lo_off;
@@ -599,12 +611,14 @@ DSPARK_DEVICE void split_group(const Workspace& ws, int64_t R, int64_t rpad, int
 #pragma unroll
       for (int q = 0; q < kHold; ++q) {
         const int64_t c = lane + 32 * q;
-        if (c < rpad) split_store(held[q] * sc, hi + c, lo + c);
+        if (c < rpad) lo_live |= split_store(held[q] * sc, hi + c, lo + c);
       }
     } else {
-      for (int64_t c = lane; c < rpad; c += 32) split_store(c < R ? ld_coherent(vrow + c) * sc : 0.0f, hi + c, lo + c);
+      for (int64_t c = lane; c < rpad; c += 32)
+        lo_live |= split_store(c < R ? ld_coherent(vrow + c) * sc : 0.0f, hi + c, lo + c);
     }
   }
+  return lo_live;
 }
 
 // Chunk c of the CTA's W2 stream (tile c / nchunks of 128 vocabulary rows, columns kRKm * (c % nchunks) on) into
@@ -637,10 +651,10 @@ DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t
 
 // One staged chunk on tensor cores: warp w owns rows 32w..32w+31 of the tile (two m16 blocks, A from the ring slot
 // through ldmatrix x4), and for each 8 requests one ldmatrix x4 gives the hi and lo B fragments; two MMAs (hi, lo)
-// per block and 8 requests.
+// per block and 8 requests, one when the group's lo rows are all zero (`lo_live` false).
 template <typename TW, int kFrags>
 DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const TW* vt, int64_t lo_off, int ldv,
-                             int64_t rc, int width, int nb, int lane, int warp) {
+                             int64_t rc, int width, int nb, bool lo_live, int lane, int warp) {
   const int j = lane & 7, m = lane >> 3;  // lane supplies row j of matrix m
   const TW* arow = slot + (warp * 32 + (m & 1) * 8 + j) * kWtStrideM + (m >> 1) * 8;
   const TW* brow = vt + (m >> 1) * lo_off + static_cast<int64_t>(j) * ldv + rc + (m & 1) * 8;
@@ -657,7 +671,7 @@ DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const T
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], bhi);
-          warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], blo);
+          if (lo_live) warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], blo);
         }
       }
     }
@@ -684,15 +698,16 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   float* lt = smem + plan.off_l;                       // [vrows][kLtStrideM]: the tile's biases
   float* temps = smem + plan.off_temp;                 // [NB]: T, or 0 for greedy
   float* unscale = smem + plan.off_scale;              // [NB]: 1 / s
+  const int slice = static_cast<int>(blockIdx.x) % plan.slices, lane_id = static_cast<int>(blockIdx.x) / plan.slices;
   int64_t v0, v1;
-  slice_bounds(V, plan.grid, blockIdx.x, v0, v1);
+  slice_bounds(V, plan.slices, slice, v0, v1);
   const int nchunks = static_cast<int>((rpad + kRKm - 1) / kRKm);
   const int64_t total = v1 > v0 ? (v1 - v0 + kThreads - 1) / kThreads * nchunks : 0;
   const TW* w2 = static_cast<const TW*>(p.w2);
   const bool vec = (R * static_cast<int64_t>(sizeof(TW))) % 16 == 0 && is_aligned16(w2);
   const int tpr = plan.tpr, jf = t / tpr, hf = t - jf * tpr;  // fold: thread hf of request jf
   const int64_t slot_elems = int64_t(kThreads) * kWtStrideM;
-  for (int64_t g0 = 0; g0 < N; g0 += plan.group) {
+  for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
     const int nbp = (nb + 7) / 8 * 8;
     __syncthreads();  // the previous group is done with vt, the ring and lt
@@ -700,7 +715,8 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       if (s < total) stage_w2_chunk(w2, R, rpad, v0, v1, nchunks, s, vec, ring + s * slot_elems, t);
       cp_async_commit();
     }
-    split_group(ws, R, rpad, g0, nb, nbp, vt, lo_off, ldv, unscale, lane, warp);
+    const bool lo_mine = split_group(ws, R, rpad, g0, nb, nbp, vt, lo_off, ldv, unscale, lane, warp);
+    bool lo_live = true;
     for (int j = t; j < nb; j += kThreads) {
       const float temp = p.temperature != nullptr ? ldg(p.temperature + g0 + j) : 0.0f;
       temps[j] = temp > 0.0f ? temp : 0.0f;
@@ -709,7 +725,11 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
     float acc[2][kFrags][4];
     for (int64_t c = 0; c < total; ++c) {
       cp_async_wait<kStages - 2>();  // chunk c has landed (this thread's copies) ...
-      __syncthreads();               // ... and everyone's; slot (c - 1) % kStages is free again
+      if (c == 0) {                  // ... and everyone's; slot (c - 1) % kStages is free again
+        lo_live = __syncthreads_or(lo_mine);  // (and the split is done: whether any lo row is not zero)
+      } else {
+        __syncthreads();
+      }
       if (c + kStages - 1 < total)
         stage_w2_chunk(w2, R, rpad, v0, v1, nchunks, c + kStages - 1, vec, ring + ((c + kStages - 1) % kStages) * slot_elems, t);
       cp_async_commit();
@@ -724,7 +744,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       }
       const int64_t rc = int64_t(ci) * kRKm;
       mma_chunk<TW, kFrags>(acc, ring + (c % kStages) * slot_elems, vt, lo_off, ldv, rc,
-                            static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm), nb, lane, warp);
+                            static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm), nb, lo_live, lane, warp);
       if (ci == nchunks - 1) {
         const int64_t tile0 = v0 + (c / nchunks) * kThreads;
         const int g = lane >> 2, tq = lane & 3;
@@ -744,7 +764,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       }
     }
     pt = reduce_lanes(pt, tpr);
-    if (hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(blockIdx.x) * N + g0 + jf, pt);
+    if (hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(slice) * N + g0 + jf, pt);
   }
   cp_async_wait_all();
 }
@@ -778,7 +798,7 @@ __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockPara
     grid_sync();
   }
   for (int64_t n = blockIdx.x; n < p.N; n += gridDim.x) {  // the last position's tokens
-    const Part pt = merge_parts(ws, plan.grid, p.N, n, part_scratch);
+    const Part pt = merge_parts(ws, plan.slices, p.N, n, part_scratch);
     if (threadIdx.x == 0) {
       stg(p.tokens + n * p.K + (p.K - 1), target_id(p, pt.win.index));
       stg(p.logprobs + n * p.K + (p.K - 1), pt.logprob());
@@ -818,12 +838,21 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm) {
   pl.off_scale = pl.off_temp + round_up(pl.group, 4);
   // + 32 bytes: the kernel aligns the dynamic shared memory's start to 32 bytes
   pl.smem = static_cast<size_t>(pl.off_scale + round_up(pl.group, 4)) * sizeof(float) + 32;
-  // CTAs: every resident one, at every N, as long as each gets at least kMinRowsPerCta vocabulary rows (the v rows
-  // each CTA reads per position, N * R * 4 bytes, come from L2: they are written by the phase before)
-  const int64_t resident = int64_t(sms) * (per_sm < kMaxCtasPerSm ? per_sm : kMaxCtasPerSm);
-  int64_t want = std::min<int64_t>(resident, V / kMinRowsPerCta);
-  if (want < 1) want = 1;
-  pl.grid = static_cast<int>(want);
+  // CTAs: the resident ones as slices x lanes. Each request group has a lane of CTAs, one per vocabulary slice (at
+  // least kMinRowsPerCta rows each); the lanes of a slice stream the same W2 rows side by side, so W2 comes from
+  // DRAM once per position and is re-read from L2 by the other lanes. One lane (every resident CTA a slice) while
+  // N fits one group; at N = 256 (r = 256: 4 groups of 64) 33 slices x 4 lanes on 132 SMs; past `resident` groups
+  // a lane takes several. The v rows a CTA reads per position (its groups', r * 4 bytes each) come from L2: the
+  // phase before wrote them.
+  const int64_t resident = std::max<int64_t>(1, int64_t(sms) * (per_sm < kMaxCtasPerSm ? per_sm : kMaxCtasPerSm));
+  const int64_t sweep_groups = (std::max<int64_t>(N, 1) + pl.group - 1) / pl.group;
+  const int64_t max_slices = std::max<int64_t>(1, V / kMinRowsPerCta);
+  int64_t lanes = std::min(sweep_groups, resident);
+  const int64_t slices = std::min(max_slices, std::max<int64_t>(1, resident / lanes));
+  lanes = std::min(sweep_groups, std::max<int64_t>(1, resident / slices));
+  pl.slices = static_cast<int>(slices);
+  pl.lanes = static_cast<int>(lanes);
+  pl.grid = static_cast<int>(slices * lanes);
   // phase-1b output rows per item: as many as the register tile holds (each item re-stages its requests' inputs,
   // so fewer rows cost bytes), but few enough to give every CTA an item when the batch is small
   const int64_t groups = (N + kZGroup - 1) / kZGroup;
@@ -842,7 +871,7 @@ inline size_t workspace_floats_before_parts(const DraftBlockParams& p) {
   return size_t(round_up(int64_t(v * (p.head == kVanilla ? 1 : p.head == kGated ? 2 : 4)), 4));
 }
 inline size_t workspace_bytes_for(const DraftBlockParams& p, const Plan& pl) {
-  return workspace_floats_before_parts(p) * 4 + size_t(pl.grid) * size_t(p.N) * sizeof(Part);
+  return workspace_floats_before_parts(p) * 4 + size_t(pl.slices) * size_t(p.N) * sizeof(Part);
 }
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)

@@ -158,6 +158,7 @@ inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (
   const uint32_t* from[32];
   detail::exchange<6>(at, mine, from);
   detail::mma_gather<T>(d, from);
+  simt::count_mma();
 }
 
 #elif defined(__CUDACC__)

@@ -84,9 +84,11 @@ struct LaunchRecord {
   bool cooperative = false;
   uint64_t bytes_read = 0, bytes_written = 0;                // every access, as requested
   uint64_t unique_bytes_read = 0, unique_bytes_written = 0;  // distinct addresses (a perfect cache's traffic)
+  uint64_t dram_bytes_read = 0;  // the L2 estimate's DRAM reads (32-byte sectors; see estimate_dram_reads)
   uint64_t barriers = 0;         // __syncthreads completed, summed over blocks
   uint64_t warp_collectives = 0;  // warp collectives completed, summed over warps
   uint64_t grid_barriers = 0;
+  uint64_t mma = 0;  // warp-wide m16n8k16 MMAs (dspark/mma_sync.cuh), summed over warps
   // The access model (kept only while recording, and only in the plain build: see access_model_available()).
   bool access_model = false;
   AccessCounts access;
@@ -163,6 +165,7 @@ void* dynamic_smem();
 // Global-memory accounting (dspark::ldg / stg / atomics).
 void count_read(const void* p, size_t bytes);
 void count_write(const void* p, size_t bytes);
+void count_mma();  // one warp-wide tensor-core MMA (called by every lane; lane 0 counts)
 
 // Launch: runs body() once per thread of every block; throws std::runtime_error naming `kernel` on a fault.
 struct LaunchSpec {
@@ -198,6 +201,7 @@ struct Settings {
   std::vector<std::pair<std::string, int>> registers;
   bool record = false;           // keep a LaunchRecord per launch
   bool access = false;           // with record: run the warp access model too (plain build; tens of times slower)
+  uint64_t l2_bytes = 50ull << 20;  // the L2 of the DRAM-read estimate (50 MB: H100 SXM5 / H200, one GH100 die)
 };
 Settings& settings();
 // Blocks of `threads` threads and `dynamic_smem` bytes resident per SM under the settings' limits (static shared
