@@ -70,7 +70,7 @@ def verify_rows(gpu: str, n: int = 1, ks=(7, 15), access: bool = True):
 
 
 def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
-    """draft_block's tensor-core sweep as make_plan sizes it (csrc/include/dspark/draft_block.cuh; the tests hold the
+    """draft_block's tensor-core sweep as make_plan and slice_bounds size it (csrc/include/dspark/draft_block.cuh; the tests hold the
     harness's launches to it): request groups of min(N, 64, 16384 // rpad rounded down to 8), one lane of CTAs per
     group, as many vocabulary slices of >= 128 rows as the resident CTAs (one per SM) leave each lane; and the
     m16n8k16 MMAs of one position: per slice tile of 128 rows and group, 4 warps x rpad / 16 steps x 2 row blocks x
@@ -81,8 +81,8 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
     lanes = min(groups, sms)
     slices = min(max(1, vocab // 128), max(1, sms // lanes))
     lanes = min(groups, max(1, sms // slices))
-    octets = -(-vocab // 8)
-    tiles = sum(-(-(min(8 * ((b + 1) * octets // slices), vocab) - 8 * (b * octets // slices)) // 128)
+    units = -(-vocab // 16)
+    tiles = sum(-(-(min(16 * ((b + 1) * units // slices), vocab) - 16 * (b * units // slices)) // 128)
                 for b in range(slices))
     per_tile = sum(4 * (rpad // 16) * 2 * -(-min(group, n - g0) // 8) for g0 in range(0, n, group))
     return dict(slices=slices, lanes=lanes, group=group, ctas=slices * lanes, mma=tiles * per_tile,

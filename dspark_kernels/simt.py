@@ -203,8 +203,8 @@ def record(*, access: bool = False, sm_count: Optional[int] = None) -> Iterator[
         _add_by_line(rec.launches)
 
 
-ACCESS_KEYS = ("shared_instructions", "shared_wavefronts", "global_instructions", "global_sectors",
-               "global_sectors_ideal")
+ACCESS_KEYS = ("shared_instructions", "shared_wavefronts", "shared_wavefronts_ideal", "global_instructions",
+               "global_sectors", "global_sectors_ideal")
 # Files whose lines are plumbing, not the kernel's: an access inlined from them is attributed to the innermost
 # caller outside them (the kernel line that called dspark::ldg, load16, ...). mma_sync.cuh is not among them: an
 # emulated ldmatrix's shared-memory reads are counted on its line there (the lanes' 16-byte row loads).

@@ -625,6 +625,32 @@ def test_cuda_sweep_shared_and_global_access(cuda_device, n):
     assert cp["global_sectors"] <= 1.05 * cp["global_sectors_ideal"], cp
 
 
+@pytest.mark.parametrize("u_dtype,n", [(torch.bfloat16, n) for n in (1, 5, 9, 17, 40, 64)]
+                         + [(torch.float32, n) for n in (1, 5, 9, 17, 40)])
+def test_cuda_fold_reads_bias_without_bank_conflicts(cuda_device, u_dtype, n):
+    """The fold's bias-tile reads (16 bytes a lane) cost exactly the conflict-free wavefronts of the words they
+    read, at every threads-per-request count (N = 1, 5, 9, 17, 40: 32, 16, 8, 4, 2 threads; 16-bit and fp32 U:
+    fold_lane's lanes, piece order and half order), while a request's threads still read whole sectors of U."""
+    if cuda_device.type != "cpu":
+        pytest.skip("counts come from the SIMT harness")
+    from dspark_kernels import simt
+    # V = 1024: U's rows start on sector boundaries (an odd V's rows alternate, whatever the kernel does)
+    base, anchors, head, _, _, temperature = make_triton_case("vanilla", n, 1, 1024, 64, 1, torch.bfloat16,
+                                                              "mixed", "none", seed=n)
+    with simt.record(access=True) as rec:
+        out = dk.draft_block(base.to(u_dtype), anchors, head, temperature=temperature, seed=1, backend="cuda")
+    ref = dk.draft_block(base.to(u_dtype), anchors, head, temperature=temperature, seed=1, backend="reference")
+    assert torch.equal(out.tokens, ref.tokens)
+    launch = rec.launches[0]
+    if launch.get("shared_wavefronts") is None:
+        pytest.skip("needs the harness's warp access model (the plain SIMT build of a harness that has it)")
+    fold = launch["by_line"][_source_line("draft_block.cuh", "const float4 b = *reinterpret_cast<const float4*>(bias")]
+    assert fold["shared_instructions"] > 0
+    assert fold["shared_wavefronts"] == fold["shared_wavefronts_ideal"], fold
+    u = launch["by_line"][_source_line("draft_block.cuh", "const uint4 raw = ldg(reinterpret_cast<const uint4*>")]
+    assert u["global_sectors"] <= 1.05 * u["global_sectors_ideal"], u
+
+
 def test_cuda_fp32_w2_above_48kb_shared_memory_launches(cuda_device, simt_check):
     """fp32 W2 with r = 100 and N = 50 needs more than 48 KB of dynamic shared memory (the opt-in attribute)."""
     case = make_triton_case("vanilla", 50, 2, 300, 100, 1, torch.float32, "mixed", "none", seed=4)

@@ -10,7 +10,8 @@
 //   * shared memory: wavefronts under the bank rule: 32 banks of 4-byte words; 4-byte (and narrower) accesses are
 //     served for the whole warp at once, 8-byte ones per half-warp and 16-byte ones per quarter-warp (the phases);
 //     within a phase the cost is the largest number of distinct words any one bank holds (lanes reading one word
-//     share it: a broadcast is no conflict); phases without an active lane cost nothing;
+//     share it: a broadcast is no conflict); phases without an active lane cost nothing; the ideal count is what
+//     the same words cost with no conflict, the distinct words of each phase / 32, rounded up;
 //   * global memory: the distinct 32-byte sectors the lanes' bytes touch, and the ideal count, the distinct bytes
 //     requested divided by 32, rounded up.
 // Accesses wider than 16 bytes (a struct copied at once) are split into the widest aligned pieces of at most 16
@@ -55,13 +56,13 @@ inline void push(std::vector<Access>& seq, uintptr_t addr, size_t bytes, uint8_t
   }
 }
 
-// Wavefronts of one shared-memory warp instruction: `lanes[l]` is lane l's access or null when inactive.
-inline uint64_t shared_wavefronts(const Access* const lanes[32]) {
+// Wavefronts of one shared-memory warp instruction, and the ideal count: `lanes[l]` is lane l's access or null.
+inline void shared_wavefronts(const Access* const lanes[32], uint64_t& total, uint64_t& ideal) {
   unsigned width = 1;
   for (int l = 0; l < 32; ++l)
     if (lanes[l] && lanes[l]->size > width) width = lanes[l]->size;
   const int per_phase = width <= 4 ? 32 : (width == 8 ? 16 : 8);
-  uint64_t total = 0;
+  total = ideal = 0;
   for (int p0 = 0; p0 < 32; p0 += per_phase) {
     uintptr_t words[32 * 4];
     int n = 0;
@@ -76,8 +77,8 @@ inline uint64_t shared_wavefronts(const Access* const lanes[32]) {
     int worst = 0;
     for (int i = 0; i < n; ++i) worst = std::max(worst, ++per_bank[words[i] & 31]);
     total += static_cast<uint64_t>(worst);
+    ideal += static_cast<uint64_t>((n + 31) / 32);
   }
-  return total;
 }
 
 // Sectors touched and the ideal sector count of one global-memory warp instruction.
@@ -161,7 +162,7 @@ inline void zip_warp(std::vector<Access>* const lanes[32], Tally& t) {
     AccessCounts c;
     if (items[i].flags & kShared) {
       c.shared_instructions = 1;
-      c.shared_wavefronts = shared_wavefronts(inst);
+      shared_wavefronts(inst, c.shared_wavefronts, c.shared_wavefronts_ideal);
     } else {
       c.global_instructions = 1;
       global_sectors(inst, c.global_sectors, c.global_sectors_ideal);

@@ -79,13 +79,13 @@ py::list take_records_py() {
         d["grid_barriers"] = r.grid_barriers;
         d["mma"] = r.mma;
         d["access_model"] = r.access_model;
-        const char* keys[] = {"shared_instructions", "shared_wavefronts", "global_instructions", "global_sectors",
-                              "global_sectors_ideal"};
+        const char* keys[] = {"shared_instructions", "shared_wavefronts", "shared_wavefronts_ideal",
+                              "global_instructions", "global_sectors", "global_sectors_ideal"};
         auto counts = [&](const AccessCounts& c) {
-          const uint64_t v[] = {c.shared_instructions, c.shared_wavefronts, c.global_instructions, c.global_sectors,
-                                c.global_sectors_ideal};
+          const uint64_t v[] = {c.shared_instructions, c.shared_wavefronts, c.shared_wavefronts_ideal,
+                                c.global_instructions, c.global_sectors, c.global_sectors_ideal};
           py::dict out;
-          for (int i = 0; i < 5; ++i) out[keys[i]] = v[i];
+          for (int i = 0; i < 6; ++i) out[keys[i]] = v[i];
           return out;
         };
         if (r.access_model) {

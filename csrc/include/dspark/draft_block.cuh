@@ -21,7 +21,7 @@
 //        blocks of output rows x groups of 32 requests, weights staged in shared memory and read once per group):
 //        v (and the rnn state, ping-ponged between two rows) into the workspace.  grid barrier
 //     phase 2 (the vocabulary sweep): the grid is slices x lanes (make_plan). CTA b owns vocabulary slice b % slices
-//        (whole groups of 8 rows, slices as even as that allows: slice_bounds) and streams its W2 slice once per
+//        (whole groups of 16 rows, slices as even as that allows: slice_bounds) and streams its W2 slice once per
 //        position for each request group of its lane (groups of up to 64 requests, fewer when r is large; lane
 //        b / slices takes groups b / slices, + lanes, ...). One lane while N fits one group; at larger N the lanes
 //        of a slice stream the same W2 rows side by side, so DRAM serves W2 once per position and L2 the rest.
@@ -39,8 +39,9 @@
 //          float32, thread t owns row t and accumulates W2[row] . v_n for every request of the group in
 //          registers, then writes the bias tile.
 //        The fold: tpr threads per request (tpr * group <= 128) take the tile's 16-byte pieces of U round-robin
-//        (4 or 8 rows; one 16-byte load each when aligned, so a request's tpr threads read whole sectors), write the logits when asked, and fold the argmax or the
-//        Gumbel race winner (one Philox evaluation per quad: its four words are the quad's uniforms) and the
+//        (4 or 8 rows; one 16-byte load each when aligned, so a request's tpr threads read whole sectors; their
+//        lanes and piece order chosen so that every quarter-warp's bias reads are conflict-free: fold_lane), write
+//        the logits when asked, and fold the argmax or the Gumbel race winner (one Philox evaluation per quad: its four words are the quad's uniforms) and the
 //        softmax statistics of logits / T into a running partial kept in registers across the whole slice; one
 //        shuffle reduction per request and slice. The bias never reaches global memory. Partials go to a
 //        workspace [slices, N].
@@ -187,13 +188,13 @@ struct Part {
 
 DSPARK_HOST_DEVICE_FN size_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
-// CTA b's vocabulary slice [v0, v1) of G slices: whole groups of 8 tokens (two Philox calls' words; 16 bytes of a
-// 16-bit row of U), spread as evenly as that allows, so the slices start at multiples of 8 and differ by at most 8
-// rows.
+// CTA b's vocabulary slice [v0, v1) of G slices: whole groups of 16 tokens (four Philox calls' words; one 32-byte
+// sector of a 16-bit row of U, two of an fp32 row), spread as evenly as that allows, so the slices start at
+// multiples of 16 (on sector boundaries when U's rows are) and differ by at most 16 rows.
 DSPARK_HOST_DEVICE_FN void slice_bounds(int64_t V, int64_t G, int64_t b, int64_t& v0, int64_t& v1) {
-  const int64_t octets = (V + 7) / 8;
-  v0 = 8 * (b * octets / G);
-  v1 = 8 * ((b + 1) * octets / G);
+  const int64_t units = (V + 15) / 16;
+  v0 = 16 * (b * units / G);
+  v1 = 16 * ((b + 1) * units / G);
   if (v1 > V) v1 = V;
 }
 
@@ -417,27 +418,57 @@ DSPARK_DEVICE void load_piece(const void* base, DType t, int64_t i, int n, bool 
   for (int e = 0; e < 8; ++e) out[e] = e < n ? load_float(base, t, i + e) : 0.0f;
 }
 
-// Thread hf of the tpr threads of request n folds its pieces of a tile into its running partial: pieces of
-// E = 16 bytes of U (rows i..i+E-1 for i = E hf, E (hf + tpr), ...: the tpr threads read adjacent 16-byte pieces
-// of U's row, so whole 32-byte sectors), bias[i] * bscale the bias of vocabulary row tile0 + i (tile0 a multiple
-// of 8). It adds U, writes the logits when asked, and takes the argmax (greedy, temp == 0) or the Gumbel race
-// winner of logits / temp (one Philox evaluation per quad of 4 rows: its four words are the quad's uniforms), with
-// the softmax statistics.
+// Where thread t of the CTA folds, with `tpr` threads per request (a power of two <= 32) and U pieces of E = 16 bytes
+// of U (E = 4 fp32 or 8 16-bit elements): lane l of warp w folds request jf = w (32 / tpr) + l % (32 / tpr) as its
+// thread hf = l / (32 / tpr) (a request's threads are lanes 32 / tpr apart: reduce_lanes), taking the tile's
+// pieces rank, rank + tpr, ... (the tpr threads of a request together read tpr adjacent 16-byte pieces of U's row
+// per step: whole sectors) and reading a 16-bit piece's two float4 halves of its bias row in the order flip,
+// 1 - flip. rank and flip are what makes the bias reads conflict-free: the 8 lanes of a quarter-warp read 8
+// different 16-byte bank groups (bias rows are kLtStrideM = 132 floats apart, 1 group mod 8; for 16-bit U a piece
+// is 2 groups): with tpr <= 4 a quarter-warp holds 8 requests of one hf (jf + const); tpr = 8 pairs hf 2m, 2m + 1
+// (4 requests each) on ranks 4 groups apart; tpr = 16 holds 4 hf of 2 requests (16-bit: 2 groups apart as they
+// stand; fp32: ranks rotated 2 apart); tpr = 32 holds 8 hf of one request (fp32: 8 ranks; 16-bit: hf 4..7 of the
+// quarter read their odd halves first).
+struct FoldLane {
+  int jf, hf, rank, flip;
+};
+DSPARK_DEVICE FoldLane fold_lane(int t, int tpr, int E) {
+  const int rw = 32 / tpr, lane = t & 31, hf = lane / rw;
+  FoldLane f{(t >> 5) * rw + lane % rw, hf, hf, 0};
+  if (tpr == 8) f.rank = E == 8 ? (hf & 4) | ((hf & 1) << 1) | ((hf >> 1) & 1) : (hf >> 1) | ((hf & 1) << 2);
+  if (tpr == 16 && E == 4) f.rank = ((hf << 1) & 15) | (hf >> 3);
+  if (tpr == 32 && E == 8) f.flip = (hf >> 2) & 1;
+  return f;
+}
+
+// Thread `fl` of the tpr threads of request n folds its pieces of a tile into its running partial (fold_lane):
+// bias[i] * bscale is the bias of vocabulary row tile0 + i (tile0 a multiple of 16). It adds U, writes the logits
+// when asked, and takes the argmax (greedy, temp == 0) or the Gumbel race winner of logits / temp (one Philox
+// evaluation per quad of 4 rows: its four words are the quad's uniforms), with the softmax statistics.
 DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph, int64_t n, int64_t k, int64_t tile0,
-                               int rows, const float* bias, float bscale, float temp, int hf, int tpr, Part& pt) {
+                               int rows, const float* bias, float bscale, float temp, const FoldLane& fl, int tpr,
+                               Part& pt) {
   const bool sampled = temp > 0.0f;
   const float tdiv = sampled ? temp : 1.0f;
   const int64_t row0 = (n * p.K + k) * p.V;
   const int E = p.base_dtype == DType::kFloat32 ? 4 : 8;
   const bool vec = (row0 + tile0) % E == 0 && is_aligned16(p.base);
   const bool vec_out = p.logits != nullptr && row0 % 4 == 0 && is_aligned16(p.logits);
-  for (int i = E * hf; i < rows; i += E * tpr) {
+  for (int i = E * fl.rank; i < rows; i += E * tpr) {
     float l[8];
     load_piece(p.base, p.base_dtype, row0 + tile0 + i, rows - i < E ? rows - i : E, vec, l);
+    if (fl.flip) {  // l + 4 q then holds the elements of half q ^ flip
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = l[e];
+        l[e] = l[e + 4];
+        l[e + 4] = x;
+      }
+    }
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
-      const int i4 = i + 4 * q;
-      if (4 * q >= E || i4 >= rows) continue;
+      const int qs = q ^ fl.flip, i4 = i + 4 * qs;
+      if (4 * qs >= E || i4 >= rows) continue;
       const int64_t v = tile0 + i4;
       const int cnt = rows - i4 < 4 ? rows - i4 : 4;
       float* lq = l + 4 * q;
@@ -462,10 +493,10 @@ DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph,
   }
 }
 
-// The merge of the running partials of each aligned group of `tpr` lanes (a power of two <= 32, the same in the
-// whole warp); every lane of the group gets it.
+// The merge of the running partials of the `tpr` lanes of each request (lanes 32 / tpr apart: fold_lane); every
+// lane of the request gets it.
 DSPARK_DEVICE Part reduce_lanes(Part pt, int tpr) {
-  for (int o = 1; o < tpr; o <<= 1) pt.merge(shfl_xor(pt, o));
+  for (int o = 32 / tpr; o < 32; o <<= 1) pt.merge(shfl_xor(pt, o));
   return pt;
 }
 
@@ -484,7 +515,9 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
   constexpr int kEpv = static_cast<int>(16 / sizeof(TW));  // elements per 16-byte vector
   const TW* w2 = static_cast<const TW*>(p.w2);
   const bool vec = (R * static_cast<int64_t>(sizeof(TW))) % 16 == 0 && is_aligned16(w2);
-  const int tpr = plan.tpr, jf = t / tpr, hf = t - jf * tpr;  // fold: thread hf of request jf
+  const int tpr = plan.tpr;
+  const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
+  const int jf = fl.jf;  // the request this thread folds
   for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
     __syncthreads();
@@ -550,10 +583,10 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
       for (int j = 0; j < NBT; ++j)
         if (j < nb) lt[j * kLtStrideM + t] = acc[j];
       __syncthreads();
-      if (jf < nb) fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, 1.0f, temps[jf], hf, tpr, pt);
+      if (jf < nb) fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, 1.0f, temps[jf], fl, tpr, pt);
     }
     pt = reduce_lanes(pt, tpr);
-    if (hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(slice) * N + g0 + jf, pt);
+    if (fl.hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(slice) * N + g0 + jf, pt);
   }
 }
 
@@ -705,7 +738,9 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   const int64_t total = v1 > v0 ? (v1 - v0 + kThreads - 1) / kThreads * nchunks : 0;
   const TW* w2 = static_cast<const TW*>(p.w2);
   const bool vec = (R * static_cast<int64_t>(sizeof(TW))) % 16 == 0 && is_aligned16(w2);
-  const int tpr = plan.tpr, jf = t / tpr, hf = t - jf * tpr;  // fold: thread hf of request jf
+  const int tpr = plan.tpr;
+  const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
+  const int jf = fl.jf;  // the request this thread folds
   const int64_t slot_elems = int64_t(kThreads) * kWtStrideM;
   for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
@@ -759,12 +794,12 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
         __syncthreads();
         if (jf < nb) {
           const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
-          fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], hf, tpr, pt);
+          fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], fl, tpr, pt);
         }
       }
     }
     pt = reduce_lanes(pt, tpr);
-    if (hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(slice) * N + g0 + jf, pt);
+    if (fl.hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(slice) * N + g0 + jf, pt);
   }
   cp_async_wait_all();
 }

@@ -63,11 +63,12 @@ struct Site {
 // The warp access model's counts (see DESIGN, "The warp access model"): warp-level shared and global memory
 // instructions, shared-memory wavefronts under the bank rule, 32-byte global sectors touched and the ideal count.
 struct AccessCounts {
-  uint64_t shared_instructions = 0, shared_wavefronts = 0;
+  uint64_t shared_instructions = 0, shared_wavefronts = 0, shared_wavefronts_ideal = 0;
   uint64_t global_instructions = 0, global_sectors = 0, global_sectors_ideal = 0;
   void add(const AccessCounts& o) {
     shared_instructions += o.shared_instructions;
     shared_wavefronts += o.shared_wavefronts;
+    shared_wavefronts_ideal += o.shared_wavefronts_ideal;
     global_instructions += o.global_instructions;
     global_sectors += o.global_sectors;
     global_sectors_ideal += o.global_sectors_ideal;
