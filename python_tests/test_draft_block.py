@@ -473,7 +473,7 @@ def _nbytes(*ts):
     ("rnn", 17, 2, 32003, 64, 33, torch.float32, 132),
 ])
 def test_cuda_bytes_ctas_and_one_launch(cuda_device, kind, n, k, vocab, rank, d, dtype, min_ctas):
-    """One launch for the whole block, 2K grid barriers (3K with a gate / rnn), N = 1 on 132+ CTAs, and the global traffic within 1.1x
+    """One launch for the whole block, K grid barriers (3K with a gate / rnn), N = 1 on 132+ CTAs, and the global traffic within 1.1x
     of the floor: U once + W2 once per position + outputs + small weights (W1 rows gathered, gate / rnn /
     confidence weights once per position, hidden once). What sits above the floor, all O(N * r * CTAs) or
     O(N * CTAs) per position: the v rows every CTA reads (from L2 on a GPU), the temperatures, and the split-V
@@ -492,7 +492,7 @@ def test_cuda_bytes_ctas_and_one_launch(cuda_device, kind, n, k, vocab, rank, d,
     launch = rec.launches[0]
     assert launch["kernel"] == ("draft_block_kernel[fma]" if dtype == torch.float32 else "draft_block_kernel[mma]")
     assert launch["ctas"] >= min_ctas
-    assert launch["grid_barriers"] == (2 if kind == "vanilla" else 3) * k
+    assert launch["grid_barriers"] == (1 if kind == "vanilla" else 3) * k
     small = _nbytes(head.wg, head.bg, head.wj, head.bj) + (_nbytes(confidence.weight, confidence.sts_temperatures)
                                                           if confidence is not None else 0)
     floor = (_nbytes(base, anchors, hidden) + k * _nbytes(head.w2) + k * small + n * k * rank * head.w1.element_size()
@@ -520,10 +520,11 @@ def test_cuda_w2_from_dram_once_per_position_at_every_n(cuda_device, n, dtype):
     """The grid is slices x lanes of the resident CTAs (132 on the harness's H200 up to 4 request groups, 8 x 16 =
     128 at N = 1024), and W2 comes from DRAM once per position at every N: with an L2 too small to keep a CTA's
     slice between two of its own passes (a share of 16 KB per CTA, a slice of 32 KB), the harness's DRAM estimate
-    stays within 1.1x of the floor, because the lanes of a slice read it side by side (a CTA re-reading its slice
-    once per group, the earlier design, measured 1.53x at N = 256). What L2 serves on top, counted exactly: W2 again
-    for every lane but the first, and per slice, request and position the v row (r 4 bytes), the temperature and
-    the split-V partial (written, then merged). Tokens equal the reference's."""
+    stays within 1.1x of the floor (plus the split-V partials it counts as written), because the lanes of a slice
+    read it side by side (a CTA re-reading its slice once per group, the earlier design, measured 1.53x at
+    N = 256). What L2 serves on top, counted exactly: W2 again for every lane but the first, and per slice, request
+    and position the W1 row of the request's token (v), the temperature and the split-V partial and its packed
+    winner (written, then merged). Tokens equal the reference's."""
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
     from dspark_kernels import simt
@@ -546,9 +547,12 @@ def test_cuda_w2_from_dram_once_per_position_at_every_n(cuda_device, n, dtype):
     assert launch["mma"] == k * plan["mma"]  # v = W1 rows of W2's type: no lo products
     floor = (_nbytes(base, anchors) + k * _nbytes(head.w2) + n * k * rank * head.w1.element_size()
              + _nbytes(out.tokens, out.draft_logprobs))
-    assert rec.dram_bytes <= 1.1 * floor, (rec.dram_bytes, floor, rec.dram_bytes / floor)
-    part_bytes = 32  # sizeof(dspark::draft::Part)
-    per_slice = k * slices * n * (rank * 4 + 4 + 2 * part_bytes)
+    part_bytes, key_bytes = 32, 8  # sizeof(dspark::draft::Part), a packed winner
+    partials = k * slices * n * (part_bytes + key_bytes)  # written once a position; the estimate counts them
+    assert rec.dram_bytes - partials <= 1.1 * floor, (rec.dram_bytes, partials, floor)
+    # per slice, request and position: W1's row of the request's token (v), its anchor, the temperature, the
+    # partial and its key written, the partial read back by the merge (K = 1: no key is read back)
+    per_slice = k * slices * n * (rank * head.w1.element_size() + 8 + 4 + 2 * part_bytes + key_bytes)
     w2_again = k * (lanes - 1) * _nbytes(head.w2)
     moved = rec.bytes_read + rec.bytes_written
     assert moved - per_slice - w2_again <= 1.1 * floor, (moved, per_slice, w2_again, floor)

@@ -10,13 +10,16 @@
 // With a draft vocabulary (d2t: [V] target ids) U, W2 and the sweep cover its V ids and the drafted id j becomes the
 // target id x = d2t[j] (the token written and the row of W1 the next position reads); without one, x = j, VT = V.
 //
-// Structure (a persistent kernel, G CTAs of 128 threads, every CTA resident; 2K grid barriers per block for the
+// Structure (a persistent kernel, G CTAs of 128 threads, every CTA resident; K grid barriers per block for the
 // vanilla head, 3K for gated / rnn):
 //   for k in 0..K-1:
-//     phase 1a (one item per request, spread over the CTAs): merge request n's G partials of position k-1 (the
-//        CTAs' vocabulary slices) into the token x and its log-probability and write them; gather e = W1[x] into a
-//        float32 workspace row (for the vanilla head that row is v); the confidence logit and survival of k.
-//     grid barrier
+//     phase 1a (gated / rnn; one item per request, spread over the CTAs): merge request n's partials of position
+//        k-1 (one per vocabulary slice) into the token x and its log-probability and write them; gather e = W1[x]
+//        into a float32 workspace row; the confidence logit and survival of k.  grid barrier
+//        The vanilla head has no phase 1a: at the start of each request group's sweep, every CTA of the group's
+//        lane takes x for the group itself (the max of the slices' packed winners, pack_winner) and reads v = W1[x]
+//        directly; the CTA whose slice is n % slices writes request n's token, log-probability, confidence and
+//        survival (vanilla_prologue). Partials are double-buffered by position, so no barrier separates them.
 //     phase 1b (gated / rnn only): the gate / rnn matrix-vector products for the whole batch at once (items =
 //        blocks of output rows x groups of 32 requests, weights staged in shared memory and read once per group):
 //        v (and the rnn state, ping-ponged between two rows) into the workspace.  grid barrier
@@ -221,11 +224,32 @@ DSPARK_DEVICE float warp_dot(const void* row, DType t, int64_t len, const float*
 DSPARK_DEVICE float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 struct Workspace {
-  float* v;      // [N, R]: the head's vector of the current position (vanilla: e itself)
-  float* e;      // [N, R]: e = W1[x] of the current position (gated, rnn)
-  float* state;  // [2, N, R]: the rnn state, ping-pong (rnn only)
-  Part* parts;   // [slices, N]
+  float* v;         // [N, R]: the head's vector of the current position (gated, rnn)
+  float* e;         // [N, R]: e = W1[x] of the current position (gated, rnn)
+  float* state;     // [2, N, R]: the rnn state, ping-pong (rnn only)
+  Part* parts;      // [2, slices, N]: the split-V partials of position k in buffer k & 1
+  uint64_t* keys;   // [2, slices, N]: their winners, packed (pack_winner)
 };
+
+DSPARK_DEVICE int64_t part_at(int64_t k, int slices, int64_t N, int64_t slice, int64_t n) {
+  return ((k & 1) * slices + slice) * N + n;
+}
+
+// A winner as one integer whose unsigned order is the package's argmax order (the larger value, NaN-free; the
+// lower index on ties; -0 equal to +0), so the winner over slices is a max of integers; 0 for an empty partial.
+// Indices are below 2^31 (the launcher checks V).
+DSPARK_DEVICE uint64_t pack_winner(const ArgMax& w) {
+  if (w.index == INT64_MAX) return 0;
+  const uint32_t b = __float_as_uint(w.value + 0.0f);
+  const uint32_t ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (uint64_t(ord) << 32) | uint64_t(0x7fffffffu - static_cast<uint32_t>(w.index));
+}
+DSPARK_DEVICE int64_t winner_index(uint64_t key) { return int64_t(0x7fffffffu - static_cast<uint32_t>(key)); }
+
+DSPARK_DEVICE int64_t anchor_of(const DraftBlockParams& p, int64_t n) {
+  return p.anchors_int64 ? ldg(static_cast<const int64_t*>(p.anchors) + n)
+                         : static_cast<int64_t>(ldg(static_cast<const int32_t*>(p.anchors) + n));
+}
 
 // The token of drafted id j: d2t[j] with a draft vocabulary, else j (an index outside [0, V), which no merge
 // gives, is passed through unread).
@@ -235,63 +259,142 @@ DSPARK_DEVICE int64_t target_id(const DraftBlockParams& p, int64_t j) {
                      : static_cast<int64_t>(ldg(static_cast<const int32_t*>(p.d2t) + j));
 }
 
-// Request n's partials of the last sweep, merged by the whole block (every thread gets the result).
-DSPARK_DEVICE Part merge_parts(const Workspace& ws, int G, int64_t N, int64_t n, Part* scratch) {
+// Request n's partials of position k over the G slices, merged by the whole block (every thread gets the result).
+DSPARK_DEVICE Part merge_parts(const Workspace& ws, int G, int64_t N, int64_t n, int64_t k, Part* scratch) {
   Part acc = Part::empty();
-  for (int i = threadIdx.x; i < G; i += blockDim.x) acc.merge(ld_coherent(ws.parts + static_cast<int64_t>(i) * N + n));
+  for (int i = threadIdx.x; i < G; i += blockDim.x) acc.merge(ld_coherent(ws.parts + part_at(k, G, N, i, n)));
   return block_allreduce(acc, scratch);
 }
 
-// ------------------------------------------------------------------------------------------------ phase 1a
-// One item per request: the previous position's token and log-probability (k > 0), e = W1[x] into the workspace
-// (it is v itself for the vanilla head), and the confidence logit and survival of position k.
-DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
-                                 float* zs, Part* part_scratch, float* sum_scratch) {
+// e = W1[x] (a zero row for x outside W1's rows) into zs, and into erow when it is not null; the whole block.
+DSPARK_DEVICE void gather_e(const DraftBlockParams& p, int64_t x, float* zs, float* erow) {
   const int t = threadIdx.x;
-  const int64_t N = p.N, K = p.K, R = p.R, D = p.D;
+  const int64_t R = p.R;
+  if (x >= 0 && x < p.VT) {
+    for_each_element(offset_row(p.w1, p.w1_dtype, x * R), p.w1_dtype, 0, R, t, blockDim.x, [&](int64_t i, float w) {
+      zs[i] = w;
+      if (erow != nullptr) stg(erow + i, w);
+    });
+  } else {
+    for (int64_t i = t; i < R; i += blockDim.x) {
+      zs[i] = 0.0f;
+      if (erow != nullptr) stg(erow + i, 0.0f);
+    }
+  }
+}
+
+// The confidence logit and survival of request n at position k from e in zs (written before a barrier): z =
+// w . [h_k; e] + b, survival *= sigmoid(z / T_k). The whole block; no-op without a confidence head.
+DSPARK_DEVICE void confidence(const DraftBlockParams& p, int64_t n, int64_t k, const float* zs, float* sum_scratch) {
+  if (p.conf_w == nullptr) return;
+  const int t = threadIdx.x;
+  const int64_t K = p.K, D = p.D;
+  const void* hrow = offset_row(p.hidden, p.hidden_dtype, (n * K + k) * D);
+  float acc = 0.0f;
+  for_each_element(p.conf_w, p.conf_w_dtype, 0, D + p.R, t, blockDim.x, [&](int64_t i, float w) {
+    acc = fmaf(w, i < D ? load_float(hrow, p.hidden_dtype, i) : zs[i - D], acc);
+  });
+  const float z = block_sum(acc, sum_scratch) + load_float(p.conf_b, p.conf_b_dtype, 0);
+  if (t == 0) {
+    const float temp = p.sts != nullptr ? load_float(p.sts, p.sts_dtype, k) : 1.0f;
+    const float prev = k == 0 ? 1.0f : ld_coherent(p.survival + n * K + (k - 1));
+    stg(p.conf + n * K + k, z);
+    stg(p.survival + n * K + k, prev * sigmoidf_(z / temp));
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ phase 1a
+// Gated / rnn heads, one item per request: the previous position's token and log-probability (k > 0), e = W1[x]
+// into the workspace, and the confidence logit and survival of position k.
+DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
+                                      float* zs, Part* part_scratch, float* sum_scratch) {
+  const int64_t N = p.N, K = p.K;
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     int64_t x;
     if (k == 0) {
-      x = p.anchors_int64 ? ldg(static_cast<const int64_t*>(p.anchors) + n)
-                          : static_cast<int64_t>(ldg(static_cast<const int32_t*>(p.anchors) + n));
+      x = anchor_of(p, n);
     } else {
-      const Part pt = merge_parts(ws, plan.slices, N, n, part_scratch);
+      const Part pt = merge_parts(ws, plan.slices, N, n, k - 1, part_scratch);
       x = target_id(p, pt.win.index);
-      if (t == 0) {
+      if (threadIdx.x == 0) {
         stg(p.tokens + n * K + (k - 1), x);
         stg(p.logprobs + n * K + (k - 1), pt.logprob());
       }
     }
-    float* erow = (p.head == kVanilla ? ws.v : ws.e) + n * R;
-    if (x >= 0 && x < p.VT) {
-      for_each_element(offset_row(p.w1, p.w1_dtype, x * R), p.w1_dtype, 0, R, t, blockDim.x, [&](int64_t i, float w) {
-        zs[i] = w;
-        stg(erow + i, w);
-      });
-    } else {
-      for (int64_t i = t; i < R; i += blockDim.x) {
-        zs[i] = 0.0f;
-        stg(erow + i, 0.0f);
-      }
-    }
-    if (p.conf_w != nullptr) {  // z = w . [h_k; e] + b, survival *= sigmoid(z / T_k)
-      __syncthreads();
-      const void* hrow = offset_row(p.hidden, p.hidden_dtype, (n * K + k) * D);
-      float acc = 0.0f;
-      for_each_element(p.conf_w, p.conf_w_dtype, 0, D + R, t, blockDim.x, [&](int64_t i, float w) {
-        acc = fmaf(w, i < D ? load_float(hrow, p.hidden_dtype, i) : zs[i - D], acc);
-      });
-      const float z = block_sum(acc, sum_scratch) + load_float(p.conf_b, p.conf_b_dtype, 0);
-      if (t == 0) {
-        const float temp = p.sts != nullptr ? load_float(p.sts, p.sts_dtype, k) : 1.0f;
-        const float prev = k == 0 ? 1.0f : ld_coherent(p.survival + n * K + (k - 1));
-        stg(p.conf + n * K + k, z);
-        stg(p.survival + n * K + k, prev * sigmoidf_(z / temp));
-      }
-    }
+    gather_e(p, x, zs, ws.e + n * p.R);
+    __syncthreads();
+    confidence(p, n, k, zs, sum_scratch);
     __syncthreads();  // zs is reused by the next item
   }
 }
+
+// The vanilla head's per-position work, done by the CTAs of each lane for its request group [g0, g0 + nb) at the
+// start of the group's sweep instead of in a phase of its own (one grid barrier per position instead of two):
+// xs[j] = the token before position k of request g0 + j (the anchor, or the winner of position k - 1 over all
+// slices: a warp's max of the packed keys), which the sweep reads W1's row of as v; and, for the requests this CTA
+// reports (those with n % slices == its slice), the token and log-probability of k - 1 (the merged partial) and the
+// confidence logit and survival of k. zs: R floats of scratch.
+DSPARK_DEVICE void vanilla_prologue(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
+                                    int64_t g0, int nb, int slice, int64_t* xs, float* zs, Part* part_scratch,
+                                    float* sum_scratch) {
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t N = p.N, K = p.K;
+  for (int j = warp; j < nb; j += kWarps) {
+    uint64_t key = 0;
+    if (k > 0) {
+      for (int s = lane; s < plan.slices; s += 32) {
+        const uint64_t o = ld_coherent(ws.keys + part_at(k - 1, plan.slices, N, s, g0 + j));
+        key = o > key ? o : key;
+      }
+      for (int o = 16; o > 0; o >>= 1) {
+        const uint64_t other = shfl_xor(key, o);
+        key = other > key ? other : key;
+      }
+    }
+    if (lane == 0) xs[j] = k == 0 ? anchor_of(p, g0 + j) : target_id(p, winner_index(key));
+  }
+  __syncthreads();
+  const int first = static_cast<int>((slice - g0 % plan.slices + plan.slices) % plan.slices);
+  for (int j = first; j < nb; j += plan.slices) {
+    const int64_t n = g0 + j;
+    if (k > 0) {
+      const Part pt = merge_parts(ws, plan.slices, N, n, k - 1, part_scratch);
+      if (t == 0) {
+        stg(p.tokens + n * K + (k - 1), xs[j]);
+        stg(p.logprobs + n * K + (k - 1), pt.logprob());
+      }
+    }
+    if (p.conf_w != nullptr) {
+      gather_e(p, xs[j], zs, nullptr);
+      __syncthreads();
+      confidence(p, n, k, zs, sum_scratch);
+      __syncthreads();  // zs is reused by the next request
+    }
+  }
+}
+
+// Where the sweep reads the v rows of its group: the workspace (phase 1b wrote them: gated, rnn), or W1's rows of
+// the group's tokens xs (the vanilla head: v = e), read directly.
+struct VRows {
+  const float* v;  // [N, R] or null
+  const void* w1;
+  DType w1_dtype;
+  int64_t VT, R;
+  const int64_t* xs;  // [group] (shared memory)
+  DSPARK_DEVICE float at(int64_t g0, int j, int64_t c) const {
+    if (v != nullptr) return ld_coherent(v + (g0 + j) * R + c);
+    const int64_t x = xs[j];
+    return x >= 0 && x < VT ? load_float(w1, w1_dtype, x * R + c) : 0.0f;
+  }
+};
+
+// What the sweeps share with the kernel: static shared scratch and whether the vanilla prologue runs in them.
+struct SweepScratch {
+  int64_t* xs;  // [kMaxGroup]
+  Part* parts;  // [32]
+  float* sums;  // [32]
+  bool fused;
+};
 
 // ------------------------------------------------------------------------------------------------ phase 1b
 // The gate / rnn matrix-vector products for the whole batch: an item is a block of output rows j x a group of up
@@ -502,7 +605,7 @@ DSPARK_DEVICE Part reduce_lanes(Part pt, int tpr) {
 
 template <typename TW, int NBT>
 DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
-                               const rng::Philox& ph, float* smem) {
+                                    const rng::Philox& ph, float* smem, const SweepScratch& sc) {
   const int t = threadIdx.x;
   const int64_t N = p.N, V = p.V, R = p.R, rpad = plan.rpad;
   float* vt = smem;                    // [NB, rpad]
@@ -518,12 +621,17 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
   const int tpr = plan.tpr;
   const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
   const int jf = fl.jf;  // the request this thread folds
+  const VRows vr{sc.fused ? nullptr : ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
   for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
     __syncthreads();
+    if (sc.fused) {
+      vanilla_prologue(p, plan, ws, k, g0, nb, slice, sc.xs, vt, sc.parts, sc.sums);
+      __syncthreads();
+    }
     for (int64_t i = t; i < nb * rpad; i += kThreads) {
       const int64_t j = i / rpad, c = i - j * rpad;
-      vt[i] = c < R ? ld_coherent(ws.v + (g0 + j) * R + c) : 0.0f;
+      vt[i] = c < R ? vr.at(g0, static_cast<int>(j), c) : 0.0f;
     }
     for (int j = t; j < nb; j += kThreads) {
       const float temp = p.temperature != nullptr ? ldg(p.temperature + g0 + j) : 0.0f;
@@ -586,7 +694,10 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
       if (jf < nb) fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, 1.0f, temps[jf], fl, tpr, pt);
     }
     pt = reduce_lanes(pt, tpr);
-    if (fl.hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(slice) * N + g0 + jf, pt);
+    if (fl.hf == 0 && jf < nb) {
+      stg(ws.parts + part_at(k, plan.slices, N, slice, g0 + jf), pt);
+      stg(ws.keys + part_at(k, plan.slices, N, slice, g0 + jf), pack_winner(pt.win));
+    }
   }
 }
 
@@ -607,7 +718,7 @@ DSPARK_DEVICE bool split_store(float x, TW* hi, TW* lo) {
 // whether this thread stored a lo that is not zero (a v row of 16-bit values, such as the vanilla head's W1 row of
 // W2's type, has none: the sweep then skips the lo products, which would add exact zeros).
 template <typename TW>
-DSPARK_DEVICE bool split_group(const Workspace& ws, int64_t R, int64_t rpad, int64_t g0, int nb, int nbp, TW* vt,
+DSPARK_DEVICE bool split_group(const VRows& vr, int64_t R, int64_t rpad, int64_t g0, int nb, int nbp, TW* vt,
                                int64_t lo_off, int ldv, float* unscale, int lane, int warp) {
   bool lo_live = false;
   for (int j = warp; j < nbp; j += kWarps) {
@@ -617,7 +728,6 @@ DSPARK_DEVICE bool split_group(const Workspace& ws, int64_t R, int64_t rpad, int
       for (int64_t c = lane; c < rpad; c += 32) hi[c] = lo[c] = from_float<TW>(0.0f);
       continue;
     }
-    const float* vrow = ws.v + (g0 + j) * R;
     constexpr int kHold = 16;  // R <= 512: the row stays in registers between the max and the split
     float held[kHold];
     float amax = 0.0f;
@@ -625,11 +735,11 @@ DSPARK_DEVICE bool split_group(const Workspace& ws, int64_t R, int64_t rpad, int
 #pragma unroll
       for (int q = 0; q < kHold; ++q) {
         const int64_t c = lane + 32 * q;
-        held[q] = c < R ? ld_coherent(vrow + c) : 0.0f;
+        held[q] = c < R ? vr.at(g0, j, c) : 0.0f;
         amax = fmaxf(amax, fabsf(held[q]));
       }
     } else {
-      for (int64_t c = lane; c < R; c += 32) amax = fmaxf(amax, fabsf(ld_coherent(vrow + c)));
+      for (int64_t c = lane; c < R; c += 32) amax = fmaxf(amax, fabsf(vr.at(g0, j, c)));
     }
     amax = warp_max(amax);
     int e = 0;
@@ -648,7 +758,7 @@ DSPARK_DEVICE bool split_group(const Workspace& ws, int64_t R, int64_t rpad, int
       }
     } else {
       for (int64_t c = lane; c < rpad; c += 32)
-        lo_live |= split_store(c < R ? ld_coherent(vrow + c) * sc : 0.0f, hi + c, lo + c);
+        lo_live |= split_store(c < R ? vr.at(g0, j, c) * sc : 0.0f, hi + c, lo + c);
     }
   }
   return lo_live;
@@ -719,7 +829,7 @@ DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const T
 // slice: one reduction per request (over its plan.tpr threads) and slice.
 template <typename TW, int NBT>
 DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
-                                        const rng::Philox& ph, float* smem) {
+                                        const rng::Philox& ph, float* smem, const SweepScratch& sc) {
   static_assert(NBT % 8 == 0, "the request group pads to the MMA's N");
   constexpr int kFrags = NBT / 8;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -742,6 +852,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
   const int jf = fl.jf;  // the request this thread folds
   const int64_t slot_elems = int64_t(kThreads) * kWtStrideM;
+  const VRows vr{sc.fused ? nullptr : ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
   for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
     const int nbp = (nb + 7) / 8 * 8;
@@ -750,7 +861,11 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       if (s < total) stage_w2_chunk(w2, R, rpad, v0, v1, nchunks, s, vec, ring + s * slot_elems, t);
       cp_async_commit();
     }
-    const bool lo_mine = split_group(ws, R, rpad, g0, nb, nbp, vt, lo_off, ldv, unscale, lane, warp);
+    if (sc.fused) {  // (the vt area is its scratch until the split)
+      vanilla_prologue(p, plan, ws, k, g0, nb, slice, sc.xs, smem, sc.parts, sc.sums);
+      __syncthreads();
+    }
+    const bool lo_mine = split_group(vr, R, rpad, g0, nb, nbp, vt, lo_off, ldv, unscale, lane, warp);
     bool lo_live = true;
     for (int j = t; j < nb; j += kThreads) {
       const float temp = p.temperature != nullptr ? ldg(p.temperature + g0 + j) : 0.0f;
@@ -799,7 +914,10 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       }
     }
     pt = reduce_lanes(pt, tpr);
-    if (fl.hf == 0 && jf < nb) stg(ws.parts + static_cast<int64_t>(slice) * N + g0 + jf, pt);
+    if (fl.hf == 0 && jf < nb) {
+      stg(ws.parts + part_at(k, plan.slices, N, slice, g0 + jf), pt);
+      stg(ws.keys + part_at(k, plan.slices, N, slice, g0 + jf), pack_winner(pt.win));
+    }
   }
   cp_async_wait_all();
 }
@@ -810,14 +928,16 @@ __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockPara
   float* smem = reinterpret_cast<float*>(smem_raw + ((32u - (reinterpret_cast<uintptr_t>(smem_raw) & 31u)) & 31u));
   DSPARK_SHARED_ARRAY(Part, part_scratch, 32);
   DSPARK_SHARED_ARRAY(float, sum_scratch, 32);
+  DSPARK_SHARED_ARRAY(int64_t, xs, kMaxGroup);
   DSPARK_SHARED(rng::Philox, ph_s);
   if (threadIdx.x == 0) ph_s = p.temperature != nullptr ? rng::load_philox(p.rng_key) : rng::Philox::make(0, 0);
   __syncthreads();
   const rng::Philox ph = ph_s;
+  const SweepScratch sc{xs, part_scratch, sum_scratch, p.head == kVanilla};
   for (int64_t k = 0; k < p.K; ++k) {
-    phase_request(p, plan, ws, k, smem, part_scratch, sum_scratch);
-    grid_sync();
-    if (p.head != kVanilla) {
+    if (p.head != kVanilla) {  // (the vanilla head's per-request work runs at the start of the sweep)
+      phase_request(p, plan, ws, k, smem, part_scratch, sum_scratch);
+      grid_sync();
       if (p.head == kGated) {
         phase_matvec<1>(p, plan, ws, k, smem);
       } else {
@@ -826,14 +946,14 @@ __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockPara
       grid_sync();
     }
     if constexpr (kMma) {
-      phase_sweep_mma<TW, NBT>(p, plan, ws, k, ph, smem);
+      phase_sweep_mma<TW, NBT>(p, plan, ws, k, ph, smem, sc);
     } else {
-      phase_sweep<TW, NBT>(p, plan, ws, k, ph, smem);
+      phase_sweep<TW, NBT>(p, plan, ws, k, ph, smem, sc);
     }
     grid_sync();
   }
   for (int64_t n = blockIdx.x; n < p.N; n += gridDim.x) {  // the last position's tokens
-    const Part pt = merge_parts(ws, plan.slices, p.N, n, part_scratch);
+    const Part pt = merge_parts(ws, plan.slices, p.N, n, p.K - 1, part_scratch);
     if (threadIdx.x == 0) {
       stg(p.tokens + n * p.K + (p.K - 1), target_id(p, pt.win.index));
       stg(p.logprobs + n * p.K + (p.K - 1), pt.logprob());
@@ -903,10 +1023,10 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm) {
 
 inline size_t workspace_floats_before_parts(const DraftBlockParams& p) {
   const size_t v = size_t(p.N) * size_t(p.R);
-  return size_t(round_up(int64_t(v * (p.head == kVanilla ? 1 : p.head == kGated ? 2 : 4)), 4));
+  return size_t(round_up(int64_t(v * (p.head == kVanilla ? 0 : p.head == kGated ? 2 : 4)), 8));
 }
 inline size_t workspace_bytes_for(const DraftBlockParams& p, const Plan& pl) {
-  return workspace_floats_before_parts(p) * 4 + size_t(pl.slices) * size_t(p.N) * sizeof(Part);
+  return workspace_floats_before_parts(p) * 4 + 2 * size_t(pl.slices) * size_t(p.N) * (sizeof(Part) + 8);
 }
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
@@ -926,10 +1046,12 @@ inline cudaError_t launch_typed(const DraftBlockParams& p, void* workspace, cuda
   Workspace ws;
   float* base = static_cast<float*>(workspace);
   const int64_t v = p.N * p.R;
-  ws.v = base;
-  ws.e = base + v;
-  ws.state = base + 2 * v;
+  const bool rows = p.head != kVanilla;  // the vanilla head keeps no rows in the workspace
+  ws.v = rows ? base : nullptr;
+  ws.e = rows ? base + v : nullptr;
+  ws.state = rows ? base + 2 * v : nullptr;
   ws.parts = reinterpret_cast<Part*>(base + workspace_floats_before_parts(p));
+  ws.keys = reinterpret_cast<uint64_t*>(ws.parts + 2 * int64_t(pl.slices) * p.N);
   LaunchConfig cfg;
   cfg.grid = dim3(static_cast<unsigned>(pl.grid));
   cfg.block = dim3(kThreads);
