@@ -33,8 +33,10 @@
 #include "platform.cuh"
 
 #if defined(DSPARK_SIMT)
-#include <memory>
-#include <vector>
+#include <stdlib.h>
+#include <string.h>
+
+#include <new>
 #endif
 
 namespace dspark {
@@ -59,13 +61,27 @@ struct WarpScratch {
   unsigned char parity[32];
 };
 
+// The table is a plain array grown by hand: no std container code (instrumented on its own, outside this function)
+// may touch it, or the access model would count the emulation's own bookkeeping as the kernel's global accesses.
 __attribute__((noinline, no_sanitize_address)) inline WarpScratch& warp_scratch() {
-  static std::vector<std::unique_ptr<WarpScratch>> all;  // indexed by (linear block, warp)
+  static WarpScratch** all = nullptr;  // indexed by (linear block, warp); grown, never shrunk
+  static size_t size = 0;
   const simt::ThreadCtx& c = simt::ctx();
   const size_t block = (size_t(c.block_idx.z) * c.grid_dim.y + c.block_idx.y) * c.grid_dim.x + c.block_idx.x;
   const size_t key = block * 32 + c.warp;
-  if (key >= all.size()) all.resize(key + 1);
-  if (!all[key]) all[key].reset(new WarpScratch{});
+  if (key >= size) {
+    const size_t n = key + 1 > 2 * size ? key + 1 : 2 * size;
+    WarpScratch** grown = static_cast<WarpScratch**>(calloc(n, sizeof(WarpScratch*)));
+    if (grown == nullptr) throw std::bad_alloc();
+    if (size > 0) memcpy(grown, all, size * sizeof(WarpScratch*));
+    free(all);
+    all = grown;
+    size = n;
+  }
+  if (all[key] == nullptr) {
+    all[key] = static_cast<WarpScratch*>(calloc(1, sizeof(WarpScratch)));
+    if (all[key] == nullptr) throw std::bad_alloc();
+  }
   return *all[key];
 }
 
@@ -115,20 +131,19 @@ __attribute__((noinline, no_sanitize_address)) inline void ldmatrix_gather(uint3
 // d += A B from the lanes' fragments (frag[l] = lane l's a[0..3], b[0..1]).
 template <typename T>
 __attribute__((noinline, no_sanitize_address)) inline void mma_gather(float (&d)[4], const uint32_t* const (&frag)[32]) {
-  // A[row][k]: row % 8 lives in lanes 4 (row % 8) .. + 3, register (row >= 8) + 2 (k >= 8), half k & 1
-  const auto a_at = [&](uint32_t row, uint32_t k) -> float {
-    const uint32_t* f = frag[4u * (row & 7u) + ((k & 7u) >> 1)];
-    return b16_to_float<T>(half_of(f[(row >> 3) + 2u * (k >> 3)], k & 1u));
-  };
-  const auto b_at = [&](uint32_t k, uint32_t col) -> float {  // B[k][col]: lanes 4 col .. + 3, register k >= 8
-    const uint32_t* f = frag[4u * col + ((k & 7u) >> 1)];
-    return b16_to_float<T>(half_of(f[4u + (k >> 3)], k & 1u));
-  };
+  // A[row][k]: row % 8 lives in lanes 4 (row % 8) .. + 3, register (row >= 8) + 2 (k >= 8), half k & 1;
+  // B[k][col]: lanes 4 col .. + 3, register 4 + (k >= 8). (No lambdas: their bodies would be instrumented.)
   const uint32_t lane = lane_id(), g = lane >> 2, t = lane & 3u;
   for (int q = 0; q < 4; ++q) {
     const uint32_t row = g + 8u * (q >> 1), col = 2u * t + (q & 1);
     float s = d[q];
-    for (uint32_t k = 0; k < 16; ++k) s += a_at(row, k) * b_at(k, col);  // exact product, float32 sum
+    for (uint32_t k = 0; k < 16; ++k) {  // exact product, float32 sum
+      const uint32_t* fa = frag[4u * (row & 7u) + ((k & 7u) >> 1)];
+      const uint32_t* fb = frag[4u * col + ((k & 7u) >> 1)];
+      const float a = b16_to_float<T>(half_of(fa[(row >> 3) + 2u * (k >> 3)], k & 1u));
+      const float b = b16_to_float<T>(half_of(fb[4u + (k >> 3)], k & 1u));
+      s += a * b;
+    }
     d[q] = s;
   }
 }
