@@ -94,12 +94,12 @@ def resident_ctas(gpu: Gpu, threads: int, smem_bytes: int, registers: Optional[i
 
 
 def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[int] = None,
-                 load_bytes: int = 16, loads_in_flight: int = 1, mma: int = 0) -> Dict[str, float]:
+                 load_bytes: int = 16, loads_in_flight: int = 1, mma: Optional[int] = None) -> Dict[str, float]:
     """Modelled time of one launch record (a dict of ``simt.record().launches``), in microseconds, with its terms.
 
     registers: per thread, from the SASS report (None: not a limit); load_bytes: bytes per thread per load (16 for
     LDG.E.128); loads_in_flight: independent loads a thread has in flight (from the SASS of the innermost loop);
-    mma: the launch's m16n8k16 tensor-core MMAs (0: none, or not known)."""
+    mma: the launch's m16n8k16 tensor-core MMAs (None: the record's ``mma``, the harness's count; 0 when absent)."""
     g = GPUS[gpu]
     threads, ctas = int(rec["threads"]), int(rec["ctas"])
     smem = int(rec.get("static_smem", 0)) + int(rec.get("dynamic_smem", 0))
@@ -122,6 +122,7 @@ def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[
     t_l2 = l2_bytes / g.l2_bytes_per_s
     t_smem = wavefronts / (sms_used * g.clock_hz)
     t_latency = dram * g.dram_latency_s / in_flight if in_flight else 0.0
+    mma = (rec.get("mma") or 0) if mma is None else mma
     t_tensor = mma * 4096 / (g.tensor_flops_per_s * sms_used / g.sms)
     body = max(t_dram, t_l2, t_smem, t_latency, t_tensor)
     grid = int(rec.get("grid_barriers", 0)) * g.grid_barrier_s

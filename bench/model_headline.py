@@ -126,8 +126,8 @@ def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0):
 
 
 def _row(op, params, launches, floor, gpu, access):
-    per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1),
-                        mma=ln.get("mma", 0)) for ln in launches]
+    per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1))
+           for ln in launches]
     return dict(op=op, **params, launches=len(launches), access_model=access, floor_bytes=floor,
                 modelled_us=round(sum(p["modelled_us"] for p in per), 2),
                 floor_model_us=round(floor_model_us(floor, len(launches), gpu), 2),
