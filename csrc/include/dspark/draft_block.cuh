@@ -651,15 +651,15 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
           for (int i = t; i < kThreads * kVpr; i += kThreads) {
             const int row = i / kVpr, q = i - row * kVpr;
             const int64_t col = rc + q * kEpv;
-            float* dst = wt + row * kWtStride + q * kEpv;
-            if (row < rows && col < R) {
+            float4* dst = reinterpret_cast<float4*>(wt + row * kWtStride + q * kEpv);  // 16-byte stores: a
+            float f[kEpv] = {};                                                       // quarter-warp fills
+            if (row < rows && col < R) {                                              // 128 bytes of a row
               const Vec16<TW> w = load16(w2 + (tile0 + row) * R + col);
 #pragma unroll
-              for (int e = 0; e < kEpv; ++e) dst[e] = to_float(w.v[e]);
-            } else {
-#pragma unroll
-              for (int e = 0; e < kEpv; ++e) dst[e] = 0.0f;
+              for (int e = 0; e < kEpv; ++e) f[e] = to_float(w.v[e]);
             }
+#pragma unroll
+            for (int e = 0; e < kEpv; e += 4) dst[e / 4] = make_float4(f[e], f[e + 1], f[e + 2], f[e + 3]);
           }
         } else {
           for (int i = t; i < kThreads * kRK; i += kThreads) {
