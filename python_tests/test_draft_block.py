@@ -634,24 +634,29 @@ def test_cuda_sweep_shared_and_global_access(cuda_device, n):
     assert all(line.split(":")[0].endswith(".cuh") for line in by_line), sorted(by_line)
 
 
-@pytest.mark.parametrize("n", [1, 64])
-def test_cuda_fma_sweep_has_no_bank_conflict(cuda_device, n):
-    """The float32 W2 sweep (FMA): the staged W2 rows (36 floats apart) written with 16-byte stores (a quarter-warp
-    fills 128 contiguous bytes of one row) and read by row per thread, the v rows broadcast, the fold as in the
-    tensor-core sweep: over the whole launch every shared access costs the conflict-free wavefronts of its words."""
+@pytest.mark.parametrize("kind,dtype,n,conf", [("vanilla", torch.float32, 1, "none"),
+                                               ("vanilla", torch.float32, 64, "none"),
+                                               ("gated", torch.bfloat16, 5, "sts"), ("rnn", torch.bfloat16, 40, "sts")])
+def test_cuda_launch_has_no_bank_conflict(cuda_device, kind, dtype, n, conf):
+    """Every shared-memory access of a launch costs the conflict-free wavefronts of its words: the float32 W2 sweep
+    (FMA; W2 rows staged 36 floats apart with 16-byte stores, a quarter-warp filling 128 contiguous bytes of one row),
+    the tensor-core sweep, the gate / rnn products, the e gather and the confidence dot product (element by element,
+    consecutive lanes on consecutive words)."""
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
     from dspark_kernels import simt
-    base, anchors, head, _, _, temperature = make_triton_case("vanilla", n, 2, 1024, 64, 1, torch.float32,
-                                                              "mixed", "none", seed=n + 3)
+    base, anchors, head, hidden, confidence, temperature = make_triton_case(kind, n, 2, 1024, 64, 16, dtype, "mixed",
+                                                                            conf, seed=n + 3)
     with simt.record(access=True) as rec:
-        out = dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="cuda")
-    ref = dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="reference")
+        out = dk.draft_block(base, anchors, head, hidden=hidden, confidence=confidence, temperature=temperature,
+                             seed=1, backend="cuda")
+    ref = dk.draft_block(base, anchors, head, hidden=hidden, confidence=confidence, temperature=temperature, seed=1,
+                         backend="reference")
     assert torch.equal(out.tokens, ref.tokens)
     launch = rec.launches[0]
     if launch.get("shared_wavefronts") is None:
         pytest.skip("needs the harness's warp access model (the plain SIMT build of a harness that has it)")
-    assert launch["kernel"] == "draft_block_kernel[fma]"
+    assert launch["kernel"] == ("draft_block_kernel[fma]" if dtype == torch.float32 else "draft_block_kernel[mma]")
     assert launch["shared_instructions"] > 0
     assert launch["shared_wavefronts"] == launch["shared_wavefronts_ideal"], {
         line: c for line, c in launch["by_line"].items() if c["shared_wavefronts"] != c["shared_wavefronts_ideal"]}

@@ -266,20 +266,14 @@ DSPARK_DEVICE Part merge_parts(const Workspace& ws, int G, int64_t N, int64_t n,
   return block_allreduce(acc, scratch);
 }
 
-// e = W1[x] (a zero row for x outside W1's rows) into zs, and into erow when it is not null; the whole block.
+// e = W1[x] (a zero row for x outside W1's rows) into zs, and into erow when it is not null; the whole block,
+// element i by thread i % blockDim (consecutive lanes, consecutive words of zs: no bank conflict).
 DSPARK_DEVICE void gather_e(const DraftBlockParams& p, int64_t x, float* zs, float* erow) {
-  const int t = threadIdx.x;
-  const int64_t R = p.R;
-  if (x >= 0 && x < p.VT) {
-    for_each_element(offset_row(p.w1, p.w1_dtype, x * R), p.w1_dtype, 0, R, t, blockDim.x, [&](int64_t i, float w) {
-      zs[i] = w;
-      if (erow != nullptr) stg(erow + i, w);
-    });
-  } else {
-    for (int64_t i = t; i < R; i += blockDim.x) {
-      zs[i] = 0.0f;
-      if (erow != nullptr) stg(erow + i, 0.0f);
-    }
+  const bool in = x >= 0 && x < p.VT;
+  for (int64_t i = threadIdx.x; i < p.R; i += blockDim.x) {
+    const float w = in ? load_float(p.w1, p.w1_dtype, x * p.R + i) : 0.0f;
+    zs[i] = w;
+    if (erow != nullptr) stg(erow + i, w);
   }
 }
 
@@ -291,9 +285,8 @@ DSPARK_DEVICE void confidence(const DraftBlockParams& p, int64_t n, int64_t k, c
   const int64_t K = p.K, D = p.D;
   const void* hrow = offset_row(p.hidden, p.hidden_dtype, (n * K + k) * D);
   float acc = 0.0f;
-  for_each_element(p.conf_w, p.conf_w_dtype, 0, D + p.R, t, blockDim.x, [&](int64_t i, float w) {
-    acc = fmaf(w, i < D ? load_float(hrow, p.hidden_dtype, i) : zs[i - D], acc);
-  });
+  for (int64_t i = t; i < D + p.R; i += blockDim.x)  // element by element: conflict-free reads of zs
+    acc = fmaf(load_float(p.conf_w, p.conf_w_dtype, i), i < D ? load_float(hrow, p.hidden_dtype, i) : zs[i - D], acc);
   const float z = block_sum(acc, sum_scratch) + load_float(p.conf_b, p.conf_b_dtype, 0);
   if (t == 0) {
     const float temp = p.sts != nullptr ? load_float(p.sts, p.sts_dtype, k) : 1.0f;
