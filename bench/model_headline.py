@@ -61,7 +61,7 @@ def verify_rows(gpu: str, n: int = 1, ks=(7, 15), access: bool = True):
     for k in ks:
         for mode in ("greedy", "token"):
             args, kwargs = _verify_case(n, k, mode)
-            with simt.record(access=access) as rec:
+            with simt.record(access=access, dram=True) as rec:
                 out = dk.verify_chain(*args, backend="cuda", **kwargs)
             rejected = int((out.num_accepted < kwargs["verify_lens"]).sum())
             floor = n * (k + 1) * V * 2 + (rejected * V * 2 if mode == "token" else 0)
@@ -107,7 +107,7 @@ def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0):
     from dspark_kernels import simt
     r, run_k = 256, run_k or k
     base, head, anchors = _draft_case(n, run_k, r)
-    with simt.record() as rec:
+    with simt.record(dram=True) as rec:
         out = dk.draft_block(base, anchors, head, temperature=0.0, seed=1, backend="cuda")
     (ln,) = rec.launches
     if run_k != k:

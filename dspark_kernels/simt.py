@@ -75,7 +75,7 @@ def settings() -> Dict[str, Any]:
 def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison: Optional[int] = None,
               sm_count: Optional[int] = None, record: Optional[bool] = None, access: Optional[bool] = None,
               arch: Optional[int] = None, registers: Optional[List[tuple]] = None,
-              l2_bytes: Optional[int] = None) -> Dict[str, Any]:
+              l2_bytes: Optional[int] = None, dram: Optional[bool] = None) -> Dict[str, Any]:
     """Change harness settings (None keeps one); returns the previous settings.
 
     order: "forward" | "reverse" | "random" (the order in which runnable threads, and blocks, resume); seed: of
@@ -85,18 +85,19 @@ def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison
     / H200, the default) or 80 (A100): the shared-memory launch rules enforced; registers: (kernel symbol, registers
     per thread) pairs the occupancy query and the per-block register limit use, keyed by the kernel function's
     mangled name (a launch record's ``symbol``; :func:`registers_from_report` reads them from the SASS report); a
-    kernel not listed has no register limit; l2_bytes: the L2 of each launch record's ``dram_bytes_read``
-    estimate (50 MB, an H100 / H200, by default).
+    kernel not listed has no register limit; dram: with record, also estimate each launch's DRAM reads
+    (``dram_bytes_read``; it keeps a table of every 32-byte sector the launch touches, gigabytes for a launch over a
+    gigabyte, so it is off unless asked for); l2_bytes: the L2 of that estimate (50 MB, an H100 / H200, by default).
     """
     m = module()
     old = dict(m.settings())
     new = dict(old)
     for k, v in (("order", order), ("seed", seed), ("poison", poison), ("sm_count", sm_count), ("record", record),
-                 ("access", access), ("arch", arch), ("l2_bytes", l2_bytes)):
+                 ("access", access), ("arch", arch), ("l2_bytes", l2_bytes), ("dram", dram)):
         if v is not None:
             new[k] = v
     m.configure(new["order"], int(new["seed"]), int(new["poison"]), int(new["sm_count"]), bool(new["record"]),
-                bool(new["access"]), int(new["arch"]), int(new["l2_bytes"]))
+                bool(new["access"]), int(new["arch"]), int(new["l2_bytes"]), bool(new["dram"]))
     if registers is not None:
         m.set_registers([(str(k), int(r)) for k, r in registers])
     return old
@@ -163,10 +164,13 @@ class Recording:
         return sum(r["unique_bytes_read"] + r["unique_bytes_written"] for r in self.launches)
 
     @property
-    def dram_bytes(self) -> int:
+    def dram_bytes(self) -> Optional[int]:
         """Modelled DRAM traffic, summed over launches: each launch's ``dram_bytes_read`` (32-byte sectors read that
         an L2 of ``settings()["l2_bytes"]`` shared by the resident CTAs would not hold; the rule is in
-        csrc/simt/runtime.cpp, ``estimate_dram_reads``) plus its distinct bytes written. An estimate, not a count."""
+        csrc/simt/runtime.cpp, ``estimate_dram_reads``) plus its distinct bytes written. An estimate, not a count;
+        None unless recorded with ``record(dram=True)``."""
+        if any(r["dram_bytes_read"] is None for r in self.launches):
+            return None
         return sum(r["dram_bytes_read"] + r["unique_bytes_written"] for r in self.launches)
 
     @property
@@ -185,15 +189,16 @@ class Recording:
 
 
 @contextlib.contextmanager
-def record(*, access: bool = False, sm_count: Optional[int] = None) -> Iterator[Recording]:
+def record(*, access: bool = False, sm_count: Optional[int] = None, dram: bool = False) -> Iterator[Recording]:
     """Record every launch made in the body: ``with simt.record() as rec: op(...); rec.launches``.
 
     Every record has the launch's configuration and its byte, barrier and collective counters. ``access=True`` also
     runs the warp access model (plain build: :data:`ACCESS_KEYS` and ``by_line``; ``None`` in the sanitized build),
-    which costs tens of times the launch itself: ask for it where the counts are read."""
+    which costs tens of times the launch itself: ask for it where the counts are read. ``dram=True`` adds each
+    launch's DRAM-read estimate (``dram_bytes_read``; None without it)."""
     m = module()
     m.take_records()  # drop anything older
-    old = configure(record=True, access=access, sm_count=sm_count)
+    old = configure(record=True, access=access, sm_count=sm_count, dram=dram)
     rec = Recording()
     try:
         yield rec

@@ -533,7 +533,7 @@ def test_cuda_w2_from_dram_once_per_position_at_every_n(cuda_device, n, dtype):
                                                               "none", seed=n)
     old = simt.configure(l2_bytes=132 * 16 * 1024)
     try:
-        with simt.record() as rec:
+        with simt.record(dram=True) as rec:
             out = dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="cuda")
     finally:
         simt.configure(**old)

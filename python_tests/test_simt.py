@@ -170,7 +170,7 @@ def test_dram_estimate_of_re_reads(harness, grid, variant, l2, reads):
     y = torch.zeros(grid * block)
     old = simt.configure(l2_bytes=l2)
     try:
-        with simt.record() as rec:
+        with simt.record(dram=True) as rec:
             harness.selftest("reread", x, y, torch.zeros(1), grid, block, variant)
     finally:
         simt.configure(**old)
@@ -181,6 +181,9 @@ def test_dram_estimate_of_re_reads(harness, grid, variant, l2, reads):
     near = 32 * 32 if (variant, reads) == (1, 2) else 0
     assert r["dram_bytes_read"] == reads * 4 * n - near, (r["dram_bytes_read"], reads * 4 * n)
     assert rec.dram_bytes == r["dram_bytes_read"] + grid * block * 4
+    with simt.record() as plain:  # off unless asked for
+        harness.selftest("reread", x, y, torch.zeros(1), grid, block, variant)
+    assert plain.launches[0]["dram_bytes_read"] is None and plain.dram_bytes is None
 
 
 def test_grid_barrier_needs_a_cooperative_launch(harness):

@@ -13,7 +13,7 @@ namespace simt {
 namespace {
 
 void configure(const std::string& order, uint64_t seed, int poison, int sm_count, bool record, bool access, int arch,
-               uint64_t l2_bytes) {
+               uint64_t l2_bytes, bool dram) {
   Settings& s = settings();
   if (order == "forward") s.order = Order::kForward;
   else if (order == "reverse") s.order = Order::kReverse;
@@ -28,6 +28,7 @@ void configure(const std::string& order, uint64_t seed, int poison, int sm_count
   s.access = access;
   TORCH_CHECK(l2_bytes >= 1, "simt: l2_bytes must be positive, got ", l2_bytes);
   s.l2_bytes = l2_bytes;
+  s.dram = dram;
   // The two architectures the launch rules model: per-block opt-in and per-SM shared memory (CUDA C++ Programming
   // Guide, "Compute capabilities", technical specifications table: 227 / 228 KB on 9.0, 163 / 164 KB on 8.0).
   TORCH_CHECK(arch == 80 || arch == 90, "simt: arch must be 80 or 90, got ", arch);
@@ -49,6 +50,7 @@ py::dict get_settings() {
   d["access"] = s.access;
   d["arch"] = s.arch;
   d["l2_bytes"] = s.l2_bytes;
+  d["dram"] = s.dram;
   d["registers"] = s.registers;
   return d;
 }
@@ -73,7 +75,7 @@ py::list take_records_py() {
         d["bytes_written"] = r.bytes_written;
         d["unique_bytes_read"] = r.unique_bytes_read;
         d["unique_bytes_written"] = r.unique_bytes_written;
-        d["dram_bytes_read"] = r.dram_bytes_read;
+        d["dram_bytes_read"] = r.dram_estimated ? py::object(py::int_(r.dram_bytes_read)) : py::object(py::none());
         d["barriers"] = r.barriers;
         d["warp_collectives"] = r.warp_collectives;
         d["grid_barriers"] = r.grid_barriers;
@@ -218,7 +220,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "dspark_kernels SIMT harness: CUDA kernels on the CPU (settings, launch records, self-tests)";
   m.def("configure", &dspark::simt::configure, py::arg("order"), py::arg("seed"), py::arg("poison"),
         py::arg("sm_count"), py::arg("record"), py::arg("access"), py::arg("arch") = 90,
-        py::arg("l2_bytes") = uint64_t(50) << 20);
+        py::arg("l2_bytes") = uint64_t(50) << 20, py::arg("dram") = false);
   m.def("set_registers", &dspark::simt::set_registers, py::arg("table"));
   m.attr("access_model") = dspark::simt::access_model_available();
   m.attr("module_path") = std::string(dspark::simt::module_path());

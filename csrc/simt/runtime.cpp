@@ -192,17 +192,15 @@ struct GlobalAccess {
 std::vector<GlobalAccess> g_accesses;
 
 // Distinct bytes of the accesses that are writes (`write`) or reads.
-uint64_t unique_bytes(const std::vector<GlobalAccess>& acc, bool write) {
-  std::vector<std::pair<uintptr_t, uintptr_t>> r;
-  for (const auto& a : acc)
-    if (bool(a.write) == write) r.emplace_back(a.addr, a.addr + a.bytes);
-  std::sort(r.begin(), r.end());
+// Distinct bytes of the accesses [first, last), which it sorts by address.
+uint64_t unique_bytes(std::vector<GlobalAccess>::iterator first, std::vector<GlobalAccess>::iterator last) {
+  std::sort(first, last, [](const GlobalAccess& a, const GlobalAccess& b) { return a.addr < b.addr; });
   uint64_t total = 0;
   uintptr_t end = 0;
-  for (const auto& x : r) {
-    const uintptr_t lo = std::max(x.first, end);
-    if (x.second > lo) total += x.second - lo;
-    if (x.second > end) end = x.second;
+  for (auto it = first; it != last; ++it) {
+    const uintptr_t lo = std::max(it->addr, end), hi = it->addr + it->bytes;
+    if (hi > lo) total += hi - lo;
+    if (hi > end) end = hi;
   }
   return total;
 }
@@ -219,10 +217,9 @@ uint64_t unique_bytes(const std::vector<GlobalAccess>& acc, bool write) {
 // interval looks nearer than it is on a GPU: the estimate is meant for kernels that stream in barrier-separated
 // stages (cp.async rings, tiles).
 uint64_t estimate_dram_reads(const std::vector<GlobalAccess>& acc, uint64_t l2, uint64_t resident, uint64_t ctas) {
-  struct Touch {
-    uint32_t cta;
+  struct Touch {  // times in 32-byte units (exact to 137 GB of traffic per launch)
+    uint32_t cta, global_at, local_at;
     uint16_t phase;
-    uint64_t global_at, local_at;
   };
   const uint64_t share = l2 / std::max<uint64_t>(resident, 1);
   std::unordered_map<uintptr_t, Touch> last;
@@ -236,10 +233,12 @@ uint64_t estimate_dram_reads(const std::vector<GlobalAccess>& acc, uint64_t l2, 
       bool miss = true;
       if (it != last.end()) {
         const Touch& t = it->second;
-        miss = t.cta == cta ? local[cta] - t.local_at > share : (t.phase != a.phase && now - t.global_at > l2);
+        miss = t.cta == cta ? local[cta] / 32 - t.local_at > share / 32
+                            : (t.phase != a.phase && now / 32 - t.global_at > l2 / 32);
       }
       if (miss && !a.write) dram += 32;
-      last[s] = Touch{cta, static_cast<uint16_t>(a.phase), now, local[cta]};
+      last[s] = Touch{cta, static_cast<uint32_t>(now / 32), static_cast<uint32_t>(local[cta] / 32),
+                      static_cast<uint16_t>(a.phase)};
     }
     now += a.bytes;
     local[cta] += a.bytes;
@@ -1090,9 +1089,14 @@ void launch(const LaunchSpec& spec, const std::function<void()>& body) {
   if (g_settings.record) {
     const int per_sm = max_active_blocks(spec.func, static_cast<int>(threads), spec.dynamic_smem);
     const uint64_t resident = std::min<uint64_t>(blocks, uint64_t(std::max(per_sm, 1)) * uint64_t(g_settings.sm_count));
-    record.dram_bytes_read = estimate_dram_reads(g_accesses, g_settings.l2_bytes, resident, blocks);
-    record.unique_bytes_read = unique_bytes(g_accesses, false);
-    record.unique_bytes_written = unique_bytes(g_accesses, true);
+    if (g_settings.dram) {
+      record.dram_estimated = true;
+      record.dram_bytes_read = estimate_dram_reads(g_accesses, g_settings.l2_bytes, resident, blocks);
+    }
+    const auto writes = std::partition(g_accesses.begin(), g_accesses.end(),
+                                       [](const GlobalAccess& a) { return !a.write; });
+    record.unique_bytes_read = unique_bytes(g_accesses.begin(), writes);
+    record.unique_bytes_written = unique_bytes(writes, g_accesses.end());
     g_accesses.clear();
     g_accesses.shrink_to_fit();
   }

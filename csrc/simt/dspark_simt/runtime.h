@@ -85,6 +85,7 @@ struct LaunchRecord {
   bool cooperative = false;
   uint64_t bytes_read = 0, bytes_written = 0;                // every access, as requested
   uint64_t unique_bytes_read = 0, unique_bytes_written = 0;  // distinct addresses (a perfect cache's traffic)
+  bool dram_estimated = false;   // settings().dram was on
   uint64_t dram_bytes_read = 0;  // the L2 estimate's DRAM reads (32-byte sectors; see estimate_dram_reads)
   uint64_t barriers = 0;         // __syncthreads completed, summed over blocks
   uint64_t warp_collectives = 0;  // warp collectives completed, summed over warps
@@ -202,6 +203,7 @@ struct Settings {
   std::vector<std::pair<std::string, int>> registers;
   bool record = false;           // keep a LaunchRecord per launch
   bool access = false;           // with record: run the warp access model too (plain build; tens of times slower)
+  bool dram = false;             // with record: the DRAM-read estimate too (a table of every 32-byte sector touched)
   uint64_t l2_bytes = 50ull << 20;  // the L2 of the DRAM-read estimate (50 MB: H100 SXM5 / H200, one GH100 die)
 };
 Settings& settings();
