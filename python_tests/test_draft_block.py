@@ -521,7 +521,7 @@ def test_cuda_w2_from_dram_once_per_position_at_every_n(cuda_device, n, dtype):
     128 at N = 1024), and W2 comes from DRAM once per position at every N: with an L2 too small to keep a CTA's
     slice between two of its own passes (a share of 16 KB per CTA, a slice of 32 KB), the harness's DRAM estimate
     stays within 1.1x of the floor (plus the split-V partials it counts as written), because the lanes of a slice
-    read it side by side (a CTA re-reading its slice once per group, the earlier design, measured 1.53x at
+    read it side by side (a CTA re-reading its slice once per group measures 1.53x at
     N = 256). What L2 serves on top, counted exactly: W2 again for every lane but the first, and per slice, request
     and position the W1 row of the request's token (v), the temperature and the split-V partial and its packed
     winner (written, then merged). Tokens equal the reference's."""
