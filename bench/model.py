@@ -22,8 +22,8 @@ where
               dense 16-bit tensor peak scaled to the SMs in use (a lower bound: mma.sync is not wgmma).
 Waves = CTAs / (resident CTAs per SM * SMs), rounded up; the SMs in use are min(CTAs, SMs), each holding
 min(resident, CTAs / SMs in use) CTAs at once.
-What it leaves out (only a GPU shows it): instruction issue and arithmetic other than the MMAs it is given, L1 hits, DRAM page and channel effects,
-clock changes, overlap between launches, and any latency but DRAM's.
+What it leaves out (only a GPU shows it): instruction issue and arithmetic other than the MMAs it is given, L1
+hits, DRAM page and channel effects, clock changes, overlap between launches, and any latency but DRAM's.
 """
 
 from __future__ import annotations

@@ -32,11 +32,11 @@
 //          group's float32 v rows are split into hi + lo rows of W2's type after a per-request power-of-two scale
 //          (max |v| -> [2^13, 2^14): 16 significant bits of v with bf16, 22 with fp16), the group padded to a
 //          multiple of 8 with zero rows; when every lo row is zero (v already of W2's type: the vanilla head with
-//          such a W1) the lo products are skipped. The slice streams as chunks of 128 rows x 64 columns through a 3-stage
-//          cp.async ring (two 16 KB chunks in flight while one is multiplied; padded strides, so every ldmatrix
-//          phase is conflict-free); warp w multiplies rows 32w..32w+31 (two m16 blocks, A by ldmatrix x4) by 8
-//          requests at a time (one ldmatrix x4 for the hi and lo B fragments, two MMAs per block, or one) into float32
-//          accumulators (64 floats per lane for 64 requests). After a tile's last chunk they go to a shared
+//          such a W1) the lo products are skipped. The slice streams as chunks of 128 rows x 64 columns through a
+//          3-stage cp.async ring (two 16 KB chunks in flight while one is multiplied; padded strides, so every
+//          ldmatrix phase is conflict-free); warp w multiplies rows 32w..32w+31 (two m16 blocks, A by ldmatrix x4)
+//          by 8 requests at a time (one ldmatrix x4 for the hi and lo B fragments, two MMAs per block, or one) into
+//          float32 accumulators (64 floats per lane for 64 requests). After a tile's last chunk they go to a shared
 //          [NB, 128] bias tile, unscaled when folded.
 //        * fp32 W2 (and 16-bit W2 with r > 2048): the FMA sweep: a tile of 128 rows x 32 columns is staged as
 //          float32, thread t owns row t and accumulates W2[row] . v_n for every request of the group in
@@ -44,14 +44,14 @@
 //        The fold: tpr threads per request (tpr * group <= 128) take the tile's 16-byte pieces of U round-robin
 //        (4 or 8 rows; one 16-byte load each when aligned, so a request's tpr threads read whole sectors; their
 //        lanes and piece order chosen so that every quarter-warp's bias reads are conflict-free: fold_lane), write
-//        the logits when asked, and fold the argmax or the Gumbel race winner (one Philox evaluation per quad: its four words are the quad's uniforms) and the
-//        softmax statistics of logits / T into a running partial kept in registers across the whole slice; one
-//        shuffle reduction per request and slice. The bias never reaches global memory. Partials go to a
-//        workspace [slices, N].
+//        the logits when asked, and fold the argmax or the Gumbel race winner (one Philox evaluation per quad: its
+//        four words are the quad's uniforms) and the softmax statistics of logits / T into a running partial kept
+//        in registers across the whole slice; one shuffle reduction per request and slice. The bias never reaches
+//        global memory. Partials go to a workspace [2 positions, slices, N] with their packed winners.
 //        CTAs: every resident one (one per SM) while slices x lanes can fill the GPU and each slice keeps >= 128
 //        vocabulary rows (132 CTAs for V >= 16896 on a 132-SM GPU up to 4 groups; 128 = 8 x 16 at 16 groups); each
-//        reads the v rows of its groups per position (r * 4 bytes a request, written by the phase before, so from
-//        L2).
+//        reads the v rows of its groups per position (gated / rnn: r * 4 bytes a request, written by the phase
+//        before, so from L2; vanilla: W1's rows of the group's tokens).
 //     grid barrier
 //   final: the last position's partials are merged (one CTA per request) into its tokens and log-probabilities.
 //
