@@ -400,6 +400,8 @@ CUDA_CASES = [  # head, N, K, V, r, d, dtype, temperatures, confidence, return_l
     ("vanilla", 1, 5, 32003, 64, 11, torch.bfloat16, "sampled", "none", False),
     ("rnn", 10, 3, 257, 600, 7, torch.bfloat16, "mixed", "conf", True),     # tensor cores, r > 512 (v re-read)
     ("vanilla", 2, 2, 97, 2100, 3, torch.float16, "mixed", "none", True),   # r > 2048: 16-bit W2 on the FMA sweep
+    ("vanilla", 80, 3, 4096, 32, 9, torch.bfloat16, "mixed", "sts", True),  # 2 request lanes x 32 slices
+    ("gated", 70, 2, 2051, 32, 9, torch.float16, "sampled", "conf", True),   # 2 lanes, the gated phases
 ]
 
 

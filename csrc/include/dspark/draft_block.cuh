@@ -369,7 +369,7 @@ DSPARK_DEVICE void vanilla_prologue(const DraftBlockParams& p, const Plan& plan,
 // Where the sweep reads the v rows of its group: the workspace (phase 1b wrote them: gated, rnn), or W1's rows of
 // the group's tokens xs (the vanilla head: v = e), read directly.
 struct VRows {
-  const float* v;  // [N, R] or null
+  const float* v;  // [N, R] (gated, rnn) or null (vanilla)
   const void* w1;
   DType w1_dtype;
   int64_t VT, R;
@@ -381,12 +381,11 @@ struct VRows {
   }
 };
 
-// What the sweeps share with the kernel: static shared scratch and whether the vanilla prologue runs in them.
+// The kernel's static shared scratch the sweeps use (the vanilla head's prologue runs in them).
 struct SweepScratch {
   int64_t* xs;  // [kMaxGroup]
   Part* parts;  // [32]
   float* sums;  // [32]
-  bool fused;
 };
 
 // ------------------------------------------------------------------------------------------------ phase 1b
@@ -614,11 +613,12 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
   const int tpr = plan.tpr;
   const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
   const int jf = fl.jf;  // the request this thread folds
-  const VRows vr{sc.fused ? nullptr : ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
+  const bool fused = p.head == kVanilla;  // (the workspace then has no v rows: ws.v is null)
+  const VRows vr{ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
   for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
     __syncthreads();
-    if (sc.fused) {
+    if (fused) {
       vanilla_prologue(p, plan, ws, k, g0, nb, slice, sc.xs, vt, sc.parts, sc.sums);
       __syncthreads();
     }
@@ -845,7 +845,8 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
   const int jf = fl.jf;  // the request this thread folds
   const int64_t slot_elems = int64_t(kThreads) * kWtStrideM;
-  const VRows vr{sc.fused ? nullptr : ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
+  const bool fused = p.head == kVanilla;  // (the workspace then has no v rows: ws.v is null)
+  const VRows vr{ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
   for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
     const int nbp = (nb + 7) / 8 * 8;
@@ -854,7 +855,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       if (s < total) stage_w2_chunk(w2, R, rpad, v0, v1, nchunks, s, vec, ring + s * slot_elems, t);
       cp_async_commit();
     }
-    if (sc.fused) {  // (the vt area is its scratch until the split)
+    if (fused) {  // (the vt area is its scratch until the split)
       vanilla_prologue(p, plan, ws, k, g0, nb, slice, sc.xs, smem, sc.parts, sc.sums);
       __syncthreads();
     }
@@ -926,7 +927,7 @@ __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockPara
   if (threadIdx.x == 0) ph_s = p.temperature != nullptr ? rng::load_philox(p.rng_key) : rng::Philox::make(0, 0);
   __syncthreads();
   const rng::Philox ph = ph_s;
-  const SweepScratch sc{xs, part_scratch, sum_scratch, p.head == kVanilla};
+  const SweepScratch sc{xs, part_scratch, sum_scratch};
   for (int64_t k = 0; k < p.K; ++k) {
     if (p.head != kVanilla) {  // (the vanilla head's per-request work runs at the start of the sweep)
       phase_request(p, plan, ws, k, smem, part_scratch, sum_scratch);
