@@ -41,9 +41,14 @@
 //        * fp32 W2 (and 16-bit W2 with r > 2048): the FMA sweep: a tile of 128 rows x 32 columns is staged as
 //          float32, thread t owns row t and accumulates W2[row] . v_n for every request of the group in
 //          registers, then writes the bias tile.
+//        U's tile (the group's 128 rows of U) rides the ring too: it is copied with the tile's last W2 chunk into
+//        one of plan.uslots slots (stage_u_tile; units swizzled so the fold's reads are conflict-free: u_swizzle)
+//        when U's rows allow 16-byte copies (V a multiple of 8 16-bit or 4 fp32 elements, U 16-byte aligned) and
+//        the slots fit the device's shared memory (make_plan; else the fold loads U from global memory).
 //        The fold: tpr threads per request (tpr * group <= 128) take the tile's 16-byte pieces of U round-robin
-//        (4 or 8 rows; one 16-byte load each when aligned, so a request's tpr threads read whole sectors; their
-//        lanes and piece order chosen so that every quarter-warp's bias reads are conflict-free: fold_lane), write
+//        (4 or 8 rows; when U is read from global memory, one 16-byte load each when aligned, so a request's tpr
+//        threads read whole sectors; their lanes and piece order chosen so that every quarter-warp's bias reads
+//        are conflict-free: fold_lane), write
 //        the logits when asked, and fold the argmax or the Gumbel race winner (one Philox evaluation per quad: its
 //        four words are the quad's uniforms) and the softmax statistics of logits / T into a running partial kept
 //        in registers across the whole slice; one shuffle reduction per request and slice. The bias never reaches
@@ -97,6 +102,8 @@ constexpr int kVPad = 8;
 constexpr int kLtStrideM = kThreads + 4;
 constexpr int64_t kMaxMmaRank = 2048;
 constexpr int kSplitExp = 14;
+// Shared memory the plan leaves below the device's per-block maximum for the kernel's static arrays (under 2 KB).
+constexpr size_t kStaticSmemReserve = 4096;
 
 enum Head : int { kVanilla = 0, kGated = 1, kRnn = 2 };
 
@@ -150,9 +157,11 @@ struct Plan {
   int tpr;            // threads folding each request of a group (a power of two, tpr * group <= kThreads)
   int64_t rows_item;  // phase-1b output rows per item
   int64_t rpad;       // R rounded up to kRK
+  bool stage_u;       // the tensor-core sweep stages U's tiles through its cp.async ring (stage_u_tile)
+  int uslots;         // U tiles the ring holds (the fewest that no copy overwrites a tile still being folded)
   size_t smem;        // dynamic shared memory
   // dynamic shared memory layout (float offsets)
-  int64_t off_wt, off_l, off_temp, off_scale;
+  int64_t off_wt, off_l, off_temp, off_scale, off_u;
 };
 
 // Per-request running partial of a slice of the vocabulary, built from reduce.cuh's pieces: the softmax statistics
@@ -491,22 +500,27 @@ DSPARK_DRAFT_PHASE void phase_matvec(const DraftBlockParams& p, const Plan& plan
 // ------------------------------------------------------------------------------------------------ phase 2
 // Elements i..i+E-1 of a row of U as float32, E = 16 bytes of U's type (4 or 8; n < E of them at the row's end):
 // one 16-byte load when `vec` (the element 16-byte aligned), else element loads.
+// 16 bytes of U's type as float32 (4 or 8 elements).
+DSPARK_DEVICE void unpack_piece(uint4 raw, DType t, float (&out)[8]) {
+  if (t == DType::kFloat32) {
+    memcpy(out, &raw, 16);
+  } else if (t == DType::kBFloat16) {
+    __nv_bfloat16 h[8];
+    memcpy(h, &raw, 16);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = to_float(h[e]);
+  } else {
+    __half h[8];
+    memcpy(h, &raw, 16);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = to_float(h[e]);
+  }
+}
+
 DSPARK_DEVICE void load_piece(const void* base, DType t, int64_t i, int n, bool vec, float (&out)[8]) {
   if (vec && n == (t == DType::kFloat32 ? 4 : 8)) {
-    const uint4 raw = ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(base) + int64_t(dtype_size(t)) * i));
-    if (t == DType::kFloat32) {
-      memcpy(out, &raw, 16);
-    } else if (t == DType::kBFloat16) {
-      __nv_bfloat16 h[8];
-      memcpy(h, &raw, 16);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = to_float(h[e]);
-    } else {
-      __half h[8];
-      memcpy(h, &raw, 16);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = to_float(h[e]);
-    }
+    unpack_piece(ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(base) + int64_t(dtype_size(t)) * i)), t,
+                 out);
     return;
   }
 #pragma unroll
@@ -536,22 +550,39 @@ DSPARK_DEVICE FoldLane fold_lane(int t, int tpr, int E) {
   return f;
 }
 
+// A tile of U in shared memory (the tensor-core sweep's ring, stage_u_tile): request j's 128 elements are a row of
+// 16-byte units whose unit u is stored at u ^ u_swizzle(j, E), so that the fold's reads of a quarter-warp (the
+// lanes and pieces of fold_lane) hit 8 different 16-byte bank groups at every tpr: with tpr <= 4 a quarter-warp
+// reads one unit of 8 requests j..j+7 (the swizzle is a permutation of j & 7); with fp32 U (E = 4) tpr = 8 pairs
+// ranks 4 apart over requests j & 3 and tpr = 16 ranks of one parity over j & 1; with 16-bit U (E = 8) tpr = 8
+// pairs ranks 2 apart over j & 3 (the swizzle keeps bit 1 fixed there) and tpr = 16 four adjacent ranks over j & 1
+// (bit 2 flips); tpr = 32 reads 8 units of one request. The copies (consecutive threads, consecutive units of a
+// row) are conflict-free too.
+DSPARK_HOST_DEVICE_FN int u_swizzle(int j, int E) { return E == 4 ? (j & 7) : ((j & 1) << 2) | ((j >> 1) & 3); }
+
 // Thread `fl` of the tpr threads of request n folds its pieces of a tile into its running partial (fold_lane):
-// bias[i] * bscale is the bias of vocabulary row tile0 + i (tile0 a multiple of 16). It adds U, writes the logits
-// when asked, and takes the argmax (greedy, temp == 0) or the Gumbel race winner of logits / temp (one Philox
+// bias[i] * bscale is the bias of vocabulary row tile0 + i (tile0 a multiple of 16). It adds U (from the staged
+// tile `us` when not null: request fl.jf's row of stage_u_tile; else from global memory), writes the logits when
+// asked, and takes the argmax (greedy, temp == 0) or the Gumbel race winner of logits / temp (one Philox
 // evaluation per quad of 4 rows: its four words are the quad's uniforms), with the softmax statistics.
 DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph, int64_t n, int64_t k, int64_t tile0,
                                int rows, const float* bias, float bscale, float temp, const FoldLane& fl, int tpr,
-                               Part& pt) {
+                               const uint4* us, Part& pt) {
   const bool sampled = temp > 0.0f;
   const float tdiv = sampled ? temp : 1.0f;
   const int64_t row0 = (n * p.K + k) * p.V;
   const int E = p.base_dtype == DType::kFloat32 ? 4 : 8;
   const bool vec = (row0 + tile0) % E == 0 && is_aligned16(p.base);
   const bool vec_out = p.logits != nullptr && row0 % 4 == 0 && is_aligned16(p.logits);
+  const int swz = u_swizzle(fl.jf, E);
   for (int i = E * fl.rank; i < rows; i += E * tpr) {
     float l[8];
-    load_piece(p.base, p.base_dtype, row0 + tile0 + i, rows - i < E ? rows - i : E, vec, l);
+    if (us != nullptr) {
+      const uint4 raw = us[(i / E) ^ swz];
+      unpack_piece(raw, p.base_dtype, l);
+    } else {
+      load_piece(p.base, p.base_dtype, row0 + tile0 + i, rows - i < E ? rows - i : E, vec, l);
+    }
     if (fl.flip) {  // l + 4 q then holds the elements of half q ^ flip
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -684,7 +715,8 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
       for (int j = 0; j < NBT; ++j)
         if (j < nb) lt[j * kLtStrideM + t] = acc[j];
       __syncthreads();
-      if (jf < nb) fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, 1.0f, temps[jf], fl, tpr, pt);
+      if (jf < nb)
+        fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, 1.0f, temps[jf], fl, tpr, nullptr, pt);
     }
     pt = reduce_lanes(pt, tpr);
     if (fl.hf == 0 && jf < nb) {
@@ -785,6 +817,22 @@ DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t
   }
 }
 
+// U's tile of `rows` vocabulary rows from tile0 for the nb requests of the group from g0 at position k, into a ring
+// slot [nb][128 elements] (u_swizzle's unit order; units past `rows` zero-filled): 16-byte cp.async copies, the
+// plan has checked that U's rows allow them (V a multiple of 16 bytes of U, U 16-byte aligned).
+DSPARK_DEVICE void stage_u_tile(const DraftBlockParams& p, int64_t g0, int nb, int64_t k, int64_t tile0, int rows,
+                                uint4* slot, int t) {
+  const int E = p.base_dtype == DType::kFloat32 ? 4 : 8, upr = kThreads / E;  // units per request
+  const char* base = static_cast<const char*>(p.base);
+  const int64_t esz = static_cast<int64_t>(dtype_size(p.base_dtype));
+  for (int i = t; i < nb * upr; i += kThreads) {
+    const int j = i / upr, u = i - j * upr;
+    const bool in = u * E < rows;
+    const char* src = base + (((g0 + j) * p.K + k) * p.V + tile0 + int64_t(u) * E) * esz;
+    cp_async_zfill<16>(slot + j * upr + (u ^ u_swizzle(j, E)), in ? src : base, in ? 16 : 0);
+  }
+}
+
 // One staged chunk on tensor cores: warp w owns rows 32w..32w+31 of the tile (two m16 blocks, A from the ring slot
 // through ldmatrix x4), and for each 8 requests one ldmatrix x4 gives the hi and lo B fragments; two MMAs (hi, lo)
 // per block and 8 requests, one when the group's lo rows are all zero (`lo_live` false).
@@ -845,16 +893,27 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
   const int jf = fl.jf;  // the request this thread folds
   const int64_t slot_elems = int64_t(kThreads) * kWtStrideM;
+  uint4* uring = reinterpret_cast<uint4*>(smem + plan.off_u);  // [uslots][group][128 elements of U] (stage_u)
+  const int64_t uslot_units = int64_t(plan.group) * kThreads * int64_t(dtype_size(p.base_dtype)) / 16;
   const bool fused = p.head == kVanilla;  // (the workspace then has no v rows: ws.v is null)
   const VRows vr{ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
   for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
     const int nbp = (nb + 7) / 8 * 8;
-    __syncthreads();  // the previous group is done with vt, the ring and lt
-    for (int s = 0; s < kStages - 1; ++s) {  // the ring's first chunks fly while v is split
-      if (s < total) stage_w2_chunk(w2, R, rpad, v0, v1, nchunks, s, vec, ring + s * slot_elems, t);
+    // chunk c of W2 into its ring slot, and with a tile's last chunk the tile's U (stage_u), in one commit group
+    auto stage = [&](int64_t c) {
+      if (c < total) {
+        stage_w2_chunk(w2, R, rpad, v0, v1, nchunks, c, vec, ring + (c % kStages) * slot_elems, t);
+        if (plan.stage_u && c % nchunks == nchunks - 1) {
+          const int64_t tile = c / nchunks, tile0 = v0 + tile * kThreads;
+          stage_u_tile(p, g0, nb, k, tile0, static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads),
+                       uring + (tile % plan.uslots) * uslot_units, t);
+        }
+      }
       cp_async_commit();
-    }
+    };
+    __syncthreads();  // the previous group is done with vt, the ring, the U slots and lt
+    for (int s = 0; s < kStages - 1; ++s) stage(s);  // the ring's first chunks fly while v is split
     if (fused) {  // (the vt area is its scratch until the split)
       vanilla_prologue(p, plan, ws, k, g0, nb, slice, sc.xs, smem, sc.parts, sc.sums);
       __syncthreads();
@@ -874,9 +933,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       } else {
         __syncthreads();
       }
-      if (c + kStages - 1 < total)
-        stage_w2_chunk(w2, R, rpad, v0, v1, nchunks, c + kStages - 1, vec, ring + ((c + kStages - 1) % kStages) * slot_elems, t);
-      cp_async_commit();
+      stage(c + kStages - 1);
       const int ci = static_cast<int>(c % nchunks);
       if (ci == 0) {
 #pragma unroll
@@ -903,7 +960,9 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
         __syncthreads();
         if (jf < nb) {
           const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
-          fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], fl, tpr, pt);
+          const uint4* us = plan.stage_u ? uring + ((c / nchunks) % plan.uslots) * uslot_units + jf * (kThreads *
+                                               int64_t(dtype_size(p.base_dtype)) / 16) : nullptr;
+          fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], fl, tpr, us, pt);
         }
       }
     }
@@ -959,8 +1018,9 @@ __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockPara
 // ------------------------------------------------------------------------------------------------ host side
 inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
-// The launch shape for `sms` multiprocessors holding `per_sm` CTAs each (per_sm from the occupancy of `smem`).
-inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm) {
+// The launch shape for `sms` multiprocessors holding `per_sm` CTAs each (per_sm from the occupancy of `smem`), a
+// block allowed `smem_cap` bytes of shared memory (0: size only what does not depend on it).
+inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm, size_t smem_cap) {
   Plan pl{};
   const int64_t N = p.N, V = p.V, R = p.R;
   pl.rpad = round_up(R > 0 ? R : 1, kRK);
@@ -985,8 +1045,18 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm) {
                                  : int64_t(kThreads) * kWtStride);
   pl.off_temp = pl.off_l + pl.vrows * kLtStrideM;
   pl.off_scale = pl.off_temp + round_up(pl.group, 4);
+  pl.off_u = pl.off_scale + round_up(pl.group, 4);
   // + 32 bytes: the kernel aligns the dynamic shared memory's start to 32 bytes
-  pl.smem = static_cast<size_t>(pl.off_scale + round_up(pl.group, 4)) * sizeof(float) + 32;
+  pl.smem = static_cast<size_t>(pl.off_u) * sizeof(float) + 32;
+  // U's tiles through the ring when its rows allow 16-byte copies and the slots fit: a tile is copied with the W2
+  // chunk kStages - 1 chunks before the tile's fold, so the slot of tile t is free once tile t - uslots is folded
+  const int64_t nchunks = (pl.rpad + kRKm - 1) / kRKm;
+  const int64_t u_elems = 16 / int64_t(dtype_size(p.base_dtype));
+  pl.uslots = static_cast<int>((kStages - 1) / nchunks + 1);
+  const size_t u_bytes = size_t(pl.uslots) * size_t(pl.group) * kThreads * dtype_size(p.base_dtype);
+  pl.stage_u = pl.mma && p.V % u_elems == 0 && reinterpret_cast<uintptr_t>(p.base) % 16 == 0 &&
+               pl.smem + u_bytes + kStaticSmemReserve <= smem_cap;
+  if (pl.stage_u) pl.smem += u_bytes;
   // CTAs: the resident ones as slices x lanes. Each request group has a lane of CTAs, one per vocabulary slice (at
   // least kMinRowsPerCta rows each); the lanes of a slice stream the same W2 rows side by side, so W2 comes from
   // DRAM once per position and is re-read from L2 by the other lanes. One lane (every resident CTA a slice) while
@@ -1028,13 +1098,14 @@ template <typename TW, int NBT, bool kMma>
 inline cudaError_t launch_typed(const DraftBlockParams& p, void* workspace, cudaStream_t stream, Plan* out_plan) {
   auto kernel = draft_block_kernel<TW, NBT, kMma>;
   // the plan's shared memory does not depend on the occupancy: size it first, then ask how many CTAs fit
-  Plan pl = make_plan(p, device_sm_count(), 1);
+  const size_t cap = device_max_smem_per_block();
+  Plan pl = make_plan(p, device_sm_count(), 1, cap);
   // always, not only above 48 KB: the default limit counts the static shared memory too
   const cudaError_t err = set_max_dynamic_smem(kernel, pl.smem);
   if (err != cudaSuccess) return err;
   const int per_sm = max_active_blocks_per_sm(kernel, kThreads, pl.smem);
   if (per_sm < 1) return cudaErrorInvalidConfiguration;
-  pl = make_plan(p, device_sm_count(), per_sm);
+  pl = make_plan(p, device_sm_count(), per_sm, cap);
   if (out_plan != nullptr) *out_plan = pl;
   if (workspace == nullptr) return cudaSuccess;  // a size query
   Workspace ws;
@@ -1058,7 +1129,7 @@ inline cudaError_t launch_typed(const DraftBlockParams& p, void* workspace, cuda
 
 template <typename TW>
 inline cudaError_t launch_w2(const DraftBlockParams& p, void* workspace, cudaStream_t stream, Plan* out_plan) {
-  const Plan probe = make_plan(p, 1, 1);
+  const Plan probe = make_plan(p, 1, 1, 0);
   if constexpr (std::is_same<TW, float>::value) {  // float32 W2: the FMA sweep
     if (probe.group <= 8) return launch_typed<TW, 8, false>(p, workspace, stream, out_plan);
     return launch_typed<TW, kMaxGroup, false>(p, workspace, stream, out_plan);
