@@ -41,15 +41,16 @@ def rng_uniform(n: int, k: int, v: int) -> Floor:
 
 def draft_block(n: int, k: int, v: int, r: int, *, d: int = 0, head: str = "vanilla", u_bytes: int = 2,
                 w_bytes: int = 2, hidden_bytes: Optional[int] = None, confidence: bool = False,
-                return_logits: bool = False, w2_on_chip: bool = False) -> Floor:
+                return_logits: bool = False, w2_on_chip: bool = False, w2_fp8: bool = False) -> Floor:
     """U once, W2 once per position (or once per block with ``w2_on_chip``), the per-position head weights once per
     position, the Markov rows of W1 actually used, hidden states once, and the outputs: tokens (int64), the float32
     logits only when asked (``return_logits``), the float32 confidence logits and survival with a confidence head.
+    ``w2_fp8``: W2 is e4m3 (1 byte an element) with a float32 scale per row.
     """
     hb = w_bytes if hidden_bytes is None else hidden_bytes
     f = Floor("draft_block")
     f.add("U", n * k * v * u_bytes)
-    f.add("W2", (1 if w2_on_chip else k) * v * r * w_bytes)
+    f.add("W2", (1 if w2_on_chip else k) * v * (r + F32 if w2_fp8 else r * w_bytes))
     f.add("W1 rows", n * k * r * w_bytes)            # the embedding row of each position's previous token
     f.add("anchors", n * I64)
     if head == "gated":

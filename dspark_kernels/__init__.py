@@ -24,6 +24,7 @@ from .ops import (
     accept_prefix_scan,
     draft_block,
     draft_to_target_from_offsets,
+    quantize_w2,
     rng_uniform,
     schedule_verify_lens,
     verify_chain,
@@ -34,6 +35,6 @@ __version__ = "0.1.0"
 __all__ = [
     "rng", "CostTable", "expected_calibration_error", "fit_sts", "survival_from_conf",
     "ConfidenceHead", "DraftBlockOutput", "MarkovHead", "ScanOutput", "ScheduleOutput", "VerifyOutput",
-    "accept_prefix_scan", "draft_block", "draft_to_target_from_offsets",
+    "accept_prefix_scan", "draft_block", "draft_to_target_from_offsets", "quantize_w2",
     "rng_uniform", "schedule_verify_lens", "verify_chain",
 ]

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -195,7 +197,7 @@ def test_bad_input_names_the_argument():
 @pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
 def test_opcheck(kind):
     base, anchors, head, hidden, conf = make_case(kind, n=2, k=3, vocab=9)
-    args = (base, anchors, kind, head.w1, head.w2, None, head.wg, head.bg, head.wj, head.bj, hidden, conf.weight,
+    args = (base, anchors, kind, head.w1, head.w2, None, None, head.wg, head.bg, head.wj, head.bj, hidden, conf.weight,
             torch.tensor(0.3), conf.sts_temperatures, torch.tensor([0.0, 1.0]), torch.tensor([1, 2]), True,
             "reference")
     torch.library.opcheck(torch.ops.dspark.draft_block.default, args)
@@ -247,7 +249,8 @@ def plain_torch_logits(base, anchors, head, hidden, tokens):
             gate, cand, o = (torch.cat([state, e, hidden[:, k]], -1) @ head.wj.T + head.bj).chunk(3, -1)
             state = torch.sigmoid(gate) * state + (1 - torch.sigmoid(gate)) * torch.tanh(cand)
             v = torch.tanh(o)
-        out.append(base[:, k] + v @ head.w2.T)
+        w2 = head.w2 if head.w2_scale is None else head.w2.to(base.dtype) * head.w2_scale.to(base.dtype)[:, None]
+        out.append(base[:, k] + v @ w2.T)
         prev = tokens[:, k]
     return torch.stack(out, 1)
 
@@ -259,7 +262,7 @@ def run_both(triton_device, base, anchors, head, hidden, confidence, temperature
     ref = dk.draft_block(base, anchors, head, backend="reference", **kw)
     move = lambda x: x.to(triton_device) if isinstance(x, torch.Tensor) else x  # noqa: E731
     dev_head = dk.MarkovHead(head.kind, *(move(w) for w in (head.w1, head.w2, head.wg, head.bg, head.wj, head.bj,
-                                                              head.draft_to_target)))
+                                                              head.draft_to_target)), w2_scale=move(head.w2_scale))
     dev_conf = None if confidence is None else dk.ConfidenceHead(
         *(move(x) for x in (confidence.weight, confidence.bias, confidence.sts_temperatures)))
     out = wrap(lambda: dk.draft_block(move(base), move(anchors), dev_head, backend=backend,
@@ -359,8 +362,9 @@ def test_triton_opcheck_and_distinct_outputs(triton_device):
     base, anchors, head, hidden, confidence, _ = make_triton_case("rnn", 2, 3, 9, 4, 5, torch.float32,
                                                                   "greedy", "none")
     dev = lambda x: x.to(triton_device)  # noqa: E731
-    args = (dev(base), dev(anchors), "rnn", dev(head.w1), dev(head.w2), None, None, None, dev(head.wj), dev(head.bj),
-            dev(hidden), None, None, None, dev(torch.tensor([0.0, 1.0])), dev(torch.tensor([1, 2])), False, "triton")
+    args = (dev(base), dev(anchors), "rnn", dev(head.w1), dev(head.w2), None, None, None, None, dev(head.wj),
+            dev(head.bj), dev(hidden), None, None, None, dev(torch.tensor([0.0, 1.0])), dev(torch.tensor([1, 2])),
+            False, "triton")
     tokens, logits, conf, survival, logprobs = torch.ops.dspark.draft_block.default(*args)
     assert tokens.shape == logprobs.shape == (2, 3) and logits.shape == conf.shape == survival.shape == (0,)
     assert len({id(t) for t in (tokens, logits, conf, survival, logprobs)}) == 5
@@ -627,7 +631,7 @@ def test_cuda_sweep_shared_and_global_access(cuda_device, n):
     assert ld["shared_wavefronts"] == 4 * ld["shared_instructions"], ld
     st = by_line[_source_line("draft_block.cuh", "lt[(f * 8 + 2 * tq + (q & 1)) * kLtStrideM")]
     assert st["shared_instructions"] > 0 and st["shared_wavefronts"] == st["shared_instructions"], st
-    cp = by_line[_source_line("draft_block.cuh", "cp_async_zfill<16>(slot + row * kWtStrideM")]
+    cp = by_line[_source_line("draft_block.cuh", "cp_async_zfill<16>(slot + row * kStride")]
     assert cp["shared_wavefronts"] <= 4.4 * cp["shared_instructions"], cp
     assert cp["global_sectors"] <= 1.05 * cp["global_sectors_ideal"], cp
     # the whole launch: no shared-memory access has a bank conflict, and every counted access is the kernel's (the
@@ -636,19 +640,24 @@ def test_cuda_sweep_shared_and_global_access(cuda_device, n):
     assert all(line.split(":")[0].endswith(".cuh") for line in by_line), sorted(by_line)
 
 
-@pytest.mark.parametrize("kind,dtype,n,conf", [("vanilla", torch.float32, 1, "none"),
-                                               ("vanilla", torch.float32, 64, "none"),
-                                               ("gated", torch.bfloat16, 5, "sts"), ("rnn", torch.bfloat16, 40, "sts")])
-def test_cuda_launch_has_no_bank_conflict(cuda_device, kind, dtype, n, conf):
+@pytest.mark.parametrize("kind,dtype,n,conf,fp8", [("vanilla", torch.float32, 1, "none", False),
+                                                   ("vanilla", torch.float32, 64, "none", False),
+                                                   ("gated", torch.bfloat16, 5, "sts", False),
+                                                   ("rnn", torch.bfloat16, 40, "sts", False),
+                                                   ("vanilla", torch.bfloat16, 64, "none", True),
+                                                   ("gated", torch.bfloat16, 9, "conf", True)])
+def test_cuda_launch_has_no_bank_conflict(cuda_device, kind, dtype, n, conf, fp8):
     """Every shared-memory access of a launch costs the conflict-free wavefronts of its words: the float32 W2 sweep
     (FMA; W2 rows staged 36 floats apart with 16-byte stores, a quarter-warp filling 128 contiguous bytes of one row),
-    the tensor-core sweep, the gate / rnn products, the e gather and the confidence dot product (element by element,
-    consecutive lanes on consecutive words)."""
+    the tensor-core sweep (with an fp8 W2 too: its raw 64-byte rows copied and widened, two rows a quarter-warp), the
+    gate / rnn products, the e gather and the confidence dot product (element by element, consecutive lanes on
+    consecutive words)."""
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
     from dspark_kernels import simt
-    base, anchors, head, hidden, confidence, temperature = make_triton_case(kind, n, 2, 1024, 64, 16, dtype, "mixed",
-                                                                            conf, seed=n + 3)
+    make = fp8_case if fp8 else make_triton_case
+    base, anchors, head, hidden, confidence, temperature = make(kind, n, 2, 1024, 64, 16, dtype, "mixed", conf,
+                                                                seed=n + 3)
     with simt.record(access=True) as rec:
         out = dk.draft_block(base, anchors, head, hidden=hidden, confidence=confidence, temperature=temperature,
                              seed=1, backend="cuda")
@@ -742,7 +751,7 @@ def test_cuda_opcheck(cuda_device):
         pytest.skip("opchecks the SIMT build's op on CPU tensors")
     base, anchors, head, hidden, confidence, _ = make_triton_case("rnn", 2, 3, 9, 4, 5, torch.float32,
                                                                   "greedy", "sts")
-    args = (base, anchors, "rnn", head.w1, head.w2, None, None, None, head.wj, head.bj, hidden,
+    args = (base, anchors, "rnn", head.w1, head.w2, None, None, None, None, head.wj, head.bj, hidden,
             confidence.weight.view(-1),
             confidence.bias.view(()), confidence.sts_temperatures, torch.tensor([0.0, 1.0]), torch.tensor([1, 2]),
             True)
@@ -787,14 +796,16 @@ def test_cuda_tensor_core_bias_error(cuda_device, w2_dtype):
 
 @pytest.mark.sass
 def test_sass_tensor_core_sweep_uses_cp_async_ldmatrix_and_mma():
-    """sm_90a SASS (tools/check_cuda.py's report): the 16-bit W2 sweep stages W2 with cp.async (LDGSTS) and its
-    innermost MMA loop reads fragments with ldmatrix (LDSM) into mma.sync (HMMA), with no LDGSTS waiting inside it;
-    the fp32 FMA sweep uses none of them; no instance spills."""
+    """sm_90a SASS (tools/check_cuda.py's report): the 16-bit and fp8 W2 sweeps stage W2 with cp.async (LDGSTS) and
+    their innermost MMA loop reads fragments with ldmatrix (LDSM) into mma.sync (HMMA), with no LDGSTS waiting inside
+    it; the FMA sweep uses none of them; no instance spills."""
     from sass_facts import sass_facts
     kernels = sass_facts("draft::draft_block_kernel<")
     mma = [k for k in kernels if k["demangled"].split(">")[0].endswith("true")]
     fma = [k for k in kernels if k["demangled"].split(">")[0].endswith("false")]
-    assert len(mma) == 4 and len(fma) == 4  # bf16 / fp16 x 64- / 8-request groups; fp32 and 16-bit FMA
+    # bf16 / fp16 / fp8 x 64- / 8-request groups; fp32 (x 2), 16-bit and fp8 FMA (r > 2048)
+    assert len(mma) == 6 and len(fma) == 5
+    assert sum("__nv_fp8_e4m3" in k["demangled"].split("(")[0] for k in mma) == 2
     for k in kernels:
         assert k["spill_bytes"] == 0, k["demangled"]
     for k in mma:
@@ -909,7 +920,7 @@ def test_cuda_reduced_vocabulary_matches_reference(cuda_device, simt_check, kind
 
 def test_reduced_vocabulary_opcheck():
     base, anchors, head, _, _, _ = reduced_case("vanilla", 2, 3, 9, 20, 4, 3, torch.float32, "greedy", "none", 1)
-    args = (base, anchors, "vanilla", head.w1, head.w2, head.draft_to_target, None, None, None, None, None, None,
+    args = (base, anchors, "vanilla", head.w1, head.w2, None, head.draft_to_target, None, None, None, None, None, None,
             None, None, torch.tensor([0.0, 1.0]), torch.tensor([1, 2]), True, "reference")
     torch.library.opcheck(torch.ops.dspark.draft_block.default, args)
 
@@ -933,3 +944,128 @@ def test_bad_draft_to_target_names_the_argument():
 def test_draft_to_target_from_offsets():
     offsets = torch.tensor([0, 4, 4, 10], dtype=torch.int32)
     assert dk.draft_to_target_from_offsets(offsets).tolist() == [0, 5, 6, 13]
+
+
+# ---------------------------------------------------------------------------------------------- fp8 (e4m3) W2
+def fp8_case(kind, n, k, vocab, rank, d, dtype, temps, conf, seed):
+    """make_triton_case with W2 quantized to e4m3 with per-row scales (dk.quantize_w2)."""
+    base, anchors, head, hidden, confidence, temperature = make_triton_case(kind, n, k, vocab, rank, d, dtype, temps,
+                                                                            conf, seed=seed)
+    q, scale = dk.quantize_w2(head.w2)
+    return base, anchors, dataclasses.replace(head, w2=q, w2_scale=scale), hidden, confidence, temperature
+
+
+FP8_CASES = [  # head, N, K, V, r, d, dtype of the other inputs, temperatures, confidence
+    ("vanilla", 3, 4, 1000, 64, 5, torch.bfloat16, "mixed", "sts"),
+    ("gated", 17, 2, 4099, 32, 9, torch.float32, "sampled", "conf"),
+    ("rnn", 2, 3, 300, 40, 7, torch.float16, "greedy", "none"),        # r = 40: W2 rows of 40 bytes (element copies)
+    ("vanilla", 70, 2, 2051, 32, 3, torch.bfloat16, "mixed", "none"),  # two request lanes
+    ("vanilla", 2, 2, 97, 2100, 3, torch.bfloat16, "mixed", "none"),   # r > 2048: the FMA sweep
+]
+
+
+def test_quantize_w2_by_hand():
+    w2 = torch.tensor([[896.0, -1.0], [0.0, 0.0], [1.0, 0.5]])
+    q, scale = dk.quantize_w2(w2)
+    assert q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
+    assert scale.tolist() == [2.0, 1.0, pytest.approx(1 / 448)]
+    assert q.float().tolist() == [[448.0, -0.5], [0.0, 0.0], [448.0, 224.0]]
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_fp8_w2_is_the_scaled_products(kind):
+    """The bias of an fp8 W2 is w2_scale[j] * (W2_j . v): drafting with it equals drafting with the float32 W2
+    those products describe (q * scale, row by row), tokens exactly, logits to float32 rounding."""
+    base, anchors, head, hidden, confidence, temperature = fp8_case(kind, 5, 3, 300, 16, 4, torch.float32, "mixed",
+                                                                    "sts", seed=1)
+    kw = dict(hidden=hidden, confidence=confidence, temperature=temperature, seed=3, return_logits=True)
+    out = dk.draft_block(base, anchors, head, backend="reference", **kw)
+    dense = dataclasses.replace(head, w2=head.w2.float() * head.w2_scale[:, None], w2_scale=None)
+    want = dk.draft_block(base, anchors, dense, backend="reference", **kw)
+    assert torch.equal(out.tokens, want.tokens)
+    torch.testing.assert_close(out.logits, want.logits, rtol=1e-5, atol=1e-5)
+    unscaled = dataclasses.replace(head, w2=head.w2.float(), w2_scale=None)  # the check can fail: scales matter
+    assert not torch.allclose(dk.draft_block(base, anchors, unscaled, backend="reference", **kw).logits, out.logits)
+
+
+@pytest.mark.parametrize("kind,n,k,vocab,rank,d,dtype,temps,conf", FP8_CASES)
+def test_triton_fp8_w2_matches_reference(triton_device, kind, n, k, vocab, rank, d, dtype, temps, conf):
+    case = fp8_case(kind, n, k, vocab, rank, d, dtype, temps, conf, seed=n + k + vocab)
+    ref, out = run_both(triton_device, *case, True)
+    assert_matches(ref, out, *case[:4], case[5])
+
+
+@pytest.mark.parametrize("kind,n,k,vocab,rank,d,dtype,temps,conf", FP8_CASES)
+def test_cuda_fp8_w2_matches_reference(cuda_device, simt_check, kind, n, k, vocab, rank, d, dtype, temps, conf):
+    case = fp8_case(kind, n, k, vocab, rank, d, dtype, temps, conf, seed=n + k + vocab)
+    ref, out = run_both(cuda_device, *case, True, backend="cuda", wrap=simt_check)
+    assert_matches(ref, out, *case[:4], case[5])
+
+
+def test_cuda_fp8_w2_samples_follow_the_draft_softmax(cuda_device, simt_check):
+    """Chi-square of sampled drafts through the CUDA path with an fp8 W2 against softmax(logits / T) (position
+    0; later positions against the mean over the prefixes drawn); the greedy token's law fails the same test."""
+    trials, vocab, temp = 3000, 30, 0.8
+    base, _, head, hidden, _ = make_case("rnn", n=1, k=3, vocab=vocab, rank=4, d=3, seed=2, conf=False)
+    q, scale = dk.quantize_w2(head.w2)
+    base, hidden = base.expand(trials, -1, -1), hidden.expand(trials, -1, -1)
+    dev = lambda x: x.to(cuda_device)  # noqa: E731
+    dev_head = dk.MarkovHead("rnn", dev(head.w1), dev(q), wj=dev(head.wj), bj=dev(head.bj), w2_scale=dev(scale))
+    out = simt_check(lambda: dk.draft_block(dev(base), dev(torch.full((trials,), 7)), dev_head, hidden=dev(hidden),
+                                            temperature=temp, seed=5, return_logits=True, backend="cuda"))
+    tokens, logits = out.tokens.cpu(), out.logits.cpu()
+    p0 = torch.softmax(logits[0, 0] / temp, -1)
+    assert passes(counts(tokens[:, 0], vocab), p0 * trials)
+    for k in (1, 2):
+        assert passes(counts(tokens[:, k], vocab), torch.softmax(logits[:, k] / temp, -1).sum(0).double())
+    assert not passes(counts(logits[:, 0].argmax(-1), vocab), p0 * trials)
+
+
+def test_cuda_fp8_w2_halves_the_w2_bytes(cuda_device):
+    """The tensor-core sweep reads the fp8 W2 itself (1 byte an element, plus 4 bytes of scale a row), once per
+    position: the launch moves at most 1.1x that floor."""
+    if cuda_device.type != "cpu":
+        pytest.skip("counts come from the SIMT harness")
+    from dspark_kernels import simt
+    n, k, vocab, rank = 1, 2, 32003, 64
+    base, anchors, head, _, _, temperature = fp8_case("vanilla", n, k, vocab, rank, 1, torch.bfloat16, "mixed",
+                                                      "none", seed=4)
+    with simt.record() as rec:
+        out = dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="cuda")
+    (launch,) = rec.launches
+    assert launch["kernel"] == "draft_block_kernel[mma]"
+    w2_bytes = _nbytes(head.w2, head.w2_scale)
+    assert w2_bytes == vocab * (rank + 4)
+    floor = (_nbytes(base, anchors) + k * w2_bytes + n * k * rank * head.w1.element_size()
+             + _nbytes(out.tokens, out.draft_logprobs))
+    moved = rec.bytes_read + rec.bytes_written
+    assert k * w2_bytes <= rec.bytes_read and moved <= 1.1 * floor, (moved, floor)
+
+
+def test_fp8_w2_opcheck():
+    """opcheck with an fp8 W2. Its schema check compares inputs before and after with arithmetic that PyTorch does
+    not implement for float8 on the CPU, so that one runs with W2's bytes viewed as the same fp8 data after the
+    call (the op declares no mutation: W2 must come back bit for bit), and the other checks run as usual."""
+    base, anchors, head, _, _, _ = fp8_case("vanilla", 2, 3, 9, 4, 3, torch.float32, "greedy", "none", seed=1)
+    args = (base, anchors, "vanilla", head.w1, head.w2, head.w2_scale, None, None, None, None, None, None, None,
+            None, None, torch.tensor([0.0, 1.0]), torch.tensor([1, 2]), True, "reference")
+    torch.library.opcheck(torch.ops.dspark.draft_block.default, args,
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    before = head.w2.view(torch.uint8).clone()
+    torch.ops.dspark.draft_block.default(*args)
+    assert torch.equal(head.w2.view(torch.uint8), before)
+
+
+def test_bad_w2_scale_names_the_argument():
+    w1, w2 = torch.zeros(4, 2), torch.zeros(4, 2)
+    q, scale = dk.quantize_w2(w2)
+    with pytest.raises(ValueError, match=r"head\.w2_scale"):
+        dk.MarkovHead("vanilla", w1, q)                       # fp8 without scales
+    with pytest.raises(ValueError, match=r"head\.w2_scale"):
+        dk.MarkovHead("vanilla", w1, w2, w2_scale=scale)      # scales for a float W2
+    head = dk.MarkovHead("vanilla", w1, q, w2_scale=scale[:3])
+    with pytest.raises(ValueError, match=r"head\.w2_scale"):
+        dk.draft_block(torch.zeros(1, 2, 4), torch.tensor([0]), head)
+    head = dk.MarkovHead("vanilla", w1, q, w2_scale=scale.double())
+    with pytest.raises(ValueError, match=r"head\.w2_scale"):
+        dk.draft_block(torch.zeros(1, 2, 4), torch.tensor([0]), head)

@@ -42,6 +42,7 @@ enum {
   DSPARK_DTYPE_F32 = 0,
   DSPARK_DTYPE_BF16 = 1,
   DSPARK_DTYPE_F16 = 2,
+  DSPARK_DTYPE_F8E4M3 = 3,  /* float8 e4m3 (fn): draft_block's w2 only, with w2_scale */
   DSPARK_DTYPE_I32 = 16,
   DSPARK_DTYPE_I64 = 17
 };
@@ -186,8 +187,11 @@ typedef struct dspark_draft_block_args {
   int head_kind;                 /* DSPARK_HEAD_VANILLA, DSPARK_HEAD_GATED or DSPARK_HEAD_RNN */
   const void* w1;                /* [VT, R] float: the embedding of the previous token (a target id) */
   int w1_dtype;
-  const void* w2;                /* [V, R] float: the correction W2 (an nn.Linear(r, V) weight) */
+  const void* w2;                /* [V, R] float: the correction W2 (an nn.Linear(r, V) weight); or
+                                    DSPARK_DTYPE_F8E4M3 with w2_scale */
   int w2_dtype;
+  const float* w2_scale;         /* [V] float32 per-row scales of a DSPARK_DTYPE_F8E4M3 w2 (bias_j = w2_scale[j] *
+                                    (W2_j . v)); NULL for any other w2 dtype */
   const void* draft_to_target;   /* [V] int32/int64: the target id of each draft id, for a drafter over a reduced
                                     vocabulary of V ids (base_logits, w2 and logits cover them; tokens are
                                     draft_to_target[j] for the drafted id j, and the next position reads W1 at it),

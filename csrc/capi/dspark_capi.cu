@@ -26,7 +26,8 @@ static_assert(DSPARK_HEAD_VANILLA == static_cast<int>(dspark::draft::kVanilla) &
               "DSPARK_HEAD_* must equal dspark::draft::Head");
 static_assert(DSPARK_DTYPE_F32 == static_cast<int>(dspark::DType::kFloat32) &&
                   DSPARK_DTYPE_BF16 == static_cast<int>(dspark::DType::kBFloat16) &&
-                  DSPARK_DTYPE_F16 == static_cast<int>(dspark::DType::kFloat16),
+                  DSPARK_DTYPE_F16 == static_cast<int>(dspark::DType::kFloat16) &&
+                  DSPARK_DTYPE_F8E4M3 == static_cast<int>(dspark::DType::kFloat8E4M3),
               "DSPARK_DTYPE_* must equal dspark::DType");
 
 namespace {
@@ -285,7 +286,16 @@ int draft_params(const dspark_draft_block_args* a, dspark::DraftBlockParams* p, 
   p->anchors_int64 = anchors.is64;
   DSPARK_TRY(float_array(fn, "w1", a->w1, a->w1_dtype, false, &p->w1_dtype));
   p->w1 = a->w1;
-  DSPARK_TRY(float_array(fn, "w2", a->w2, a->w2_dtype, false, &p->w2_dtype));
+  if (a->w2_dtype == DSPARK_DTYPE_F8E4M3) {
+    if (a->w2 == nullptr) return null_pointer(fn, "w2");
+    if (a->w2_scale == nullptr) return null_pointer(fn, "w2_scale", "a DSPARK_DTYPE_F8E4M3 w2 needs its row scales");
+    p->w2_dtype = dspark::DType::kFloat8E4M3;
+    p->w2_scale = a->w2_scale;
+  } else {
+    DSPARK_TRY(float_array(fn, "w2", a->w2, a->w2_dtype, false, &p->w2_dtype));
+    if (a->w2_scale != nullptr)
+      return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": w2_scale is only for a DSPARK_DTYPE_F8E4M3 w2");
+  }
   p->w2 = a->w2;
   p->VT = a->V;
   if (a->draft_to_target != nullptr) {

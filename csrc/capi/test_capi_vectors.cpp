@@ -167,9 +167,13 @@ Buf float_buf(const Json& j) {
   Buf b;
   if (j.is_null()) return b;
   const std::string& dt = j["dtype"].text;
-  b.dtype = dt == "f32" ? DSPARK_DTYPE_F32 : (dt == "bf16" ? DSPARK_DTYPE_BF16 : DSPARK_DTYPE_F16);
+  b.dtype = dt == "f32" ? DSPARK_DTYPE_F32
+            : dt == "bf16" ? DSPARK_DTYPE_BF16
+            : dt == "f8e4m3" ? DSPARK_DTYPE_F8E4M3 : DSPARK_DTYPE_F16;
   for (const Json& x : j["data"].items) {
-    if (b.dtype == DSPARK_DTYPE_F32) {
+    if (b.dtype == DSPARK_DTYPE_F8E4M3) {
+      b.bytes.push_back(static_cast<unsigned char>(x.i()));
+    } else if (b.dtype == DSPARK_DTYPE_F32) {
       const float f = static_cast<float>(x.d());
       unsigned char c[4];
       memcpy(c, &f, 4);
@@ -400,6 +404,7 @@ void run_draft(const Json& c, int index) {
   const int64_t N = c["N"].i(), K = c["K"].i(), V = c["V"].i();
   const Buf base = float_buf(c["base_logits"]), anchors = int_buf(c["anchor_tokens"]);
   const Buf w1 = float_buf(c["w1"]), w2 = float_buf(c["w2"]), wg = float_buf(c["wg"]), bg = float_buf(c["bg"]);
+  const Buf w2_scale = float_buf(c["w2_scale"]);
   const Buf wj = float_buf(c["wj"]), bj = float_buf(c["bj"]), hidden = float_buf(c["hidden"]);
   const Buf cw = float_buf(c["conf_weight"]), cb = float_buf(c["conf_bias"]), sts = float_buf(c["sts_temperatures"]);
   const Buf temps = float_buf(c["temperature"]);
@@ -424,6 +429,7 @@ void run_draft(const Json& c, int index) {
   a.w1_dtype = w1.dtype;
   a.w2 = w2.ptr();
   a.w2_dtype = w2.dtype;
+  a.w2_scale = static_cast<const float*>(w2_scale.ptr());
   a.wg = wg.ptr();
   a.wg_dtype = wg.dtype;
   a.bg = bg.ptr();
@@ -542,6 +548,17 @@ void draft_verify_argument_errors() {
             strstr(dspark_last_error(), "w2") != nullptr,
         std::string("a NULL w2 must be rejected, naming w2; got: ") + dspark_last_error());
   d.w2 = w;
+  d.w2_dtype = DSPARK_DTYPE_F8E4M3;  // an fp8 W2 without its row scales
+  check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_ERR_NULL_POINTER &&
+            strstr(dspark_last_error(), "w2_scale") != nullptr,
+        std::string("an fp8 w2 without w2_scale must be rejected, naming w2_scale; got: ") + dspark_last_error());
+  const float scale[3] = {1.0f, 1.0f, 1.0f};
+  d.w2_dtype = DSPARK_DTYPE_F32;  // row scales for a float W2
+  d.w2_scale = scale;
+  check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "w2_scale") != nullptr,
+        std::string("w2_scale with an f32 w2 must be rejected, naming w2_scale; got: ") + dspark_last_error());
+  d.w2_scale = nullptr;
   d.head_kind = 7;
   check(dspark_draft_block(&d, nullptr, 0, nullptr) == DSPARK_ERR_BAD_VALUE &&
             strstr(dspark_last_error(), "head_kind") != nullptr,

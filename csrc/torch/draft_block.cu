@@ -15,9 +15,9 @@ constexpr const char* kOp = "draft_block";
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> launch(
     const Tensor& base_logits, const Tensor& anchor_tokens, c10::string_view head_kind, const Tensor& w1,
-    const Tensor& w2, const OptT& draft_to_target, const OptT& wg, const OptT& bg, const OptT& wj, const OptT& bj,
-    const OptT& hidden, const OptT& conf_weight, const OptT& conf_bias, const OptT& sts_temperatures,
-    const OptT& temperature, const Tensor& rng_key, bool return_logits) {
+    const Tensor& w2, const OptT& w2_scale, const OptT& draft_to_target, const OptT& wg, const OptT& bg,
+    const OptT& wj, const OptT& bj, const OptT& hidden, const OptT& conf_weight, const OptT& conf_bias,
+    const OptT& sts_temperatures, const OptT& temperature, const Tensor& rng_key, bool return_logits) {
   check_shape(kOp, "base_logits", base_logits, {kAnySize, kAnySize, kAnySize});
   const Tensor& base = base_logits;
   const int64_t N = base.size(0), K = base.size(1), V = base.size(2);
@@ -50,7 +50,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> launch(
   p.R = R;
   p.VT = w1.size(0);
   p.w1_dtype = check_float(kOp, "w1", w1, base);
-  p.w2_dtype = check_float(kOp, "w2", w2, base, {V, R});
+  if (w2.scalar_type() == at::kFloat8_e4m3fn) {
+    check_tensor(kOp, "w2", w2, base, at::kFloat8_e4m3fn, {V, R});
+    TORCH_CHECK(w2_scale.has_value(), kOp, ": a float8_e4m3fn w2 needs w2_scale (float32 [V], one scale per row)");
+    check_tensor(kOp, "w2_scale", *w2_scale, base, at::kFloat, {V});
+    p.w2_dtype = dspark::DType::kFloat8E4M3;
+    p.w2_scale = w2_scale->data_ptr<float>();
+  } else {
+    p.w2_dtype = check_float(kOp, "w2", w2, base, {V, R});
+    TORCH_CHECK(!w2_scale.has_value(), kOp, ": w2_scale is only for a float8_e4m3fn w2, got w2 of ",
+                w2.scalar_type());
+  }
   p.w1 = w1.data_ptr();
   p.w2 = w2.data_ptr();
   const bool has_conf = conf_weight.has_value();

@@ -8,7 +8,7 @@
 DSPARK_LIBRARY_(DSPARK_TORCH_LIBRARY, m) {
   m.def("rng_uniform_(Tensor(a!) out, Tensor rng_key, int stream) -> ()");
   m.def("draft_block(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, "
-        "Tensor? draft_to_target, Tensor? wg, Tensor? bg, Tensor? wj, Tensor? bj, Tensor? hidden, "
+        "Tensor? w2_scale, Tensor? draft_to_target, Tensor? wg, Tensor? bg, Tensor? wj, Tensor? bj, Tensor? hidden, "
         "Tensor? conf_weight, Tensor? conf_bias, Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, "
         "bool return_logits) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");

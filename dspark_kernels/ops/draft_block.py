@@ -13,6 +13,7 @@ from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, te
 from ._registry import CudaKernel, TritonKernel, define_op
 
 HEAD_KINDS = ("vanilla", "gated", "rnn")
+W2_FP8 = torch.float8_e4m3fn  # the quantized W2 dtype (with a per-row float32 scale)
 
 
 @dataclass
@@ -20,7 +21,9 @@ class MarkovHead:
     """Weights of the sequential Markov head (layouts of the DeepSpec checkpoints; any float dtype).
 
     kind: "vanilla" | "gated" | "rnn".
-    w1: ``[V, r]`` embedding of the previous token (a target id). w2: ``[Vd, r]`` (an ``nn.Linear(r, Vd)`` weight).
+    w1: ``[V, r]`` embedding of the previous token (a target id). w2: ``[Vd, r]`` (an ``nn.Linear(r, Vd)`` weight),
+    any float dtype, or float8_e4m3fn with ``w2_scale``: float32 ``[Vd]``, one scale per row (the bias is then
+    ``w2_scale[j] * (W2[j] . v)``; ``quantize_w2`` makes both from a float W2). Only an fp8 W2 takes a scale.
     wg ``[r, d + r]``, bg ``[r]``: the gate (gated only). wj ``[3r, 2r + d]``, bj ``[3r]``: the joint map (rnn only).
     draft_to_target: int32/int64 ``[Vd]``, the target id of each draft id, for a drafter over a reduced vocabulary
     (``draft_to_target_from_offsets`` converts the offset form ``target = d + d2t[d]``); None: Vd = V, the identity.
@@ -35,8 +38,13 @@ class MarkovHead:
     wj: Optional[torch.Tensor] = None
     bj: Optional[torch.Tensor] = None
     draft_to_target: Optional[torch.Tensor] = None
+    w2_scale: Optional[torch.Tensor] = None
 
     def __post_init__(self):
+        if (self.w2.dtype == W2_FP8) != (self.w2_scale is not None):
+            raise ValueError("head.w2_scale (float32 [Vd], one scale per row) must be given with a float8_e4m3fn "
+                             f"head.w2 and only then; got w2 {self.w2.dtype} and w2_scale "
+                             f"{'None' if self.w2_scale is None else self.w2_scale.dtype}")
         if self.draft_to_target is not None:
             check_draft_to_target(self.draft_to_target, self.w1.shape[0])
 
@@ -52,6 +60,15 @@ def check_draft_to_target(table: torch.Tensor, target_vocab: int) -> None:
         raise ValueError(f"draft_to_target entries must lie in [0, {target_vocab}) (W1's rows), got [{lo}, {hi}]")
     if int(torch.unique(table).numel()) != table.numel():
         raise ValueError("draft_to_target must map draft ids to distinct target ids, got duplicates")
+
+
+def quantize_w2(w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8_e4m3fn ``[Vd, r]``, float32 ``[Vd]``): W2 with one scale per row, ``max |W2[j]| / 448`` (e4m3's
+    largest finite value), so each row uses e4m3's whole range; a zero row gets scale 1."""
+    check_tensor("w2", w2, ndim=2, dtypes=FLOAT_DTYPES)
+    amax = w2.float().abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / torch.finfo(W2_FP8).max, 1.0)
+    return (w2.float() / scale[:, None]).to(W2_FP8), scale
 
 
 def draft_to_target_from_offsets(offsets: torch.Tensor) -> torch.Tensor:
@@ -81,7 +98,7 @@ class DraftBlockOutput(NamedTuple):
     draft_logprobs: Optional[torch.Tensor] = None  # float32 [N, K]: log q(token) under softmax(logits / T)
 
 
-def _fake(base_logits, anchor_tokens, head_kind, w1, w2, draft_to_target, wg, bg, wj, bj, hidden, conf_weight,
+def _fake(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_to_target, wg, bg, wj, bj, hidden, conf_weight,
           conf_bias, sts_temperatures, temperature, rng_key, return_logits):
     n, k, v = base_logits.shape
     new = base_logits.new_empty
@@ -93,7 +110,8 @@ def _fake(base_logits, anchor_tokens, head_kind, w1, w2, draft_to_target, wg, bg
 
 DRAFT_BLOCK = define_op(
     "draft_block",
-    "(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, Tensor? draft_to_target, "
+    "(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, Tensor? w2_scale, "
+    "Tensor? draft_to_target, "
     "Tensor? wg, Tensor? bg, Tensor? wj, Tensor? bj, Tensor? hidden, Tensor? conf_weight, Tensor? conf_bias, "
     "Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, bool return_logits) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
@@ -157,7 +175,9 @@ def draft_block(
     check_tensor("head.w1", head.w1, shape=(None if d2t is not None else vocab, None), dtypes=FLOAT_DTYPES,
                  device=dev)
     rank = head.w1.shape[1]
-    check_tensor("head.w2", head.w2, shape=(vocab, rank), dtypes=FLOAT_DTYPES, device=dev)
+    check_tensor("head.w2", head.w2, shape=(vocab, rank), dtypes=FLOAT_DTYPES + (W2_FP8,), device=dev)
+    check_tensor("head.w2_scale", head.w2_scale, shape=(vocab,), dtypes=(torch.float32,), device=dev,
+                 optional=head.w2.dtype != W2_FP8)
     needs_hidden = head.kind != "vanilla" or confidence is not None
     if needs_hidden and hidden is None:
         raise ValueError(f"hidden [N, K, d] is required by the {head.kind} head"
@@ -197,7 +217,8 @@ def draft_block(
     temps = temperature_tensor(temperature, n, dev)
     rng_key = make_rng_key(seed, offset, dev)
     tokens, logits, conf, survival, logprobs = DRAFT_BLOCK(
-        base_logits, anchor_tokens, head.kind, head.w1, head.w2, d2t, wg, bg, wj, bj, hidden, conf_weight, conf_bias,
+        base_logits, anchor_tokens, head.kind, head.w1, head.w2, head.w2_scale, d2t, wg, bg, wj, bj, hidden,
+        conf_weight, conf_bias,
         sts, temps, rng_key, bool(return_logits), backend=resolve_backend(backend, dev, DRAFT_BLOCK.name))
     has_conf = confidence is not None
     return DraftBlockOutput(tokens, logits if return_logits else None, conf if has_conf else None,

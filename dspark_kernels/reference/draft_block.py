@@ -8,7 +8,7 @@ position k-1) through the Markov head's embedding ``e = W1[x_k]`` and corrects t
     rnn:      [g, c, o] = chunk(Wj [s; e; h_k] + bj, 3),
               s = sigmoid(g) * s + (1 - sigmoid(g)) * tanh(c),  B = W2 @ tanh(o)     (s starts at 0)
 
-    logits_k = U_k + B
+    logits_k = U_k + B          (an fp8 W2 with per-row scales s: B_j = s_j (W2_j . v), in float32)
     draft_k  = argmax(logits_k)                                 temperature 0 (ties: lowest index)
              = argmax(logits_k / T - log(-log(u)))              temperature T > 0 (Gumbel-max / exponential race)
     conf_k   = w . [h_k; e] + b,   survival_k = prod_{i<=k} sigmoid(conf_i / T_i)
@@ -51,6 +51,7 @@ def draft_block(
     head_kind: str,
     w1: torch.Tensor,
     w2: torch.Tensor,
+    w2_scale: Optional[torch.Tensor],
     draft_to_target: Optional[torch.Tensor],
     wg: Optional[torch.Tensor],
     bg: Optional[torch.Tensor],
@@ -93,7 +94,8 @@ def draft_block(
             gate, cand, out = (torch.cat([state, e, h], dim=-1) @ wj.float().T + bj.float()).chunk(3, dim=-1)
             state = torch.sigmoid(gate) * state + (1 - torch.sigmoid(gate)) * torch.tanh(cand)
             v = torch.tanh(out)
-        logits = base_logits[:, k].float() + v @ w2f.T
+        bias = v @ w2f.T
+        logits = base_logits[:, k].float() + (bias * w2_scale.float() if w2_scale is not None else bias)
         if conf is not None:
             conf[:, k] = torch.cat([h, e], dim=-1) @ conf_weight.float() + conf_bias.float()
         drafted = argmax_nan_low(logits)  # a draft id

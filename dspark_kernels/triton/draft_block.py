@@ -139,9 +139,10 @@ def _confidence(cw_ptr, cb_ptr, sts_ptr, k, h_row, e_row, e_ok, D, R, cs_ar, HAS
 
 
 @triton.jit
-def _logits_chunk(u_row, w2_ptr, e_row, e_ok, v_row, cols, vmask, R, rs_ar, HEAD: tl.constexpr,
-                  BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``U_k + W2 @ v`` at ``cols`` in float32 (v read from W1 for the vanilla head, else the scratch row)."""
+def _logits_chunk(u_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, cols, vmask, R, rs_ar, HEAD: tl.constexpr,
+                  HAS_SCALE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``U_k + W2 @ v`` at ``cols`` in float32 (v read from W1 for the vanilla head, else the scratch row; each
+    row's dot product times its scale with an fp8 W2)."""
     acc = tl.zeros([BLOCK_V, BLOCK_R], tl.float32)
     for rs in range(0, R, BLOCK_R):
         rr = rs + rs_ar
@@ -153,13 +154,16 @@ def _logits_chunk(u_row, w2_ptr, e_row, e_ok, v_row, cols, vmask, R, rs_ar, HEAD
         w = tl.load(w2_ptr + cols[:, None] * R + rr[None, :], mask=vmask[:, None] & rmask[None, :],
                     other=0.0).to(tl.float32)
         acc += w * vv[None, :]
-    return tl.load(u_row + cols, mask=vmask, other=0.0).to(tl.float32) + tl.sum(acc, axis=1)
+    bias = tl.sum(acc, axis=1)
+    if HAS_SCALE:
+        bias = bias * tl.load(w2s_ptr + cols, mask=vmask, other=0.0)
+    return tl.load(u_row + cols, mask=vmask, other=0.0).to(tl.float32) + bias
 
 
 @triton.jit
-def _vocab_pass(u_row, logits_row, w2_ptr, e_row, e_ok, v_row, V, R, t, sampled, k0, k1, offset_lo, n, k, vs_ar,
-                rs_ar, HEAD: tl.constexpr, RETURN_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr,
-                BLOCK_R: tl.constexpr):
+def _vocab_pass(u_row, logits_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, V, R, t, sampled, k0, k1, offset_lo, n, k,
+                vs_ar, rs_ar, HEAD: tl.constexpr, HAS_SCALE: tl.constexpr, RETURN_LOGITS: tl.constexpr,
+                BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
     """One pass over the vocabulary: the logits (stored when asked for), the greedy or Gumbel-max argmax, and the
     softmax statistics of logits / T (T = 1 for greedy rows). Returns (token, log_softmax(logits / T)[token])."""
     best = tl.full([BLOCK_V], NEG_INF, tl.float32)
@@ -171,7 +175,8 @@ def _vocab_pass(u_row, logits_row, w2_ptr, e_row, e_ok, v_row, V, R, t, sampled,
     for vs in range(0, V, BLOCK_V):
         cols = vs + vs_ar
         vmask = cols < V
-        x = _logits_chunk(u_row, w2_ptr, e_row, e_ok, v_row, cols, vmask, R, rs_ar, HEAD, BLOCK_V, BLOCK_R)
+        x = _logits_chunk(u_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, cols, vmask, R, rs_ar, HEAD, HAS_SCALE,
+                          BLOCK_V, BLOCK_R)
         if RETURN_LOGITS:
             tl.store(logits_row + cols, x, mask=vmask)
         xs = x / t
@@ -200,10 +205,11 @@ def _vocab_pass(u_row, logits_row, w2_ptr, e_row, e_ok, v_row, V, R, t, sampled,
 
 @triton.jit
 def _draft_block_kernel(
-    base_ptr, anchor_ptr, w1_ptr, w2_ptr, d2t_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr, hidden_ptr, cw_ptr, cb_ptr, sts_ptr,
+    base_ptr, anchor_ptr, w1_ptr, w2_ptr, w2s_ptr, d2t_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr, hidden_ptr, cw_ptr, cb_ptr,
+    sts_ptr,
     temp_ptr, rng_key_ptr, scratch_ptr, tokens_ptr, logits_ptr, conf_ptr, surv_ptr, logprob_ptr,
     K, V, VT, R, D,
-    HEAD: tl.constexpr, HAS_MAP: tl.constexpr, HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr,
+    HEAD: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MAP: tl.constexpr, HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr,
     RETURN_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
@@ -239,9 +245,9 @@ def _draft_block_kernel(
             surv = surv * c_k
             tl.store(conf_ptr + row, z_k)
             tl.store(surv_ptr + row, surv)
-        prev, logprob = _vocab_pass(base_ptr + row * V, logits_ptr + row * V, w2_ptr, e_row, e_ok, v_row, V, R, t,
-                                    sampled, k0, k1, offset_lo, n, k, vs_ar, rs_ar, HEAD, RETURN_LOGITS, BLOCK_V,
-                                    BLOCK_R)
+        prev, logprob = _vocab_pass(base_ptr + row * V, logits_ptr + row * V, w2_ptr, w2s_ptr, e_row, e_ok, v_row,
+                                    V, R, t, sampled, k0, k1, offset_lo, n, k, vs_ar, rs_ar, HEAD, HAS_SCALE,
+                                    RETURN_LOGITS, BLOCK_V, BLOCK_R)
         if HAS_MAP:
             prev = tl.load(d2t_ptr + prev).to(tl.int64)  # the drafted id is in [0, V)
         tl.store(tokens_ptr + row, prev)
@@ -262,8 +268,8 @@ def _floor_pow2(x: int) -> int:
     return 1 << (max(x, 1).bit_length() - 1)
 
 
-def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, draft_to_target, wg, bg, wj, bj, hidden, conf_weight,
-                conf_bias, sts_temperatures, temperature, rng_key, return_logits):
+def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_to_target, wg, bg, wj, bj, hidden,
+                conf_weight, conf_bias, sts_temperatures, temperature, rng_key, return_logits):
     """Same flat arguments and results as ``dspark_kernels.reference.draft_block`` (checked by the wrapper; tensors
     contiguous, as the registry passes them)."""
     n, k, v = base_logits.shape
@@ -286,7 +292,8 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, draft_to_target, 
     tile = _TILE if dev.type == "cuda" else _TILE_INTERPRET
     block_v, block_r, block_c = _blocks(v, rank, width, {"vanilla": 1, "gated": 2, "rnn": 3}[head_kind], tile)
     _draft_block_kernel[(n,)](
-        base, anchor_tokens, w1, w2, draft_to_target if draft_to_target is not None else dummy,
+        base, anchor_tokens, w1, w2, w2_scale if w2_scale is not None else dummy,
+        draft_to_target if draft_to_target is not None else dummy,
         wg if wg is not None else dummy, bg if bg is not None else dummy,
         wj if wj is not None else dummy, bj if bj is not None else dummy,
         hidden if hidden is not None else dummy,
@@ -296,7 +303,8 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, draft_to_target, 
         temperature if temperature is not None else torch.zeros(n, device=dev), rng_key, scratch,
         tokens, logits, conf, survival, logprobs,
         k, v, w1.shape[0], rank, d,
-        HEAD=_HEAD_IDS[head_kind], HAS_MAP=draft_to_target is not None, HAS_CONF=has_conf,
+        HEAD=_HEAD_IDS[head_kind], HAS_SCALE=w2_scale is not None, HAS_MAP=draft_to_target is not None,
+        HAS_CONF=has_conf,
         HAS_STS=sts_temperatures is not None, RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v, BLOCK_R=block_r,
         BLOCK_C=block_c,
         num_warps=_NUM_WARPS,

@@ -39,6 +39,8 @@ def _floats(t):
         return None
     if t.dtype == torch.float32:
         return {"dtype": "f32", "data": [float(x) for x in t.flatten().tolist()]}
+    if t.dtype == torch.float8_e4m3fn:
+        return {"dtype": "f8e4m3", "data": [int(x) for x in t.flatten().view(torch.uint8).tolist()]}
     name = "bf16" if t.dtype == torch.bfloat16 else "f16"
     return {"dtype": name, "data": [int(x) & 0xFFFF for x in t.flatten().view(torch.int16).tolist()]}
 
@@ -89,16 +91,17 @@ def _q(shape, g, scale=16, lo=-48, hi=48):
 
 
 def _draft_case(base, anchors, kind, w1, w2, wg=None, bg=None, wj=None, bj=None, hidden=None, conf_weight=None,
-                conf_bias=None, sts=None, temperature=None, key=(0, 0), return_logits=False):
+                conf_bias=None, sts=None, temperature=None, key=(0, 0), return_logits=False, w2_scale=None):
     rng_key = torch.tensor(list(key), dtype=torch.int64)
     tokens, logits, conf, surv, logprobs = reference.draft_block(
-        base, anchors, kind, w1, w2, None, wg, bg, wj, bj, hidden, conf_weight, conf_bias, sts, temperature, rng_key,
-        return_logits)
+        base, anchors, kind, w1, w2, w2_scale, None, wg, bg, wj, bj, hidden, conf_weight, conf_bias, sts,
+        temperature, rng_key, return_logits)
     n, k, v = base.shape
     has_conf = conf_weight is not None
     return {
         "N": n, "K": k, "V": v, "R": w1.shape[1], "D": 0 if hidden is None else hidden.shape[2], "head": kind,
         "base_logits": _floats(base), "anchor_tokens": _ints(anchors), "w1": _floats(w1), "w2": _floats(w2),
+        "w2_scale": _floats(w2_scale),
         "wg": _floats(wg), "bg": _floats(bg), "wj": _floats(wj), "bj": _floats(bj), "hidden": _floats(hidden),
         "conf_weight": _floats(conf_weight), "conf_bias": _floats(conf_bias), "sts_temperatures": _floats(sts),
         "temperature": _floats(temperature), "rng_key": list(key), "return_logits": bool(return_logits),
@@ -157,6 +160,12 @@ def _draft_vectors(g):
     # gated, sampled
     draft.append(_draft_case(_q((n, k, v), g), anchors, "gated", **head("gated"), hidden=_q((n, k, d), g),
                              temperature=f([1.0, 0.5, -1.0]), key=(7, 2 ** 33 + 1)))
+    # vanilla, an fp8 W2 with per-row scales, mixed temperatures, with the logits: k / 16 for |k| <= 8 (exact in
+    # e4m3) times powers of two, so the products stay exact as in the other cases
+    q = _q((v, r), g, lo=-8, hi=9).to(torch.float8_e4m3fn)
+    scale = torch.pow(2.0, torch.randint(-1, 3, (v,), generator=g).float())
+    draft.append(_draft_case(_q((n, k, v), g), anchors, "vanilla", _q((v, r), g), q, w2_scale=scale,
+                             temperature=f([0.0, 0.9, 1.1]), key=(99, 3), return_logits=True))
     # rnn, greedy, confidence + STS
     draft.append(_draft_case(_q((n, k, v), g), anchors, "rnn", **head("rnn"), hidden=_q((n, k, d), g), **conf()))
     # rnn, sampled, confidence + STS, bf16 base logits

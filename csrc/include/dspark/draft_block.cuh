@@ -97,6 +97,10 @@ constexpr int64_t kMinRowsPerCta = 128;
 // request's largest |v| to (hi / lo stay normal numbers in fp16).
 constexpr int kRKm = 64;
 constexpr int kWtStrideM = kRKm + 8;
+// An fp8 W2 (e4m3) lands in its own ring of raw chunks, kRKm bytes a row (unpadded: a quarter-warp copies or reads
+// the 4 units of two rows, 8 different bank groups), and each chunk is widened to bf16 (exactly: e4m3 is a subset of
+// bf16) into one [kThreads][kWtStrideM] buffer the MMAs read (widen_chunk).
+constexpr int kRawStride8 = kRKm;
 constexpr int kStages = 3;
 constexpr int kVPad = 8;
 constexpr int kLtStrideM = kThreads + 4;
@@ -116,7 +120,8 @@ struct DraftBlockParams {
   const void* w1;  // [VT, R]
   DType w1_dtype;
   const void* w2;  // [V, R]
-  DType w2_dtype;
+  DType w2_dtype;  // a float dtype, or kFloat8E4M3 with w2_scale
+  const float* w2_scale;  // [V]: per-row scales of an fp8 W2 (bias_j = w2_scale[j] * (W2_j . v)), else null
   const void* d2t;  // [V] int32 or int64 target ids of the draft ids, or null (the identity; VT = V)
   bool d2t_int64;
   const void* wg;  // [R, D + R] (gated)
@@ -198,7 +203,9 @@ struct Part {
   }
 };
 
-DSPARK_HOST_DEVICE_FN size_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+DSPARK_HOST_DEVICE_FN size_t dtype_size(DType t) {
+  return t == DType::kFloat32 ? 4 : (t == DType::kFloat8E4M3 ? 1 : 2);
+}
 
 // CTA b's vocabulary slice [v0, v1) of G slices: whole groups of 16 tokens (four Philox calls' words; one 32-byte
 // sector of a 16-bit row of U, two of an fp32 row), spread as evenly as that allows, so the slices start at
@@ -599,7 +606,13 @@ DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph,
       const int cnt = rows - i4 < 4 ? rows - i4 : 4;
       float* lq = l + 4 * q;
       const float4 b = *reinterpret_cast<const float4*>(bias + i4);
-      lq[0] += b.x * bscale, lq[1] += b.y * bscale, lq[2] += b.z * bscale, lq[3] += b.w * bscale;
+      if (p.w2_scale == nullptr) {
+        lq[0] += b.x * bscale, lq[1] += b.y * bscale, lq[2] += b.z * bscale, lq[3] += b.w * bscale;
+      } else {  // an fp8 W2: each row's product times its scale (rows past the tile's end are never folded)
+        const float bs[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) lq[e] += e < cnt ? bs[e] * bscale * ldg(p.w2_scale + v + e) : 0.0f;
+      }
       if (vec_out && cnt == 4) {
         store_f32x4(p.logits + row0 + v, rng::F32x4{lq[0], lq[1], lq[2], lq[3]});
       } else if (p.logits != nullptr) {
@@ -790,9 +803,9 @@ DSPARK_DEVICE bool split_group(const VRows& vr, int64_t R, int64_t rpad, int64_t
 }
 
 // Chunk c of the CTA's W2 stream (tile c / nchunks of 128 vocabulary rows, columns kRKm * (c % nchunks) on) into
-// a ring slot [kThreads][kWtStrideM]: 16-byte cp.async copies (zero-filled past the slice or the rank) when W2's
-// rows are 16-byte aligned, else element copies.
-template <typename TW>
+// a ring slot [kThreads][kStride]: 16-byte cp.async copies (zero-filled past the slice or the rank) when W2's rows
+// are 16-byte aligned, else element copies.
+template <typename TW, int kStride>
 DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t v0, int64_t v1, int nchunks,
                                   int64_t c, bool vec, TW* slot, int t) {
   constexpr int kEpv = static_cast<int>(16 / sizeof(TW));
@@ -806,13 +819,17 @@ DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t
       const int row = i / vpr, q = i - row * vpr;
       const int64_t col = rc + q * kEpv;
       const bool in = row < rows && col < R;  // R is a multiple of kEpv here
-      cp_async_zfill<16>(slot + row * kWtStrideM + q * kEpv, in ? w2 + (tile0 + row) * R + col : w2, in ? 16 : 0);
+      cp_async_zfill<16>(slot + row * kStride + q * kEpv, in ? w2 + (tile0 + row) * R + col : w2, in ? 16 : 0);
     }
   } else {
     for (int i = t; i < kThreads * width; i += kThreads) {
       const int row = i / width, q = i - row * width;
       const int64_t col = rc + q;
-      slot[row * kWtStrideM + q] = row < rows && col < R ? ldg(w2 + (tile0 + row) * R + col) : from_float<TW>(0.0f);
+      if (row < rows && col < R) {
+        slot[row * kStride + q] = ldg(w2 + (tile0 + row) * R + col);
+      } else {
+        memset(slot + row * kStride + q, 0, sizeof(TW));
+      }
     }
   }
 }
@@ -830,6 +847,23 @@ DSPARK_DEVICE void stage_u_tile(const DraftBlockParams& p, int64_t g0, int nb, i
     const bool in = u * E < rows;
     const char* src = base + (((g0 + j) * p.K + k) * p.V + tile0 + int64_t(u) * E) * esz;
     cp_async_zfill<16>(slot + j * upr + (u ^ u_swizzle(j, E)), in ? src : base, in ? 16 : 0);
+  }
+}
+
+// A staged fp8 chunk (rows of kRawStride8 bytes, `width` of them used) widened to bf16 rows of kWtStrideM elements:
+// 16-byte unit idx = t + 128 j (row idx / upr, unit idx % upr) by thread t. With full 64-byte rows a quarter-warp
+// reads the 4 units of two rows (8 bank groups) and writes each unit's two bf16 halves to units 9 r + 2 q (+ 1) of
+// rows 144 bytes apart, distinct mod 8: conflict-free (a 32-byte tail chunk, r = 32 mod 64, is 2-way).
+DSPARK_DEVICE void widen_chunk(const __nv_fp8_e4m3* raw, __nv_bfloat16* out, int width, int t) {
+  const int upr = width / 16;
+  for (int idx = t; idx < kThreads * upr; idx += kThreads) {
+    const int row = idx / upr, q = 16 * (idx - row * upr);
+    const Vec16<__nv_fp8_e4m3> w = *reinterpret_cast<const Vec16<__nv_fp8_e4m3>*>(raw + row * kRawStride8 + q);
+    Vec16<__nv_bfloat16> h[2];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) h[e >> 3].v[e & 7] = __float2bfloat16(to_float(w.v[e]));
+    *reinterpret_cast<Vec16<__nv_bfloat16>*>(out + row * kWtStrideM + q) = h[0];
+    *reinterpret_cast<Vec16<__nv_bfloat16>*>(out + row * kWtStrideM + q + 8) = h[1];
   }
 }
 
@@ -862,13 +896,14 @@ DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const T
   }
 }
 
-// The tensor-core sweep for a 16-bit W2 (bf16 / fp16), per request group (NBT a multiple of 8; the group pads to
-// it with zero rows): the group's v rows split into hi + lo rows (split_group); the CTA's W2 slice streams through
+// The tensor-core sweep for a 16-bit W2 (bf16 / fp16; TS = TW) or an fp8 one (TS = e4m3 staged raw and widened to
+// TW = bf16 per chunk: widen_chunk), per request group (NBT a multiple of 8; the group pads to it with zero rows):
+// the group's v rows split into hi + lo rows (split_group); the CTA's W2 slice streams through
 // a kStages-deep cp.async ring of [128 rows x kRKm columns] chunks, kStages - 1 chunks in flight while one is
 // multiplied (mma_chunk); after a tile's last chunk the accumulators go to a shared [NB][kLtStrideM] bias tile and
 // every thread folds its request's share (fold_pieces) into its running partial, kept in registers across the
 // slice: one reduction per request (over its plan.tpr threads) and slice.
-template <typename TW, int NBT>
+template <typename TW, int NBT, typename TS>
 DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                         const rng::Philox& ph, float* smem, const SweepScratch& sc) {
   static_assert(NBT % 8 == 0, "the request group pads to the MMA's N");
@@ -878,7 +913,10 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   const int ldv = static_cast<int>(rpad + kVPad);
   const int64_t lo_off = plan.vrows * ldv;
   TW* vt = reinterpret_cast<TW*>(smem);                // [2][vrows][ldv]: hi rows, then lo rows
-  TW* ring = reinterpret_cast<TW*>(smem + plan.off_wt);  // [kStages][kThreads][kWtStrideM]
+  constexpr bool kWiden = !std::is_same<TS, TW>::value;  // an fp8 W2
+  constexpr int kSlotStride = kWiden ? kRawStride8 : kWtStrideM;
+  TS* ring = reinterpret_cast<TS*>(smem + plan.off_wt);  // [kStages][kThreads][kSlotStride]
+  TW* wide = reinterpret_cast<TW*>(ring + kStages * kThreads * kSlotStride);  // [kThreads][kWtStrideM] (kWiden)
   float* lt = smem + plan.off_l;                       // [vrows][kLtStrideM]: the tile's biases
   float* temps = smem + plan.off_temp;                 // [NB]: T, or 0 for greedy
   float* unscale = smem + plan.off_scale;              // [NB]: 1 / s
@@ -887,12 +925,12 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   slice_bounds(V, plan.slices, slice, v0, v1);
   const int nchunks = static_cast<int>((rpad + kRKm - 1) / kRKm);
   const int64_t total = v1 > v0 ? (v1 - v0 + kThreads - 1) / kThreads * nchunks : 0;
-  const TW* w2 = static_cast<const TW*>(p.w2);
-  const bool vec = (R * static_cast<int64_t>(sizeof(TW))) % 16 == 0 && is_aligned16(w2);
+  const TS* w2 = static_cast<const TS*>(p.w2);
+  const bool vec = (R * static_cast<int64_t>(sizeof(TS))) % 16 == 0 && is_aligned16(w2);
   const int tpr = plan.tpr;
   const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
   const int jf = fl.jf;  // the request this thread folds
-  const int64_t slot_elems = int64_t(kThreads) * kWtStrideM;
+  const int64_t slot_elems = int64_t(kThreads) * kSlotStride;
   uint4* uring = reinterpret_cast<uint4*>(smem + plan.off_u);  // [uslots][group][128 elements of U] (stage_u)
   const int64_t uslot_units = int64_t(plan.group) * kThreads * int64_t(dtype_size(p.base_dtype)) / 16;
   const bool fused = p.head == kVanilla;  // (the workspace then has no v rows: ws.v is null)
@@ -903,7 +941,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
     // chunk c of W2 into its ring slot, and with a tile's last chunk the tile's U (stage_u), in one commit group
     auto stage = [&](int64_t c) {
       if (c < total) {
-        stage_w2_chunk(w2, R, rpad, v0, v1, nchunks, c, vec, ring + (c % kStages) * slot_elems, t);
+        stage_w2_chunk<TS, kSlotStride>(w2, R, rpad, v0, v1, nchunks, c, vec, ring + (c % kStages) * slot_elems, t);
         if (plan.stage_u && c % nchunks == nchunks - 1) {
           const int64_t tile = c / nchunks, tile0 = v0 + tile * kThreads;
           stage_u_tile(p, g0, nb, k, tile0, static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads),
@@ -944,8 +982,16 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
             for (int q = 0; q < 4; ++q) acc[mt][f][q] = 0.0f;
       }
       const int64_t rc = int64_t(ci) * kRKm;
-      mma_chunk<TW, kFrags>(acc, ring + (c % kStages) * slot_elems, vt, lo_off, ldv, rc,
-                            static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm), nb, lo_live, lane, warp);
+      const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);
+      const TW* chunk;
+      if constexpr (kWiden) {
+        widen_chunk(ring + (c % kStages) * slot_elems, wide, width, t);
+        __syncthreads();
+        chunk = wide;
+      } else {
+        chunk = ring + (c % kStages) * slot_elems;
+      }
+      mma_chunk<TW, kFrags>(acc, chunk, vt, lo_off, ldv, rc, width, nb, lo_live, lane, warp);
       if (ci == nchunks - 1) {
         const int64_t tile0 = v0 + (c / nchunks) * kThreads;
         const int g = lane >> 2, tq = lane & 3;
@@ -975,7 +1021,11 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   cp_async_wait_all();
 }
 
-template <typename TW, int NBT, bool kMma>
+// The tensor cores' operand type for a W2 stored as TS: TS itself (bf16 / fp16), bf16 for fp8 (widened per chunk).
+template <typename TS>
+using MmaType = std::conditional_t<std::is_same<TS, __nv_fp8_e4m3>::value, __nv_bfloat16, TS>;
+
+template <typename TS, int NBT, bool kMma>
 __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockParams p, Plan plan, Workspace ws) {
   DSPARK_DYNAMIC_SMEM(unsigned char, smem_raw);
   float* smem = reinterpret_cast<float*>(smem_raw + ((32u - (reinterpret_cast<uintptr_t>(smem_raw) & 31u)) & 31u));
@@ -999,9 +1049,9 @@ __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockPara
       grid_sync();
     }
     if constexpr (kMma) {
-      phase_sweep_mma<TW, NBT>(p, plan, ws, k, ph, smem, sc);
+      phase_sweep_mma<MmaType<TS>, NBT, TS>(p, plan, ws, k, ph, smem, sc);
     } else {
-      phase_sweep<TW, NBT>(p, plan, ws, k, ph, smem, sc);
+      phase_sweep<TS, NBT>(p, plan, ws, k, ph, smem, sc);
     }
     grid_sync();
   }
@@ -1041,8 +1091,11 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm, size_t sme
   const int64_t vfloats = pl.vrows * (pl.mma ? pl.rpad + kVPad : pl.rpad);
   const int64_t area = std::max<int64_t>({vfloats, R, int64_t(kZGroup) * kZStride + m * max_rows * kCC});
   pl.off_wt = round_up(area, 8);  // 32-byte aligned
-  pl.off_l = pl.off_wt + (pl.mma ? round_up(int64_t(kStages) * kThreads * kWtStrideM / 2, 8)
-                                 : int64_t(kThreads) * kWtStride);
+  // the tensor-core ring: kStages 16-bit slots, or (fp8) kStages raw slots and the widened chunk
+  const int64_t ring_bytes = p.w2_dtype == DType::kFloat8E4M3
+                                 ? int64_t(kStages) * kThreads * kRawStride8 + int64_t(kThreads) * kWtStrideM * 2
+                                 : int64_t(kStages) * kThreads * kWtStrideM * 2;
+  pl.off_l = pl.off_wt + (pl.mma ? round_up(ring_bytes / 4, 8) : int64_t(kThreads) * kWtStride);
   pl.off_temp = pl.off_l + pl.vrows * kLtStrideM;
   pl.off_scale = pl.off_temp + round_up(pl.group, 4);
   pl.off_u = pl.off_scale + round_up(pl.group, 4);
@@ -1145,6 +1198,7 @@ inline cudaError_t dispatch(const DraftBlockParams& p, void* workspace, cudaStre
     case DType::kFloat32: return launch_w2<float>(p, workspace, stream, out_plan);
     case DType::kBFloat16: return launch_w2<__nv_bfloat16>(p, workspace, stream, out_plan);
     case DType::kFloat16: return launch_w2<__half>(p, workspace, stream, out_plan);
+    case DType::kFloat8E4M3: return launch_w2<__nv_fp8_e4m3>(p, workspace, stream, out_plan);
     default: return cudaErrorInvalidValue;
   }
 }

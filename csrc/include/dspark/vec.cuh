@@ -13,8 +13,9 @@
 
 namespace dspark {
 
-// Element types of the float inputs, numbered as the C ABI numbers them (dspark.h: DSPARK_DTYPE_*).
-enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+// Element types of the float inputs, numbered as the C ABI numbers them (dspark.h: DSPARK_DTYPE_*). kFloat8E4M3 is
+// only a quantized W2 of draft_block (with per-row scales); DSPARK_DISPATCH_FLOAT and load_float do not take it.
+enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2, kFloat8E4M3 = 3 };
 
 // Run `...` with `T` bound to the C++ type of `dtype` (float, __nv_bfloat16, __half); `on_bad` otherwise.
 #define DSPARK_DISPATCH_FLOAT(dtype, T, on_bad, ...)        \
@@ -41,6 +42,7 @@ enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 DSPARK_HOST_DEVICE_FN float to_float(float v) { return v; }
 DSPARK_HOST_DEVICE_FN float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 DSPARK_HOST_DEVICE_FN float to_float(__half v) { return __half2float(v); }
+DSPARK_HOST_DEVICE_FN float to_float(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
 
 template <typename T>
 DSPARK_HOST_DEVICE_FN T from_float(float v);

@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>  // types only (dim3, float4, cudaError_t, cudaStream_t); nothing links cudart
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math_constants.h>
 
 #include <math.h>
