@@ -46,6 +46,39 @@ def test_drafter_round_trip(tmp_path, target, markov, confidence, rank):
     assert a.tokens == b.tokens and a.stats.verified_tokens_per_step == b.stats.verified_tokens_per_step
 
 
+@pytest.mark.parametrize("markov,rank", [("vanilla", 8), ("rnn", 8), ("vanilla", 0)])
+def test_reduced_vocabulary_drafter_round_trip(tmp_path, target, markov, rank):
+    """A drafter over 20 of the 48 target ids in the speculators layout: ``draft_vocab_size`` in the config, its own
+    ``lm_head.weight [Vd, d]``, the ``d2t`` offsets (int64, kept so when loaded in fp16) and W2 ``[Vd, r]``; a
+    ``t2d`` table beside them (speculators writes one) is ignored. Loading gives the same map and generation."""
+    ids = list(range(3, 46, 2))[:20]
+    drafter = tiny_drafter(target, block_size=4, markov=markov, rank=rank, draft_ids=ids)
+    save_drafter(drafter, tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert tensors["lm_head.weight"].shape == (20, target.config.hidden_size)
+    assert tensors["d2t"].dtype == torch.int64 and (tensors["d2t"] + torch.arange(20)).tolist() == ids
+    if rank:
+        assert tensors["markov_head.markov_w2.weight"].shape == (20, rank)
+        assert tensors["markov_head.markov_w1.weight"].shape == (target.vocab_size, rank)
+    assert json.loads((tmp_path / "config.json").read_text())["draft_vocab_size"] == 20
+    t2d = torch.zeros(target.vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    save_file({**tensors, "t2d": t2d}, tmp_path / "model.safetensors")
+    loaded = load_drafter(tmp_path, target, dtype=torch.float16).float()
+    assert loaded.draft_to_target().tolist() == ids and loaded.d2t.dtype == torch.int64
+    a = SpeculativeDecoder(target, drafter, seed=3).generate(PROMPTS, 9, temperature=0.8)
+    b = SpeculativeDecoder(target, loaded, seed=3).generate(PROMPTS, 9, temperature=0.8)
+    assert a.tokens == b.tokens
+
+
+def test_reduced_vocabulary_bad_map_is_an_error(tmp_path, target):
+    drafter = tiny_drafter(target, block_size=4, draft_ids=[5, 6, 7, 8])
+    drafter.d2t[1] = -1  # draft id 1 -> target id 0 ... and id 2 -> 9: still distinct; then a duplicate
+    drafter.d2t[2] = 3   # draft id 2 -> target id 5, as draft id 0
+    with pytest.raises(ValueError, match="draft_to_target"):
+        SpeculativeDecoder(target, drafter)
+
+
 def test_sharded_target_and_draft_prefix(tmp_path, target):
     save_target(target, tmp_path / "t")
     sd = load_file(tmp_path / "t" / "model.safetensors")

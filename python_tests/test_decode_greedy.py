@@ -59,6 +59,24 @@ def test_random_drafter_is_lossless(target, reference):
     assert dec.generate(PROMPTS5, MAX_NEW).tokens == reference
 
 
+@pytest.mark.parametrize("markov,rank", [("vanilla", 8), ("gated", 8), ("vanilla", 0)])
+def test_reduced_vocabulary_drafter_is_lossless(target, reference, markov, rank):
+    """A drafter over a reduced vocabulary (the target ids the reference uses, but two, and a few others: d2t
+    offsets): greedy speculative decoding equals the target's own, and the oracle's drafts are accepted, which
+    needs the map (draft id j is target id ids[j]); a random one over the same ids is lossless too."""
+    used = sorted({t for seq in PROMPTS5 + reference for t in seq})
+    ids = sorted(set(used[2:]) | {44, 45, 46})  # two used ids left out: their positions cannot be drafted
+    drafter = oracle_drafter(target, block_size=4, markov=markov, rank=rank, draft_ids=ids, seed=2)
+    drafter.set_reference([p + r for p, r in zip(PROMPTS5, reference)])
+    assert drafter.draft_lm_head.shape[0] == len(ids) < target.vocab_size
+    res = SpeculativeDecoder(target, drafter, kv_block_size=4).generate(PROMPTS5, MAX_NEW,
+                                                                        scheduler=scheduler("fixed", 4))
+    assert res.tokens == reference
+    assert res.stats.acceptance_length > 1.5, res.stats.acceptance_length
+    rand = tiny_drafter(target, block_size=3, markov=markov, rank=rank, draft_ids=ids)
+    assert SpeculativeDecoder(target, rand, kv_block_size=8).generate(PROMPTS5, MAX_NEW).tokens == reference
+
+
 @pytest.mark.parametrize("k", [1, 4, 7])
 def test_stop_tokens_and_length_limits(target, reference, k):
     # stop tokens taken from inside the reference continuations: generation must end right after them

@@ -21,15 +21,20 @@ def last_logits(target, seq):
                   len(seq)).logits[-1]
 
 
-@pytest.mark.parametrize("temperature,k,method", [(1.0, 4, "token"), (0.7, 2, "token"), (1.0, 3, "block")])
-def test_first_tokens_follow_target(temperature, k, method):
+@pytest.mark.parametrize("temperature,k,method,reduced", [(1.0, 4, "token", False), (0.7, 2, "token", False),
+                                                          (1.0, 3, "block", False), (1.0, 3, "token", True),
+                                                          (0.8, 2, "block", True)])
+def test_first_tokens_follow_target(temperature, k, method, reduced):
+    """``reduced``: the drafter proposes over 4 of the 6 target ids (q is zero on the other two)."""
     target = tiny_target(seed=5, vocab=V, layers=3)
-    # a drafter leaning towards one token (q far from p, many acceptances): a lossy verifier would show
-    drafter = oracle_drafter(target, block_size=k, markov="gated", layer_ids=(0, 1), seed=7)
     with torch.no_grad():
         p1 = torch.softmax(last_logits(target, PROMPT) / temperature, -1)
         joint = torch.stack([p1[a] * torch.softmax(last_logits(target, PROMPT + [a]) / temperature, -1)
                              for a in range(V)]).reshape(-1)
+    top = int(p1.argmax())
+    ids = sorted([top] + [i for i in range(V) if i != top][1:4]) if reduced else None  # two ids left out
+    # a drafter leaning towards one token (q far from p, many acceptances): a lossy verifier would show
+    drafter = oracle_drafter(target, block_size=k, markov="gated", layer_ids=(0, 1), seed=7, draft_ids=ids)
     drafter.set_reference([[int(p1.argmax())] * 16], wrong_every=1000, scale=2.5)
     n = 20000
     drafter.ref = drafter.ref.expand(n, -1)

@@ -54,7 +54,8 @@ def _load_checked(module: nn.Module, tensors: Dict[str, torch.Tensor], what: str
     if missing or bad:
         raise ValueError(f"{what} checkpoint does not match its config: missing {missing[:8]}"
                          f"{' ...' if len(missing) > 8 else ''}; ill-shaped {bad[:8]}")
-    module.load_state_dict({k: tensors[k].to(dtype) for k in expected}, strict=True)
+    module.load_state_dict({k: tensors[k].to(dtype) if tensors[k].is_floating_point() else tensors[k]
+                            for k in expected}, strict=True)
 
 
 def load_target(path, *, dtype=torch.float32, device="cpu") -> TargetModel:
@@ -107,7 +108,10 @@ def load_drafter(path, target, *, dtype=None, device=None) -> DSparkDrafter:
     tensors = read_tensors(path)
     if tensors and all(k.startswith("model.") for k in tensors):
         tensors = {k[len("model."):]: v for k, v in tensors.items()}
-    for name, ref in (("embed_tokens.weight", emb.weight), ("lm_head.weight", target.lm_head_weight)):
+    shared = [("embed_tokens.weight", emb.weight)]
+    if not cfg.draft_vocab_size:  # a reduced drafter's lm_head is its own (over the draft ids)
+        shared.append(("lm_head.weight", target.lm_head_weight))
+    for name, ref in shared:
         if name in tensors and tensors[name].shape != ref.shape:
             raise ValueError(f"draft {name} has shape {tuple(tensors[name].shape)} but the target's is "
                              f"{tuple(ref.shape)} (mismatched vocabularies)")
@@ -126,7 +130,7 @@ def save_drafter(drafter: DSparkDrafter, path) -> None:
     os.makedirs(path, exist_ok=True)
     sd = {k: v.contiguous() for k, v in drafter.state_dict().items()}
     sd["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().contiguous()
-    sd["lm_head.weight"] = drafter.lm_head_weight.detach().contiguous()
+    sd["lm_head.weight"] = drafter.draft_lm_head.detach().contiguous()
     if sd["lm_head.weight"].data_ptr() == sd["embed_tokens.weight"].data_ptr():
         sd["lm_head.weight"] = sd["lm_head.weight"].clone()
     save_file(sd, os.path.join(path, "model.safetensors"))

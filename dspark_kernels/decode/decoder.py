@@ -194,16 +194,17 @@ class SpeculativeDecoder:
         self.head, self.rank = self._markov_head()
 
     def _markov_head(self):
-        m, w2 = self.drafter.markov_head, None
+        """The drafter's Markov head for dk.draft_block (a reduced drafter's map checked here, once)."""
+        m, d2t = self.drafter.markov_head, self.drafter.draft_to_target()
         if m is None:  # no Markov head: a zero-rank-1 head adds nothing
-            v = self.target.vocab_size
-            w1 = w2 = self.drafter.fc.weight.new_zeros(v, 1)
-            return dk.MarkovHead("vanilla", w1, w2), 1
-        kw = {}
+            w1 = self.drafter.fc.weight.new_zeros(self.target.vocab_size, 1)
+            w2 = self.drafter.fc.weight.new_zeros(self.drafter.draft_lm_head.shape[0], 1)
+            return dk.MarkovHead("vanilla", w1, w2, draft_to_target=d2t), 1
+        kw = dict(draft_to_target=d2t)
         if m.kind == "gated":
-            kw = dict(wg=m.gate_proj.weight, bg=m.gate_proj.bias)
+            kw.update(wg=m.gate_proj.weight, bg=m.gate_proj.bias)
         elif m.kind == "rnn":
-            kw = dict(wj=m.joint_proj.weight, bj=m.joint_proj.bias)
+            kw.update(wj=m.joint_proj.weight, bj=m.joint_proj.bias)
         return dk.MarkovHead(m.kind, m.markov_w1.weight, m.markov_w2.weight, **kw), m.markov_w1.weight.shape[1]
 
     def _confidence(self, sts):

@@ -6,6 +6,10 @@ keys/values are ``[context; block]`` and its queries the block ``[anchor, MASK x
 (``0..S-2``). Context keys/values never change once written, so they live in a paged KV cache that shares the
 target's block table: row at position p goes to the same slot in both caches. The embedding and the LM head are the
 target's (shared, not copied). Parameter names match the published ``dspark_qwen3_*_block7`` checkpoints.
+
+A drafter over a reduced vocabulary (``draft_vocab_size`` Vd < V in its config, as speculators / vLLM drafters
+store it) has an LM head of its own (``lm_head.weight [Vd, d]``), a Markov W2 over the Vd draft ids (W1 keeps the V
+target rows: the previous token is a target id), and a ``d2t`` buffer of offsets (``target id = d + d2t[d]``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import List, Optional
 import torch
 import torch.nn as nn
 
+from ..ops.draft_block import draft_to_target_from_offsets
 from .kv_cache import PagedKVCache, sdpa_gqa
 from .model import MLP, Attention, ModelConfig, RMSNorm, RopeTable, init_random_
 
@@ -32,6 +37,7 @@ class DrafterConfig:
     markov_head_type: str = "vanilla"
     enable_confidence_head: bool = False
     confidence_head_with_markov: bool = True
+    draft_vocab_size: int = 0  # Vd < V: a reduced draft vocabulary; 0: the target's
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "DrafterConfig":
@@ -42,9 +48,14 @@ class DrafterConfig:
         kind = str(cfg.get("markov_head_type", "vanilla")).lower()
         if rank < 0 or (rank > 0 and kind not in MARKOV_KINDS):
             raise ValueError(f"bad Markov head: markov_rank={rank}, markov_head_type={kind!r}")
-        return cls(ModelConfig.from_hf({**cfg, "model_type": "qwen3"}), int(cfg["block_size"]),
-                   int(cfg["mask_token_id"]), [int(i) for i in cfg["target_layer_ids"]], rank, kind,
-                   bool(cfg.get("enable_confidence_head", False)), bool(cfg.get("confidence_head_with_markov", True)))
+        backbone = ModelConfig.from_hf({**cfg, "model_type": "qwen3"})
+        vd = int(cfg.get("draft_vocab_size") or 0)
+        if not 0 <= vd <= backbone.vocab_size:
+            raise ValueError(f"draft_vocab_size {vd} must lie in [1, vocab_size = {backbone.vocab_size}]")
+        return cls(backbone, int(cfg["block_size"]), int(cfg["mask_token_id"]),
+                   [int(i) for i in cfg["target_layer_ids"]], rank, kind,
+                   bool(cfg.get("enable_confidence_head", False)), bool(cfg.get("confidence_head_with_markov", True)),
+                   0 if vd == backbone.vocab_size else vd)
 
     def to_hf(self) -> dict:
         b = self.backbone
@@ -60,6 +71,8 @@ class DrafterConfig:
                "dflash_config": {"mask_token_id": self.mask_token_id,
                                  "target_layer_ids": list(self.target_layer_ids)}}
         cfg.pop("rope_parameters", None)
+        if self.draft_vocab_size:
+            cfg["draft_vocab_size"] = self.draft_vocab_size
         if self.markov_rank > 0:
             cfg["markov_head_type"] = self.markov_head_type
         if self.enable_confidence_head:
@@ -81,14 +94,15 @@ def check_layer_ids(layer_ids, num_target_layers: int) -> None:
 
 
 class MarkovHeadModule(nn.Module):
-    """W1 = markov_w1 (Embedding [V, r]), W2 = markov_w2 (Linear(r, V), weight [V, r]); gated: gate_proj
-    (Linear(d + r, r)); rnn: joint_proj (Linear(2r + d, 3r)). Applied by ``dk.draft_block``."""
+    """W1 = markov_w1 (Embedding [V, r]), W2 = markov_w2 (Linear(r, Vd), weight [Vd, r]; Vd = V without a reduced
+    vocabulary); gated: gate_proj (Linear(d + r, r)); rnn: joint_proj (Linear(2r + d, 3r)). Applied by
+    ``dk.draft_block``."""
 
-    def __init__(self, kind: str, vocab: int, rank: int, hidden: int):
+    def __init__(self, kind: str, vocab: int, rank: int, hidden: int, draft_vocab: int = 0):
         super().__init__()
         self.kind = kind
         self.markov_w1 = nn.Embedding(vocab, rank)
-        self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+        self.markov_w2 = nn.Linear(rank, draft_vocab or vocab, bias=False)
         if kind == "gated":
             self.gate_proj = nn.Linear(hidden + rank, rank)
         elif kind == "rnn":
@@ -130,12 +144,16 @@ class DSparkDrafter(nn.Module):
         self.norm = RMSNorm(b.hidden_size, b.rms_norm_eps)
         self.fc = nn.Linear(len(cfg.target_layer_ids) * b.hidden_size, b.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(b.hidden_size, b.rms_norm_eps)
-        rank = cfg.markov_rank
-        self.markov_head = MarkovHeadModule(cfg.markov_head_type, b.vocab_size, rank, b.hidden_size) if rank else None
+        rank, vd = cfg.markov_rank, cfg.draft_vocab_size
+        self.markov_head = (MarkovHeadModule(cfg.markov_head_type, b.vocab_size, rank, b.hidden_size, vd) if rank
+                            else None)
         self.confidence_head = None
         if cfg.enable_confidence_head:
             with_markov = cfg.confidence_head_with_markov and rank > 0
             self.confidence_head = ConfidenceHeadModule(b.hidden_size + (rank if with_markov else 0))
+        if vd:  # a reduced vocabulary: an LM head of its own and the draft ids' target offsets (registered last)
+            self.lm_head = nn.Linear(b.hidden_size, vd, bias=False)
+            self.register_buffer("d2t", torch.zeros(vd, dtype=torch.int64))
         self.rope = RopeTable(b)
         # shared with the target: kept out of state_dict()/parameters() (plain attributes)
         self.__dict__["embed_tokens"], self.__dict__["lm_head_weight"] = embed_tokens, lm_head_weight
@@ -150,8 +168,27 @@ class DSparkDrafter(nn.Module):
     def block_size(self) -> int:
         return self.config.block_size
 
+    @property
+    def draft_lm_head(self) -> torch.Tensor:
+        """``[Vd, d]``: the LM head of the draft ids (the target's with the full vocabulary)."""
+        return self.lm_head.weight if self.config.draft_vocab_size else self.lm_head_weight
+
+    def draft_to_target(self) -> Optional[torch.Tensor]:
+        """int64 ``[Vd]`` target id of each draft id (``d + d2t[d]``), or None with the full vocabulary."""
+        return draft_to_target_from_offsets(self.d2t) if self.config.draft_vocab_size else None
+
     def init_random(self, seed: int = 0, std: float = 0.3) -> "DSparkDrafter":
         init_random_(self, seed, std, plain=lambda name, p: p.dim() == 1 or "markov_w1" in name)
+        return self
+
+    def set_draft_ids(self, target_ids: torch.Tensor) -> "DSparkDrafter":
+        """The target id of each of the Vd draft ids (stored as the ``d2t`` offsets); a reduced drafter only."""
+        if not self.config.draft_vocab_size:
+            raise ValueError("set_draft_ids: this drafter has the full vocabulary (draft_vocab_size is 0)")
+        if tuple(target_ids.shape) != tuple(self.d2t.shape):
+            raise ValueError(f"target_ids must have shape {tuple(self.d2t.shape)}, got {tuple(target_ids.shape)}")
+        ids = target_ids.to(self.d2t.device, torch.int64)
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
         return self
 
     def alloc_cache(self, target_cache: PagedKVCache) -> PagedKVCache:
@@ -170,7 +207,7 @@ class DSparkDrafter(nn.Module):
 
     def forward_block(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, kv_len: int):
         """anchor ``[N]`` at positions ``anchor_pos [N]`` (context = cached positions ``< anchor_pos``, read up to
-        the host bound ``kv_len``) -> base logits ``U [N, K, V]`` (float32) and hidden ``h [N, K, d]``."""
+        the host bound ``kv_len``) -> base logits ``U [N, K, Vd]`` (float32) and hidden ``h [N, K, d]``."""
         n, k_len, dev = anchor.shape[0], self.block_size, anchor.device
         ids = torch.full((n, k_len), self.config.mask_token_id, dtype=torch.long, device=dev)
         ids[:, 0] = anchor
@@ -193,4 +230,5 @@ class DSparkDrafter(nn.Module):
             x = x + attn.o_proj(o.transpose(1, 2).flatten(2))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         h = self.norm(x)
-        return torch.nn.functional.linear(h.to(self.lm_head_weight.dtype), self.lm_head_weight).float(), h
+        head = self.draft_lm_head
+        return torch.nn.functional.linear(h.to(head.dtype), head).float(), h

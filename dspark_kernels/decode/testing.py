@@ -36,8 +36,19 @@ def tiny_drafter_config(target: TargetModel, block_size: int = 4, markov: str = 
     return DrafterConfig.from_hf(cfg)
 
 
-def tiny_drafter(target: TargetModel, seed: int = 1, **kw) -> DSparkDrafter:
-    return DSparkDrafter.for_target(tiny_drafter_config(target, **kw), target).init_random(seed).eval()
+def _built(cls, target: TargetModel, seed: int, draft_ids: Optional[Sequence[int]], kw) -> DSparkDrafter:
+    """A random drafter of class ``cls``; over the reduced vocabulary ``draft_ids`` (target ids) when given."""
+    if draft_ids is not None:
+        kw = dict(kw, draft_vocab_size=len(draft_ids))
+    drafter = cls.for_target(tiny_drafter_config(target, **kw), target).init_random(seed).eval()
+    if draft_ids is not None:
+        drafter.set_draft_ids(torch.as_tensor(list(draft_ids)))
+    return drafter
+
+
+def tiny_drafter(target: TargetModel, seed: int = 1, draft_ids: Optional[Sequence[int]] = None,
+                 **kw) -> DSparkDrafter:
+    return _built(DSparkDrafter, target, seed, draft_ids, kw)
 
 
 class OracleDrafter(DSparkDrafter):
@@ -58,14 +69,22 @@ class OracleDrafter(DSparkDrafter):
         n, k, v = base.shape
         p = (anchor_pos.long().view(n, 1) + 1 + torch.arange(k, device=base.device)).clamp(max=self.ref.shape[1] - 1)
         tok = self.ref[torch.arange(n, device=base.device).view(n, 1), p]
+        known = torch.ones_like(tok, dtype=torch.bool)
+        if self.config.draft_vocab_size:  # the true token's draft id, where the draft vocabulary has it
+            t2d = torch.full((self.config.backbone.vocab_size,), -1, dtype=torch.long, device=base.device)
+            t2d[self.draft_to_target()] = torch.arange(v, device=base.device)
+            tok = t2d[tok]
+            known = tok >= 0
+            tok = tok.clamp(min=0)
         r = torch.arange(n, device=base.device).view(n, 1)
         wrong = ((p * 7 + r * 3) % self.wrong_every) == 0
         tok = torch.where(wrong, (tok + 1) % (v - 1), tok)
-        return base + self.scale * torch.nn.functional.one_hot(tok, v).float(), h
+        return base + self.scale * (torch.nn.functional.one_hot(tok, v).float() * known.unsqueeze(-1)), h
 
 
-def oracle_drafter(target: TargetModel, seed: int = 1, **kw) -> OracleDrafter:
-    return OracleDrafter.for_target(tiny_drafter_config(target, **kw), target).init_random(seed).eval()
+def oracle_drafter(target: TargetModel, seed: int = 1, draft_ids: Optional[Sequence[int]] = None,
+                   **kw) -> OracleDrafter:
+    return _built(OracleDrafter, target, seed, draft_ids, kw)
 
 
 # chi-square goodness of fit with the project's pass rule (the sampling tests and the demo use it)

@@ -24,7 +24,7 @@ from ..decode.testing import chi_square, passes
 from ..decode.tools import ece_per_position
 
 ASSETS = os.path.join(os.path.dirname(__file__), "assets")
-DRAFTERS = ("dspark_vanilla", "dspark_gated", "dspark_rnn", "baseline")
+DRAFTERS = ("dspark_vanilla", "dspark_gated", "dspark_rnn", "baseline", "dspark_vanilla_vd1024")
 KS = (3, 7, 15)
 THRESHOLD = 0.5  # threshold mode: verify the leading drafts whose calibrated survival is >= 0.5
 
@@ -207,25 +207,26 @@ def _fmt(x, nd=2):
 
 
 def report(res) -> str:
+    w = max(16, *map(len, res["acceptance"]))  # the drafter column
     lines = [f"DSpark demo ({'quick' if res['quick'] else 'full'}): target {res['sizes']['target']} parameters, "
              f"drafters " + ", ".join(f"{k} {v}" for k, v in res["sizes"].items() if k != "target"),
              f"acceptance: {res['n_prompts']} held-out prompts x {res['n_new']} new tokens, block K=15 truncated to "
              f"K drafts verified", "", "acceptance length (tokens per request-step, bonus included)",
-             f"  {'drafter':16s}" + "".join(f"{f'greedy K={k}':>12s}" for k in KS) + "".join(f"{f'T=1 K={k}':>12s}"
+             f"  {'drafter':{w}s}" + "".join(f"{f'greedy K={k}':>12s}" for k in KS) + "".join(f"{f'T=1 K={k}':>12s}"
                                                                                           for k in KS)]
     for name, row in res["acceptance"].items():
-        lines.append(f"  {name:16s}" + "".join(f"{row[f'{t}_K{k}']['acceptance_length']:12.3f}"
+        lines.append(f"  {name:{w}s}" + "".join(f"{row[f'{t}_K{k}']['acceptance_length']:12.3f}"
                                                for t in ("greedy", "t1") for k in KS))
     lines += ["", "conditional acceptance per position (K=15, greedy | T=1)"]
     for name, row in res["acceptance"].items():
         for t in ("greedy", "t1"):
-            lines.append(f"  {name:16s} {t:6s} " + " ".join(_fmt(x) for x in
+            lines.append(f"  {name:{w}s} {t:6s} " + " ".join(_fmt(x) for x in
                                                            row[f"{t}_K15"]["conditional_acceptance"]))
     lines += ["", "ECE of the survival per position, raw -> STS (K=15, greedy)"]
     for name, row in res["acceptance"].items():
         r = row["greedy_K15"]
-        lines.append(f"  {name:16s} raw " + " ".join(_fmt(x) for x in r["ece_raw"]))
-        lines.append(f"  {'':16s} STS " + " ".join(_fmt(x) for x in r["ece_sts"]))
+        lines.append(f"  {name:{w}s} raw " + " ".join(_fmt(x) for x in r["ece_raw"]))
+        lines.append(f"  {'':{w}s} STS " + " ".join(_fmt(x) for x in r["ece_sts"]))
     cpu, gpu = res["cost_tables"]["cpu"], res["cost_tables"]["gpu_like"]
     lines += ["", "cost tables (ms per target forward of B tokens)",
               "  cpu (profiled here): " + ", ".join(f"{b}:{t:.2f}" for b, t in zip(cpu["token_counts"],

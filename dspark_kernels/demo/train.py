@@ -3,14 +3,18 @@
 ``python -m dspark_kernels.demo.train --out DIR`` (defaults reproduce the shipped assets). Stages, each timed:
 corpus (the stdlib's .py files, sorted, split by file) -> BPE tokenizer -> target LM -> target continuations of
 training prompts (greedy and T = 1: the drafter learns the target's own text) -> drafters against the frozen
-target (DSpark vanilla / gated / rnn and the no-Markov DFlash-style baseline, all in one loop over the same
-batches) -> STS fitted on held-out prompts -> fp16 folders in the layout ``decode.checkpoint`` loads.
-Deterministic given the seed (fixed step counts, seeded generators, one fixed thread count).
+target (DSpark vanilla / gated / rnn, a vanilla one over a reduced vocabulary of the ``draft_vocab`` most frequent
+ids, and the no-Markov DFlash-style baseline, all in one loop over the same batches) -> STS fitted on held-out
+prompts -> fp16 folders in the layout ``decode.checkpoint`` loads.
+Deterministic given the seed (fixed step counts, seeded generators, one fixed thread count). ``--reduced-only``
+trains just the reduced-vocabulary drafter against the target already in ``--out`` (how the shipped
+``dspark_vanilla_vd1024`` was made, against the shipped fp16 target).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -56,6 +60,7 @@ class TrainConfig:
     anchors: int = 8                         # blocks per sequence per step
     draft_lr: float = 2e-3
     heads_trained: List[str] = field(default_factory=lambda: list(HEADS))
+    draft_vocab: int = 1024                  # Vd of the reduced-vocabulary vanilla drafter (0: none)
     calib_prompts: int = 24
     calib_tokens: int = 96
 
@@ -117,13 +122,13 @@ def target_config(c: TrainConfig) -> dict:
                 eos_token_id=0, max_position_embeddings=1024)
 
 
-def drafter_config(c: TrainConfig, head: str) -> DrafterConfig:
+def drafter_config(c: TrainConfig, head: str, draft_vocab: int = 0) -> DrafterConfig:
     cfg = dict(model_type="qwen3", vocab_size=c.vocab, hidden_size=c.d, intermediate_size=c.inter,
                num_hidden_layers=c.draft_layers, num_attention_heads=c.heads, num_key_value_heads=c.kv_heads,
                head_dim=c.d // c.heads, rms_norm_eps=1e-6, rope_theta=10000.0, block_size=c.block, mask_token_id=1,
                target_layer_ids=list(c.layer_ids), markov_rank=0 if head == "none" else c.markov_rank,
                markov_head_type="vanilla" if head == "none" else head, enable_confidence_head=True,
-               confidence_head_with_markov=True)
+               confidence_head_with_markov=True, draft_vocab_size=draft_vocab)
     return DrafterConfig.from_hf(cfg)
 
 
@@ -187,7 +192,7 @@ def drafter_forward(dr: DSparkDrafter, hidden, tokens, anchors):
         x = x + a.o_proj(o.transpose(1, 2).flatten(2))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     h = dr.norm(x)
-    u = h @ dr.lm_head_weight.T
+    u = h @ dr.draft_lm_head.T
     return u.view(bsz, a_n, k_len, -1), h.view(bsz, a_n, k_len, -1)
 
 
@@ -283,15 +288,55 @@ def make_sequences(model, stream, c: TrainConfig, n, seed) -> torch.Tensor:
     return torch.cat(out)
 
 
+def frequent_ids(seqs: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
+    """The ``n`` most frequent ids of ``seqs`` (ties to the lower id), ascending: a reduced draft vocabulary."""
+    counts = torch.bincount(seqs.flatten(), minlength=vocab)
+    return torch.argsort(-counts, stable=True)[:n].sort().values
+
+
+def drafter_specs(c: TrainConfig, seqs: torch.Tensor) -> Dict[str, tuple]:
+    """name -> (head, reduced vocabulary or None): the heads of ``heads_trained``, and "vanilla_vd" over the
+    ``draft_vocab`` most frequent ids of the training sequences when ``draft_vocab`` > 0."""
+    specs = {head: (head, None) for head in c.heads_trained}
+    if c.draft_vocab:
+        if not 0 < c.draft_vocab < c.vocab:
+            raise ValueError(f"draft_vocab must lie in [1, vocab = {c.vocab}) (0: no reduced drafter), "
+                             f"got {c.draft_vocab}")
+        specs["vanilla_vd"] = ("vanilla", frequent_ids(seqs, c.draft_vocab, c.vocab))
+    return specs
+
+
+def _new_drafter(c: TrainConfig, target: TargetModel, head: str, ids) -> DSparkDrafter:
+    dr = DSparkDrafter.for_target(drafter_config(c, head, 0 if ids is None else len(ids)), target)
+    init_weights_(dr, c.seed + 10, c.draft_layers)  # backbone first: the same start for every head
+    if ids is not None:  # the reduced LM head: the target's rows of the draft ids, frozen as the shared one is
+        dr.set_draft_ids(ids)
+        with torch.no_grad():
+            dr.lm_head.weight.copy_(target.lm_head.weight[ids])
+        dr.lm_head.weight.requires_grad_(False)
+    return dr
+
+
+def _draft_losses(logits, p_t, ids):
+    """(soft cross-entropy against the target's distribution p_t, P(accept) at T = 1); with a reduced vocabulary
+    q is zero off ``ids``, so the target's mass there is always rejected."""
+    logq = torch.log_softmax(logits, -1)
+    p = p_t if ids is None else p_t[..., ids]
+    kl = -(p * logq).sum(-1)
+    with torch.no_grad():
+        soft = 1 - 0.5 * ((logq.exp() - p).abs().sum(-1) + (1 - p.sum(-1)))
+    return kl, soft
+
+
 def train_drafters(c: TrainConfig, target: TargetModel, seqs: torch.Tensor, log) -> Dict[str, DSparkDrafter]:
     for p in target.parameters():
         p.requires_grad_(False)
-    drafters, opts = {}, {}
-    for i, head in enumerate(c.heads_trained):
-        dr = DSparkDrafter.for_target(drafter_config(c, head), target)
-        init_weights_(dr, c.seed + 10, c.draft_layers)  # backbone first: the same start for every head
-        drafters[head] = dr.train()
-        opts[head] = torch.optim.AdamW(dr.parameters(), lr=c.draft_lr, betas=(0.9, 0.95), weight_decay=0.01)
+    drafters, opts, specs = {}, {}, drafter_specs(c, seqs)
+    for name, (head, ids) in specs.items():
+        dr = _new_drafter(c, target, head, ids)
+        drafters[name] = dr.train()
+        opts[name] = torch.optim.AdamW([p for p in dr.parameters() if p.requires_grad], lr=c.draft_lr,
+                                       betas=(0.9, 0.95), weight_decay=0.01)
     g = torch.Generator().manual_seed(c.seed + 3)
     k_len, t_len = c.block, seqs.shape[1]
     lo, hi = c.prompt_len - 1, t_len - k_len - 1  # anchors: last prompt token .. the last full block
@@ -312,11 +357,8 @@ def train_drafters(c: TrainConfig, target: TargetModel, seqs: torch.Tensor, log)
         for head, dr in drafters.items():
             u, h = drafter_forward(dr, hidden, toks, anchors)
             logits, feat = markov_forward(dr, u, h, prev)
-            logq = torch.log_softmax(logits, -1)
-            kl = -(p_t * logq).sum(-1)                                       # soft CE = KL + const
+            kl, soft = _draft_losses(logits, p_t, specs[head][1])           # soft CE = KL + const
             loss = (kl.mean((0, 1)) * pos_w).sum()
-            with torch.no_grad():
-                soft = 1 - 0.5 * (logq.exp() - p_t).abs().sum(-1)             # P(accept) at T = 1
             conf = dr.confidence_head.proj(feat.detach()).squeeze(-1)
             loss_c = F.binary_cross_entropy_with_logits(conf, soft.clamp(0, 1))
             for grp in opts[head].param_groups:
@@ -345,8 +387,8 @@ def save_fp16_drafter(dr: DSparkDrafter, path, extra: dict) -> None:
     """DeepSpec layout without the shared embedding / LM head (the loader takes the target's)."""
     from safetensors.torch import save_file
     os.makedirs(path, exist_ok=True)
-    save_file({k: v.detach().half().contiguous() for k, v in dr.state_dict().items()},
-              os.path.join(path, "model.safetensors"))
+    tensors = {k: (v.detach().half() if v.is_floating_point() else v).contiguous() for k, v in dr.state_dict().items()}
+    save_file(tensors, os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump({**dr.config.to_hf(), **extra}, fh, indent=2)
 
@@ -371,7 +413,7 @@ def write_prompts(tok, test_files, out_dir, n=96, length=32) -> None:
 
 
 def run(c: TrainConfig, out_dir: str, log=print) -> dict:
-    from ..decode import SpeculativeDecoder, calibrate, load_drafter, load_target
+    from ..decode import load_target
     torch.manual_seed(c.seed)
     times, t0 = {}, time.perf_counter()
 
@@ -399,26 +441,52 @@ def run(c: TrainConfig, out_dir: str, log=print) -> dict:
     save_fp16_target(target, tdir, tok)
     target16 = load_target(tdir)  # calibrate what ships: the fp16 weights
     write_prompts(tok, test_f, out_dir)
-    prompts = held_out_prompts(tok, val_f, c.calib_prompts, 32)
-    result = {"stage_seconds": times, "config": c.__dict__, "sts": {}}
-    for head, dr in drafters.items():
-        name = "baseline" if head == "none" else f"dspark_{head}"
-        save_fp16_drafter(dr, os.path.join(out_dir, name), {})
-        d16 = load_drafter(os.path.join(out_dir, name), target16)
-        dec = SpeculativeDecoder(target16, d16, backend="reference")
-        sts = {}
-        for temp_name, temp in (("greedy", 0.0), ("t1", 1.0)):
-            fit = calibrate(dec, prompts, c.calib_tokens, temperature=temp)
-            sts[temp_name] = fit["sts_temperatures"]
-        with open(os.path.join(out_dir, name, "sts.json"), "w") as fh:
-            json.dump(sts, fh, indent=2)
-        result["sts"][name] = sts
+    result = {"stage_seconds": times, "config": c.__dict__,
+              "sts": save_and_calibrate(c, drafters, target16, held_out_prompts(tok, val_f, c.calib_prompts, 32),
+                                        out_dir)}
     stage("calibrate")
     result["stage_seconds"] = times
     result["total_seconds"] = round(sum(times.values()), 1)
     with open(os.path.join(out_dir, "train_log.json"), "w") as fh:
         json.dump(result, fh, indent=2)
     return result
+
+
+def asset_name(c: TrainConfig, head: str) -> str:
+    return {"none": "baseline", "vanilla_vd": f"dspark_vanilla_vd{c.draft_vocab}"}.get(head, f"dspark_{head}")
+
+
+def save_and_calibrate(c: TrainConfig, drafters, target16, prompts, out_dir) -> dict:
+    """Each drafter in fp16 under its asset name, with STS temperatures fitted (greedy and T = 1) on what ships."""
+    from ..decode import SpeculativeDecoder, calibrate, load_drafter
+    fitted = {}
+    for head, dr in drafters.items():
+        name = asset_name(c, head)
+        save_fp16_drafter(dr, os.path.join(out_dir, name), {})
+        dec = SpeculativeDecoder(target16, load_drafter(os.path.join(out_dir, name), target16), backend="reference")
+        sts = {t: calibrate(dec, prompts, c.calib_tokens, temperature=temp)["sts_temperatures"]
+               for t, temp in (("greedy", 0.0), ("t1", 1.0))}
+        with open(os.path.join(out_dir, name, "sts.json"), "w") as fh:
+            json.dump(sts, fh, indent=2)
+        fitted[name] = sts
+    return fitted
+
+
+def run_reduced(c: TrainConfig, out_dir: str, log=print) -> dict:
+    """Only the reduced-vocabulary drafter, against the target already in ``out_dir`` (its fp16 weights, its
+    tokenizer): the corpus, the continuations, the training loop and the calibration of ``run``."""
+    from tokenizers import Tokenizer
+
+    from ..decode import load_target
+    t0 = time.perf_counter()
+    train_f, val_f, _ = split_files(stdlib_files())
+    texts = read_texts(train_f, c.max_corpus_chars)
+    tok = Tokenizer.from_file(os.path.join(out_dir, "target", "tokenizer.json"))
+    target = load_target(os.path.join(out_dir, "target"))
+    seqs = make_sequences(target, encode_stream(tok, texts), c, c.n_sequences, c.seed + 4)
+    drafters = train_drafters(dataclasses.replace(c, heads_trained=[]), target, seqs, log)
+    sts = save_and_calibrate(c, drafters, target, held_out_prompts(tok, val_f, c.calib_prompts, 32), out_dir)
+    return {"seconds": round(time.perf_counter() - t0, 1), "sts": sts}
 
 
 def main(argv=None):
@@ -428,6 +496,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch threads (results depend on it; on a shared 2-core "
                    "machine 1 thread ran 3-4x faster than 2)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override TrainConfig fields")
+    p.add_argument("--reduced-only", action="store_true", help="train only the reduced-vocabulary drafter (Vd = "
+                   "draft_vocab) against the target already in --out")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     c = TrainConfig()
@@ -435,6 +505,9 @@ def main(argv=None):
         k, v = kv.split("=", 1)
         cur = getattr(c, k)
         setattr(c, k, json.loads(v) if isinstance(cur, list) else type(cur)(v))
+    if args.reduced_only:
+        print(json.dumps(run_reduced(c, args.out)))
+        return
     res = run(c, args.out)
     print(json.dumps(res["stage_seconds"]), "total", res["total_seconds"], "s")
 

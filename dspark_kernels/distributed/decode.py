@@ -76,6 +76,9 @@ class VocabParallelDecoder:
             raise TypeError("VocabParallelDecoder needs a target with an nn.Linear lm_head (decode.model.TargetModel)")
         if not (0 <= vocab_start and size >= 1 and vocab_start + size <= target.vocab_size):
             raise ValueError(f"the shard [{vocab_start}, {vocab_start + size}) must lie in [0, {target.vocab_size})")
+        if drafter.config.draft_vocab_size:
+            raise ValueError("VocabParallelDecoder: a drafter over a reduced vocabulary (draft_vocab_size) is not "
+                             "sharded yet (distributed.draft_block drafts over the target vocabulary only)")
         self.decoder = SpeculativeDecoder(target, drafter, **kw)
         self.span, self.group = (vocab_start, vocab_start + size), group
         self.ops = _ShardedOps(vocab_start, target.vocab_size, group)
