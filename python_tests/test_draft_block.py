@@ -2,8 +2,11 @@ import dataclasses
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import dspark_kernels as dk
+from dspark_kernels.triton.draft_block import _e4m3_to_f32
 from stats import counts, passes
 
 
@@ -1069,3 +1072,22 @@ def test_bad_w2_scale_names_the_argument():
     head = dk.MarkovHead("vanilla", w1, q, w2_scale=scale.double())
     with pytest.raises(ValueError, match=r"head\.w2_scale"):
         dk.draft_block(torch.zeros(1, 2, 4), torch.tensor([0]), head)
+
+
+@triton.jit
+def _decode_e4m3(src, dst):
+    o = tl.arange(0, 256)
+    tl.store(dst + o, _e4m3_to_f32(tl.load(src + o).to(tl.int32)))
+
+
+def test_triton_e4m3_decode_is_exact(triton_device):
+    """The Triton twin decodes fp8 W2 bytes in integer arithmetic (so that sm_80 compiles it): all 256 codes equal
+    PyTorch's float8_e4m3fn -> float32, the two NaN codes NaN."""
+    decode = _decode_e4m3
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).to(triton_device)
+    out = torch.empty(256, device=triton_device)
+    decode[(1,)](codes, out)
+    want = codes.view(torch.float8_e4m3fn).float()
+    nan = want.isnan()
+    assert int(nan.sum()) == 2 and torch.equal(out.isnan(), nan)
+    assert torch.equal(out[~nan], want[~nan])

@@ -29,7 +29,21 @@ from dspark_kernels.triton.rng_uniform import _rng_uniform_kernel
 from dspark_kernels.triton.schedule_verify_lens import _schedule_verify_lens_kernel
 from dspark_kernels.triton.verify_chain import _verify_chain_kernel
 
-# kernel -> (signature, {constexpr name: values to try}); NUM_WARPS: what the launchers use (default 4)
+
+def _draft_signature(w2: str) -> dict:
+    """draft_block's kernel with a W2 of Triton type ``w2`` (bf16 inputs otherwise)."""
+    return dict(base_ptr="*bf16", anchor_ptr="*i64", w1_ptr="*bf16", w2_ptr=f"*{w2}", w2s_ptr="*fp32", d2t_ptr="*i64",
+                wg_ptr="*bf16", bg_ptr="*bf16", wj_ptr="*bf16", bj_ptr="*bf16", hidden_ptr="*bf16", cw_ptr="*fp32",
+                cb_ptr="*fp32", sts_ptr="*fp32", temp_ptr="*fp32", rng_key_ptr="*i64", scratch_ptr="*fp32",
+                tokens_ptr="*i64", logits_ptr="*fp32", conf_ptr="*fp32", surv_ptr="*fp32", logprob_ptr="*fp32",
+                K="i32", V="i32", VT="i32", R="i32", D="i32", HEAD="constexpr", W2_FP8="constexpr",
+                HAS_SCALE="constexpr",
+                HAS_MAP="constexpr", HAS_CONF="constexpr", HAS_STS="constexpr", RETURN_LOGITS="constexpr",
+                BLOCK_V="constexpr", BLOCK_R="constexpr", BLOCK_C="constexpr")
+
+
+# kernel -> (signature, {constexpr name: values to try}), or a list of them; NUM_WARPS: what the launchers use
+# (default 4)
 KERNELS = {
     _rng_uniform_kernel: (
         dict(out_ptr="*fp32", rng_key_ptr="*i64", K="i32", V="i32", quads_per_row="i32", stream="i32",
@@ -45,18 +59,13 @@ KERNELS = {
         dict(PACKED=[False, True], HAS_DRAFT_LOGITS=[False, True], HAS_VERIFY_LENS=[True], HAS_THRESHOLDS=[True],
              BLOCK_METHOD=[False, True], BLOCK_V=[1024], BLOCK_K=[8]),
     ),
-    _draft_block_kernel: (
-        dict(base_ptr="*bf16", anchor_ptr="*i64", w1_ptr="*bf16", w2_ptr="*bf16", d2t_ptr="*i64", wg_ptr="*bf16",
-             bg_ptr="*bf16", wj_ptr="*bf16", bj_ptr="*bf16", hidden_ptr="*bf16", cw_ptr="*fp32", cb_ptr="*fp32",
-             sts_ptr="*fp32", temp_ptr="*fp32", rng_key_ptr="*i64", scratch_ptr="*fp32", tokens_ptr="*i64",
-             logits_ptr="*fp32", conf_ptr="*fp32", surv_ptr="*fp32", logprob_ptr="*fp32", K="i32", V="i32",
-             VT="i32", R="i32", D="i32", HEAD="constexpr", HAS_MAP="constexpr", HAS_CONF="constexpr",
-             HAS_STS="constexpr", RETURN_LOGITS="constexpr", BLOCK_V="constexpr", BLOCK_R="constexpr",
-             BLOCK_C="constexpr"),
-        dict(HEAD=[0, 1, 2], HAS_MAP=[False, True], HAS_CONF=[True], HAS_STS=[True], RETURN_LOGITS=[False, True],
-             BLOCK_V=[128],
-             BLOCK_R=[64], BLOCK_C=[64]),
-    ),
+    _draft_block_kernel: [(_draft_signature("bf16"),
+                           dict(HEAD=[0, 1, 2], W2_FP8=[False], HAS_SCALE=[False], HAS_MAP=[False, True], HAS_CONF=[True],
+                                HAS_STS=[True], RETURN_LOGITS=[False, True], BLOCK_V=[128], BLOCK_R=[64],
+                                BLOCK_C=[64])),
+                          (_draft_signature("u8"),  # an fp8 W2 (its bytes) with its row scales
+                           dict(HEAD=[0, 2], W2_FP8=[True], HAS_SCALE=[True], HAS_MAP=[False], HAS_CONF=[True], HAS_STS=[True],
+                                RETURN_LOGITS=[True], BLOCK_V=[128], BLOCK_R=[64], BLOCK_C=[64]))],
     _accept_prefix_scan_kernel: (
         dict(tokens_ptr="*i64", seq_ptr="*i32", nacc_ptr="*i32", mask_ptr="*u8", vcu_ptr="*i32", table_ptr="*i32",
              maxlen_ptr="*i64", stops_ptr="*i64", cu_ptr="*i32", out_ptr="*i64", newseq_ptr="*i32",
@@ -100,7 +109,8 @@ def ptxas_usage(ptx: str, arch: int) -> str:
 
 def main() -> int:
     failures = 0
-    for kernel, (signature, grid) in KERNELS.items():
+    variants = [(kernel, v) for kernel, vs in KERNELS.items() for v in (vs if isinstance(vs, list) else [vs])]
+    for kernel, (signature, grid) in variants:
         for values in itertools.product(*grid.values()):
             consts = dict(zip(grid, values))
             for arch in ARCHS:

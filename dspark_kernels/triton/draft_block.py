@@ -139,8 +139,19 @@ def _confidence(cw_ptr, cb_ptr, sts_ptr, k, h_row, e_row, e_ok, D, R, cs_ar, HAS
 
 
 @triton.jit
+def _e4m3_to_f32(b):
+    """float8 e4m3 (fn) bytes (int32 0..255) as float32, exactly, in integer arithmetic (any GPU arch):
+    (8 + m) 2^(e - 10) for a normal number, m 2^-9 for a subnormal, NaN for S.1111.111 (e4m3fn has no infinity)."""
+    e = (b >> 3) & 15
+    m = b & 7
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, (8 + m).to(tl.float32) * tl.exp2((e - 10).to(tl.float32)))
+    mag = tl.where((b & 0x7F) == 0x7F, float("nan"), mag)
+    return tl.where((b & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
 def _logits_chunk(u_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, cols, vmask, R, rs_ar, HEAD: tl.constexpr,
-                  HAS_SCALE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
+                  W2_FP8: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
     """``U_k + W2 @ v`` at ``cols`` in float32 (v read from W1 for the vanilla head, else the scratch row; each
     row's dot product times its scale with an fp8 W2)."""
     acc = tl.zeros([BLOCK_V, BLOCK_R], tl.float32)
@@ -151,8 +162,11 @@ def _logits_chunk(u_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, cols, vmask, R, rs
             vv = tl.load(e_row + rr, mask=rmask & e_ok, other=0.0).to(tl.float32)
         else:
             vv = tl.load(v_row + rr, mask=rmask, other=0.0)
-        w = tl.load(w2_ptr + cols[:, None] * R + rr[None, :], mask=vmask[:, None] & rmask[None, :],
-                    other=0.0).to(tl.float32)
+        wmask = vmask[:, None] & rmask[None, :]
+        if W2_FP8:  # W2's bytes (uint8), decoded here: no fp8 type needed, so every arch compiles it
+            w = _e4m3_to_f32(tl.load(w2_ptr + cols[:, None] * R + rr[None, :], mask=wmask, other=0).to(tl.int32))
+        else:
+            w = tl.load(w2_ptr + cols[:, None] * R + rr[None, :], mask=wmask, other=0.0).to(tl.float32)
         acc += w * vv[None, :]
     bias = tl.sum(acc, axis=1)
     if HAS_SCALE:
@@ -162,8 +176,8 @@ def _logits_chunk(u_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, cols, vmask, R, rs
 
 @triton.jit
 def _vocab_pass(u_row, logits_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, V, R, t, sampled, k0, k1, offset_lo, n, k,
-                vs_ar, rs_ar, HEAD: tl.constexpr, HAS_SCALE: tl.constexpr, RETURN_LOGITS: tl.constexpr,
-                BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
+                vs_ar, rs_ar, HEAD: tl.constexpr, W2_FP8: tl.constexpr, HAS_SCALE: tl.constexpr,
+                RETURN_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
     """One pass over the vocabulary: the logits (stored when asked for), the greedy or Gumbel-max argmax, and the
     softmax statistics of logits / T (T = 1 for greedy rows). Returns (token, log_softmax(logits / T)[token])."""
     best = tl.full([BLOCK_V], NEG_INF, tl.float32)
@@ -175,8 +189,8 @@ def _vocab_pass(u_row, logits_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, V, R, t,
     for vs in range(0, V, BLOCK_V):
         cols = vs + vs_ar
         vmask = cols < V
-        x = _logits_chunk(u_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, cols, vmask, R, rs_ar, HEAD, HAS_SCALE,
-                          BLOCK_V, BLOCK_R)
+        x = _logits_chunk(u_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, cols, vmask, R, rs_ar, HEAD, W2_FP8,
+                          HAS_SCALE, BLOCK_V, BLOCK_R)
         if RETURN_LOGITS:
             tl.store(logits_row + cols, x, mask=vmask)
         xs = x / t
@@ -209,7 +223,7 @@ def _draft_block_kernel(
     sts_ptr,
     temp_ptr, rng_key_ptr, scratch_ptr, tokens_ptr, logits_ptr, conf_ptr, surv_ptr, logprob_ptr,
     K, V, VT, R, D,
-    HEAD: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MAP: tl.constexpr, HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr,
+    HEAD: tl.constexpr, W2_FP8: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MAP: tl.constexpr, HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr,
     RETURN_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
@@ -246,8 +260,8 @@ def _draft_block_kernel(
             tl.store(conf_ptr + row, z_k)
             tl.store(surv_ptr + row, surv)
         prev, logprob = _vocab_pass(base_ptr + row * V, logits_ptr + row * V, w2_ptr, w2s_ptr, e_row, e_ok, v_row,
-                                    V, R, t, sampled, k0, k1, offset_lo, n, k, vs_ar, rs_ar, HEAD, HAS_SCALE,
-                                    RETURN_LOGITS, BLOCK_V, BLOCK_R)
+                                    V, R, t, sampled, k0, k1, offset_lo, n, k, vs_ar, rs_ar, HEAD, W2_FP8,
+                                    HAS_SCALE, RETURN_LOGITS, BLOCK_V, BLOCK_R)
         if HAS_MAP:
             prev = tl.load(d2t_ptr + prev).to(tl.int64)  # the drafted id is in [0, V)
         tl.store(tokens_ptr + row, prev)
@@ -288,11 +302,12 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_t
     base = base_logits
     scratch = torch.zeros(n, 3, max(rank, 1), **f32) if head_kind != "vanilla" else base  # v, rnn state x 2
     dummy = base  # never read where its flag / head kind is off
+    fp8 = w2.dtype == torch.float8_e4m3fn
     width = max(d + rank, 2 * rank + d if head_kind == "rnn" else 0)
     tile = _TILE if dev.type == "cuda" else _TILE_INTERPRET
     block_v, block_r, block_c = _blocks(v, rank, width, {"vanilla": 1, "gated": 2, "rnn": 3}[head_kind], tile)
     _draft_block_kernel[(n,)](
-        base, anchor_tokens, w1, w2, w2_scale if w2_scale is not None else dummy,
+        base, anchor_tokens, w1, w2.view(torch.uint8) if fp8 else w2, w2_scale if w2_scale is not None else dummy,
         draft_to_target if draft_to_target is not None else dummy,
         wg if wg is not None else dummy, bg if bg is not None else dummy,
         wj if wj is not None else dummy, bj if bj is not None else dummy,
@@ -303,7 +318,7 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_t
         temperature if temperature is not None else torch.zeros(n, device=dev), rng_key, scratch,
         tokens, logits, conf, survival, logprobs,
         k, v, w1.shape[0], rank, d,
-        HEAD=_HEAD_IDS[head_kind], HAS_SCALE=w2_scale is not None, HAS_MAP=draft_to_target is not None,
+        HEAD=_HEAD_IDS[head_kind], W2_FP8=fp8, HAS_SCALE=w2_scale is not None, HAS_MAP=draft_to_target is not None,
         HAS_CONF=has_conf,
         HAS_STS=sts_temperatures is not None, RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v, BLOCK_R=block_r,
         BLOCK_C=block_c,
