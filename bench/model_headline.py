@@ -89,24 +89,30 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
                 mma_lo=2 * tiles * per_tile)
 
 
-def _draft_case(n: int, k: int, r: int = 256):
+def _draft_case(n: int, k: int, r: int = 256, fp8: bool = False):
     gen = torch.Generator().manual_seed(0)
     import dspark_kernels as dk
     base = (torch.randn(n, k, V, generator=gen) * 2).to(torch.bfloat16)
-    head = dk.MarkovHead("vanilla", w1=(torch.randn(V, r, generator=gen) * 0.05).to(torch.bfloat16),
-                         w2=(torch.randn(V, r, generator=gen) * 0.05).to(torch.bfloat16))
+    w1 = (torch.randn(V, r, generator=gen) * 0.05).to(torch.bfloat16)
+    w2 = (torch.randn(V, r, generator=gen) * 0.05).to(torch.bfloat16)
+    if fp8:
+        q, scale = dk.quantize_w2(w2)
+        head = dk.MarkovHead("vanilla", w1=w1, w2=q, w2_scale=scale)
+    else:
+        head = dk.MarkovHead("vanilla", w1=w1, w2=w2)
     anchors = torch.randint(0, V, (n,), generator=gen)
     return base, head, anchors
 
 
-def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0):
-    """draft_block (vanilla, r = 256, bf16 U / W1 / W2, greedy) at N = `n`, K = `k`. With ``run_k`` < k the harness
+def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = False):
+    """draft_block (vanilla, r = 256, bf16 U / W1 / W2, or an fp8 W2 with its row scales, greedy) at N = `n`,
+    K = `k`. With ``run_k`` < k the harness
     runs ``run_k`` positions and the launch's per-position counters (bytes, DRAM estimate, MMAs, grid barriers) are
     scaled to k positions (every position does the same work), said in the row."""
     import dspark_kernels as dk
     from dspark_kernels import simt
     r, run_k = 256, run_k or k
-    base, head, anchors = _draft_case(n, run_k, r)
+    base, head, anchors = _draft_case(n, run_k, r, fp8)
     with simt.record(dram=True) as rec:
         out = dk.draft_block(base, anchors, head, temperature=0.0, seed=1, backend="cuda")
     (ln,) = rec.launches
@@ -116,9 +122,11 @@ def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0):
                          ("bytes_read", "bytes_written", "unique_bytes_read", "unique_bytes_written",
                           "dram_bytes_read", "mma", "grid_barriers")})
     per_pos_out = out.tokens.element_size() + out.draft_logprobs.element_size()
-    floor = n * k * V * 2 + k * V * r * 2 + n * k * r * 2 + n * k * per_pos_out
+    w2_bytes = V * (r + 4) if fp8 else V * r * 2  # an fp8 W2: a byte an element and a float32 scale a row
+    floor = n * k * V * 2 + k * w2_bytes + n * k * r * 2 + n * k * per_pos_out
     plan = draft_sweep_plan(n, V, r)
-    params = dict(N=n, K=k, V=V, r=r, mode="greedy", ctas=ln["ctas"], lanes=plan["lanes"])
+    params = dict(N=n, K=k, V=V, r=r, mode="greedy", w2="fp8" if fp8 else "bf16", ctas=ln["ctas"],
+                  lanes=plan["lanes"])
     row = _row("draft_block", params, [ln], floor, gpu, False)
     if run_k != k:
         row["note"] += f"; the harness ran {run_k} of the {k} positions, its counters scaled to {k}"
@@ -142,13 +150,14 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1, help="verify_chain only, at this N and K = 7")
     ap.add_argument("--draft", type=int, nargs=2, metavar=("N", "K"),
                     help="draft_block only, at this N and K (the harness runs one position, scaled to K)")
+    ap.add_argument("--w2", default="bf16", choices=("bf16", "fp8"), help="with --draft: W2's dtype")
     ap.add_argument("--no-access", action="store_true",
                     help="with --batch: without the access model (its shared-memory term is then absent and its L2 "
                          "term the bytes requested)")
     args = ap.parse_args()
     os.environ.setdefault("DSPARK_SIMT", "1")
     if args.draft:
-        rows = draft_rows(args.gpu, args.draft[0], args.draft[1], run_k=1)
+        rows = draft_rows(args.gpu, args.draft[0], args.draft[1], run_k=1, fp8=args.w2 == "fp8")
     elif args.batch == 1:
         rows = verify_rows(args.gpu) + draft_rows(args.gpu)
     else:
