@@ -28,7 +28,8 @@
 //        position for each request group of its lane (groups of up to 64 requests, fewer when r is large; lane
 //        b / slices takes groups b / slices, + lanes, ...). One lane while N fits one group; at larger N the lanes
 //        of a slice stream the same W2 rows side by side, so DRAM serves W2 once per position and L2 the rest.
-//        * bf16 / fp16 W2 (r <= 2048), on tensor cores (dspark/mma_sync.cuh: ldmatrix + mma.sync m16n8k16): the
+//        * bf16 / fp16 W2 (r <= 2048), on tensor cores (dspark/mma_sync.cuh: ldmatrix + mma.sync m16n8k16; an fp8
+//          e4m3 W2 the same way, each staged chunk widened to bf16 in shared memory first: widen_chunk): the
 //          group's float32 v rows are split into hi + lo rows of W2's type after a per-request power-of-two scale
 //          (max |v| -> [2^13, 2^14): 16 significant bits of v with bf16, 22 with fp16), the group padded to a
 //          multiple of 8 with zero rows; when every lo row is zero (v already of W2's type: the vanilla head with
@@ -568,7 +569,8 @@ DSPARK_DEVICE FoldLane fold_lane(int t, int tpr, int E) {
 DSPARK_HOST_DEVICE_FN int u_swizzle(int j, int E) { return E == 4 ? (j & 7) : ((j & 1) << 2) | ((j >> 1) & 3); }
 
 // Thread `fl` of the tpr threads of request n folds its pieces of a tile into its running partial (fold_lane):
-// bias[i] * bscale is the bias of vocabulary row tile0 + i (tile0 a multiple of 16). It adds U (from the staged
+// bias[i] * bscale is the bias of vocabulary row tile0 + i (tile0 a multiple of 16; times w2_scale[row] for an fp8
+// W2). It adds U (from the staged
 // tile `us` when not null: request fl.jf's row of stage_u_tile; else from global memory), writes the logits when
 // asked, and takes the argmax (greedy, temp == 0) or the Gumbel race winner of logits / temp (one Philox
 // evaluation per quad of 4 rows: its four words are the quad's uniforms), with the softmax statistics.
