@@ -2,11 +2,8 @@ import dataclasses
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 import dspark_kernels as dk
-from dspark_kernels.triton.draft_block import _e4m3_to_f32
 from stats import counts, passes
 
 
@@ -409,6 +406,8 @@ CUDA_CASES = [  # head, N, K, V, r, d, dtype, temperatures, confidence, return_l
     ("vanilla", 2, 2, 97, 2100, 3, torch.float16, "mixed", "none", True),   # r > 2048: 16-bit W2 on the FMA sweep
     ("vanilla", 80, 3, 4096, 32, 9, torch.bfloat16, "mixed", "sts", True),  # 2 request lanes x 32 slices
     ("gated", 70, 2, 2051, 32, 9, torch.float16, "sampled", "conf", True),   # 2 lanes, the gated phases
+    ("gated", 5, 4, 1000, 128, 9, torch.bfloat16, "mixed", "sts", True),    # U staged, 2 chunks a tile: 2 slots
+    ("vanilla", 9, 3, 2048, 192, 3, torch.float16, "sampled", "none", True),  # 3 chunks a tile: 1 U slot
 ]
 
 
@@ -1074,16 +1073,10 @@ def test_bad_w2_scale_names_the_argument():
         dk.draft_block(torch.zeros(1, 2, 4), torch.tensor([0]), head)
 
 
-@triton.jit
-def _decode_e4m3(src, dst):
-    o = tl.arange(0, 256)
-    tl.store(dst + o, _e4m3_to_f32(tl.load(src + o).to(tl.int32)))
-
-
 def test_triton_e4m3_decode_is_exact(triton_device):
     """The Triton twin decodes fp8 W2 bytes in integer arithmetic (so that sm_80 compiles it): all 256 codes equal
     PyTorch's float8_e4m3fn -> float32, the two NaN codes NaN."""
-    decode = _decode_e4m3
+    from triton_probes import decode_e4m3 as decode
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).to(triton_device)
     out = torch.empty(256, device=triton_device)
     decode[(1,)](codes, out)
