@@ -434,6 +434,28 @@ def test_per_block_shared_memory_maximum(harness, arch, kb, ok):
         simt.configure(**old)
 
 
+def test_shared_memory_arenas_outlive_an_arch_change(harness):
+    """Block arenas are pooled across launches: one first made while arch=80 is set (163 KB a block) must serve a
+    later sm_90 launch of 223 KB (a test order once made exactly that, and the block's poison fill overran it). A
+    fresh process (an empty pool) makes that order; under the sanitizers' build (CI's ASan leg) an arena sized by
+    the setting in force would be a heap overflow there, and it crashed the plain build too."""
+    code = textwrap.dedent("""
+        import torch
+        from dspark_kernels import simt
+        m = simt.module()
+        x, y, a = torch.arange(64.0), torch.zeros(64), torch.zeros(1)
+        simt.configure(arch=80)
+        m.launch_rule_case("bank", 159 * 1024, 159 * 1024, x, y, a)
+        simt.configure(arch=90)
+        for _ in range(4):
+            m.launch_rule_case("bank", 223 * 1024, 223 * 1024, x, y, a)
+        print("arenas ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
+                         timeout=600)
+    assert res.returncode == 0 and res.stdout.strip().endswith("arenas ok"), (res.returncode, res.stderr[-3000:])
+
+
 # the selftest kernels' linker symbols: dspark::selftest::strided_kernel(const float*, float*, int, int) and
 # dspark::selftest::grid_barrier_kernel(float*, float*)
 STRIDED = "_ZN6dspark8selftest14strided_kernelEPKfPfii"

@@ -340,8 +340,12 @@ bool stack_intact(const char* s) {
   return true;
 }
 
+// Every block's shared-memory arena has the size of the largest per-block limit of the archs modelled (sm_90's
+// 227 KB), whatever the current setting: the pool reuses arenas across configure(arch=...) calls, so an arena sized
+// by an sm_80 setting must never serve a later sm_90 launch.
 std::vector<char*> g_smem_pool;
-size_t smem_arena_bytes() { return g_settings.max_smem_per_block; }
+constexpr size_t kSmemArenaBytes = 227 * 1024;
+size_t smem_arena_bytes() { return kSmemArenaBytes; }
 
 char* take_smem() {
   if (!g_smem_pool.empty()) {
