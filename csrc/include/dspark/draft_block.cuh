@@ -934,7 +934,8 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   const int jf = fl.jf;  // the request this thread folds
   const int64_t slot_elems = int64_t(kThreads) * kSlotStride;
   uint4* uring = reinterpret_cast<uint4*>(smem + plan.off_u);  // [uslots][group][128 elements of U] (stage_u)
-  const int64_t uslot_units = int64_t(plan.group) * kThreads * int64_t(dtype_size(p.base_dtype)) / 16;
+  const int64_t urow_units = kThreads * int64_t(dtype_size(p.base_dtype)) / 16;  // a request's row of a U tile
+  const int64_t uslot_units = int64_t(plan.group) * urow_units;
   const bool fused = p.head == kVanilla;  // (the workspace then has no v rows: ws.v is null)
   const VRows vr{ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
   for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
@@ -1008,8 +1009,8 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
         __syncthreads();
         if (jf < nb) {
           const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
-          const uint4* us = plan.stage_u ? uring + ((c / nchunks) % plan.uslots) * uslot_units + jf * (kThreads *
-                                               int64_t(dtype_size(p.base_dtype)) / 16) : nullptr;
+          const uint4* us =
+              plan.stage_u ? uring + ((c / nchunks) % plan.uslots) * uslot_units + jf * urow_units : nullptr;
           fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], fl, tpr, us, pt);
         }
       }
@@ -1109,7 +1110,7 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm, size_t sme
   const int64_t u_elems = 16 / int64_t(dtype_size(p.base_dtype));
   pl.uslots = static_cast<int>((kStages - 1) / nchunks + 1);
   const size_t u_bytes = size_t(pl.uslots) * size_t(pl.group) * kThreads * dtype_size(p.base_dtype);
-  pl.stage_u = pl.mma && p.V % u_elems == 0 && reinterpret_cast<uintptr_t>(p.base) % 16 == 0 &&
+  pl.stage_u = pl.mma && p.V % u_elems == 0 && is_aligned16(p.base) &&
                pl.smem + u_bytes + kStaticSmemReserve <= smem_cap;
   if (pl.stage_u) pl.smem += u_bytes;
   // CTAs: the resident ones as slices x lanes. Each request group has a lane of CTAs, one per vocabulary slice (at
