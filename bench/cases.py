@@ -16,14 +16,14 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 GRIDS = {
     # the headline grid; ops use the dimensions they have (scan: N, K; schedule: N, K; rng_uniform: N, K, V)
     "full": dict(N=[1, 8, 64, 256], K=[3, 7, 15], V=[32000, 151936], dtype=["bf16", "fp32"],
-                 mode=["greedy", "sampled"], w2=["same", "fp8"]),
-    "quick": dict(N=[1, 8, 64], K=[7], V=[32000], dtype=["fp32"], mode=["greedy", "sampled"]),
+                 mode=["greedy", "sampled"], w2=["same", "fp8"], top_k=[0, 64]),
+    "quick": dict(N=[1, 8, 64], K=[7], V=[32000], dtype=["fp32"], mode=["greedy", "sampled"], top_k=[0, 64]),
 }
 RANK, HIDDEN = 256, {"full": 4096, "quick": 256}
 QWEN3_VOCAB = 151936
 
 
-CASE_KEYS = ["N", "K", "V", "dtype", "mode", "w2", "sched", "r", "d"]  # the parameters that name a case
+CASE_KEYS = ["N", "K", "V", "dtype", "mode", "w2", "top_k", "sched", "r", "d"]  # the parameters that name a case
 BACKENDS = ["cuda", "triton", "reference", "flashinfer"]
 PEERS = {"flashinfer": ["verify_chain"]}   # external peers and the ops they have
 
@@ -55,15 +55,17 @@ def rng_uniform_cases(dev, grid):
 
 
 def draft_block_cases(dev, grid, d):
-    """W2 of the grid's dtype ("same"), or fp8 e4m3 with per-row scales ("fp8": bf16 grids only; a w2 key)."""
-    for n, k, v, dt, mode, w2 in itertools.product(grid["N"], grid["K"], grid["V"], grid["dtype"], grid["mode"],
-                                                   grid.get("w2", ["same"])):
-        if w2 == "fp8" and dt != "bf16":
+    """W2 of the grid's dtype ("same"), or fp8 e4m3 with per-row scales ("fp8": bf16 grids only; a w2 key); the full
+    proposal (top_k 0) or top-k proposals (a top_k key; with W2 of the grid's dtype only)."""
+    for n, k, v, dt, mode, w2, top_k in itertools.product(grid["N"], grid["K"], grid["V"], grid["dtype"],
+                                                          grid["mode"], grid.get("w2", ["same"]),
+                                                          grid.get("top_k", [0])):
+        if (w2 == "fp8" and dt != "bf16") or (w2 == "fp8" and top_k):
             continue
         dtype, sampled, fp8 = DTYPES[dt], mode == "sampled", w2 == "fp8"
         esize = torch.empty(0, dtype=dtype).element_size()
         fl = floors.draft_block(n, k, v, RANK, d=d, u_bytes=esize, w_bytes=esize, confidence=True,
-                                return_logits=sampled, w2_fp8=fp8)
+                                return_logits=sampled, w2_fp8=fp8, top_k=top_k)
 
         def inputs(n=n, k=k, v=v, dtype=dtype, fp8=fp8):
             g = _gen(0, dev)
@@ -78,11 +80,12 @@ def draft_block_cases(dev, grid, d):
                         hidden=_randn((n, k, d), dev, dtype, g),
                         conf=dk.ConfidenceHead(_randn((d + RANK,), dev, dtype, g) * 0.02, 0.0))
 
-        params = dict(N=n, K=k, V=v, dtype=dt, mode=mode, r=RANK, d=d, **({"w2": "fp8"} if fp8 else {}))
+        params = dict(N=n, K=k, V=v, dtype=dt, mode=mode, r=RANK, d=d, **({"w2": "fp8"} if fp8 else {}),
+                      **({"top_k": top_k} if top_k else {}))
         yield Case("draft_block", params, fl, inputs,
-                   lambda b, x, t=1.0 if sampled else 0.0, s=sampled: dk.draft_block(
+                   lambda b, x, t=1.0 if sampled else 0.0, s=sampled, tk=top_k or None: dk.draft_block(
                        x["base"], x["anchors"], x["head"], hidden=x["hidden"], confidence=x["conf"], temperature=t,
-                       seed=1, offset=0, return_logits=s, backend=b))
+                       seed=1, offset=0, return_logits=s, top_k=tk, backend=b))
 
 
 def verify_chain_cases(dev, grid):

@@ -41,16 +41,21 @@ def rng_uniform(n: int, k: int, v: int) -> Floor:
 
 def draft_block(n: int, k: int, v: int, r: int, *, d: int = 0, head: str = "vanilla", u_bytes: int = 2,
                 w_bytes: int = 2, hidden_bytes: Optional[int] = None, confidence: bool = False,
-                return_logits: bool = False, w2_on_chip: bool = False, w2_fp8: bool = False) -> Floor:
+                return_logits: bool = False, w2_on_chip: bool = False, w2_fp8: bool = False, top_k: int = 0) -> Floor:
     """U once, W2 once per position (or once per block with ``w2_on_chip``), the per-position head weights once per
     position, the Markov rows of W1 actually used, hidden states once, and the outputs: tokens (int64), the float32
     logits only when asked (``return_logits``), the float32 confidence logits and survival with a confidence head.
-    ``w2_fp8``: W2 is e4m3 (1 byte an element) with a float32 scale per row.
+    ``w2_fp8``: W2 is e4m3 (1 byte an element) with a float32 scale per row. ``top_k``: top-k proposals read only
+    the candidates' rows of W2, per request and position, and return sparse logits (float32 values + int64 ids).
     """
     hb = w_bytes if hidden_bytes is None else hidden_bytes
     f = Floor("draft_block")
     f.add("U", n * k * v * u_bytes)
-    f.add("W2", (1 if w2_on_chip else k) * v * (r + F32 if w2_fp8 else r * w_bytes))
+    w2_row = r + F32 if w2_fp8 else r * w_bytes
+    if top_k:
+        f.add("W2 rows", n * k * top_k * w2_row)
+    else:
+        f.add("W2", (1 if w2_on_chip else k) * v * w2_row)
     f.add("W1 rows", n * k * r * w_bytes)            # the embedding row of each position's previous token
     f.add("anchors", n * I64)
     if head == "gated":
@@ -66,7 +71,7 @@ def draft_block(n: int, k: int, v: int, r: int, *, d: int = 0, head: str = "vani
         f.add("conf_logits + survival", 2 * n * k * F32)
     f.add("tokens", n * k * I64)
     if return_logits:
-        f.add("logits", n * k * v * F32)
+        f.add("logits", n * k * (top_k * (F32 + I64) if top_k else v * F32))
     return f
 
 

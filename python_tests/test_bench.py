@@ -42,6 +42,9 @@ def test_draft_block_floor_by_hand():
     # W2 kept on chip across positions: read once per block
     assert floors.draft_block(2, 3, 100, 8, w2_on_chip=True).total == 6160 - 3200
     assert floors.draft_block(2, 3, 100, 8, w2_fp8=True).total == 6160 - 4800 + 3 * 100 * (8 + 4)  # 1 B + a scale
+    # top-k: 5 rows of W2 per request and position; sparse logits are float32 values + int64 ids
+    assert floors.draft_block(2, 3, 100, 8, top_k=5).total == 6160 - 4800 + 2 * 3 * 5 * 16
+    assert floors.draft_block(2, 3, 100, 8, top_k=5, return_logits=True).total == 6160 - 4800 + 480 + 2 * 3 * 5 * 12
     # confidence head (d = 16): hidden 2*3*16*2 = 192, weight (16+8)*2 = 48, conf_logits + survival 2*2*3*4 = 48
     assert floors.draft_block(2, 3, 100, 8, d=16, confidence=True).total == 6160 + 192 + 48 + 48
     # gated head: Wg once per position 3*8*(16+8)*2 = 1152, bg 3*8*2 = 48, hidden 192

@@ -77,6 +77,20 @@ def test_reduced_vocabulary_drafter_is_lossless(target, reference, markov, rank)
     assert SpeculativeDecoder(target, rand, kv_block_size=8).generate(PROMPTS5, MAX_NEW).tokens == reference
 
 
+@pytest.mark.parametrize("top_k,ids", [(4, None), (3, "reduced")])
+def test_top_k_proposals_are_lossless(target, reference, top_k, ids):
+    """Top-k Markov proposals in the decode loop (over the full vocabulary, or a reduced one): greedy output equals
+    the target's own, and the oracle's drafts, which lead U, are among the candidates and accepted."""
+    used = sorted({t for seq in PROMPTS5 + reference for t in seq})
+    draft_ids = sorted(set(used) | {44, 45, 46}) if ids else None
+    drafter = oracle_drafter(target, block_size=4, markov="gated", draft_ids=draft_ids, seed=2)
+    drafter.set_reference([p + r for p, r in zip(PROMPTS5, reference)])
+    dec = SpeculativeDecoder(target, drafter, kv_block_size=4, draft_top_k=top_k)
+    res = dec.generate(PROMPTS5, MAX_NEW, scheduler=scheduler("fixed", 4))
+    assert res.tokens == reference
+    assert res.stats.acceptance_length > 1.5, res.stats.acceptance_length
+
+
 @pytest.mark.parametrize("k", [1, 4, 7])
 def test_stop_tokens_and_length_limits(target, reference, k):
     # stop tokens taken from inside the reference continuations: generation must end right after them

@@ -21,11 +21,13 @@ def last_logits(target, seq):
                   len(seq)).logits[-1]
 
 
-@pytest.mark.parametrize("temperature,k,method,reduced", [(1.0, 4, "token", False), (0.7, 2, "token", False),
-                                                          (1.0, 3, "block", False), (1.0, 3, "token", True),
-                                                          (0.8, 2, "block", True)])
-def test_first_tokens_follow_target(temperature, k, method, reduced):
-    """``reduced``: the drafter proposes over 4 of the 6 target ids (q is zero on the other two)."""
+@pytest.mark.parametrize("temperature,k,method,reduced,top_k", [
+    (1.0, 4, "token", False, None), (0.7, 2, "token", False, None), (1.0, 3, "block", False, None),
+    (1.0, 3, "token", True, None), (0.8, 2, "block", True, None), (1.0, 3, "token", False, 3),
+    (0.8, 2, "block", True, 2)])
+def test_first_tokens_follow_target(temperature, k, method, reduced, top_k):
+    """``reduced``: the drafter proposes over 4 of the 6 target ids (q is zero on the other two); ``top_k``: top-k
+    Markov proposals (q is zero off each position's candidates)."""
     target = tiny_target(seed=5, vocab=V, layers=3)
     with torch.no_grad():
         p1 = torch.softmax(last_logits(target, PROMPT) / temperature, -1)
@@ -38,7 +40,7 @@ def test_first_tokens_follow_target(temperature, k, method, reduced):
     drafter.set_reference([[int(p1.argmax())] * 16], wrong_every=1000, scale=2.5)
     n = 20000
     drafter.ref = drafter.ref.expand(n, -1)
-    dec = SpeculativeDecoder(target, drafter, seed=11, verify_method=method)
+    dec = SpeculativeDecoder(target, drafter, seed=11, verify_method=method, draft_top_k=top_k)
     res = dec.generate([PROMPT] * n, 2, temperature=temperature)
     counts = torch.bincount(torch.tensor([t[0] * V + t[1] for t in res.tokens]), minlength=V * V).double()
     assert passes(counts, joint.double() * n), chi_square(counts, joint.double() * n)

@@ -61,7 +61,7 @@ def test_quick_demo_end_to_end(tmp_path):
     assert demo.main(["--quick", "--threads", "1", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "demo.json").read_text())
     assert os.path.getsize(tmp_path / "demo.png") > 10_000
-    assert set(res["acceptance"]) == set(demo.DRAFTERS)
+    assert set(res["acceptance"]) == set(demo.ROWS)
     for row in res["acceptance"].values():
         for t in ("greedy", "t1"):
             assert all(1.0 <= row[f"{t}_K{k}"]["acceptance_length"] <= k + 1 for k in demo.KS)
@@ -74,7 +74,7 @@ def test_quick_demo_end_to_end(tmp_path):
         assert r["measured_tokens_per_s"] > 0 and r["tokens_per_step"] >= 1
         assert "modelled_tokens_per_s_cpu" in r or "modelled_tokens_per_s_gpu_like" in r
     assert res["cost_tables"]["cpu"]["token_counts"][-1] >= 64 * 16
-    assert res["greedy_check"]["equal"] is True and res["greedy_check"]["runs"] == len(demo.DRAFTERS) * len(demo.KS)
+    assert res["greedy_check"]["equal"] is True and res["greedy_check"]["runs"] == len(demo.ROWS) * len(demo.KS)
     assert res["sampling_test"]["passes"] is True and res["sampling_test"]["df"] >= 1
 
 

@@ -557,8 +557,10 @@ def test_every_launched_kernel_has_its_gpu_registers(harness):
                                                                        "sts", seed=1)
             dk.draft_block(base, anchors, head, hidden=hidden, confidence=conf, temperature=temp, seed=1,
                            backend="cuda")
+        dk.draft_block(base, anchors, head, hidden=hidden, confidence=conf, temperature=temp, top_k=8,
+                       backend="cuda")  # the top-k proposal kernel
     launched = {(r["kernel"], r["symbol"]) for r in rec.launches}
-    assert len({k for k, _ in launched}) >= 8, sorted(launched)
+    assert len({k for k, _ in launched}) >= 9, sorted(launched)
     missing = sorted((k, s) for k, s in launched if s not in table)
     assert not missing, f"launches whose kernel is not in the SASS report's sm_90a table: {missing}"
     if os.environ.get("DSPARK_SIMT_REGISTERS") == report_path():  # conftest.py loads the report's table

@@ -252,6 +252,31 @@ def test_lossless_sampling_with_a_reduced_draft_vocabulary(method):
     assert not all(passes(counts(tokens[:, m], 50), p[m] * trials) for m in range(tokens.shape[1]))
 
 
+def test_sparse_draft_rows_are_the_dense_rows_with_the_other_ids_at_minus_inf():
+    """Top-k rows (``draft_candidates``: per-row target ids) only place the logits: the result equals verifying
+    dense rows (-inf off the candidates) exactly; bad candidates are errors naming them."""
+    gen = torch.Generator().manual_seed(8)
+    n, k, vocab, top = 4, 3, 30, 5
+    target = torch.randn(n, k + 1, vocab, generator=gen)
+    cands = torch.stack([torch.randperm(vocab, generator=gen)[:top] for _ in range(n * k)]).view(n, k, top)
+    rows = torch.randn(n, k, top, generator=gen)
+    dense = torch.full((n, k, vocab), float("-inf")).scatter(-1, cands, rows)
+    drafts = cands.gather(-1, torch.randint(0, top, (n, k, 1), generator=gen)).squeeze(-1)
+    for method in ("token", "block"):
+        kw = dict(temperature=torch.tensor([1.0, 0.7, 0.0, 1.3]), seed=3, method=method)
+        got = dk.verify_chain(target, drafts, draft_logits=rows, draft_candidates=cands.int(), **kw)
+        want = dk.verify_chain(target, drafts, draft_logits=dense, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), method
+    with pytest.raises(ValueError, match="draft_candidates needs draft_logits"):
+        dk.verify_chain(target, drafts, draft_candidates=cands)
+    with pytest.raises(ValueError, match="draft_candidates"):
+        dk.verify_chain(target, drafts, draft_logits=rows, draft_candidates=cands[:, :2])
+    with pytest.raises(ValueError, match="draft_logits"):
+        dk.verify_chain(target, drafts, draft_logits=rows[..., :4], draft_candidates=cands)
+    with pytest.raises(ValueError, match="not both"):
+        dk.verify_chain(target, drafts, draft_logits=rows, draft_candidates=cands, draft_to_target=cands[0, 0])
+
+
 def test_reduced_draft_rows_are_the_dense_rows_with_the_other_ids_at_minus_inf():
     """The map only places the rows: the result equals verifying dense rows (-inf off the map) exactly; a map entry
     outside [0, V) is dropped."""

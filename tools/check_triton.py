@@ -24,7 +24,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from dspark_kernels.triton.accept_prefix_scan import _accept_prefix_scan_kernel
-from dspark_kernels.triton.draft_block import _draft_block_kernel
+from dspark_kernels.triton.draft_block import _draft_block_kernel, _topk_kernel
 from dspark_kernels.triton.rng_uniform import _rng_uniform_kernel
 from dspark_kernels.triton.schedule_verify_lens import _schedule_verify_lens_kernel
 from dspark_kernels.triton.verify_chain import _verify_chain_kernel
@@ -34,12 +34,12 @@ def _draft_signature(w2: str) -> dict:
     """draft_block's kernel with a W2 of Triton type ``w2`` (bf16 inputs otherwise)."""
     return dict(base_ptr="*bf16", anchor_ptr="*i64", w1_ptr="*bf16", w2_ptr=f"*{w2}", w2s_ptr="*fp32", d2t_ptr="*i64",
                 wg_ptr="*bf16", bg_ptr="*bf16", wj_ptr="*bf16", bj_ptr="*bf16", hidden_ptr="*bf16", cw_ptr="*fp32",
-                cb_ptr="*fp32", sts_ptr="*fp32", temp_ptr="*fp32", rng_key_ptr="*i64", scratch_ptr="*fp32",
-                tokens_ptr="*i64", logits_ptr="*fp32", conf_ptr="*fp32", surv_ptr="*fp32", logprob_ptr="*fp32",
-                K="i32", V="i32", VT="i32", R="i32", D="i32", HEAD="constexpr", W2_FP8="constexpr",
-                HAS_SCALE="constexpr",
-                HAS_MAP="constexpr", HAS_CONF="constexpr", HAS_STS="constexpr", RETURN_LOGITS="constexpr",
-                BLOCK_V="constexpr", BLOCK_R="constexpr", BLOCK_C="constexpr")
+                cb_ptr="*fp32", sts_ptr="*fp32", cand_ptr="*i64", temp_ptr="*fp32", rng_key_ptr="*i64",
+                scratch_ptr="*fp32", tokens_ptr="*i64", logits_ptr="*fp32", conf_ptr="*fp32", surv_ptr="*fp32",
+                logprob_ptr="*fp32", K="i32", V="i32", W="i32", VT="i32", R="i32", D="i32", HEAD="constexpr",
+                W2_FP8="constexpr", HAS_SCALE="constexpr", HAS_MAP="constexpr", HAS_CONF="constexpr",
+                HAS_STS="constexpr", TOPK="constexpr", RETURN_LOGITS="constexpr", BLOCK_V="constexpr",
+                BLOCK_R="constexpr", BLOCK_C="constexpr")
 
 
 # kernel -> (signature, {constexpr name: values to try}), or a list of them; NUM_WARPS: what the launchers use
@@ -61,11 +61,17 @@ KERNELS = {
     ),
     _draft_block_kernel: [(_draft_signature("bf16"),
                            dict(HEAD=[0, 1, 2], W2_FP8=[False], HAS_SCALE=[False], HAS_MAP=[False, True], HAS_CONF=[True],
-                                HAS_STS=[True], RETURN_LOGITS=[False, True], BLOCK_V=[128], BLOCK_R=[64],
+                                HAS_STS=[True], TOPK=[False], RETURN_LOGITS=[False, True], BLOCK_V=[128], BLOCK_R=[64],
                                 BLOCK_C=[64])),
                           (_draft_signature("u8"),  # an fp8 W2 (its bytes) with its row scales
                            dict(HEAD=[0, 2], W2_FP8=[True], HAS_SCALE=[True], HAS_MAP=[False], HAS_CONF=[True], HAS_STS=[True],
-                                RETURN_LOGITS=[True], BLOCK_V=[128], BLOCK_R=[64], BLOCK_C=[64]))],
+                                TOPK=[False], RETURN_LOGITS=[True], BLOCK_V=[128], BLOCK_R=[64], BLOCK_C=[64])),
+                          (_draft_signature("bf16"),  # top-k proposals: the walk over each row's candidates
+                           dict(HEAD=[0, 2], W2_FP8=[False], HAS_SCALE=[False], HAS_MAP=[False, True], HAS_CONF=[True],
+                                HAS_STS=[True], TOPK=[True], RETURN_LOGITS=[True], BLOCK_V=[64], BLOCK_R=[64],
+                                BLOCK_C=[64]))],
+    _topk_kernel: (dict(base_ptr="*bf16", cand_ptr="*i64", V="i32", TOP="i32", BLOCK_V="constexpr"),
+                   dict(BLOCK_V=[1024])),
     _accept_prefix_scan_kernel: (
         dict(tokens_ptr="*i64", seq_ptr="*i32", nacc_ptr="*i32", mask_ptr="*u8", vcu_ptr="*i32", table_ptr="*i32",
              maxlen_ptr="*i64", stops_ptr="*i64", cu_ptr="*i32", out_ptr="*i64", newseq_ptr="*i32",

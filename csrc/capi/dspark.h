@@ -219,11 +219,17 @@ typedef struct dspark_draft_block_args {
                                     no random numbers are read); T <= 0 or NaN: greedy for that request */
   const int64_t* rng_key;        /* device int64 [2] = (seed, offset), read by the kernel (graph-safe); required
                                     with temperature, may be NULL without */
+  int64_t top_k;                 /* 0: the full proposal; 1..min(V, 1024): top-k proposals. Per position only the
+                                    top_k largest entries of U (by value, NaN lowest, ties to the lower id) get a
+                                    bias, and the draft, logprob and logits are those of the softmax over them */
   /* outputs (float32) */
   int64_t* tokens;               /* [N, K] drafted tokens */
   float* draft_logprobs;         /* [N, K] log q(token) under softmax(logits / T) (T = 1 for greedy requests) */
   float* logits;                 /* [N, K, V] the corrected logits U + W2 v, or NULL (not written; verify_chain's
-                                    lossless sampling needs them) */
+                                    lossless sampling needs them); [N, K, top_k] with top_k, over the candidates in
+                                    increasing draft-id order */
+  int64_t* candidates;           /* [N, K, top_k] the target ids of those columns (top_k with logits; ignored
+                                    otherwise) */
   float* conf_logits;            /* [N, K] raw confidence logits z (required with conf_weight, ignored without) */
   float* survival;               /* [N, K] survival (required with conf_weight, ignored without) */
 } dspark_draft_block_args;

@@ -350,6 +350,14 @@ int draft_params(const dspark_draft_block_args* a, dspark::DraftBlockParams* p, 
   if (a->temperature != nullptr && a->rng_key == nullptr)
     return null_pointer(fn, "rng_key", "required with temperature");
   p->rng_key = a->rng_key;
+  if (a->top_k < 0 || a->top_k > std::min<int64_t>(a->V, dspark::draft_topk::kMaxTopK))
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": top_k must be 0 or in [1, min(V, " +
+                                          std::to_string(dspark::draft_topk::kMaxTopK) + ")], got " +
+                                          std::to_string(a->top_k));
+  p->top_k = a->top_k;
+  if (a->top_k > 0 && a->logits != nullptr && a->candidates == nullptr)
+    return null_pointer(fn, "candidates", "required with top_k and logits");
+  p->candidates = a->top_k > 0 && a->logits != nullptr ? a->candidates : nullptr;
   if (a->tokens == nullptr) return null_pointer(fn, "tokens");
   if (a->draft_logprobs == nullptr) return null_pointer(fn, "draft_logprobs");
   p->tokens = a->tokens;

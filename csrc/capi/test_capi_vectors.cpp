@@ -410,8 +410,9 @@ void run_draft(const Json& c, int index) {
   const Buf temps = float_buf(c["temperature"]);
   const std::vector<int64_t> key = rng_key_of(c);
   const bool has_conf = !c["conf_weight"].is_null(), with_logits = c["return_logits"].text == "1";
-  std::vector<int64_t> tokens(N * K, 12345);
-  std::vector<float> logprobs(N * K, -7.0f), logits(with_logits ? N * K * V : 0, -7.0f);
+  const int64_t top_k = c["top_k"].i(), width = top_k > 0 ? top_k : V;
+  std::vector<int64_t> tokens(N * K, 12345), candidates(with_logits && top_k > 0 ? N * K * top_k : 0, 12345);
+  std::vector<float> logprobs(N * K, -7.0f), logits(with_logits ? N * K * width : 0, -7.0f);
   std::vector<float> conf(has_conf ? N * K : 0, -7.0f), surv(has_conf ? N * K : 0, -7.0f);
   dspark_draft_block_args a;
   memset(&a, 0, sizeof a);
@@ -448,9 +449,11 @@ void run_draft(const Json& c, int index) {
   a.sts_temperatures_dtype = sts.dtype;
   a.temperature = static_cast<const float*>(temps.ptr());
   a.rng_key = key.data();
+  a.top_k = top_k;
   a.tokens = tokens.data();
   a.draft_logprobs = logprobs.data();
   a.logits = with_logits ? logits.data() : nullptr;
+  a.candidates = candidates.empty() ? nullptr : candidates.data();
   a.conf_logits = has_conf ? conf.data() : nullptr;
   a.survival = has_conf ? surv.data() : nullptr;
   size_t bytes = 0;
@@ -464,6 +467,7 @@ void run_draft(const Json& c, int index) {
   expect_equal(tokens, e["tokens"], name + " tokens");
   expect_close(logprobs, e["draft_logprobs"], name + " draft_logprobs");
   if (with_logits) expect_close(logits, e["logits"], name + " logits");
+  if (!candidates.empty()) expect_equal(candidates, e["candidates"], name + " candidates");
   if (has_conf) {
     expect_close(conf, e["conf_logits"], name + " conf_logits");
     expect_close(surv, e["survival"], name + " survival");

@@ -935,6 +935,12 @@ void count_read(const void* p, size_t bytes) {
   if (g_settings.record) note_global(reinterpret_cast<uintptr_t>(p), bytes, false, ctx());
 }
 
+bool in_shared_memory(const void* p) {
+  const Fiber* f = g_current;
+  return f != nullptr && reinterpret_cast<uintptr_t>(p) - reinterpret_cast<uintptr_t>(f->ctx.block->smem) <
+                             smem_arena_bytes();
+}
+
 void count_mma() {
   RuntimeScope scope;
   if (ctx().lane == 0) ctx().record->mma += 1;

@@ -1,4 +1,5 @@
-// Torch launcher of dspark_C::draft_block (the kernel lives in csrc/include/dspark/draft_block.cuh).
+// Torch launcher of dspark_C::draft_block (the kernels live in csrc/include/dspark/draft_block.cuh and, for top_k,
+// draft_block_topk.cuh).
 #include "common.h"
 #include "dspark/draft_block.cuh"
 
@@ -13,11 +14,12 @@ using OptT = std::optional<Tensor>;
 
 constexpr const char* kOp = "draft_block";
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> launch(
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> launch(
     const Tensor& base_logits, const Tensor& anchor_tokens, c10::string_view head_kind, const Tensor& w1,
     const Tensor& w2, const OptT& w2_scale, const OptT& draft_to_target, const OptT& wg, const OptT& bg,
     const OptT& wj, const OptT& bj, const OptT& hidden, const OptT& conf_weight, const OptT& conf_bias,
-    const OptT& sts_temperatures, const OptT& temperature, const Tensor& rng_key, bool return_logits) {
+    const OptT& sts_temperatures, const OptT& temperature, const Tensor& rng_key, bool return_logits,
+    int64_t top_k) {
   check_shape(kOp, "base_logits", base_logits, {kAnySize, kAnySize, kAnySize});
   const Tensor& base = base_logits;
   const int64_t N = base.size(0), K = base.size(1), V = base.size(2);
@@ -106,26 +108,34 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> launch(
     p.temperature = temperature->data_ptr<float>();
   }
   p.rng_key = check_rng_key(kOp, rng_key, base);
+  TORCH_CHECK(top_k >= 0 && top_k <= std::min(V, dspark::draft_topk::kMaxTopK), kOp,
+              ": top_k must be 0 (the full proposal) or in [1, min(V, ", dspark::draft_topk::kMaxTopK, ")], got ", top_k);
+  p.top_k = top_k;
 
   const auto f32 = base.options().dtype(at::kFloat);
   Tensor tokens = at::empty({N, K}, base.options().dtype(at::kLong));
   Tensor logprobs = at::empty({N, K}, f32);
-  Tensor logits = return_logits ? at::empty({N, K, V}, f32) : at::empty({0}, f32);
+  const int64_t width = top_k > 0 ? top_k : V;
+  Tensor logits = return_logits ? at::empty({N, K, width}, f32) : at::empty({0}, f32);
+  const bool sparse = return_logits && top_k > 0;
+  const auto i64 = base.options().dtype(at::kLong);
+  Tensor candidates = sparse ? at::empty({N, K, top_k}, i64) : at::empty({0}, i64);
   Tensor conf = has_conf ? at::empty({N, K}, f32) : at::empty({0}, f32);
   Tensor survival = has_conf ? at::empty({N, K}, f32) : at::empty({0}, f32);
-  if (N == 0 || K == 0 || V == 0) return {tokens, logits, conf, survival, logprobs};
+  if (N == 0 || K == 0 || V == 0) return {tokens, logits, conf, survival, logprobs, candidates};
   p.tokens = tokens.data_ptr<int64_t>();
   p.logprobs = logprobs.data_ptr<float>();
   p.logits = return_logits ? logits.data_ptr<float>() : nullptr;
   p.conf = has_conf ? conf.data_ptr<float>() : nullptr;
   p.survival = has_conf ? survival.data_ptr<float>() : nullptr;
+  p.candidates = sparse ? candidates.data_ptr<int64_t>() : nullptr;
 
   const DeviceGuard guard(base);
   const size_t ws_bytes = dspark::draft_block_workspace_bytes(p);
   TORCH_CHECK(ws_bytes > 0, kOp, ": no launch configuration fits this device");
   Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, base.options().dtype(at::kByte));
   check_launch(dspark::launch_draft_block(p, workspace.data_ptr(), current_stream(base)), kOp);
-  return {tokens, logits, conf, survival, logprobs};
+  return {tokens, logits, conf, survival, logprobs, candidates};
 }
 
 }  // namespace dspark_torch::draft_block

@@ -10,8 +10,8 @@ DSPARK_LIBRARY_(DSPARK_TORCH_LIBRARY, m) {
   m.def("draft_block(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, "
         "Tensor? w2_scale, Tensor? draft_to_target, Tensor? wg, Tensor? bg, Tensor? wj, Tensor? bj, Tensor? hidden, "
         "Tensor? conf_weight, Tensor? conf_bias, Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, "
-        "bool return_logits) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "bool return_logits, int top_k) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("verify_chain(Tensor target_logits, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits, "
         "Tensor? draft_logprobs, Tensor? verify_lens, Tensor? survival, Tensor? thresholds, Tensor? temperature, "
         "Tensor rng_key, Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)");

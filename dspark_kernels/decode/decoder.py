@@ -184,13 +184,15 @@ class _StatsAccumulator:
 
 class SpeculativeDecoder:
     def __init__(self, target, drafter: DSparkDrafter, *, kv_block_size: int = 16, max_seq_len: Optional[int] = None,
-                 seed: int = 0, verify_method: str = "token", backend: str = "auto", kv_shuffle_seed=None):
+                 seed: int = 0, verify_method: str = "token", backend: str = "auto", kv_shuffle_seed=None,
+                 draft_top_k: Optional[int] = None):
         if drafter.config.backbone.vocab_size != target.vocab_size:
             raise ValueError(f"drafter vocab {drafter.config.backbone.vocab_size} != target vocab {target.vocab_size}")
         check_layer_ids(drafter.config.target_layer_ids, target.num_layers)
         self.target, self.drafter = target, drafter
         self.kv_block_size, self.max_seq_len, self.seed = kv_block_size, max_seq_len, seed
         self.method, self.backend, self.kv_shuffle_seed = verify_method, backend, kv_shuffle_seed
+        self.draft_top_k = draft_top_k  # top-k Markov proposals (dk.draft_block's top_k), or None
         self.head, self.rank = self._markov_head()
 
     def _markov_head(self):
@@ -291,7 +293,7 @@ class SpeculativeDecoder:
         base, hidden = self.drafter.forward_block(b.anchors, b.seq_lens - 1, ctx_len)
         drafts = dk.draft_block(base, b.anchors, self.head, hidden=hidden, confidence=call.confidence,
                                 temperature=temp, seed=self.seed, offset=2 * step, return_logits=temp > 0,
-                                backend=self.backend)
+                                top_k=self.draft_top_k, backend=self.backend)
         verify_lens = torch.where(b.finished, 0, self._schedule(call.scheduler, drafts, b.prev_survival, k).int())
         cu = torch.nn.functional.pad((verify_lens + 1).cumsum(0), (1, 0)).int()
         clock.mark("draft")
@@ -307,10 +309,12 @@ class SpeculativeDecoder:
         tokens = torch.where(j == 0, b.anchors[requests], drafts.tokens[requests, (j - 1).clamp(min=0)])
         positions = (b.seq_lens[requests] - 1 + j).long()
         out = self.target(tokens, positions, cu, k + 1, ctx_len + k + 1)
-        # draft_logprobs: the accept tests use log q(d) from the drafter, so only rejected draft rows are read
+        # draft_logprobs: the accept tests use log q(d) from the drafter, so only rejected draft rows are read;
+        # top-k rows come with their candidates' target ids, full rows with the head's map (if any)
+        mapped = drafts.logits is not None and drafts.candidates is None
         verified = dk.verify_chain(
             out.logits, drafts.tokens, cu_seqlens=cu, draft_logits=drafts.logits,
-            draft_to_target=self.head.draft_to_target if drafts.logits is not None else None,
+            draft_to_target=self.head.draft_to_target if mapped else None, draft_candidates=drafts.candidates,
             draft_logprobs=drafts.draft_logprobs if drafts.logits is not None else None, temperature=temp,
             seed=self.seed, offset=2 * step + 1, stop_token_ids=stops, method=self.method, backend=self.backend)
         clock.mark("verify")

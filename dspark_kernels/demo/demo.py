@@ -26,6 +26,9 @@ from ..decode.tools import ece_per_position
 ASSETS = os.path.join(os.path.dirname(__file__), "assets")
 DRAFTERS = ("dspark_vanilla", "dspark_gated", "dspark_rnn", "baseline", "dspark_vanilla_vd1024")
 KS = (3, 7, 15)
+# acceptance rows beyond the drafters themselves: a drafter with top-k Markov proposals (row -> (drafter, top_k))
+TOP_K_ROWS = {"dspark_vanilla_top16": ("dspark_vanilla", 16)}
+ROWS = DRAFTERS + tuple(TOP_K_ROWS)
 THRESHOLD = 0.5  # threshold mode: verify the leading drafts whose calibrated survival is >= 0.5
 
 
@@ -64,13 +67,15 @@ def _nan_none(xs):
 
 
 def acceptance(target, drafters, sts, prompts, n_new, backend, seed):
-    """Fixed-K decoding (a K = 15 block truncated to K drafts verified) for every drafter, greedy and T = 1."""
+    """Fixed-K decoding (a K = 15 block truncated to K drafts verified) for every drafter, greedy and T = 1, and for
+    the TOP_K_ROWS (a drafter with top-k Markov proposals; its STS temperatures)."""
     out, greedy_tokens = {}, {}
-    for name, dr in drafters.items():
-        dec = SpeculativeDecoder(target, dr, seed=seed, backend=backend)
+    rows = {**{name: (name, None) for name in drafters}, **TOP_K_ROWS}
+    for name, (drafter, top_k) in rows.items():
+        dec = SpeculativeDecoder(target, drafters[drafter], seed=seed, backend=backend, draft_top_k=top_k)
         row = {}
         for tname, temp in (("greedy", 0.0), ("t1", 1.0)):
-            temps = sts[name][tname]
+            temps = sts[drafter][tname]
             for k in KS:
                 log = {}
                 res = dec.generate(prompts, n_new, temperature=temp, log=log,

@@ -56,12 +56,15 @@ class _ShardedOps:
         self.validated.add(op)
         return dict(vocab_start=self.vocab_start, vocab_size=self.vocab_size, group=self.group, validate=validate)
 
-    def draft_block(self, base_logits, anchor_tokens, head, **kw):
+    def draft_block(self, base_logits, anchor_tokens, head, *, top_k=None, **kw):
+        if top_k is not None:  # VocabParallelDecoder refuses draft_top_k first
+            raise ValueError("top_k: top-k proposals are not sharded yet")
         return draft_block(base_logits, anchor_tokens, head, **self._shard_args("draft_block"), **kw)
 
-    def verify_chain(self, target_logits, draft_tokens, *, draft_logits=None, draft_to_target=None, **kw):
-        if draft_to_target is not None:  # distributed.draft_block refuses such heads first
-            raise ValueError("draft_to_target: a reduced draft vocabulary is not sharded yet")
+    def verify_chain(self, target_logits, draft_tokens, *, draft_logits=None, draft_to_target=None,
+                     draft_candidates=None, **kw):
+        if draft_to_target is not None or draft_candidates is not None:  # refused before: the head, the decoder
+            raise ValueError("draft_to_target / draft_candidates: reduced or top-k draft rows are not sharded yet")
         return verify_chain(target_logits, draft_tokens, draft_logits_shard=draft_logits,
                             **self._shard_args("verify_chain"), **kw)
 
@@ -79,6 +82,8 @@ class VocabParallelDecoder:
         if drafter.config.draft_vocab_size:
             raise ValueError("VocabParallelDecoder: a drafter over a reduced vocabulary (draft_vocab_size) is not "
                              "sharded yet (distributed.draft_block drafts over the target vocabulary only)")
+        if kw.get("draft_top_k") is not None:
+            raise ValueError("VocabParallelDecoder: draft_top_k (top-k proposals) is not sharded yet")
         self.decoder = SpeculativeDecoder(target, drafter, **kw)
         self.span, self.group = (vocab_start, vocab_start + size), group
         self.ops = _ShardedOps(vocab_start, target.vocab_size, group)

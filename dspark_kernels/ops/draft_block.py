@@ -14,6 +14,7 @@ from ._registry import CudaKernel, TritonKernel, define_op
 
 HEAD_KINDS = ("vanilla", "gated", "rnn")
 W2_FP8 = torch.float8_e4m3fn  # the quantized W2 dtype (with a per-row float32 scale)
+MAX_TOP_K = 1024  # top-k proposals keep at most this many candidates (the CUDA kernel's shared buffer)
 
 
 @dataclass
@@ -92,20 +93,23 @@ class ConfidenceHead:
 
 class DraftBlockOutput(NamedTuple):
     tokens: torch.Tensor                   # int64 [N, K]
-    logits: Optional[torch.Tensor]         # float32 [N, K, V] (return_logits=True)
+    logits: Optional[torch.Tensor]         # float32 [N, K, V], or [N, K, top_k] (return_logits=True)
     conf_logits: Optional[torch.Tensor]    # float32 [N, K] (with a confidence head)
     survival: Optional[torch.Tensor]       # float32 [N, K] (with a confidence head)
     draft_logprobs: Optional[torch.Tensor] = None  # float32 [N, K]: log q(token) under softmax(logits / T)
+    candidates: Optional[torch.Tensor] = None      # int64 [N, K, top_k]: target ids of the logits' columns (top_k)
 
 
 def _fake(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_to_target, wg, bg, wj, bj, hidden, conf_weight,
-          conf_bias, sts_temperatures, temperature, rng_key, return_logits):
+          conf_bias, sts_temperatures, temperature, rng_key, return_logits, top_k):
     n, k, v = base_logits.shape
     new = base_logits.new_empty
     conf_shape = (n, k) if conf_weight is not None else (0,)
-    return (new((n, k), dtype=torch.int64), new((n, k, v) if return_logits else (0,), dtype=torch.float32),
+    width = top_k if top_k > 0 else v
+    return (new((n, k), dtype=torch.int64), new((n, k, width) if return_logits else (0,), dtype=torch.float32),
             new(conf_shape, dtype=torch.float32), new(conf_shape, dtype=torch.float32),
-            new((n, k), dtype=torch.float32))
+            new((n, k), dtype=torch.float32),
+            new((n, k, top_k) if return_logits and top_k > 0 else (0,), dtype=torch.int64))
 
 
 DRAFT_BLOCK = define_op(
@@ -113,8 +117,8 @@ DRAFT_BLOCK = define_op(
     "(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, Tensor? w2_scale, "
     "Tensor? draft_to_target, "
     "Tensor? wg, Tensor? bg, Tensor? wj, Tensor? bj, Tensor? hidden, Tensor? conf_weight, Tensor? conf_bias, "
-    "Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, bool return_logits) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, bool return_logits, int top_k) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     _fake,
     {"reference": reference.draft_block, "triton": TritonKernel("draft_block", "draft_block"),
      "cuda": CudaKernel("draft_block")},
@@ -132,6 +136,7 @@ def draft_block(
     seed=0,
     offset=0,
     return_logits: bool = False,
+    top_k: Optional[int] = None,
     backend: Optional[str] = "auto",
 ) -> DraftBlockOutput:
     """Draft a block of K tokens per request with the Markov head, plus confidence logits and survival.
@@ -148,11 +153,18 @@ def draft_block(
             Negative or NaN entries of a tensor count as greedy.
         seed, offset: the random key (Python ints or one-element int tensors, device tensors allowed).
         return_logits: also return the corrected logits, which ``verify_chain`` needs for lossless sampling.
+        top_k: None for the full proposal, or an int in [1, min(V, 1024)]: top-k Markov proposals. Per position only the top_k
+            largest entries of U (ranked by value, NaN lowest, ties to the lower id: ``reference.topk_candidates``)
+            get a bias ``W2 v``, so W2 is read for top_k rows per request and position instead of V; the proposal q
+            is the softmax of ``logits / T`` over those candidates (zero elsewhere), which drafts, log-probabilities
+            and the returned logits describe. ``logits`` is then sparse: float32 ``[N, K, top_k]`` over the
+            candidates in increasing draft-id order, with ``candidates`` int64 ``[N, K, top_k]`` their target ids
+            (pass both to ``verify_chain`` as ``draft_logits`` / ``draft_candidates``).
         backend: "auto" | "cuda" | "triton" | "reference".
 
     Returns:
         ``DraftBlockOutput(tokens int64 [N, K], logits float32 [N, K, V] | None, conf_logits float32 [N, K] | None,
-        survival float32 [N, K] | None, draft_logprobs float32 [N, K])``. ``logits_k = U_k + B(x_{k-1})`` in
+        survival float32 [N, K] | None, draft_logprobs float32 [N, K], candidates int64 [N, K, top_k] | None)``. ``logits_k = U_k + B(x_{k-1})`` in
         float32 (sampling used exactly these; over the draft vocabulary with ``draft_to_target``, whose map takes
         the drafted id to the target id in ``tokens``); ``conf_logits`` are the raw ``z_k``;
         ``survival_k = prod_{i<=k} sigmoid(z_i / T_i)``. An anchor outside W1's rows reads a zero Markov embedding;
@@ -214,12 +226,16 @@ def draft_block(
         check_tensor("confidence.sts_temperatures", sts, shape=(k_len,), dtypes=FLOAT_DTYPES, device=dev,
                      optional=True)
 
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                              or not 1 <= top_k <= min(vocab, MAX_TOP_K)):
+        raise ValueError(f"top_k must be None or an int in [1, min(V, {MAX_TOP_K})] (V = {vocab}), got {top_k!r}")
     temps = temperature_tensor(temperature, n, dev)
     rng_key = make_rng_key(seed, offset, dev)
-    tokens, logits, conf, survival, logprobs = DRAFT_BLOCK(
+    tokens, logits, conf, survival, logprobs, candidates = DRAFT_BLOCK(
         base_logits, anchor_tokens, head.kind, head.w1, head.w2, head.w2_scale, d2t, wg, bg, wj, bj, hidden,
-        conf_weight, conf_bias,
-        sts, temps, rng_key, bool(return_logits), backend=resolve_backend(backend, dev, DRAFT_BLOCK.name))
+        conf_weight, conf_bias, sts, temps, rng_key, bool(return_logits), top_k or 0,
+        backend=resolve_backend(backend, dev, DRAFT_BLOCK.name))
     has_conf = confidence is not None
     return DraftBlockOutput(tokens, logits if return_logits else None, conf if has_conf else None,
-                            survival if has_conf else None, logprobs)
+                            survival if has_conf else None, logprobs,
+                            candidates if return_logits and top_k else None)

@@ -45,6 +45,7 @@ def verify_chain(
     cu_seqlens: Optional[torch.Tensor] = None,
     draft_logits: Optional[torch.Tensor] = None,
     draft_to_target: Optional[torch.Tensor] = None,
+    draft_candidates: Optional[torch.Tensor] = None,
     draft_logprobs: Optional[torch.Tensor] = None,
     verify_lens: Optional[torch.Tensor] = None,
     survival: Optional[torch.Tensor] = None,
@@ -72,6 +73,10 @@ def verify_chain(
             scattered into dense float32 ``[N, K, V]`` rows (-inf off the map) that the kernels then read: N K V x 4
             bytes written on top of their own traffic. Entries must be distinct (``MarkovHead`` checks them; a
             duplicate keeps the larger logit); entries outside [0, V) are dropped, never written out of bounds.
+        draft_candidates: int32/int64 ``[N, K, k]`` (needs ``draft_logits [N, K, k]``, excludes
+            ``draft_to_target``): the sparse form of top-k proposals (``draft_block(..., top_k=k)``'s
+            ``candidates``): the target id of each column of each draft row; q is zero at every other id. The rows
+            are scattered into dense rows as for ``draft_to_target``, with the same rules.
         draft_logprobs: float32 ``[N, K]`` (needs ``draft_logits``): ``log q_j(d_j)``, the log-probability at the
             request's temperature with which each draft was sampled (``draft_block`` returns it). The accept tests
             then use ``q(d_j) = exp(draft_logprobs)`` instead of the draft rows, so the CUDA backend reads only the
@@ -105,8 +110,12 @@ def verify_chain(
     vocab = target_logits.shape[-1]
     if vocab < 1:
         raise ValueError("target_logits must have V >= 1")
+    if draft_to_target is not None and draft_candidates is not None:
+        raise ValueError("give draft_to_target or draft_candidates, not both (candidates are target ids already)")
     if draft_to_target is not None:
         draft_logits = dense_draft_logits(draft_logits, draft_to_target, n, k_len, vocab, dev)
+    elif draft_candidates is not None:
+        draft_logits = dense_draft_logits(draft_logits, draft_candidates, n, k_len, vocab, dev, "draft_candidates")
     check_verify_options(n, k_len, vocab, dev, draft_logits, draft_logprobs, verify_lens, survival, thresholds,
                          stop_token_ids, method)
     temps = temperature_tensor(temperature, n, dev)
@@ -116,15 +125,19 @@ def verify_chain(
         rng_key, stop_token_ids, method, backend=resolve_backend(backend, dev, VERIFY_CHAIN.name)))
 
 
-def dense_draft_logits(draft_logits, draft_to_target, n: int, k_len: int, vocab: int, dev) -> torch.Tensor:
-    """float32 ``[N, K, V]``: ``draft_logits [N, K, Vd]`` at the target ids ``draft_to_target [Vd]``, -inf elsewhere
-    (a max-scatter: an id outside [0, V) writes -inf at id 0, which changes nothing)."""
+def dense_draft_logits(draft_logits, ids, n: int, k_len: int, vocab: int, dev,
+                       name: str = "draft_to_target") -> torch.Tensor:
+    """float32 ``[N, K, V]``: ``draft_logits [N, K, W]`` at the target ids ``ids`` (``draft_to_target [W]``, or
+    ``draft_candidates [N, K, W]``), -inf elsewhere (a max-scatter: an id outside [0, V) writes -inf at id 0, which
+    changes nothing)."""
     if draft_logits is None:
-        raise ValueError("draft_to_target needs draft_logits (the rows over the draft vocabulary)")
-    check_tensor("draft_to_target", draft_to_target, ndim=1, dtypes=INT_DTYPES, device=dev)
-    check_tensor("draft_logits", draft_logits, shape=(n, k_len, draft_to_target.numel()), dtypes=FLOAT_DTYPES,
-                 device=dev)
-    ids = draft_to_target.to(torch.int64)
+        raise ValueError(f"{name} needs draft_logits (the rows over the draft ids it maps)")
+    if name == "draft_to_target":
+        check_tensor(name, ids, ndim=1, dtypes=INT_DTYPES, device=dev)
+    else:
+        check_tensor(name, ids, shape=(n, k_len, None), dtypes=INT_DTYPES, device=dev)
+    check_tensor("draft_logits", draft_logits, shape=(n, k_len, ids.shape[-1]), dtypes=FLOAT_DTYPES, device=dev)
+    ids = ids.to(torch.int64)
     valid = (ids >= 0) & (ids < vocab)
     src = torch.where(valid, draft_logits.float(), float("-inf"))
     dense = torch.full((n, k_len, vocab), float("-inf"), dtype=torch.float32, device=dev)

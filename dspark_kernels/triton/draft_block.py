@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .rng import STREAM_DRAFT, argmax_finish, argmax_update, gumbel_score, load_key, uniform
+from .rng import STREAM_DRAFT, argmax_finish, gumbel_score, load_key, uniform
 
 NEG_INF = tl.constexpr(float("-inf"))
 HEAD_VANILLA = tl.constexpr(0)
@@ -175,32 +175,43 @@ def _logits_chunk(u_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, cols, vmask, R, rs
 
 
 @triton.jit
-def _vocab_pass(u_row, logits_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, V, R, t, sampled, k0, k1, offset_lo, n, k,
-                vs_ar, rs_ar, HEAD: tl.constexpr, W2_FP8: tl.constexpr, HAS_SCALE: tl.constexpr,
-                RETURN_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
-    """One pass over the vocabulary: the logits (stored when asked for), the greedy or Gumbel-max argmax, and the
-    softmax statistics of logits / T (T = 1 for greedy rows). Returns (token, log_softmax(logits / T)[token])."""
+def _vocab_pass(u_row, logits_row, cand_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, V, W, R, t, sampled, k0, k1,
+                offset_lo, n, k, vs_ar, rs_ar, HEAD: tl.constexpr, W2_FP8: tl.constexpr, HAS_SCALE: tl.constexpr,
+                TOPK: tl.constexpr, RETURN_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
+    """One pass over the W proposal columns (every draft id, W = V; or, TOPK, the candidates of the row, W = top_k,
+    ids in increasing order): the logits (stored when asked for), the greedy or Gumbel-max argmax, and the softmax
+    statistics of logits / T (T = 1 for greedy rows). Returns (drafted id, log_softmax(logits / T)[its column])."""
+    none = V + BLOCK_V
     best = tl.full([BLOCK_V], NEG_INF, tl.float32)
-    best_i = vs_ar
+    if TOPK:
+        best_i = tl.full([BLOCK_V], none, tl.int64)
+    else:
+        best_i = tl.where(vs_ar < W, vs_ar, none)
     best_l = tl.full([BLOCK_V], NEG_INF, tl.float32)   # the scaled logit of each lane's running winner
     run_m = tl.full([BLOCK_V], NEG_INF, tl.float32)
     run_s = tl.zeros([BLOCK_V], tl.float32)
     bad = tl.zeros([BLOCK_V], tl.int32)                # a NaN scaled logit was seen
-    for vs in range(0, V, BLOCK_V):
-        cols = vs + vs_ar
-        vmask = cols < V
+    for vs in range(0, W, BLOCK_V):
+        lanes = vs + vs_ar
+        vmask = lanes < W
+        if TOPK:
+            cols = tl.where(vmask, tl.load(cand_row + lanes, mask=vmask, other=0), none)
+        else:
+            cols = lanes
         x = _logits_chunk(u_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, cols, vmask, R, rs_ar, HEAD, W2_FP8,
                           HAS_SCALE, BLOCK_V, BLOCK_R)
         if RETURN_LOGITS:
-            tl.store(logits_row + cols, x, mask=vmask)
+            tl.store(logits_row + lanes, x, mask=vmask)
         xs = x / t
         if sampled:
             score = gumbel_score(xs, uniform(k0, k1, offset_lo, n, k, STREAM_DRAFT, cols))
         else:
             score = x
         score = tl.where(vmask, _argmax_key(score), NEG_INF)
-        best_l = tl.where(score > best, xs, best_l)
-        best, best_i = argmax_update(best, best_i, score, cols)
+        better = (score > best) | ((score == best) & (cols < best_i))  # a lane's ids increase: the lower id on ties
+        best_l = tl.where(better, xs, best_l)
+        best = tl.where(better, score, best)
+        best_i = tl.where(better, cols, best_i)
         bad = bad | ((xs != xs) & vmask).to(tl.int32)
         xk = tl.where(vmask, _argmax_key(xs), NEG_INF)
         new_m = tl.maximum(run_m, xk)
@@ -208,7 +219,7 @@ def _vocab_pass(u_row, logits_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, V, R, t,
         safe_m = tl.where(live, new_m, 0.0)
         run_s = tl.where(live, run_s * tl.exp(run_m - safe_m) + tl.exp(xk - safe_m), 0.0)
         run_m = new_m
-    token = argmax_finish(best, best_i, V + BLOCK_V).to(tl.int64)
+    token = argmax_finish(best, best_i, none).to(tl.int64)
     win_l = tl.sum(tl.where(best_i == token, best_l, 0.0), axis=0)
     top_m = tl.max(run_m, axis=0)
     ok = (top_m > NEG_INF) & (top_m < float("inf")) & (tl.max(bad, axis=0) == 0)
@@ -220,10 +231,11 @@ def _vocab_pass(u_row, logits_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row, V, R, t,
 @triton.jit
 def _draft_block_kernel(
     base_ptr, anchor_ptr, w1_ptr, w2_ptr, w2s_ptr, d2t_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr, hidden_ptr, cw_ptr, cb_ptr,
-    sts_ptr,
+    sts_ptr, cand_ptr,
     temp_ptr, rng_key_ptr, scratch_ptr, tokens_ptr, logits_ptr, conf_ptr, surv_ptr, logprob_ptr,
-    K, V, VT, R, D,
-    HEAD: tl.constexpr, W2_FP8: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MAP: tl.constexpr, HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr,
+    K, V, W, VT, R, D,
+    HEAD: tl.constexpr, W2_FP8: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MAP: tl.constexpr,
+    HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr, TOPK: tl.constexpr,
     RETURN_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
@@ -259,13 +271,50 @@ def _draft_block_kernel(
             surv = surv * c_k
             tl.store(conf_ptr + row, z_k)
             tl.store(surv_ptr + row, surv)
-        prev, logprob = _vocab_pass(base_ptr + row * V, logits_ptr + row * V, w2_ptr, w2s_ptr, e_row, e_ok, v_row,
-                                    V, R, t, sampled, k0, k1, offset_lo, n, k, vs_ar, rs_ar, HEAD, W2_FP8,
-                                    HAS_SCALE, RETURN_LOGITS, BLOCK_V, BLOCK_R)
+        prev, logprob = _vocab_pass(base_ptr + row * V, logits_ptr + row * W, cand_ptr + row * W, w2_ptr, w2s_ptr,
+                                    e_row, e_ok, v_row, V, W, R, t, sampled, k0, k1, offset_lo, n, k, vs_ar, rs_ar,
+                                    HEAD, W2_FP8, HAS_SCALE, TOPK, RETURN_LOGITS, BLOCK_V, BLOCK_R)
         if HAS_MAP:
             prev = tl.load(d2t_ptr + prev).to(tl.int64)  # the drafted id is in [0, V)
         tl.store(tokens_ptr + row, prev)
         tl.store(logprob_ptr + row, logprob)
+
+
+@triton.jit
+def _order_key(u_row, cols, vmask):
+    """int64 keys of ``reference.topk_candidates`` (the float order, NaN lowest, -0 = +0, ties to the lower id);
+    the smallest int64 past the row's end."""
+    x = tl.load(u_row + cols, mask=vmask, other=0.0).to(tl.float32)
+    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    ordered = tl.where(x != x, -2147483648, ordered).to(tl.int64)
+    key = ordered * 4294967296 + (4294967295 - cols)
+    return tl.where(vmask, key, -9223372036854775807 - 1)
+
+
+@triton.jit
+def _topk_kernel(base_ptr, cand_ptr, V, TOP, BLOCK_V: tl.constexpr):
+    """Row ``pid`` of U: the ids of its TOP largest keys, in increasing id order. TOP max passes find the TOP-th
+    largest key (keys are distinct), one more stores the ids at or above it in id order (a readable O(TOP V)
+    selection; the CUDA kernel radix-selects in 5 passes)."""
+    row = tl.program_id(0).to(tl.int64)
+    u_row = base_ptr + row * V
+    vs_ar = tl.arange(0, BLOCK_V).to(tl.int64)
+    floor = tl.full([], 9223372036854775807, tl.int64)   # the keys below it are still in play
+    for _i in range(0, TOP):
+        best = tl.full([BLOCK_V], -9223372036854775807 - 1, tl.int64)
+        for vs in range(0, V, BLOCK_V):
+            cols = vs + vs_ar
+            key = _order_key(u_row, cols, cols < V)
+            best = tl.maximum(best, tl.where(key < floor, key, -9223372036854775807 - 1))
+        floor = tl.max(best, axis=0)
+    count = tl.full([], 0, tl.int64)
+    for vs in range(0, V, BLOCK_V):
+        cols = vs + vs_ar
+        keep = (_order_key(u_row, cols, cols < V) >= floor) & (cols < V)
+        at = count + tl.cumsum(keep.to(tl.int64), axis=0) - 1
+        tl.store(cand_ptr + row * TOP + at, cols, mask=keep)
+        count += tl.sum(keep.to(tl.int64), axis=0)
 
 
 def _blocks(vocab: int, rank: int, width: int, tiles: int, tile: int = _TILE) -> tuple[int, int, int]:
@@ -283,7 +332,7 @@ def _floor_pow2(x: int) -> int:
 
 
 def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_to_target, wg, bg, wj, bj, hidden,
-                conf_weight, conf_bias, sts_temperatures, temperature, rng_key, return_logits):
+                conf_weight, conf_bias, sts_temperatures, temperature, rng_key, return_logits, top_k):
     """Same flat arguments and results as ``dspark_kernels.reference.draft_block`` (checked by the wrapper; tensors
     contiguous, as the registry passes them)."""
     n, k, v = base_logits.shape
@@ -292,20 +341,24 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_t
     dev = base_logits.device
     f32 = dict(dtype=torch.float32, device=dev)
     tokens = torch.empty(n, k, dtype=torch.int64, device=dev)
-    logits = torch.empty(n, k, v, **f32) if return_logits else torch.empty(0, **f32)
+    width = top_k if top_k > 0 else v
+    logits = torch.empty(n, k, width, **f32) if return_logits else torch.empty(0, **f32)
     has_conf = conf_weight is not None
     conf = torch.empty(n, k, **f32) if has_conf else torch.empty(0, **f32)
     survival = torch.empty(n, k, **f32) if has_conf else torch.empty(0, **f32)
     logprobs = torch.empty(n, k, **f32)
+    cands = torch.empty(n, k, top_k, dtype=torch.int64, device=dev) if top_k > 0 else torch.empty(0, **f32)
     if n == 0:
-        return tokens, logits, conf, survival, logprobs
+        return tokens, logits, conf, survival, logprobs, _candidates(cands, draft_to_target, return_logits)
     base = base_logits
+    tile = _TILE if dev.type == "cuda" else _TILE_INTERPRET
+    if top_k > 0:
+        _topk_kernel[(n * k,)](base, cands, v, top_k, BLOCK_V=min(triton.next_power_of_2(v), tile // 8))
     scratch = torch.zeros(n, 3, max(rank, 1), **f32) if head_kind != "vanilla" else base  # v, rnn state x 2
     dummy = base  # never read where its flag / head kind is off
     fp8 = w2.dtype == torch.float8_e4m3fn
-    width = max(d + rank, 2 * rank + d if head_kind == "rnn" else 0)
-    tile = _TILE if dev.type == "cuda" else _TILE_INTERPRET
-    block_v, block_r, block_c = _blocks(v, rank, width, {"vanilla": 1, "gated": 2, "rnn": 3}[head_kind], tile)
+    cols = max(d + rank, 2 * rank + d if head_kind == "rnn" else 0)
+    block_v, block_r, block_c = _blocks(width, rank, cols, {"vanilla": 1, "gated": 2, "rnn": 3}[head_kind], tile)
     _draft_block_kernel[(n,)](
         base, anchor_tokens, w1, w2.view(torch.uint8) if fp8 else w2, w2_scale if w2_scale is not None else dummy,
         draft_to_target if draft_to_target is not None else dummy,
@@ -314,14 +367,21 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_t
         hidden if hidden is not None else dummy,
         conf_weight if has_conf else dummy,
         conf_bias.reshape(1) if has_conf else dummy,
-        sts_temperatures if sts_temperatures is not None else dummy,
+        sts_temperatures if sts_temperatures is not None else dummy, cands,
         temperature if temperature is not None else torch.zeros(n, device=dev), rng_key, scratch,
         tokens, logits, conf, survival, logprobs,
-        k, v, w1.shape[0], rank, d,
+        k, v, width, w1.shape[0], rank, d,
         HEAD=_HEAD_IDS[head_kind], W2_FP8=fp8, HAS_SCALE=w2_scale is not None, HAS_MAP=draft_to_target is not None,
         HAS_CONF=has_conf,
-        HAS_STS=sts_temperatures is not None, RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v, BLOCK_R=block_r,
+        HAS_STS=sts_temperatures is not None, TOPK=top_k > 0, RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v, BLOCK_R=block_r,
         BLOCK_C=block_c,
         num_warps=_NUM_WARPS,
     )
-    return tokens, logits, conf, survival, logprobs
+    return tokens, logits, conf, survival, logprobs, _candidates(cands, draft_to_target, return_logits)
+
+
+def _candidates(cands, draft_to_target, return_logits):
+    """The candidates output: the target ids of the sparse logits' columns (top-k with logits), else empty."""
+    if cands.dim() != 3 or not return_logits:
+        return torch.empty(0, dtype=torch.int64, device=cands.device)
+    return draft_to_target.to(torch.int64)[cands] if draft_to_target is not None else cands

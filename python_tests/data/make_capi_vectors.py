@@ -91,11 +91,11 @@ def _q(shape, g, scale=16, lo=-48, hi=48):
 
 
 def _draft_case(base, anchors, kind, w1, w2, wg=None, bg=None, wj=None, bj=None, hidden=None, conf_weight=None,
-                conf_bias=None, sts=None, temperature=None, key=(0, 0), return_logits=False, w2_scale=None):
+                conf_bias=None, sts=None, temperature=None, key=(0, 0), return_logits=False, w2_scale=None, top_k=0):
     rng_key = torch.tensor(list(key), dtype=torch.int64)
-    tokens, logits, conf, surv, logprobs = reference.draft_block(
+    tokens, logits, conf, surv, logprobs, candidates = reference.draft_block(
         base, anchors, kind, w1, w2, w2_scale, None, wg, bg, wj, bj, hidden, conf_weight, conf_bias, sts,
-        temperature, rng_key, return_logits)
+        temperature, rng_key, return_logits, top_k)
     n, k, v = base.shape
     has_conf = conf_weight is not None
     return {
@@ -105,8 +105,10 @@ def _draft_case(base, anchors, kind, w1, w2, wg=None, bg=None, wj=None, bj=None,
         "wg": _floats(wg), "bg": _floats(bg), "wj": _floats(wj), "bj": _floats(bj), "hidden": _floats(hidden),
         "conf_weight": _floats(conf_weight), "conf_bias": _floats(conf_bias), "sts_temperatures": _floats(sts),
         "temperature": _floats(temperature), "rng_key": list(key), "return_logits": bool(return_logits),
+        "top_k": top_k,
         "expect": {"tokens": tokens.flatten().tolist(), "draft_logprobs": _floats(logprobs),
                    "logits": _floats(logits) if return_logits else None,
+                   "candidates": candidates.flatten().tolist() if return_logits and top_k else None,
                    "conf_logits": _floats(conf) if has_conf else None,
                    "survival": _floats(surv) if has_conf else None},
     }
@@ -171,6 +173,10 @@ def _draft_vectors(g):
     # rnn, sampled, confidence + STS, bf16 base logits
     draft.append(_draft_case(_q((n, k, v), g).to(torch.bfloat16), anchors, "rnn", **head("rnn"),
                              hidden=_q((n, k, d), g), **conf(), temperature=f([0.9, 1.1, 2.0]), key=(99, 0)))
+    # gated, top-5 proposals (U on a coarse grid: ties at the cut), mixed temperatures, with the sparse logits
+    draft.append(_draft_case(_q((n, k, v), g, scale=2, lo=-4, hi=4), anchors, "gated", **head("gated"),
+                             hidden=_q((n, k, d), g), temperature=f([0.8, 0.0, 1.2]), key=(5, 9), return_logits=True,
+                             top_k=5))
     return draft
 
 

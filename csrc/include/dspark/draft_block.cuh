@@ -150,6 +150,8 @@ struct DraftBlockParams {
   float* logits;      // [N, K, V] or null
   float* conf;        // [N, K] or null
   float* survival;    // [N, K] or null
+  int64_t top_k;          // 0: the full proposal; else top-k proposals (draft_block_topk.cuh)
+  int64_t* candidates;    // [N, K, top_k] the target ids of the sparse logits' columns, or null
 };
 
 // The launch shape, decided on the host from the shapes and the device (the same code in both builds).
@@ -1212,9 +1214,16 @@ inline cudaError_t dispatch(const DraftBlockParams& p, void* workspace, cudaStre
 using draft::DraftBlockParams;
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
-// Workspace the launch needs for `p` on the current device (bytes; 16-byte aligned start required).
+namespace draft_topk {  // defined in dspark/draft_block_topk.cuh, included at the end
+inline size_t workspace_bytes(const DraftBlockParams& p);
+inline cudaError_t dispatch(const DraftBlockParams& p, void* workspace, cudaStream_t stream);
+}  // namespace draft_topk
+
+// Workspace the launch needs for `p` on the current device (bytes; 16-byte aligned start required); 0 when no
+// launch configuration fits. With top_k > 0 the top-k kernel (dspark/draft_block_topk.cuh) runs instead.
 inline size_t draft_block_workspace_bytes(const DraftBlockParams& p) {
   if (p.N <= 0 || p.K <= 0 || p.V <= 0) return 0;
+  if (p.top_k > 0) return draft_topk::dispatch(p, nullptr, nullptr) == cudaSuccess ? draft_topk::workspace_bytes(p) : 0;
   draft::Plan pl{};
   if (draft::dispatch(p, nullptr, nullptr, &pl) != cudaSuccess) return 0;
   return draft::workspace_bytes_for(p, pl);
@@ -1223,8 +1232,11 @@ inline size_t draft_block_workspace_bytes(const DraftBlockParams& p) {
 // Launch on `stream`; the caller has checked the arguments (shapes, dtypes, K < 2^24, V <= 2^31 - 1).
 inline cudaError_t launch_draft_block(const DraftBlockParams& p, void* workspace, cudaStream_t stream) {
   if (p.N <= 0 || p.K <= 0 || p.V <= 0) return cudaSuccess;
+  if (p.top_k > 0) return draft_topk::dispatch(p, workspace, stream);
   return draft::dispatch(p, workspace, stream, nullptr);
 }
 #endif
 
 }  // namespace dspark
+
+#include "draft_block_topk.cuh"

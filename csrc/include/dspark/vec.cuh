@@ -186,6 +186,9 @@ DSPARK_DEVICE void for_each_element(const void* row, DType t, int64_t begin, int
   switch (t) {
     case DType::kBFloat16: for_each_element(static_cast<const __nv_bfloat16*>(row), begin, end, lane, lanes, f); break;
     case DType::kFloat16: for_each_element(static_cast<const __half*>(row), begin, end, lane, lanes, f); break;
+    case DType::kFloat8E4M3:
+      for_each_element(static_cast<const __nv_fp8_e4m3*>(row), begin, end, lane, lanes, f);
+      break;
     default: for_each_element(static_cast<const float*>(row), begin, end, lane, lanes, f); break;
   }
 }

@@ -168,6 +168,7 @@ void* dynamic_smem();
 // Global-memory accounting (dspark::ldg / stg / atomics).
 void count_read(const void* p, size_t bytes);
 void count_write(const void* p, size_t bytes);
+bool in_shared_memory(const void* p);  // p lies in the running block's shared memory
 void count_mma();  // one warp-wide tensor-core MMA (called by every lane; lane 0 counts)
 
 // Launch: runs body() once per thread of every block; throws std::runtime_error naming `kernel` on a fault.
@@ -372,14 +373,17 @@ inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __nanosleep(unsigned) {}
 inline long long clock64() { return 0; }
 
-// Atomics: a read and a write of sizeof(T) each (fibers never run concurrently, so plain C++ is atomic here).
+// Atomics: on global memory a read and a write of sizeof(T) each; on shared memory no global traffic (fibers never
+// run concurrently, so plain C++ is atomic here).
 namespace dspark {
 namespace simt {
 namespace detail {
 template <typename T, typename F>
 inline T atomic_rmw(T* p, F&& f) {
-  count_read(p, sizeof(T));
-  count_write(p, sizeof(T));
+  if (!in_shared_memory(p)) {
+    count_read(p, sizeof(T));
+    count_write(p, sizeof(T));
+  }
   const T old = *p;
   *p = f(old);
   return old;
