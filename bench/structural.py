@@ -63,7 +63,7 @@ def structural_report(ops: List[str], ptxas_path: Optional[str]) -> List[dict]:
     except Exception as e:  # noqa: BLE001
         simt, simt_ok = None, False
         simt_note = f"SIMT harness not available ({type(e).__name__}: {str(e)[:80]})"
-    small = dict(N=[4], K=[7], V=[1000], dtype=["fp32"], mode=["greedy", "sampled"])
+    small = dict(N=[4], K=[7], V=[1000], dtype=["fp32"], mode=["greedy", "sampled"], top_k=[0, 64])
     n1 = dict(small, N=[1])
     out = []
     cpu = torch.device("cpu")
