@@ -5,7 +5,7 @@
     python bench/sanitizer_cases.py --device cpu       # the same calls on CPU tensors (DSPARK_SIMT=1: SIMT harness)
 
 Calls every op with ``backend="cuda"`` on odd, small shapes (V = 17 and 1000, N = 1 and 3, K = 1 and 5, fp32 and
-bf16, greedy and sampled: the same case builders as ``bench/run.py``), synchronising after each call so a fault is
+bf16, greedy and sampled, draft_block's full and top-k proposals: the same case builders as ``bench/run.py``), synchronising after each call so a fault is
 attributed to its case. Exit status 1 if any call raised.
 """
 
@@ -22,9 +22,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from cases import OPS, cases_for  # noqa: E402
 
-GRIDS = [
-    dict(N=[1], K=[1], V=[17], dtype=["fp32"], mode=["greedy", "sampled"]),
-    dict(N=[3], K=[5], V=[1000], dtype=["fp32", "bf16"], mode=["greedy", "sampled"]),
+GRIDS = [  # top_k: draft_block's full proposal (0) and its top-k proposal kernel
+    dict(N=[1], K=[1], V=[17], dtype=["fp32"], mode=["greedy", "sampled"], top_k=[0, 5]),
+    dict(N=[3], K=[5], V=[1000], dtype=["fp32", "bf16"], mode=["greedy", "sampled"], top_k=[0, 64]),
 ]
 
 
