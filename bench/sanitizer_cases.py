@@ -5,8 +5,8 @@
     python bench/sanitizer_cases.py --device cpu       # the same calls on CPU tensors (DSPARK_SIMT=1: SIMT harness)
 
 Calls every op with ``backend="cuda"`` on odd, small shapes (V = 17 and 1000, N = 1 and 3, K = 1 and 5, fp32 and
-bf16, greedy and sampled, draft_block's full and top-k proposals: the same case builders as ``bench/run.py``), synchronising after each call so a fault is
-attributed to its case. Exit status 1 if any call raised.
+bf16, greedy and sampled, draft_block's full and top-k proposals: the same case builders as ``bench/run.py``),
+synchronising after each call so a fault is attributed to its case. Exit status 1 if any call raised.
 """
 
 from __future__ import annotations

@@ -109,7 +109,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> launch(
   }
   p.rng_key = check_rng_key(kOp, rng_key, base);
   TORCH_CHECK(top_k >= 0 && top_k <= std::min(V, dspark::draft_topk::kMaxTopK), kOp,
-              ": top_k must be 0 (the full proposal) or in [1, min(V, ", dspark::draft_topk::kMaxTopK, ")], got ", top_k);
+              ": top_k must be 0 (the full proposal) or in [1, min(V, ", dspark::draft_topk::kMaxTopK, ")], got ",
+              top_k);
   p.top_k = top_k;
 
   const auto f32 = base.options().dtype(at::kFloat);

@@ -153,19 +153,19 @@ def draft_block(
             Negative or NaN entries of a tensor count as greedy.
         seed, offset: the random key (Python ints or one-element int tensors, device tensors allowed).
         return_logits: also return the corrected logits, which ``verify_chain`` needs for lossless sampling.
-        top_k: None for the full proposal, or an int in [1, min(V, 1024)]: top-k Markov proposals. Per position only the top_k
-            largest entries of U (ranked by value, NaN lowest, ties to the lower id: ``reference.topk_candidates``)
-            get a bias ``W2 v``, so W2 is read for top_k rows per request and position instead of V; the proposal q
-            is the softmax of ``logits / T`` over those candidates (zero elsewhere), which drafts, log-probabilities
-            and the returned logits describe. ``logits`` is then sparse: float32 ``[N, K, top_k]`` over the
+        top_k: None for the full proposal, or an int in [1, min(V, 1024)]: top-k Markov proposals. Per position
+            only the top_k largest entries of U (ranked by value, NaN lowest, ties to the lower id:
+            ``reference.topk_candidates``) get a bias ``W2 v``, so W2 is read for top_k rows per request and
+            position instead of V; the proposal q is the softmax of ``logits / T`` over those candidates (zero
+            elsewhere), which drafts, log-probabilities and the returned logits describe. ``logits`` is then sparse: float32 ``[N, K, top_k]`` over the
             candidates in increasing draft-id order, with ``candidates`` int64 ``[N, K, top_k]`` their target ids
             (pass both to ``verify_chain`` as ``draft_logits`` / ``draft_candidates``).
         backend: "auto" | "cuda" | "triton" | "reference".
 
     Returns:
         ``DraftBlockOutput(tokens int64 [N, K], logits float32 [N, K, V] | None, conf_logits float32 [N, K] | None,
-        survival float32 [N, K] | None, draft_logprobs float32 [N, K], candidates int64 [N, K, top_k] | None)``. ``logits_k = U_k + B(x_{k-1})`` in
-        float32 (sampling used exactly these; over the draft vocabulary with ``draft_to_target``, whose map takes
+        survival float32 [N, K] | None, draft_logprobs float32 [N, K], candidates int64 [N, K, top_k] | None)``.
+        ``logits_k = U_k + B(x_{k-1})`` in float32 (sampling used exactly these; over the draft vocabulary with ``draft_to_target``, whose map takes
         the drafted id to the target id in ``tokens``); ``conf_logits`` are the raw ``z_k``;
         ``survival_k = prod_{i<=k} sigmoid(z_i / T_i)``. An anchor outside W1's rows reads a zero Markov embedding;
         NaN logits never yield a token outside the (draft) vocabulary.

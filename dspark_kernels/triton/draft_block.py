@@ -21,6 +21,9 @@ k, with ``x`` the token before the position (the anchor, then the previous draft
 With a draft vocabulary (``draft_to_target``) the pass covers its V draft ids and the drafted id j becomes the token
 ``x = draft_to_target[j]`` (HAS_MAP); W1 has VT rows.
 
+Top-k proposals (TOPK): ``_topk_kernel`` first writes each row's top_k candidate ids (increasing), and the pass
+covers those ids instead of the vocabulary (W = top_k columns; the logits stored are the sparse ones).
+
 Everything is float32 whatever the input dtypes; offsets are 64-bit (N*K*V and V*r may pass 2**31).
 """
 
@@ -373,8 +376,8 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_t
         k, v, width, w1.shape[0], rank, d,
         HEAD=_HEAD_IDS[head_kind], W2_FP8=fp8, HAS_SCALE=w2_scale is not None, HAS_MAP=draft_to_target is not None,
         HAS_CONF=has_conf,
-        HAS_STS=sts_temperatures is not None, TOPK=top_k > 0, RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v, BLOCK_R=block_r,
-        BLOCK_C=block_c,
+        HAS_STS=sts_temperatures is not None, TOPK=top_k > 0, RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v,
+        BLOCK_R=block_r, BLOCK_C=block_c,
         num_warps=_NUM_WARPS,
     )
     return tokens, logits, conf, survival, logprobs, _candidates(cands, draft_to_target, return_logits)
