@@ -171,6 +171,28 @@ def _group_large_vocab(rank, world):
         assert all(torch.equal(a, b) for a, b in zip(ref, out)), (method, ref, out)
 
 
+def _group_cuda_pieces(rank, world):
+    """V = 1000 over 3 uneven ranks (one of them a single token): the CUDA pieces on every rank (the SIMT harness on
+    the CPU): draft_step (greedy and mixed temperatures, a vanilla and an rnn head), verify_stats and
+    verify_residual (every verify mode; block verification's S_i goes through the residual pass)."""
+    vocab = 1000
+    cpu = torch.device("cpu")
+    pieces = ("draft_step", "verify_stats", "verify_residual", "verify_decide")
+    assert [D.ops.piece_backend("cuda", cpu, p) for p in pieces] == ["cuda", "cuda", "cuda", "reference"]
+    spans = shard_spans([1, 600, 399], order=[1, 0, 2])
+    check_draft(rank, spans, vocab, 5, 3, ("vanilla", "rnn"), (0.0, mixed_temps(5)), backend="cuda")
+    inp = verify_inputs(6, 3, vocab, seed=2, force_tokens=(0,))
+    check_verify(rank, spans, vocab, inp, verify_modes(inp), backend="cuda")
+
+
+def test_sharded_ops_with_the_cuda_pieces(cuda_device):
+    """P = 3 with every mode; P = 2 with a certificate failure that forces the second exchange."""
+    if cuda_device.type != "cpu":
+        pytest.skip("gloo groups of CPU processes: the SIMT harness on each rank")
+    spawn(3, _group_cuda_pieces)
+    spawn(2, _certificate_case, "cuda")
+
+
 @pytest.mark.parametrize("world,group", [(3, _group_three_ranks), (4, _group_one_token_shards),
                                          (2, _group_large_vocab)], ids=["P3-V1000", "P4-one-token", "P2-V32003"])
 def test_sharded_equals_unsharded(world, group):
@@ -178,10 +200,12 @@ def test_sharded_equals_unsharded(world, group):
 
 
 # ------------------------------------------------------------------------------------------------ second exchange
-def _certificate_case(rank, world):
+def _certificate_case(rank, world, backend="reference"):
     """A flat row rejecting a one-hot draft d whose race key is the row's best, the second best in the same shard:
     with one candidate per shard the residual race over the candidates cannot be certified (the other shard's head
-    is below shard 0's bound), so the exact second exchange decides, and changes the token."""
+    is below shard 0's bound), so the exact second exchange decides, and changes the token. ``backend``: of the
+    pieces (each piece's choice, ops.piece_backend)."""
+    piece = lambda name: D.ops.piece_backend(backend, torch.device("cpu"), name)
     vocab, half = 64, 32
     start, size = shard_spans([half, half])[rank]
     ids = torch.arange(vocab)
@@ -196,19 +220,19 @@ def _certificate_case(rank, world):
     ref = dk.verify_chain(target, drafts, temperature=temps, seed=5, offset=off, backend="reference")
     assert ref.num_accepted.item() == 0 and ref.tokens[0, 0].item() == top2[1].item()
     out = D.verify_chain(target[..., start:start + size], drafts, vocab_start=start, vocab_size=vocab,
-                         temperature=temps, seed=5, offset=off, top_m=1)
+                         temperature=temps, seed=5, offset=off, top_m=1, backend=backend)
     assert all(torch.equal(a, b) for a, b in zip(ref, out))
     # the local pieces by hand: the plan asks for the residual, the provisional token is the uncertified one
     key = make_rng_key(5, off, "cpu")
     shards = torch.tensor(shard_spans([half, half]))
     stats = D.comm.all_gather(D.ops.verify_stats(target[..., start:start + size], None, drafts, None, temps, key,
-                                                 start, vocab, 1, "reference"), None)
-    args = (None, 0, drafts, None, None, None, None, temps, key, None, "token", False, 1, vocab, "reference")
+                                                 start, vocab, 1, piece("verify_stats")), None)
+    args = (None, 0, drafts, None, None, None, None, temps, key, None, "token", False, 1, vocab, piece("verify_decide"))
     first = D.ops.verify_decide(stats, shards, None, *args)
     assert first[3][0, 0, L.PLAN_NEED].item() == 1.0
     assert first[0][0, 0].item() >= half                         # the other shard's head: not the exact winner
     res = D.ops.verify_residual(target[..., start:start + size], None, drafts, None, first[3], temps, key, start,
-                                vocab, "reference")
+                                vocab, piece("verify_residual"))
     final = D.ops.verify_decide(stats, shards, D.comm.all_gather(res, None), *args)
     assert torch.equal(final[0], ref.tokens)
 

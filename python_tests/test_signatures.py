@@ -11,6 +11,7 @@ import torch
 
 import dspark_kernels  # noqa: F401  (defines the ops)
 from cpp_sources import registration_schemas
+from dspark_kernels.distributed.ops import CUDA_PIECES as DIST_CUDA_PIECES
 from dspark_kernels.ops._registry import OPS, CudaKernel, TritonKernel, schema_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,7 +58,17 @@ def _capi_inputs(name: str) -> list:
 def test_every_op_is_defined_once_everywhere():
     assert NAMES == sorted(["rng_uniform_", "draft_block", "verify_chain", "accept_prefix_scan",
                             "schedule_verify_lens"])
-    assert sorted(registration_schemas()) == NAMES
+    assert sorted(registration_schemas()) == sorted(NAMES + list(DIST_CUDA_PIECES))
+
+
+@pytest.mark.parametrize("piece", DIST_CUDA_PIECES)
+def test_cpp_schema_of_a_distributed_piece_equals_its_python_schema(piece):
+    """A local piece of dspark_kernels.distributed with a CUDA kernel: dspark_C::<piece> is the dspark_dist op's
+    schema without its ``backend`` parameter."""
+    dist = getattr(torch.ops.dspark_dist, piece).default._schema
+    cpp = torch._C.parse_schema("dspark_C::" + registration_schemas()[piece])
+    assert _args(dist) == _args(cpp) + [("backend", "str", False)]
+    assert [str(r.type) for r in cpp.returns] == [str(r.type) for r in dist.returns]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -75,7 +75,10 @@ inline void check_dtype(const char* op, const char* name, const at::Tensor& t, a
 inline void check_shape(const char* op, const char* name, const at::Tensor& t, std::initializer_list<int64_t> shape) {
   bool same = t.dim() == static_cast<int64_t>(shape.size());
   int64_t i = 0;
-  for (const int64_t s : shape) same = same && (s == kAnySize || t.size(i++) == s);
+  for (const int64_t s : shape) {
+    same = same && (s == kAnySize || t.size(i) == s);
+    ++i;
+  }
   if (same) return;
   std::string want = "[";
   i = 0;
@@ -105,15 +108,33 @@ inline bool check_int(const char* op, const char* name, const at::Tensor& t, con
   return is_int64;
 }
 
-// A float32 / bfloat16 / float16 input; returns its dspark::DType.
-inline dspark::DType check_float(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like) {
-  check_input(op, name, t, like);
+// The dspark::DType of a float32 / bfloat16 / float16 tensor.
+inline dspark::DType float_dtype(const char* op, const char* name, const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat: return dspark::DType::kFloat32;
     case at::kBFloat16: return dspark::DType::kBFloat16;
     case at::kHalf: return dspark::DType::kFloat16;
     default: TORCH_CHECK(false, op, ": ", name, " must be float32, bfloat16 or float16, got ", t.scalar_type());
   }
+}
+
+// A float32 / bfloat16 / float16 input; returns its dspark::DType.
+inline dspark::DType check_float(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like) {
+  check_input(op, name, t, like);
+  return float_dtype(op, name, t);
+}
+
+// A float32 / bfloat16 / float16 matrix whose rows are contiguous and any stride apart (a slice of a larger
+// tensor); returns its dspark::DType.
+inline dspark::DType check_float_rows(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like) {
+  TORCH_CHECK(on_kernel_device(t), op, ": ", name, " must be ", kDeviceWord, ", got ", t.device());
+  TORCH_CHECK(t.device() == like.device(), op, ": ", name, " must be on ", like.device(), ", got ", t.device());
+  check_shape(op, name, t, {kAnySize, kAnySize});
+  TORCH_CHECK(t.stride(1) == 1 || t.size(1) <= 1, op, ": ", name, "'s rows must be contiguous (last stride 1), got "
+              "strides ", t.strides());
+  TORCH_CHECK(t.stride(0) >= t.size(1) || t.size(0) <= 1, op, ": ", name, "'s rows must not overlap, got strides ",
+              t.strides());
+  return float_dtype(op, name, t);
 }
 inline dspark::DType check_float(const char* op, const char* name, const at::Tensor& t, const at::Tensor& like,
                                  std::initializer_list<int64_t> shape) {

@@ -1,6 +1,7 @@
 // The dspark_C operator library (dspark_simt in the SIMT build): every op's schema, mutation declared, in one
-// place. Each schema equals the one dspark_kernels/ops/<op>.py gives define_op (python_tests/test_signatures.py
-// compares them); each launcher (csrc/torch/<op>.cu) registers its implementation with DSPARK_LIBRARY_IMPL. In the
+// place. Each schema equals the one dspark_kernels/ops/<op>.py gives define_op, or for a local piece of the
+// vocabulary-parallel ops the one of dspark_kernels/distributed/ops.py (python_tests/test_signatures.py compares
+// them); each launcher (csrc/torch/<op>.cu) registers its implementation with DSPARK_LIBRARY_IMPL. In the
 // ahead-of-time GPU build this file also creates the Python module `dspark_kernels._C`.
 #include "common.h"
 
@@ -21,6 +22,13 @@ DSPARK_LIBRARY_(DSPARK_TORCH_LIBRARY, m) {
   m.def("schedule_verify_lens(Tensor? survival, Tensor? conf_logits, Tensor? sts_temperatures, Tensor token_counts, "
         "Tensor step_time_ms, float fixed_overhead_ms, int min_len, int max_len, str mode, Tensor? budget_survival, "
         "float min_gain) -> (Tensor, Tensor, Tensor)");
+  // The CUDA backends of dspark_dist's local pieces (dspark_kernels/distributed/ops.py: the same schemas there)
+  m.def("draft_step(Tensor base_logits_k, Tensor v, Tensor w2_shard, Tensor? temperature, Tensor rng_key, "
+        "int position, int vocab_start, bool return_logits) -> (Tensor, Tensor, Tensor)");
+  m.def("verify_stats(Tensor target_shard, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits_shard, "
+        "Tensor? temperature, Tensor rng_key, int vocab_start, int vocab_size, int top_m) -> Tensor");
+  m.def("verify_residual(Tensor target_shard, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits_shard, "
+        "Tensor plan, Tensor temperature, Tensor rng_key, int vocab_start, int vocab_size) -> Tensor");
 }
 
 #if defined(TORCH_EXTENSION_NAME) && !defined(DSPARK_SIMT)

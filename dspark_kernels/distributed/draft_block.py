@@ -44,7 +44,7 @@ def draft_block(
     ``conf_logits`` and ``survival``, equal to ``dk.draft_block`` on the gathered inputs; ``logits`` (with
     ``return_logits``) is this rank's slice ``[N, K, Vl]``, the ``draft_logits_shard`` of
     ``distributed.verify_chain``. ``validate``: as in ``distributed.verify_chain``; ``backend`` of the per-position
-piece: "auto" | "reference" | "triton".
+    piece: "auto" | "cuda" | "triton" | "reference" (``ops.piece_backend``).
 
     Collectives: the metadata all-gather, K all-reduces (MAX) of N int64, one all-gather of [N, K, 5] float32.
     """
@@ -74,8 +74,8 @@ piece: "auto" | "reference" | "triton".
         h = hidden[:, k].float() if hidden is not None else None
         v, state = head_vector(head_shard.kind, e, h, state, head_shard.wg, head_shard.bg, head_shard.wj,
                                head_shard.bj)
-        packed, part, lg = ops.draft_step(base_logits_shard[:, k], v, head_shard.w2, temps, rng_key, k, vocab_start,
-                                          bool(return_logits), backend)  # the Triton kernel or the reference
+        packed, part, lg = ops.draft_step(base_logits_shard[:, k], v.float().contiguous(), head_shard.w2, temps,
+                                          rng_key, k, vocab_start, bool(return_logits), backend)
         prev = unpack_id(comm.all_reduce_max(packed, group))
         tokens.append(prev)
         stats.append(part)

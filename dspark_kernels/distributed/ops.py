@@ -16,11 +16,11 @@ op                         inputs (one shard: global ids [vocab_start, vocab_sta
 =========================  ===========================================================  ==========================
 
 Layouts: ``dspark_kernels.distributed.layout``. Every schema is plain tensors and integers (no Python objects), so
-a CUDA kernel can implement each op as it stands: ``verify_stats`` is verify_chain's per-chunk stats pass with a
-chunk offset added to the token ids, ``verify_residual`` its exact fallback pass, ``verify_decide`` its decide step
-reading P partials instead of ``chunks``. Backends: "reference" (pure PyTorch) for every piece, "triton" for
-``verify_stats``, ``verify_decide``, ``draft_step`` and ``verify_residual``. No CUDA kernels yet; calling a piece
-with a backend it does not have raises (the composite ops pick per piece: ``piece_backend``).
+a CUDA kernel implements each op as it stands. Backends: "reference" (pure PyTorch) for every piece; "triton" for
+``verify_stats``, ``verify_decide``, ``draft_step`` and ``verify_residual``; "cuda" for ``verify_stats`` (top_m <=
+2047), ``draft_step`` and ``verify_residual`` (``torch.ops.dspark_C.<piece>``, csrc/include/dspark/dist_*.cuh; the
+SIMT harness runs them on CPU tensors under ``DSPARK_SIMT=1``). Calling a piece with a backend it does not have
+raises; the composite ops pick per piece (``piece_backend``).
 """
 
 from __future__ import annotations
@@ -30,36 +30,64 @@ from typing import Optional
 
 import torch
 
+from .. import _ext
+from ..ops._common import resolve_backend
+from ..ops._registry import CudaKernel
 from . import layout as L
 from . import local_draft, local_verify
 
-LOCAL_BACKENDS = ("auto", "reference", "triton")
+LOCAL_BACKENDS = ("auto", "cuda", "reference", "triton")
 TRITON_PIECES = ("verify_stats", "verify_decide", "draft_step", "verify_residual")   # the pieces with a Triton kernel
+CUDA_PIECES = ("verify_stats", "draft_step", "verify_residual")   # the pieces with a CUDA kernel (torch.ops.dspark_C.<piece>)
 
 
 def piece_backend(backend: Optional[str], device: torch.device, piece: str) -> str:
-    """The backend a composite op (``distributed.verify_chain`` / ``draft_block``) uses for one local piece:
-    "triton" where the piece has a Triton kernel and ``backend`` is "triton" (or "auto" on a GPU), else
-    "reference". "cuda" raises: no local piece has a CUDA kernel yet."""
+    """The backend a composite op (``distributed.verify_chain`` / ``draft_block``) uses for one local piece.
+
+    For a piece with a CUDA kernel, "auto" and "cuda" follow ``dk``'s rule (``ops._common.resolve_backend``:
+    "cuda" on a GPU where the extension has the kernel, and on CPU tensors under ``DSPARK_SIMT=1``). A piece without
+    one runs its Triton kernel where "triton" is asked for or the tensors are on a GPU, else the reference."""
     if backend is None:
         backend = "auto"
     if backend not in LOCAL_BACKENDS:
-        if backend == "cuda":
-            raise ValueError("backend='cuda': the distributed local pieces have no CUDA kernels yet; use 'triton' or "
-                             "'reference'")
         raise ValueError(f"backend must be one of {LOCAL_BACKENDS}, got {backend!r}")
+    if piece in CUDA_PIECES and backend in ("auto", "cuda"):
+        backend = resolve_backend(backend, device, piece)
+    elif backend == "cuda":
+        backend = "auto"
+    if backend == "cuda":
+        return backend
     if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"backend='triton' needs tensors on a GPU, or TRITON_INTERPRET=1 for CPU tensors; got {device}")
+        raise ValueError(f"backend='triton' needs tensors on a GPU, or TRITON_INTERPRET=1 for CPU tensors; "
+                         f"got {device}")
     wants_triton = backend == "triton" or (backend == "auto" and device.type == "cuda")
     return "triton" if wants_triton and piece in TRITON_PIECES else "reference"
 
 
-def _triton_impl(piece: str, backend: str, reference_impl):
+_ROWS_ANY_STRIDE = {"draft_step": (0,)}   # inputs whose launcher takes rows any stride apart (U_k, a slice of U)
+
+
+def _cuda_kernel(piece: str):
+    """``torch.ops.dspark_C.<piece>`` (or the SIMT build's) on contiguous inputs: a copy only where the launcher
+    could not read the tensor as it is (a row slice of a larger tensor is read in place where the launcher allows)."""
+    kernel, strided = CudaKernel(piece), _ROWS_ANY_STRIDE.get(piece, ())
+
+    def ready(i, a):
+        if not isinstance(a, torch.Tensor):
+            return a
+        return a if (a.is_contiguous() or (i in strided and a.stride(-1) == 1)) else a.contiguous()
+    return lambda *args: kernel(*(ready(i, a) for i, a in enumerate(args)))
+
+
+def _impl(piece: str, backend: str, reference_impl):
     """The implementation of ``piece`` for a concrete backend string (the custom ops' dispatch)."""
     if backend == "reference":
         return reference_impl
+    if backend == "cuda" and piece in CUDA_PIECES:
+        return _cuda_kernel(piece)
     if backend != "triton" or piece not in TRITON_PIECES:
-        raise ValueError(f"dspark_dist::{piece} has no {backend!r} backend (Triton: {', '.join(TRITON_PIECES)})")
+        raise ValueError(f"dspark_dist::{piece} has no {backend!r} backend (Triton: {', '.join(TRITON_PIECES)}; "
+                         f"CUDA: {', '.join(CUDA_PIECES)})")
     from .. import triton as _patched  # noqa: F401  (the interpreter fix of the oldest supported Triton)
     if piece == "draft_step":
         from .triton_draft import draft_step
@@ -78,17 +106,20 @@ def _triton_impl(piece: str, backend: str, reference_impl):
 def verify_stats(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
                  draft_logits_shard: Optional[torch.Tensor], temperature: Optional[torch.Tensor],
                  rng_key: torch.Tensor, vocab_start: int, vocab_size: int, top_m: int, backend: str) -> torch.Tensor:
-    return _triton_impl("verify_stats", backend, local_verify.verify_stats)(
+    return _impl("verify_stats", backend, local_verify.verify_stats)(
         target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature, rng_key, vocab_start, vocab_size,
         top_m)
 
 
-@verify_stats.register_fake
-def _(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature, rng_key, vocab_start, vocab_size,
-      top_m, backend):
+def _verify_stats_fake(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature, rng_key, vocab_start,
+                       vocab_size, top_m):
     n, k = draft_tokens.shape
     width = L.StatsLayout(temperature is not None, draft_logits_shard is not None, top_m).width
     return draft_tokens.new_empty((n, k + 1, width), dtype=torch.float32)
+
+
+verify_stats.register_fake(lambda *args: _verify_stats_fake(*args[:-1]))
+_ext.register_fake("verify_stats", _verify_stats_fake)
 
 
 @torch.library.custom_op("dspark_dist::verify_decide", mutates_args=())
@@ -99,7 +130,7 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
                   temperature: Optional[torch.Tensor], rng_key: torch.Tensor, stop_token_ids: Optional[torch.Tensor],
                   method: str, has_draft_logits: bool, top_m: int, vocab_size: int, backend: str,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _triton_impl("verify_decide", backend, local_verify.verify_decide)(
+    return _impl("verify_decide", backend, local_verify.verify_decide)(
         stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprobs, verify_lens, survival,
         thresholds, temperature, rng_key, stop_token_ids, method, has_draft_logits, top_m, vocab_size)
 
@@ -122,34 +153,41 @@ def _(stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprob
 def verify_residual(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
                     draft_logits_shard: Optional[torch.Tensor], plan: torch.Tensor, temperature: torch.Tensor,
                     rng_key: torch.Tensor, vocab_start: int, vocab_size: int, backend: str) -> torch.Tensor:
-    return _triton_impl("verify_residual", backend, local_verify.verify_residual)(
+    return _impl("verify_residual", backend, local_verify.verify_residual)(
         target_shard, cu_seqlens, draft_tokens, draft_logits_shard, plan, temperature, rng_key, vocab_start, vocab_size)
 
 
-@verify_residual.register_fake
-def _(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, plan, temperature, rng_key, vocab_start,
-      vocab_size, backend):
+def _verify_residual_fake(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, plan, temperature, rng_key,
+                          vocab_start, vocab_size):
     return plan.new_empty((plan.shape[0], plan.shape[1], L.RES_WIDTH))
+
+
+verify_residual.register_fake(lambda *args: _verify_residual_fake(*args[:-1]))
+_ext.register_fake("verify_residual", _verify_residual_fake)
 
 
 @torch.library.custom_op("dspark_dist::draft_step", mutates_args=())
 def draft_step(base_logits_k: torch.Tensor, v: torch.Tensor, w2_shard: torch.Tensor,
                temperature: Optional[torch.Tensor], rng_key: torch.Tensor, position: int, vocab_start: int,
                return_logits: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _triton_impl("draft_step", backend, local_draft.draft_step)(base_logits_k, v, w2_shard, temperature, rng_key, position, vocab_start, return_logits)
+    return _impl("draft_step", backend, local_draft.draft_step)(base_logits_k, v, w2_shard, temperature, rng_key,
+                                                                position, vocab_start, return_logits)
 
 
-@draft_step.register_fake
-def _(base_logits_k, v, w2_shard, temperature, rng_key, position, vocab_start, return_logits, backend):
+def _draft_step_fake(base_logits_k, v, w2_shard, temperature, rng_key, position, vocab_start, return_logits):
     n, local = base_logits_k.shape
     new = base_logits_k.new_empty
     return (new((n,), dtype=torch.int64), new((n, L.DRAFT_WIDTH), dtype=torch.float32),
             new((n, local) if return_logits else (0,), dtype=torch.float32))
 
 
+draft_step.register_fake(lambda *args: _draft_step_fake(*args[:-1]))
+_ext.register_fake("draft_step", _draft_step_fake)
+
+
 @torch.library.custom_op("dspark_dist::draft_logprobs", mutates_args=())
 def draft_logprobs(stats: torch.Tensor, tokens: torch.Tensor, backend: str) -> torch.Tensor:
-    _triton_impl("draft_logprobs", backend, None)
+    _impl("draft_logprobs", backend, None)
     return local_draft.draft_logprobs(stats, tokens)
 
 

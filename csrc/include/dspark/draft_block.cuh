@@ -75,6 +75,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "draft_part.cuh"
 #include "mma_sync.cuh"
 #include "utils.cuh"
 
@@ -172,39 +173,6 @@ struct Plan {
   int64_t off_wt, off_l, off_temp, off_scale, off_u;
 };
 
-// Per-request running partial of a slice of the vocabulary, built from reduce.cuh's pieces: the softmax statistics
-// of the scaled logits (SoftmaxStats: -inf and NaN carry no mass), the winner (ArgMax of the logits, or of the race
-// scores; the package's tie rule) with the winner's scaled logit, and whether a NaN was seen.
-struct Part {
-  SoftmaxStats stats;
-  ArgMax win;
-  float scaled;
-  int32_t bad;
-
-  DSPARK_HOST_DEVICE_FN static Part empty() { return Part{SoftmaxStats::empty(), ArgMax::empty(), neg_inf(), 0}; }
-  // `sc` is NaN-free; `x` is the scaled logit of token `i`.
-  DSPARK_HOST_DEVICE_FN void add(float x, float sc, int64_t i) {
-    if (win.beaten_by(sc, i)) {
-      win = ArgMax{sc, i};
-      scaled = x;
-    }
-    if (x != x) bad = 1;
-    stats.update(x);
-  }
-  DSPARK_HOST_DEVICE_FN void merge(const Part& o) {
-    if (win.beaten_by(o.win.value, o.win.index)) {
-      win = o.win;
-      scaled = o.scaled;
-    }
-    bad |= o.bad;
-    stats.merge(o.stats);
-  }
-  // log_softmax(x)[winner] as torch computes it: NaN for a row with a NaN or +inf entry, or only -inf ones.
-  DSPARK_HOST_DEVICE_FN float logprob() const {
-    if (bad || !(stats.m > neg_inf()) || !(stats.m < INFINITY)) return NAN;
-    return scaled - stats.log_sum_exp();
-  }
-};
 
 DSPARK_HOST_DEVICE_FN size_t dtype_size(DType t) {
   return t == DType::kFloat32 ? 4 : (t == DType::kFloat8E4M3 ? 1 : 2);
@@ -254,16 +222,6 @@ DSPARK_DEVICE int64_t part_at(int64_t k, int slices, int64_t N, int64_t slice, i
   return ((k & 1) * slices + slice) * N + n;
 }
 
-// A winner as one integer whose unsigned order is the package's argmax order (the larger value, NaN-free; the
-// lower index on ties; -0 equal to +0), so the winner over slices is a max of integers; 0 for an empty partial.
-// Indices are below 2^31 (the launcher checks V).
-DSPARK_DEVICE uint64_t pack_winner(const ArgMax& w) {
-  if (w.index == INT64_MAX) return 0;
-  const uint32_t b = __float_as_uint(w.value + 0.0f);
-  const uint32_t ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-  return (uint64_t(ord) << 32) | uint64_t(0x7fffffffu - static_cast<uint32_t>(w.index));
-}
-DSPARK_DEVICE int64_t winner_index(uint64_t key) { return int64_t(0x7fffffffu - static_cast<uint32_t>(key)); }
 
 DSPARK_DEVICE int64_t anchor_of(const DraftBlockParams& p, int64_t n) {
   return p.anchors_int64 ? ldg(static_cast<const int64_t*>(p.anchors) + n)

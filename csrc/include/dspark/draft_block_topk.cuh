@@ -21,6 +21,7 @@
 #pragma once
 
 #include "draft_block.cuh"
+#include "select_top.cuh"
 
 namespace dspark {
 namespace draft_topk {
@@ -30,10 +31,9 @@ using draft::Part;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kChunk = kThreads * 8;    // row elements between two looks at the candidate buffer
-constexpr int kBuf = 4096;              // candidate keys the buffer holds (32 KB)
-constexpr int64_t kMaxTopK = 1024;      // the op's limit (the buffer needs top_k + kChunk <= kBuf)
-static_assert(kMaxTopK + kChunk <= kBuf, "a chunk must fit beside the kept candidates");
+constexpr int64_t kMaxTopK = 1024;      // the op's limit (top_select::kMaxTop)
+static_assert(kMaxTopK <= top_select::kMaxTop, "the candidates must fit the selection buffer");
+static_assert(kThreads == top_select::kThreads, "select_top runs on the whole block");
 
 struct Workspace {
   int32_t* ids;  // [N, K, top_k] the candidates' draft ids, increasing
@@ -46,98 +46,23 @@ DSPARK_HOST_DEVICE_FN int64_t smem_floats(const DraftBlockParams& p) {
 }
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
-// The order key of a logit: unsigned order = the float order, -0 = +0, NaN = 0 (below -inf, 0x007fffff).
-DSPARK_DEVICE uint32_t order_key(float x) {
-  if (x != x) return 0u;
-  const uint32_t b = __float_as_uint(x == 0.0f ? 0.0f : x);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
+using top_select::rank_key;
+using top_select::rank_key_id;
+using top_select::SelectScratch;
 
-// The rank key of element i holding x: the order key above the inverted id, so keys are distinct and the larger
-// key ranks first (the higher value; the lower id on ties). Every key is > 0.
-DSPARK_DEVICE uint64_t rank_key(float x, int64_t i) {
-  return (uint64_t(order_key(x)) << 32) | uint64_t(0xffffffffu - static_cast<uint32_t>(i));
-}
-DSPARK_DEVICE int64_t rank_key_id(uint64_t key) { return int64_t(0xffffffffu - static_cast<uint32_t>(key)); }
-
-struct SelectScratch {
-  uint64_t keys[kBuf];  // keys above `floor`, in arrival order (slots from an atomic counter)
-  uint32_t count;
-  uint64_t floor;       // the top_k-th largest key seen at the last compaction (0 before it)
-};
-
-// Sorts keys[0, n) descending, n a power of two: by the whole key, or (by_id) by the low word, which is increasing id
-// order. The whole block; keys[] written before a barrier.
-DSPARK_DEVICE void bitonic_desc(uint64_t* keys, int n, bool by_id) {
-  for (int size = 2; size <= n; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < n / 2; i += kThreads) {
-        const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
-        const uint64_t a = keys[lo], b = keys[hi];
-        const bool less = by_id ? static_cast<uint32_t>(a) < static_cast<uint32_t>(b) : a < b;
-        if (less == ((lo & size) == 0)) {
-          keys[lo] = b;
-          keys[hi] = a;
-        }
-      }
-      __syncthreads();
-    }
-  }
-}
-
-DSPARK_DEVICE int pow2_at_least(int64_t n) {
-  int p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-
-// Keeps the `top` largest of the `count` buffered keys (count >= top): sorted, then count = top and floor = the
-// smallest kept. The whole block (count read before a barrier).
-DSPARK_DEVICE void compact(SelectScratch& s, int64_t count, int64_t top) {
-  const int n = pow2_at_least(count);
-  for (int64_t i = count + threadIdx.x; i < n; i += kThreads) s.keys[i] = 0;  // below every key
-  __syncthreads();
-  bitonic_desc(s.keys, n, false);
-  if (threadIdx.x == 0) {
-    s.count = static_cast<uint32_t>(top);
-    s.floor = s.keys[top - 1];
-  }
-  __syncthreads();
-}
-
-// Phase 1 for row `row` of U: C's draft ids, increasing, into the workspace. One read of the row: chunks of kChunk
-// elements put the keys above `floor` into the shared buffer; when the next chunk might not fit, the buffer is cut
-// to its top_k (compact) and floor rises to the smallest kept. A random row inserts about top_k ln(V / top_k) keys,
-// a row in increasing order kChunk a chunk (a compaction each): correct either way. The whole block.
+// Phase 1 for row `row` of U: C's draft ids, increasing, into the workspace. One read of the row
+// (top_select::select_top: the keys above a rising floor into the shared buffer, cut back to the top_k when the next
+// chunk might not fit), then the top_k keys sorted by id. The whole block.
 DSPARK_DRAFT_PHASE void select_row(const DraftBlockParams& p, const Workspace& ws, int64_t row, SelectScratch& s) {
   const int64_t V = p.V, top = p.top_k;
   const void* urow = draft::offset_row(p.base, p.base_dtype, row * V);
-  if (threadIdx.x == 0) {
-    s.count = 0;
-    s.floor = 0;
-  }
-  __syncthreads();
-  uint64_t floor = 0;
-  for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
-    for_each_element(urow, p.base_dtype, c0, c0 + kChunk < V ? c0 + kChunk : V, threadIdx.x, kThreads,
-                     [&](int64_t i, float x) {
-                       const uint64_t key = rank_key(x, i);
-                       if (key > floor) s.keys[atomicAdd(&s.count, 1u)] = key;
-                     });
-    __syncthreads();
-    const int64_t count = s.count;
-    __syncthreads();  // every thread has read count before a compaction changes it
-    if (count > kBuf - kChunk) compact(s, count, top);
-    floor = s.floor;
-  }
-  __syncthreads();
-  const int64_t count = s.count;
-  __syncthreads();
-  if (count > top) compact(s, count, top);  // keys[0, top) now hold C
-  const int n = pow2_at_least(top);
-  for (int64_t i = top + threadIdx.x; i < n; i += kThreads) s.keys[i] = 0;  // id 2^32 - 1: sorts last
-  __syncthreads();
-  bitonic_desc(s.keys, n, true);
+  top_select::select_top(s, V, top, [&](int64_t c0, int64_t c1, uint64_t floor) {
+    for_each_element(urow, p.base_dtype, c0, c1, threadIdx.x, kThreads, [&](int64_t i, float x) {
+      const uint64_t key = rank_key(x, i);
+      if (key > floor) top_select::push(s, key);
+    });
+  });
+  top_select::sort_kept(s, top, true);  // keys[0, top) hold C, by increasing id
   for (int64_t i = threadIdx.x; i < top; i += kThreads) {
     stg(ws.ids + row * top + i, static_cast<int32_t>(rank_key_id(s.keys[i])));
   }
