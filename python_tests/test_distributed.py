@@ -173,12 +173,12 @@ def _group_large_vocab(rank, world):
 
 def _group_cuda_pieces(rank, world):
     """V = 1000 over 3 uneven ranks (one of them a single token): the CUDA pieces on every rank (the SIMT harness on
-    the CPU): draft_step (greedy and mixed temperatures, a vanilla and an rnn head), verify_stats and
+    the CPU): draft_step (greedy and mixed temperatures, a vanilla and an rnn head), verify_stats, verify_decide and
     verify_residual (every verify mode; block verification's S_i goes through the residual pass)."""
     vocab = 1000
     cpu = torch.device("cpu")
-    pieces = ("draft_step", "verify_stats", "verify_residual", "verify_decide")
-    assert [D.ops.piece_backend("cuda", cpu, p) for p in pieces] == ["cuda", "cuda", "cuda", "reference"]
+    pieces = ("draft_step", "verify_stats", "verify_decide", "verify_residual", "draft_logprobs")
+    assert [D.ops.piece_backend("cuda", cpu, p) for p in pieces] == ["cuda"] * 4 + ["reference"]
     spans = shard_spans([1, 600, 399], order=[1, 0, 2])
     check_draft(rank, spans, vocab, 5, 3, ("vanilla", "rnn"), (0.0, mixed_temps(5)), backend="cuda")
     inp = verify_inputs(6, 3, vocab, seed=2, force_tokens=(0,))
@@ -538,23 +538,26 @@ def _decide_stats(inp, shards, packed, draft, temps, key, top_m):
     return target, cu, stats
 
 
-def _check_decide(args, case):
-    """The Triton decide step on ``args``: integer outputs equal to the reference's, the plan to 1e-5 / 1e-6."""
+def _check_decide(args, case, backend):
+    """The decide step of ``backend`` on ``args``: integer outputs equal to the reference's, the plan to 1e-5 /
+    1e-6. "triton": the kernel itself (the interpreter on the CPU); "cuda": the op (the SIMT harness)."""
     from dspark_kernels.distributed.triton_decide import verify_decide as triton_decide
-    ref, out = D.ops.verify_decide(*args, "reference"), triton_decide(*args)
+    ref = D.ops.verify_decide(*args, "reference")
+    out = triton_decide(*args) if backend == "triton" else D.ops.verify_decide(*args, backend)
     for field, a, b in zip(("tokens", "num_accepted", "accept_mask"), ref[:3], out[:3]):
         assert torch.equal(a, b), (case, field, a, b)
     torch.testing.assert_close(out[3], ref[3], rtol=1e-5, atol=1e-6, equal_nan=True, msg=lambda m: f"{case}: {m}")
     return ref
 
 
-def test_triton_verify_decide_equals_the_reference():
-    """The Triton decide step (interpreter on the CPU) against the reference, on the gathered statistics of three
-    uneven shards (333, 1 and 666 tokens of V = 1000; top_m above the one-token shard's width): greedy, token and
-    block with one-hot drafts, draft rows and draft_logprobs; dense and packed (a request without rows) with
-    verify_lens and survival + thresholds; stop tokens, mixed temperatures with greedy requests, NaN / inf rows;
-    the first call (no residual) and the second with the reference residual pass's exchange (certificate failures,
-    block's S_i). tokens, num_accepted, accept_mask equal; the plan to rtol 1e-5, atol 1e-6."""
+def _decide_cases(backend):
+    """The decide step of ``backend`` against the reference, on the gathered statistics of three uneven shards (333,
+    1 and 666 tokens of V = 1000; top_m above the one-token shard's width): greedy, token and block with one-hot
+    drafts, draft rows and draft_logprobs; dense and packed (a request without rows) with verify_lens and survival
+    + thresholds; stop tokens, mixed temperatures with greedy requests, NaN / inf rows; the first call (no residual)
+    and the second with the reference residual pass's exchange (certificate failures, block's S_i). tokens,
+    num_accepted, accept_mask equal; the plan to rtol 1e-5, atol 1e-6. Returns the last call's arguments and the
+    inputs of an opcheck (no NaN: opcheck compares NaN != NaN)."""
     vocab, n, k = 1000, 6, 3
     shards = torch.tensor([[0, 333], [333, 1], [334, 666]])
     inp, key = _decide_case_inputs(vocab, n, k, shards)
@@ -574,26 +577,47 @@ def test_triton_verify_decide_equals_the_reference():
             stats, shards, res, cu, target.shape[0] if packed else 0, inp["drafts"],
             inp["logprobs"] if logprobs else None, *lens, temps, key, stops, method, draft, top_m, vocab)
         case = (method, draft, logprobs, packed)
-        first = _check_decide(args(None), case + ("first call",))
+        first = _check_decide(args(None), case + ("first call",), backend)
         residual = torch.stack([D.ops.verify_residual(target[..., a:a + b], cu, inp["drafts"], None if dr is None else
                                                       dr[..., a:a + b], first[3], inp["temps"], key, a, vocab,
                                                       "reference") for a, b in shards.tolist()])
-        second = _check_decide(args(residual), case + ("second call",))
+        second = _check_decide(args(residual), case + ("second call",), backend)
         needed += int((first[3][..., L.PLAN_NEED] > 0).sum()) if method == "token" else 0
         moved += int((first[1] != second[1]).sum()) if method == "block" else 0
         if method == "token" and not draft:   # greedy: the first exchange holds argmaxes only
             greedy = _decide_stats(inp, shards, packed, None, None, key, top_m)[2]
-            _check_decide(args(None, greedy, None), case + ("greedy",))
+            _check_decide(args(None, greedy, None), case + ("greedy",), backend)
     assert needed > 0 and moved > 0     # certificates failed (the second exchange decided), S_i moved block's tau
-    from dspark_kernels.distributed.triton_decide import verify_decide as triton_decide
-    assert all(torch.equal(a, b) for a, b in zip(D.ops.verify_decide(*args(residual), "triton"),
-                                                 triton_decide(*args(residual))))   # the op dispatches to the kernel
     g = torch.Generator().manual_seed(2)
     clean = dict(inp, target=torch.randn(n, k + 1, vocab, generator=g), draft=torch.randn(n, k, vocab, generator=g))
     _, _, stats = _decide_stats(clean, shards, False, clean["draft"], inp["temps"], key, 4)
     dec = (stats, shards, None, None, 0, inp["drafts"], inp["logprobs"], None, None, None, inp["temps"], key, stops,
-           "token", True, 4, vocab, "triton")                                 # opcheck compares NaN != NaN
+           "token", True, 4, vocab, backend)
+    return args(residual), dec
+
+
+def test_triton_verify_decide_equals_the_reference():
+    """``_decide_cases`` for the Triton decide step (the interpreter on the CPU); the op dispatches to it."""
+    last, dec = _decide_cases("triton")
+    from dspark_kernels.distributed.triton_decide import verify_decide as triton_decide
+    assert all(torch.equal(a, b) for a, b in zip(D.ops.verify_decide(*last, "triton"), triton_decide(*last)))
     torch.library.opcheck(torch.ops.dspark_dist.verify_decide.default, dec)
+
+
+def test_cuda_verify_decide_equals_the_reference(cuda_device):
+    """``_decide_cases`` for the CUDA decide step (dist_verify_decide.cuh; the SIMT harness on the CPU); opcheck;
+    bad input names the argument."""
+    if cuda_device.type != "cpu":
+        pytest.skip("the cases' tensors are CPU tensors: the SIMT harness")
+    last, dec = _decide_cases("cuda")
+    torch.library.opcheck(torch.ops.dspark_dist.verify_decide.default, dec)
+    for i, value, msg in ((0, dec[0][..., :-1], "stats must have shape"), (1, dec[1][:2], "shards must have shape"),
+                          (13, "chain", "method must be 'token' or 'block'"),
+                          (10, dec[10].double(), "temperature must be Float")):
+        wrong = list(dec)
+        wrong[i] = value
+        with pytest.raises(RuntimeError, match=msg):
+            D.ops.verify_decide(*wrong)
 
 
 def test_pack_key_orders_like_argmax():

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "dspark/platform.cuh"
@@ -141,6 +142,25 @@ inline dspark::DType check_float(const char* op, const char* name, const at::Ten
   const dspark::DType dtype = check_float(op, name, t, like);
   check_shape(op, name, t, shape);
   return dtype;
+}
+
+// verify_chain's survival float [N, K] and thresholds float [K], given together or not at all.
+struct SurvivalInputs {
+  const void* survival = nullptr;
+  const void* thresholds = nullptr;
+  dspark::DType survival_dtype = dspark::DType::kFloat32, thresholds_dtype = dspark::DType::kFloat32;
+};
+inline SurvivalInputs check_survival(const char* op, const std::optional<at::Tensor>& survival,
+                                     const std::optional<at::Tensor>& thresholds, const at::Tensor& like, int64_t N,
+                                     int64_t K) {
+  TORCH_CHECK(survival.has_value() == thresholds.has_value(), op, ": survival and thresholds must be given together");
+  SurvivalInputs s;
+  if (!survival) return s;
+  s.survival_dtype = check_float(op, "survival", *survival, like, {N, K});
+  s.thresholds_dtype = check_float(op, "thresholds", *thresholds, like, {K});
+  s.survival = survival->data_ptr();
+  s.thresholds = thresholds->data_ptr();
+  return s;
 }
 
 // The random key: int64 [2] = (seed, offset), read by the kernels (never by the host).

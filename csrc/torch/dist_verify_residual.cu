@@ -11,8 +11,8 @@ using at::Tensor;
 using OptT = std::optional<Tensor>;
 
 constexpr const char* kOp = "verify_residual";
-constexpr int64_t kPlanWidth = 9;                // layout.PLAN_WIDTH
-constexpr int64_t kResWidth = 3;                 // layout.RES_WIDTH
+constexpr int64_t kPlanWidth = dspark::dist::kPlanWidth;
+constexpr int64_t kResWidth = dspark::dist::kResWidth;
 
 Tensor launch(const Tensor& target_shard, const OptT& cu_seqlens, const Tensor& draft_tokens,
               const OptT& draft_logits_shard, const Tensor& plan, const Tensor& temperature, const Tensor& rng_key,

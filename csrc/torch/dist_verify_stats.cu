@@ -41,7 +41,7 @@ Tensor launch(const Tensor& target_shard, const OptT& cu_seqlens, const Tensor& 
   p.vocab_start = vocab_start;
   p.vocab_size = vocab_size;
   p.top_m = top_m;
-  p.width = dspark::dist_stats::width(temperature.has_value(), draft_logits_shard.has_value(), top_m);
+  p.width = dspark::dist::stats_width(temperature.has_value(), draft_logits_shard.has_value(), top_m);
   Tensor out = at::empty({N, K + 1, p.width}, draft_tokens.options().dtype(at::kFloat));
   if (N == 0) return out;
   p.out = out.data_ptr<float>();

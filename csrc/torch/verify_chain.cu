@@ -46,13 +46,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
     p.lens_i64 = check_int(kOp, "verify_lens", *verify_lens, draft_tokens, {N});
     p.verify_lens = verify_lens->data_ptr();
   }
-  TORCH_CHECK(survival.has_value() == thresholds.has_value(), kOp, ": survival and thresholds must be given together");
-  if (survival) {
-    p.survival_dtype = check_float(kOp, "survival", *survival, draft_tokens, {N, K});
-    p.thresholds_dtype = check_float(kOp, "thresholds", *thresholds, draft_tokens, {K});
-    p.survival = survival->data_ptr();
-    p.thresholds = thresholds->data_ptr();
-  }
+  const SurvivalInputs surv = check_survival(kOp, survival, thresholds, draft_tokens, N, K);
+  p.survival = surv.survival;
+  p.thresholds = surv.thresholds;
+  p.survival_dtype = surv.survival_dtype;
+  p.thresholds_dtype = surv.thresholds_dtype;
   if (temperature) {
     check_tensor(kOp, "temperature", *temperature, draft_tokens, at::kFloat, {N});
     p.temperature = temperature->data_ptr<float>();

@@ -16,11 +16,11 @@ op                         inputs (one shard: global ids [vocab_start, vocab_sta
 =========================  ===========================================================  ==========================
 
 Layouts: ``dspark_kernels.distributed.layout``. Every schema is plain tensors and integers (no Python objects), so
-a CUDA kernel implements each op as it stands. Backends: "reference" (pure PyTorch) for every piece; "triton" for
-``verify_stats``, ``verify_decide``, ``draft_step`` and ``verify_residual``; "cuda" for ``verify_stats`` (top_m <=
-2047), ``draft_step`` and ``verify_residual`` (``torch.ops.dspark_C.<piece>``, csrc/include/dspark/dist_*.cuh; the
-SIMT harness runs them on CPU tensors under ``DSPARK_SIMT=1``). Calling a piece with a backend it does not have
-raises; the composite ops pick per piece (``piece_backend``).
+a CUDA kernel implements each op as it stands. Backends: "reference" (pure PyTorch) for every piece; "triton" and
+"cuda" for ``verify_stats`` (CUDA: top_m <= 2047), ``verify_decide``, ``draft_step`` and ``verify_residual``
+(``torch.ops.dspark_C.<piece>``, csrc/include/dspark/dist_*.cuh; the SIMT harness runs them on CPU tensors under
+``DSPARK_SIMT=1``); ``draft_logprobs`` (a few elementwise ops on [P, N, K, 5]) is the reference everywhere. Calling
+a piece with a backend it does not have raises; the composite ops pick per piece (``piece_backend``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from . import local_draft, local_verify
 
 LOCAL_BACKENDS = ("auto", "cuda", "reference", "triton")
 TRITON_PIECES = ("verify_stats", "verify_decide", "draft_step", "verify_residual")   # the pieces with a Triton kernel
-CUDA_PIECES = ("verify_stats", "draft_step", "verify_residual")   # the pieces with a CUDA kernel (torch.ops.dspark_C.<piece>)
+CUDA_PIECES = ("verify_stats", "verify_decide", "draft_step", "verify_residual")   # the pieces with a CUDA kernel (torch.ops.dspark_C.<piece>)
 
 
 def piece_backend(backend: Optional[str], device: torch.device, piece: str) -> str:
@@ -140,13 +140,17 @@ def plan_slots(sampled: bool, method: str, k_len: int) -> int:
     return 0 if not sampled else (1 if method == "token" else k_len)
 
 
-@verify_decide.register_fake
-def _(stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprobs, verify_lens, survival, thresholds,
-      temperature, rng_key, stop_token_ids, method, has_draft_logits, top_m, vocab_size, backend):
+def _verify_decide_fake(stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprobs, verify_lens,
+                        survival, thresholds, temperature, rng_key, stop_token_ids, method, has_draft_logits, top_m,
+                        vocab_size):
     n, k = draft_tokens.shape
     new = draft_tokens.new_empty
     return (new((n, k + 1), dtype=torch.int64), new((n,), dtype=torch.int32), new((n, k), dtype=torch.bool),
             new((n, plan_slots(temperature is not None, method, k), L.PLAN_WIDTH), dtype=torch.float32))
+
+
+verify_decide.register_fake(lambda *args: _verify_decide_fake(*args[:-1]))
+_ext.register_fake("verify_decide", _verify_decide_fake)
 
 
 @torch.library.custom_op("dspark_dist::verify_residual", mutates_args=())

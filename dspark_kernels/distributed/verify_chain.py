@@ -55,9 +55,9 @@ def verify_chain(
             shards do not tile ``[0, vocab_size)``, a rank's shapes or modes differ, or a rank's arguments fail
             their checks (one tiny all-gather, which then synchronises with a GPU group). With False nothing is
             read back: the layout is trusted, and a rank whose arguments fail raises alone.
-        backend: of the local pieces: "auto" | "cuda" | "triton" | "reference" (``ops.piece_backend``: CUDA for
-            the residual pass where asked for or, with "auto", on a GPU with the extension; Triton for the
-            statistics pass and the decide step on a GPU or where asked for).
+        backend: of the local pieces: "auto" | "cuda" | "triton" | "reference" (``ops.piece_backend``: each
+            piece's CUDA kernel where "cuda" is asked or, with "auto", on a GPU whose extension has it; Triton
+            where asked or on a GPU without the extension; the reference elsewhere).
 
     Collectives: one all-gather of the metadata (P x 8 int64 or so), one all-gather of the per-(row, shard)
     statistics, and for sampling (a temperature tensor, or a float > 0) one all-gather of a fixed-size second

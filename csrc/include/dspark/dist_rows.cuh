@@ -1,5 +1,5 @@
-// dspark/dist_rows.cuh: what the vocabulary-parallel shard passes share (no torch): where a request's target row
-// lies in a dense or packed shard tensor, and the id of an empty candidate slot.
+// dspark/dist_rows.cuh: what the vocabulary-parallel pieces share (no torch): the exchanged layouts' slots
+// (dspark_kernels/distributed/layout.py) and where a request's target row lies in a dense or packed shard tensor.
 #pragma once
 
 #include <stdint.h>
@@ -11,6 +11,19 @@ namespace dspark {
 namespace dist {
 
 constexpr float kEmptyId = 16777216.0f;  // layout.EMPTY_ID (2^24): above every token id
+
+// StatsLayout: the first exchange's slots per (request, row, shard)
+constexpr int kAmaxVal = 0, kAmaxId = 1, kTMax = 2, kTSum = 3, kTBad = 4, kTAt = 5, kQMax = 6, kQSum = 7, kQBad = 8,
+              kQAt = 9;
+DSPARK_HOST_DEVICE_FN int64_t bound_slot(bool draft) { return draft ? kQAt + 1 : kTAt + 1; }
+DSPARK_HOST_DEVICE_FN int64_t cand_fields(bool draft) { return draft ? 4 : 3; }  // KEY, LG, [DLG,] ID
+DSPARK_HOST_DEVICE_FN int64_t stats_width(bool sampled, bool draft, int64_t top_m) {
+  return sampled ? bound_slot(draft) + 1 + cand_fields(draft) * top_m : kAmaxId + 1;
+}
+// PLAN_* (the decide step -> the residual pass) and RES_* (the second exchange)
+constexpr int kPlanRow = 0, kPlanNeed = 1, kPlanRho = 2, kPlanTMax = 3, kPlanTSum = 4, kPlanTBad = 5, kPlanQMax = 6,
+              kPlanQSum = 7, kPlanQBad = 8, kPlanWidth = 9;
+constexpr int kResMass = 0, kResScore = 1, kResId = 2, kResWidth = 3;
 
 // The target logits of one shard: dense [N, K+1, Vl], or packed [total_rows, Vl] with cu_seqlens [N+1].
 struct TargetRows {

@@ -41,8 +41,7 @@ namespace dist_residual {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kPlanWidth = 9;
-constexpr int kRow = 0, kNeed = 1, kRho = 2, kTMax = 3, kTSum = 4, kTBad = 5, kQMax = 6, kQSum = 7, kQBad = 8;
+using namespace dist;  // the layouts' slots
 constexpr int64_t kMinChunk = 1024;
 
 struct Partial {
@@ -74,22 +73,22 @@ struct Slot {
 DSPARK_DEVICE Slot load_slot(const DistVerifyResidualParams& p, int64_t slot) {
   Slot o{};
   const float* plan = p.plan + slot * kPlanWidth;
-  o.need = ldg(plan + kNeed) > 0.0f;
+  o.need = ldg(plan + kPlanNeed) > 0.0f;
   if (!o.need) return o;
   const int64_t n = slot / p.S;
-  o.j = plan_row(ldg(plan + kRow), p.K);
+  o.j = plan_row(ldg(plan + kPlanRow), p.K);
   o.jq = o.j < p.K - 1 ? o.j : p.K - 1;
   const float t = ldg(p.temperature + n);
   o.t = t > 0.0f ? t : 1.0f;
-  o.rho = ldg(plan + kRho);
-  o.tm = ldg(plan + kTMax);
-  o.ts = ldg(plan + kTSum);
-  o.tb = ldg(plan + kTBad);
+  o.rho = ldg(plan + kPlanRho);
+  o.tm = ldg(plan + kPlanTMax);
+  o.ts = ldg(plan + kPlanTSum);
+  o.tb = ldg(plan + kPlanTBad);
   o.draft_id = -1;
   if (p.draft_logits != nullptr) {
-    o.qm = ldg(plan + kQMax);
-    o.qs = ldg(plan + kQSum);
-    o.qb = ldg(plan + kQBad);
+    o.qm = ldg(plan + kPlanQMax);
+    o.qs = ldg(plan + kPlanQSum);
+    o.qb = ldg(plan + kPlanQBad);
   } else {
     const int64_t d = load_int(p.draft_tokens, p.drafts_i64, n * p.K + o.jq);
     o.draft_id = d >= 0 && d < p.vocab_size ? d : -1;
@@ -98,7 +97,8 @@ DSPARK_DEVICE Slot load_slot(const DistVerifyResidualParams& p, int64_t slot) {
   return o;
 }
 
-__global__ void __launch_bounds__(kThreads) sweep_kernel(DistVerifyResidualParams p, int64_t chunk, int64_t chunks,
+template <typename TT>  // the target's element type
+__global__ void __launch_bounds__(kThreads, 2) sweep_kernel(DistVerifyResidualParams p, int64_t chunk, int64_t chunks,
                                                         Partial* __restrict__ parts) {
   DSPARK_SHARED_ARRAY(Partial, scratch, 32);
   DSPARK_SHARED(Slot, shared_slot);
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) sweep_kernel(DistVerifyResidualParam
   };
   const int64_t row = p.target.offset(n, j, p.K, p.Vl);
   if (row >= 0) {
-    for_each_element(p.target.row(row), p.target.dtype, c0, c1, threadIdx.x, kThreads, visit);
+    for_each_element(static_cast<const TT*>(p.target.row(row)), c0, c1, threadIdx.x, kThreads, visit);
   } else {
     for (int64_t c = c0 + threadIdx.x; c < c1; c += kThreads) visit(c, 0.0f);
   }
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(DistVerifyResidualParam
   const int lane = threadIdx.x & 31;
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (slot >= p.N * p.S) return;  // a whole warp leaves together
-  const bool need = ldg(p.plan + slot * kPlanWidth + kNeed) > 0.0f;
+  const bool need = ldg(p.plan + slot * kPlanWidth + kPlanNeed) > 0.0f;
   Partial all = Partial::empty();
   if (need) {
     for (int64_t b = lane; b < chunks; b += 32) all.merge(ldg(parts + slot * chunks + b));
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(DistVerifyResidualParam
   float* out = p.out + slot * 3;
   stg(out + 0, need ? all.mass : 0.0f);
   stg(out + 1, need ? all.win.value : neg_inf());
-  stg(out + 2, need ? static_cast<float>(all.win.index) : dist::kEmptyId);
+  stg(out + 2, need ? static_cast<float>(all.win.index) : kEmptyId);
 }
 
 inline SplitV split(int64_t Vl, int64_t slots) {
@@ -175,8 +175,10 @@ inline cudaError_t launch_dist_verify_residual(const DistVerifyResidualParams& p
   cfg.grid = dim3(static_cast<unsigned>(slots), static_cast<unsigned>(sv.chunks));
   cfg.block = dim3(dist_residual::kThreads);
   cfg.stream = s;
-  const cudaError_t err = launch("dist_verify_residual_sweep", dist_residual::sweep_kernel, cfg, p, sv.chunk,
-                                 sv.chunks, parts);
+  cudaError_t err = cudaErrorInvalidValue;
+  DSPARK_DISPATCH_FLOAT(p.target.dtype, TT, return cudaErrorInvalidValue, {
+    err = launch("dist_verify_residual_sweep", dist_residual::sweep_kernel<TT>, cfg, p, sv.chunk, sv.chunks, parts);
+  });
   if (err != cudaSuccess) return err;
   cfg.grid = dim3(static_cast<unsigned>((slots + dist_residual::kWarps - 1) / dist_residual::kWarps));
   return launch("dist_verify_residual_merge", dist_residual::merge_kernel, cfg, p, sv.chunks, parts);

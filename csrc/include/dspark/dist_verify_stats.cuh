@@ -41,15 +41,7 @@ namespace dist_stats {
 
 constexpr int kThreads = top_select::kThreads;
 constexpr int64_t kMaxTopM = top_select::kMaxTop - 1;  // top_m + 1 keys are kept
-// StatsLayout's slots
-constexpr int kAmaxVal = 0, kAmaxId = 1, kTMax = 2, kTSum = 3, kTBad = 4, kTAt = 5, kQMax = 6, kQSum = 7, kQBad = 8,
-              kQAt = 9;
-
-DSPARK_HOST_DEVICE_FN int64_t bound_slot(bool draft) { return draft ? kQAt + 1 : kTAt + 1; }
-DSPARK_HOST_DEVICE_FN int64_t cand_fields(bool draft) { return draft ? 4 : 3; }
-DSPARK_HOST_DEVICE_FN int64_t width(bool sampled, bool draft, int64_t top_m) {
-  return sampled ? bound_slot(draft) + 1 + cand_fields(draft) * top_m : kAmaxId + 1;
-}
+using namespace dist;  // the layout's slots
 
 // Softmax statistics with the NaN / +inf flag (layout.local_softmax_stats).
 struct FlaggedStats {
@@ -92,7 +84,8 @@ DSPARK_DEVICE int64_t owned_draft(const DistVerifyStatsParams& p, int64_t n, int
   return c >= 0 && c < p.Vl ? c : -1;
 }
 
-__global__ void __launch_bounds__(kThreads) stats_kernel(DistVerifyStatsParams p) {
+template <typename TT>  // the target's element type
+__global__ void __launch_bounds__(kThreads, 2) stats_kernel(DistVerifyStatsParams p) {
   DSPARK_SHARED(top_select::SelectScratch, sel);
   DSPARK_SHARED_ARRAY(RowStats, scratch, 32);
   const int64_t row_id = blockIdx.x, n = row_id / (p.K + 1), j = row_id - n * (p.K + 1);
@@ -127,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(DistVerifyStatsParams p
   };
   auto sweep = [&](int64_t c0, int64_t c1, uint64_t floor) {
     if (trow != nullptr) {
-      for_each_element(trow, p.target.dtype, c0, c1, threadIdx.x, kThreads,
+      for_each_element(static_cast<const TT*>(trow), c0, c1, threadIdx.x, kThreads,
                        [&](int64_t c, float logit) { visit(c, logit, floor); });
     } else {  // a packed shard without rows: the reference reads zeros
       for (int64_t c = c0 + threadIdx.x; c < c1; c += kThreads) visit(c, 0.0f, floor);
@@ -190,7 +183,10 @@ inline cudaError_t launch_dist_verify_stats(const DistVerifyStatsParams& p, cuda
   cfg.grid = dim3(static_cast<unsigned>(rows));
   cfg.block = dim3(dist_stats::kThreads);
   cfg.stream = s;
-  return launch("dist_verify_stats", dist_stats::stats_kernel, cfg, p);
+  cudaError_t err = cudaErrorInvalidValue;
+  DSPARK_DISPATCH_FLOAT(p.target.dtype, TT, return cudaErrorInvalidValue,
+                        { err = launch("dist_verify_stats", dist_stats::stats_kernel<TT>, cfg, p); });
+  return err;
 }
 #endif
 
