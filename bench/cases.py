@@ -11,7 +11,8 @@ import torch
 import dspark_kernels as dk
 import floors
 
-OPS = ["rng_uniform", "draft_block", "verify_chain", "accept_prefix_scan", "schedule_verify_lens"]
+OPS = ["rng_uniform", "draft_block", "verify_chain", "accept_prefix_scan", "schedule_verify_lens",
+       "dist_verify_stats", "dist_verify_decide", "dist_verify_residual", "dist_draft_step"]
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 GRIDS = {
     # the headline grid; ops use the dimensions they have (scan: N, K; schedule: N, K; rng_uniform: N, K, V)
@@ -23,7 +24,8 @@ RANK, HIDDEN = 256, {"full": 4096, "quick": 256}
 QWEN3_VOCAB = 151936
 
 
-CASE_KEYS = ["N", "K", "V", "dtype", "mode", "w2", "top_k", "sched", "r", "d"]  # the parameters that name a case
+CASE_KEYS = ["N", "K", "V", "P", "dtype", "mode", "w2", "top_k", "sched", "r", "d"]  # the parameters naming a case
+SHARDS, TOP_M = 4, 8   # the vocabulary-parallel rows: shard 1 of P = 4, token sampling's candidates
 BACKENDS = ["cuda", "triton", "reference", "flashinfer"]
 PEERS = {"flashinfer": ["verify_chain"]}   # external peers and the ops they have
 
@@ -147,12 +149,116 @@ def schedule_verify_lens_cases(dev, grid):
                    lambda b, x, m=mode: dk.schedule_verify_lens(x["survival"], cost_table=table, mode=m, backend=b))
 
 
+def _shard_key(dev):
+    from dspark_kernels.rng import make_rng_key
+    return make_rng_key(1, 0, dev)
+
+
+def dist_verify_stats_cases(dev, grid):
+    """The first exchange of shard 1 of P: greedy (the argmax fields), sampled with float32 draft rows (top_m 8)."""
+    import dspark_kernels.distributed as D
+    for n, k, v, dt, mode in itertools.product(grid["N"], grid["K"], grid["V"], grid["dtype"], grid["mode"]):
+        dtype, sampled, vl = DTYPES[dt], mode == "sampled", v // SHARDS
+        esize = torch.empty(0, dtype=dtype).element_size()
+        fl = floors.dist_verify_stats(n, k, vl, target_bytes=esize, sampled=sampled,
+                                      draft_logits_bytes=4 if sampled else None, top_m=TOP_M)
+
+        def inputs(n=n, k=k, v=v, vl=vl, dtype=dtype, sampled=sampled):
+            g = _gen(4, dev)
+            return dict(target=_randn((n, k + 1, vl), dev, dtype, g), drafts=torch.randint(0, v, (n, k), device=dev,
+                                                                                           generator=g),
+                        draft=_randn((n, k, vl), dev, torch.float32, g) if sampled else None,
+                        temps=torch.ones(n, device=dev) if sampled else None, key=_shard_key(dev), v=v, vl=vl)
+
+        yield Case("dist_verify_stats", dict(N=n, K=k, V=v, P=SHARDS, dtype=dt, mode=mode), fl, inputs,
+                   lambda b, x: D.ops.verify_stats(x["target"], None, x["drafts"], x["draft"], x["temps"], x["key"],
+                                                   x["vl"], x["v"], TOP_M, b))
+
+
+def dist_verify_decide_cases(dev, grid):
+    """The decide step over P gathered statistics (token method; sampled with draft rows): its work is N K P top_m,
+    independent of V, so the statistics come from the reference pass over a 4000-token vocabulary."""
+    import dspark_kernels.distributed as D
+    for n, k, mode in itertools.product(grid["N"], grid["K"], grid["mode"]):
+        sampled, v = mode == "sampled", 4000
+        fl = floors.dist_verify_decide(n, k, SHARDS, sampled=sampled, draft=sampled, top_m=TOP_M)
+
+        def inputs(n=n, k=k, sampled=sampled, v=v):
+            g = _gen(5)
+            target = torch.randn(n, k + 1, v, generator=g)
+            drafts = torch.where(torch.rand(n, k, generator=g) < 0.7, target[:, :k].argmax(-1),
+                                 torch.randint(0, v, (n, k), generator=g))
+            draft = target[:, :k] + torch.randn(n, k, v, generator=g) if sampled else None
+            temps = torch.ones(n) if sampled else None
+            vl, key = v // SHARDS, _shard_key("cpu")
+            stats = torch.stack([D.ops.verify_stats(target[..., a:a + vl], None, drafts, None if draft is None else
+                                                    draft[..., a:a + vl], temps, key, a, v, TOP_M, "reference")
+                                 for a in range(0, v, vl)])
+            shards = torch.tensor([[a, vl] for a in range(0, v, vl)])
+            return {name: t.to(dev) if t is not None else None for name, t in dict(
+                stats=stats, shards=shards, drafts=drafts, temps=temps, key=key).items()} | dict(v=v, draft=sampled)
+
+        yield Case("dist_verify_decide", dict(N=n, K=k, P=SHARDS, mode=mode), fl, inputs,
+                   lambda b, x: D.ops.verify_decide(x["stats"], x["shards"], None, None, 0, x["drafts"], None, None,
+                                                    None, None, x["temps"], x["key"], None, "token", x["draft"],
+                                                    TOP_M, x["v"], b))
+
+
+def dist_verify_residual_cases(dev, grid):
+    """The exact residual pass of shard 1 of P for block verification: every row of every request planned, float32
+    draft rows."""
+    import dspark_kernels.distributed as D
+    from dspark_kernels.distributed import layout as L
+    for n, k, v, dt in itertools.product(grid["N"], grid["K"], grid["V"], grid["dtype"]):
+        dtype, vl = DTYPES[dt], v // SHARDS
+        esize = torch.empty(0, dtype=dtype).element_size()
+        fl = floors.dist_verify_residual(n, k, vl, target_bytes=esize, draft_logits_bytes=4)
+
+        def inputs(n=n, k=k, v=v, vl=vl, dtype=dtype):
+            g = _gen(6, dev)
+            plan = torch.zeros(n, k, L.PLAN_WIDTH, device=dev)
+            plan[..., L.PLAN_ROW] = torch.arange(k, device=dev).float()
+            plan[..., L.PLAN_NEED], plan[..., L.PLAN_RHO] = 1.0, 0.5
+            plan[..., L.PLAN_T_MAX], plan[..., L.PLAN_T_SUM] = 4.0, float(v)
+            plan[..., L.PLAN_Q_MAX], plan[..., L.PLAN_Q_SUM] = 4.0, float(v)
+            return dict(target=_randn((n, k + 1, vl), dev, dtype, g), draft=_randn((n, k, vl), dev, torch.float32, g),
+                        drafts=torch.randint(0, v, (n, k), device=dev, generator=g), plan=plan,
+                        temps=torch.ones(n, device=dev), key=_shard_key(dev), v=v, vl=vl)
+
+        yield Case("dist_verify_residual", dict(N=n, K=k, V=v, P=SHARDS, dtype=dt, mode="sampled"), fl, inputs,
+                   lambda b, x: D.ops.verify_residual(x["target"], None, x["drafts"], x["draft"], x["plan"],
+                                                      x["temps"], x["key"], x["vl"], x["v"], b))
+
+
+def dist_draft_step_cases(dev, grid):
+    """One position of the Markov head on shard 1 of P (r = 256): greedy, or sampled with the shard's logits."""
+    import dspark_kernels.distributed as D
+    for n, v, dt, mode in itertools.product(grid["N"], grid["V"], grid["dtype"], grid["mode"]):
+        dtype, sampled, vl = DTYPES[dt], mode == "sampled", v // SHARDS
+        esize = torch.empty(0, dtype=dtype).element_size()
+        fl = floors.dist_draft_step(n, vl, RANK, u_bytes=esize, w_bytes=esize, return_logits=sampled)
+
+        def inputs(n=n, vl=vl, dtype=dtype, sampled=sampled):
+            g = _gen(7, dev)
+            return dict(base=_randn((n, vl), dev, dtype, g), v=_randn((n, RANK), dev, torch.float32, g),
+                        w2=_randn((vl, RANK), dev, dtype, g) * 0.05, temps=torch.ones(n, device=dev) if sampled
+                        else None, key=_shard_key(dev), vl=vl, ret=sampled)
+
+        yield Case("dist_draft_step", dict(N=n, V=v, P=SHARDS, dtype=dt, mode=mode, r=RANK), fl, inputs,
+                   lambda b, x: D.ops.draft_step(x["base"], x["v"], x["w2"], x["temps"], x["key"], 0, x["vl"],
+                                                 x["ret"], b))
+
+
 def cases_for(op, dev, grid, preset):
     return {"rng_uniform": lambda: rng_uniform_cases(dev, grid),
             "draft_block": lambda: draft_block_cases(dev, grid, HIDDEN[preset]),
             "verify_chain": lambda: verify_chain_cases(dev, grid),
             "accept_prefix_scan": lambda: accept_prefix_scan_cases(dev, grid),
-            "schedule_verify_lens": lambda: schedule_verify_lens_cases(dev, grid)}[op]()
+            "schedule_verify_lens": lambda: schedule_verify_lens_cases(dev, grid),
+            "dist_verify_stats": lambda: dist_verify_stats_cases(dev, grid),
+            "dist_verify_decide": lambda: dist_verify_decide_cases(dev, grid),
+            "dist_verify_residual": lambda: dist_verify_residual_cases(dev, grid),
+            "dist_draft_step": lambda: dist_draft_step_cases(dev, grid)}[op]()
 
 
 # ------------------------------------------------------------------------------------------------ peers
