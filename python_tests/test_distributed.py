@@ -145,9 +145,9 @@ def _group_one_token_shards(rank, world):
     check_draft(rank, spans, vocab, 4, 3, ("gated",), (0.0, mixed_temps(4)))
 
 
-def _group_large_vocab(rank, world):
+def _group_large_vocab(rank, world, backend="auto"):
     """V = 32003 over 2 ranks: draft_block (return_logits) feeding verify_chain with its shard of the draft logits
-    and its draft_logprobs, against the unsharded chain."""
+    and its draft_logprobs, against the unsharded chain. ``backend``: of the local pieces."""
     vocab, n, k = 32003, 3, 3
     spans = shard_spans(even_sizes(vocab, world))
     start, size = spans[rank]
@@ -157,7 +157,8 @@ def _group_large_vocab(rank, world):
                            return_logits=True, backend="reference")
     shard = dk.MarkovHead("rnn", head.w1, head.w2[start:start + size], wj=head.wj, bj=head.bj)
     out_d = D.draft_block(base[..., start:start + size], anchors, shard, vocab_start=start, vocab_size=vocab,
-                          hidden=hidden, confidence=conf, temperature=temps, seed=2, return_logits=True)
+                          hidden=hidden, confidence=conf, temperature=temps, seed=2, return_logits=True,
+                          backend=backend)
     assert torch.equal(ref_d.tokens, out_d.tokens)
     target = ref_d.logits.new_zeros(n, k + 1, vocab)
     target[:, :k] = ref_d.logits + torch.randn(n, k, vocab, generator=torch.Generator().manual_seed(3))
@@ -167,8 +168,21 @@ def _group_large_vocab(rank, world):
                               temperature=temps, seed=9, method=method, backend="reference")
         out = D.verify_chain(target[..., start:start + size], out_d.tokens, vocab_start=start, vocab_size=vocab,
                              draft_logits_shard=out_d.logits, draft_logprobs=out_d.draft_logprobs,
-                             temperature=temps, seed=9, method=method)
+                             temperature=temps, seed=9, method=method, backend=backend)
         assert all(torch.equal(a, b) for a, b in zip(ref, out)), (method, ref, out)
+
+
+def _group_cuda_one_token_shards(rank, world):
+    """P = 4 with two one-token shards holding argmaxes and drafts (NaN, +inf and all -inf rows): the CUDA pieces."""
+    vocab = 1000
+    spans = shard_spans([1, 499, 499, 1], order=[2, 0, 3, 1])
+    inp = verify_inputs(6, 3, vocab, seed=1, force_tokens=(0, 999, 999))
+    inp["drafts"][3] = torch.tensor([0, 999, 999])
+    inp["target"][4, 1, 500] = float("nan")
+    inp["target"][5, 2] = float("-inf")
+    inp["draft"][3, 0, 7] = float("inf")
+    check_verify(rank, spans, vocab, inp, verify_modes(inp), backend="cuda")
+    check_draft(rank, spans, vocab, 4, 3, ("gated",), (0.0, mixed_temps(4)), backend="cuda")
 
 
 def _group_cuda_pieces(rank, world):
@@ -186,10 +200,13 @@ def _group_cuda_pieces(rank, world):
 
 
 def test_sharded_ops_with_the_cuda_pieces(cuda_device):
-    """P = 3 with every mode; P = 2 with a certificate failure that forces the second exchange."""
+    """P = 3 with every mode; P = 4 with one-token shards; P = 2 over V = 32003 (draft_block feeding verify_chain)
+    and with a certificate failure that forces the second exchange."""
     if cuda_device.type != "cpu":
         pytest.skip("gloo groups of CPU processes: the SIMT harness on each rank")
     spawn(3, _group_cuda_pieces)
+    spawn(4, _group_cuda_one_token_shards)
+    spawn(2, _group_large_vocab, "cuda")
     spawn(2, _certificate_case, "cuda")
 
 
