@@ -10,6 +10,7 @@ import torch
 
 import dspark_kernels as dk
 from dspark_kernels import _ext
+from dspark_kernels.distributed.ops import CUDA_PIECES, piece_backend
 from dspark_kernels.ops._common import resolve_backend
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
@@ -35,12 +36,17 @@ def test_auto_on_a_gpu_picks_cuda_only_for_ops_with_a_cuda_kernel(monkeypatch):
     library is stood in for by one holding what the launchers register, so nothing is built here (CI's compile
     check builds every unit; a GPU run loads the real library)."""
     ops = _ops_the_launchers_register()
-    assert ops == {"rng_uniform_", "draft_block", "verify_chain", "accept_prefix_scan", "schedule_verify_lens"}
+    pieces = {"verify_stats", "verify_decide", "verify_residual", "draft_step"}   # dspark_kernels.distributed
+    assert ops == {"rng_uniform_", "draft_block", "verify_chain", "accept_prefix_scan", "schedule_verify_lens"} | pieces
+    assert set(CUDA_PIECES) == pieces
     library = types.SimpleNamespace(**{op: object() for op in ops})
     monkeypatch.setattr(_ext, "is_available", lambda: True)
     monkeypatch.setattr(_ext, "load", lambda: library)
     for op in ops:
         assert resolve_backend("auto", GPU, op) == "cuda"
+    for piece in pieces:
+        assert piece_backend("auto", GPU, piece) == "cuda" == piece_backend("cuda", GPU, piece)
+    assert piece_backend("auto", GPU, "draft_logprobs") == "reference"
     assert resolve_backend("auto", GPU, "no_such_op") == "triton"
     with pytest.raises(ValueError, match="no no_such_op kernel"):
         resolve_backend("cuda", GPU, "no_such_op")

@@ -112,5 +112,8 @@ def test_cuda_draft_step_opcheck_and_bad_input(cuda_device):
     for (b, vv, ww), msg in bad:
         with pytest.raises(RuntimeError, match=msg):
             D.ops.draft_step(b, vv, ww, None, key, 0, 0, False, "cuda")
+    wide = torch.zeros(3, 8000)   # the shared v tile of 8 requests holds r <= (227 KB - the static part) / 32 B
+    with pytest.raises(RuntimeError, match=r"v must have r in \[1, 71\d\d\] columns"):
+        D.ops.draft_step(base, wide, torch.zeros(40, 8000), None, key, 0, 0, False, "cuda")
     with pytest.raises(RuntimeError, match=r"vocab_start \+ Vl\) = \[16777200, 16777240\)"):
         D.ops.draft_step(base, v, w2, None, key, 0, 2 ** 24 - 16, False, "cuda")

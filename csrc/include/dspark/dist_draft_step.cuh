@@ -194,7 +194,12 @@ inline cudaError_t launch_sweep(const DistDraftStepParams& p, SplitV sv, draft::
 
 // The largest R the sweep's shared v tile allows for N requests on the current device.
 inline int64_t dist_draft_step_max_rank(int64_t N) {
-  return static_cast<int64_t>(device_max_smem_per_block() / (sizeof(float) * dist_draft::tile_for(N))) - 64;
+  const size_t tile = static_cast<size_t>(dist_draft::tile_for(N));
+  // the sweep's static shared memory: the warps' Parts, the tile's temperatures, the key (and alignment slack)
+  const size_t fixed =
+      sizeof(draft::Part) * dist_draft::kWarps * tile + sizeof(float) * tile + sizeof(rng::Philox) + 64;
+  const size_t smem = device_max_smem_per_block();
+  return smem > fixed ? static_cast<int64_t>((smem - fixed) / (sizeof(float) * tile)) : 0;
 }
 
 // Workspace bytes for these sizes (the per-(request, chunk) partials).
