@@ -10,7 +10,7 @@ import torch
 
 import dspark_kernels as dk
 from dspark_kernels import _ext
-from dspark_kernels.distributed.ops import CUDA_PIECES, piece_backend
+from dspark_kernels.distributed.ops import KERNEL_PIECES, piece_backend
 from dspark_kernels.ops._common import resolve_backend
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
@@ -38,7 +38,7 @@ def test_auto_on_a_gpu_picks_cuda_only_for_ops_with_a_cuda_kernel(monkeypatch):
     ops = _ops_the_launchers_register()
     pieces = {"verify_stats", "verify_decide", "verify_residual", "draft_step"}   # dspark_kernels.distributed
     assert ops == {"rng_uniform_", "draft_block", "verify_chain", "accept_prefix_scan", "schedule_verify_lens"} | pieces
-    assert set(CUDA_PIECES) == pieces
+    assert set(KERNEL_PIECES) == pieces
     library = types.SimpleNamespace(**{op: object() for op in ops})
     monkeypatch.setattr(_ext, "is_available", lambda: True)
     monkeypatch.setattr(_ext, "load", lambda: library)

@@ -11,7 +11,7 @@ import torch
 
 import dspark_kernels  # noqa: F401  (defines the ops)
 from cpp_sources import registration_schemas
-from dspark_kernels.distributed.ops import CUDA_PIECES as DIST_CUDA_PIECES
+from dspark_kernels.distributed.ops import KERNEL_PIECES as DIST_CUDA_PIECES
 from dspark_kernels.ops._registry import OPS, CudaKernel, TritonKernel, schema_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -25,7 +25,6 @@ a piece with a backend it does not have raises; the composite ops pick per piece
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -36,32 +35,15 @@ from ..ops._registry import CudaKernel
 from . import layout as L
 from . import local_draft, local_verify
 
-LOCAL_BACKENDS = ("auto", "cuda", "reference", "triton")
-TRITON_PIECES = ("verify_stats", "verify_decide", "draft_step", "verify_residual")   # the pieces with a Triton kernel
-CUDA_PIECES = ("verify_stats", "verify_decide", "draft_step", "verify_residual")   # the pieces with a CUDA kernel (torch.ops.dspark_C.<piece>)
+KERNEL_PIECES = ("verify_stats", "verify_decide", "draft_step", "verify_residual")   # Triton and CUDA kernels
 
 
 def piece_backend(backend: Optional[str], device: torch.device, piece: str) -> str:
-    """The backend a composite op (``distributed.verify_chain`` / ``draft_block``) uses for one local piece.
-
-    For a piece with a CUDA kernel, "auto" and "cuda" follow ``dk``'s rule (``ops._common.resolve_backend``:
-    "cuda" on a GPU where the extension has the kernel, and on CPU tensors under ``DSPARK_SIMT=1``). A piece without
-    one runs its Triton kernel where "triton" is asked for or the tensors are on a GPU, else the reference."""
-    if backend is None:
-        backend = "auto"
-    if backend not in LOCAL_BACKENDS:
-        raise ValueError(f"backend must be one of {LOCAL_BACKENDS}, got {backend!r}")
-    if piece in CUDA_PIECES and backend in ("auto", "cuda"):
-        backend = resolve_backend(backend, device, piece)
-    elif backend == "cuda":
-        backend = "auto"
-    if backend == "cuda":
-        return backend
-    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"backend='triton' needs tensors on a GPU, or TRITON_INTERPRET=1 for CPU tensors; "
-                         f"got {device}")
-    wants_triton = backend == "triton" or (backend == "auto" and device.type == "cuda")
-    return "triton" if wants_triton and piece in TRITON_PIECES else "reference"
+    """The backend a composite op (``distributed.verify_chain`` / ``draft_block``) uses for one local piece: ``dk``'s
+    rule (``ops._common.resolve_backend``: "auto" is "cuda" on a GPU whose extension has the kernel, "triton" on
+    another GPU, the reference on the CPU; "cuda" on CPU tensors runs the SIMT harness under ``DSPARK_SIMT=1``) for
+    the pieces with kernels, the reference for ``draft_logprobs``."""
+    return resolve_backend(backend, device, piece) if piece in KERNEL_PIECES else "reference"
 
 
 _ROWS_ANY_STRIDE = {"draft_step": (0,)}   # inputs whose launcher takes rows any stride apart (U_k, a slice of U)
@@ -79,15 +61,22 @@ def _cuda_kernel(piece: str):
     return lambda *args: kernel(*(ready(i, a) for i, a in enumerate(args)))
 
 
+def _register_fakes(piece: str, op, fake) -> None:
+    """``fake`` (a function of the op's parameters without ``backend``) for ``dspark_dist::<piece>`` (``op``) and for
+    the extension's ``dspark_C::<piece>`` / ``dspark_simt::<piece>``."""
+    op.register_fake(lambda *args: fake(*args[:-1]))
+    _ext.register_fake(piece, fake)
+
+
 def _impl(piece: str, backend: str, reference_impl):
     """The implementation of ``piece`` for a concrete backend string (the custom ops' dispatch)."""
     if backend == "reference":
         return reference_impl
-    if backend == "cuda" and piece in CUDA_PIECES:
+    if backend not in ("cuda", "triton") or piece not in KERNEL_PIECES:
+        raise ValueError(f"dspark_dist::{piece} has no {backend!r} backend (Triton and CUDA: "
+                         f"{', '.join(KERNEL_PIECES)})")
+    if backend == "cuda":
         return _cuda_kernel(piece)
-    if backend != "triton" or piece not in TRITON_PIECES:
-        raise ValueError(f"dspark_dist::{piece} has no {backend!r} backend (Triton: {', '.join(TRITON_PIECES)}; "
-                         f"CUDA: {', '.join(CUDA_PIECES)})")
     from .. import triton as _patched  # noqa: F401  (the interpreter fix of the oldest supported Triton)
     if piece == "draft_step":
         from .triton_draft import draft_step
@@ -118,8 +107,7 @@ def _verify_stats_fake(target_shard, cu_seqlens, draft_tokens, draft_logits_shar
     return draft_tokens.new_empty((n, k + 1, width), dtype=torch.float32)
 
 
-verify_stats.register_fake(lambda *args: _verify_stats_fake(*args[:-1]))
-_ext.register_fake("verify_stats", _verify_stats_fake)
+_register_fakes("verify_stats", verify_stats, _verify_stats_fake)
 
 
 @torch.library.custom_op("dspark_dist::verify_decide", mutates_args=())
@@ -149,8 +137,7 @@ def _verify_decide_fake(stats, shards, residual, cu_seqlens, num_rows, draft_tok
             new((n, plan_slots(temperature is not None, method, k), L.PLAN_WIDTH), dtype=torch.float32))
 
 
-verify_decide.register_fake(lambda *args: _verify_decide_fake(*args[:-1]))
-_ext.register_fake("verify_decide", _verify_decide_fake)
+_register_fakes("verify_decide", verify_decide, _verify_decide_fake)
 
 
 @torch.library.custom_op("dspark_dist::verify_residual", mutates_args=())
@@ -166,8 +153,7 @@ def _verify_residual_fake(target_shard, cu_seqlens, draft_tokens, draft_logits_s
     return plan.new_empty((plan.shape[0], plan.shape[1], L.RES_WIDTH))
 
 
-verify_residual.register_fake(lambda *args: _verify_residual_fake(*args[:-1]))
-_ext.register_fake("verify_residual", _verify_residual_fake)
+_register_fakes("verify_residual", verify_residual, _verify_residual_fake)
 
 
 @torch.library.custom_op("dspark_dist::draft_step", mutates_args=())
@@ -185,8 +171,7 @@ def _draft_step_fake(base_logits_k, v, w2_shard, temperature, rng_key, position,
             new((n, local) if return_logits else (0,), dtype=torch.float32))
 
 
-draft_step.register_fake(lambda *args: _draft_step_fake(*args[:-1]))
-_ext.register_fake("draft_step", _draft_step_fake)
+_register_fakes("draft_step", draft_step, _draft_step_fake)
 
 
 @torch.library.custom_op("dspark_dist::draft_logprobs", mutates_args=())

@@ -102,18 +102,19 @@ __global__ void __launch_bounds__(kThreads, 2) stats_kernel(DistVerifyStatsParam
   const rng::Philox ph = sampled ? shared_ph : rng::Philox{};
   const int64_t toff = p.target.offset(n, j, p.K, p.Vl);
   const void* trow = toff >= 0 ? p.target.row(toff) : nullptr;
-  const int64_t jq = j < p.K - 1 ? j : p.K - 1;
-  const void* drow = draft ? static_cast<const char*>(p.draft_logits) +
-                                 static_cast<size_t>((n * p.K + jq) * p.Vl) * (p.draft_dtype == DType::kFloat32 ? 4 : 2)
-                           : nullptr;
+  const int64_t doff = (n * p.K + (j < p.K - 1 ? j : p.K - 1)) * p.Vl;  // row K reads draft row K-1 (unused)
   const bool read_q = draft && j < p.K;
+  auto target_at = [&](int64_t c) {  // scaled; a packed shard without rows reads zeros, as the reference
+    return toff >= 0 ? load_float(p.target.data, p.target.dtype, toff + c) / t : 0.0f;
+  };
+  auto draft_at = [&](int64_t c) { return load_float(p.draft_logits, p.draft_dtype, doff + c) / t; };
   RowStats mine = RowStats::empty();
   auto visit = [&](int64_t c, float logit, uint64_t floor) {
     mine.amax.update(logit, c);
     if (!sampled) return;
     const float x = logit / t;
     mine.t.add(x);
-    if (read_q) mine.q.add(load_float(drow, p.draft_dtype, c) / t);
+    if (read_q) mine.q.add(draft_at(c));
     const int64_t id = p.vocab_start + c;
     const uint64_t key = top_select::rank_key(gumbel_score(x, ph.uniform(n, j, rng::kStreamResidual, id)), id);
     if (key > floor) top_select::push(sel, key);
@@ -135,9 +136,6 @@ __global__ void __launch_bounds__(kThreads, 2) stats_kernel(DistVerifyStatsParam
   }
   const RowStats all = block_allreduce(mine, scratch);
   float* out = p.out + row_id * p.width;
-  auto logit_at = [&](const void* row, DType dt, int64_t c) {  // scaled
-    return row != nullptr ? load_float(row, dt, c) / t : 0.0f;
-  };
   if (threadIdx.x == 0) {
     stg(out + kAmaxVal, all.amax.value);
     stg(out + kAmaxId, static_cast<float>(p.vocab_start + all.amax.index));
@@ -146,12 +144,12 @@ __global__ void __launch_bounds__(kThreads, 2) stats_kernel(DistVerifyStatsParam
       stg(out + kTSum, all.t.st.s);
       stg(out + kTBad, all.t.bad ? 1.0f : 0.0f);
       const int64_t c = owned_draft(p, n, j);
-      stg(out + kTAt, c >= 0 ? logit_at(trow, p.target.dtype, c) : neg_inf());
+      stg(out + kTAt, c >= 0 ? target_at(c) : neg_inf());
       if (draft) {
         stg(out + kQMax, read_q ? all.q.st.m : neg_inf());
         stg(out + kQSum, read_q ? all.q.st.s : 0.0f);
         stg(out + kQBad, read_q && all.q.bad ? 1.0f : 0.0f);
-        stg(out + kQAt, c >= 0 ? logit_at(drow, p.draft_dtype, c) : neg_inf());
+        stg(out + kQAt, c >= 0 ? draft_at(c) : neg_inf());
       }
       const int64_t bound = bound_slot(draft);
       stg(out + bound, kept > p.top_m ? top_select::rank_key_value(sel.keys[p.top_m]) : neg_inf());
@@ -164,8 +162,8 @@ __global__ void __launch_bounds__(kThreads, 2) stats_kernel(DistVerifyStatsParam
     const bool real = i < kept;
     const int64_t id = real ? top_select::rank_key_id(sel.keys[i]) : 0;
     stg(cand, real ? top_select::rank_key_value(sel.keys[i]) : neg_inf());
-    stg(cand + 1, real ? logit_at(trow, p.target.dtype, id - p.vocab_start) : neg_inf());
-    if (draft) stg(cand + 2, real ? logit_at(drow, p.draft_dtype, id - p.vocab_start) : neg_inf());
+    stg(cand + 1, real ? target_at(id - p.vocab_start) : neg_inf());
+    if (draft) stg(cand + 2, real ? draft_at(id - p.vocab_start) : neg_inf());
     stg(cand + cf - 1, real ? static_cast<float>(id) : dist::kEmptyId);
   }
 }
