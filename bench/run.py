@@ -44,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from cases import BACKENDS, DTYPES, GRIDS, OPS, backends_for, cases_for, flashinfer_runner  # noqa: E402
-from e2e import end_to_end  # noqa: E402
+from e2e import end_to_end, smollm2_rows  # noqa: E402
 from machine import machine_id, machine_info  # noqa: E402
 from output import SCHEMA, case_str, fmt_bytes, fmt_time, print_e2e, print_structural, print_table  # noqa: E402
 from output import write_outputs  # noqa: E402
@@ -113,6 +113,8 @@ def time_grid(ops, backends, grid, preset, dev, timer, copy_gbps, fi, time_budge
 def run_e2e(dev, preset: str) -> List[dict]:
     try:
         rows = end_to_end(dev, preset)
+        if dev.type == "cpu":
+            rows += smollm2_rows(preset)
         print_e2e(rows)
     except Exception as e:  # noqa: BLE001 - the record keeps the failure
         rows = [dict(name="end to end", error=f"{type(e).__name__}: {e}"[:300])]

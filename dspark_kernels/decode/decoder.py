@@ -73,25 +73,31 @@ _now = time.perf_counter  # the host clock (a module attribute so tests can subs
 
 
 class _Clock:
-    """Phase timer: CUDA events on a GPU (read once at the end), perf_counter on the CPU."""
+    """Phase timer: CUDA events on a GPU (read once at the end), perf_counter on the CPU. Each mark closes a segment
+    that counts toward a phase (draft / verify / bookkeeping) and names a part of it; with ``profile`` the step
+    also marks its parts (drafter backbone, each op, the target forward), reported by ``split``."""
 
-    def __init__(self, device):
-        self.cuda, self.marks, self.warm_at = device.type == "cuda", [], None
+    def __init__(self, device, profile: bool = False):
+        self.cuda, self.marks, self.warm_at, self.profile = device.type == "cuda", [], None, profile
 
-    def mark(self, phase: Optional[str]):
+    def mark(self, phase: Optional[str], part: Optional[str] = None):
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
-            self.marks.append((phase, ev))
+            self.marks.append((phase, part or phase, ev))
         else:
-            self.marks.append((phase, _now()))
+            self.marks.append((phase, part or phase, _now()))
+
+    def detail(self, phase: str, part: str):
+        """A mark that only a profiling run makes (so the default run's marks stay one per phase)."""
+        if self.profile:
+            self.mark(phase, part)
 
     def end_warmup(self):
         """The warm-up ends at the latest mark: totals(warm=False) starts there."""
         self.warm_at = len(self.marks) - 1
 
-    def totals(self, warm: bool = False) -> dict:
-        """Phase times after the warm-up (``warm=False``; all marks if it never ended) or of the warm-up alone."""
+    def _segments(self, warm: bool):
         if self.cuda:
             torch.cuda.synchronize()
         w = self.warm_at
@@ -99,10 +105,21 @@ class _Clock:
             marks = [] if warm else self.marks
         else:
             marks = self.marks[:w + 1] if warm else self.marks[w:]
+        for (_, _, a), (phase, part, b) in zip(marks, marks[1:]):
+            yield phase or "bookkeeping", part or "bookkeeping", (a.elapsed_time(b) / 1e3 if self.cuda else b - a)
+
+    def totals(self, warm: bool = False) -> dict:
+        """Phase times after the warm-up (``warm=False``; all marks if it never ended) or of the warm-up alone."""
         out = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
-        for (_, a), (phase, b) in zip(marks, marks[1:]):
-            dt = a.elapsed_time(b) / 1e3 if self.cuda else b - a
-            out[phase or "bookkeeping"] = out.get(phase or "bookkeeping", 0.0) + dt
+        for phase, _, dt in self._segments(warm):
+            out[phase] = out.get(phase, 0.0) + dt
+        return out
+
+    def split(self) -> dict:
+        """Time per part after the warm-up (meaningful with ``profile``)."""
+        out = {}
+        for _, part, dt in self._segments(False):
+            out[part] = out.get(part, 0.0) + dt
         return out
 
 
@@ -170,6 +187,8 @@ class _StatsAccumulator:
         times["timed"] = timed
         times["warmup"] = sum(clock.totals(warm=True).values())
         times["total"] = wall
+        if clock.profile:
+            times["split"] = clock.split()
         with_warmup = generated / wall if wall > 0 else 0.0
         steady = steady and timed > 0
         return GenerationStats(
@@ -291,12 +310,14 @@ class SpeculativeDecoder:
         # 1-3: draft a block per request, choose verify lengths
         ctx_len = b.prompt_context + min(b.max_new_tokens, step * (k + 1))
         base, hidden = self.drafter.forward_block(b.anchors, b.seq_lens - 1, ctx_len)
+        clock.detail("draft", "drafter")
         drafts = dk.draft_block(base, b.anchors, self.head, hidden=hidden, confidence=call.confidence,
                                 temperature=temp, seed=self.seed, offset=2 * step, return_logits=temp > 0,
                                 top_k=self.draft_top_k, backend=self.backend)
+        clock.detail("draft", "draft_block")
         verify_lens = torch.where(b.finished, 0, self._schedule(call.scheduler, drafts, b.prev_survival, k).int())
         cu = torch.nn.functional.pad((verify_lens + 1).cumsum(0), (1, 0)).int()
-        clock.mark("draft")
+        clock.mark("draft", "schedule_verify_lens")
         num_rows, num_active, generated = _host_read(torch.stack([cu[-1].long(), (~b.finished).sum(),
                                                                   b.generated.sum()]))
         result = StepResult(drafts, verify_lens, num_rows, num_active, generated)
@@ -308,7 +329,9 @@ class SpeculativeDecoder:
         j = rows - cu[requests]
         tokens = torch.where(j == 0, b.anchors[requests], drafts.tokens[requests, (j - 1).clamp(min=0)])
         positions = (b.seq_lens[requests] - 1 + j).long()
+        clock.detail("verify", "rest")
         out = self.target(tokens, positions, cu, k + 1, ctx_len + k + 1)
+        clock.detail("verify", "target")
         # draft_logprobs: the accept tests use log q(d) from the drafter, so only rejected draft rows are read;
         # top-k rows come with their candidates' target ids, full rows with the head's map (if any)
         mapped = drafts.logits is not None and drafts.candidates is None
@@ -317,7 +340,7 @@ class SpeculativeDecoder:
             draft_to_target=self.head.draft_to_target if mapped else None, draft_candidates=drafts.candidates,
             draft_logprobs=drafts.draft_logprobs if drafts.logits is not None else None, temperature=temp,
             seed=self.seed, offset=2 * step + 1, stop_token_ids=stops, method=self.method, backend=self.backend)
-        clock.mark("verify")
+        clock.mark("verify", "verify_chain")
         # 6: commit. The target's paged KV needs no copy: positions past new_seq_lens - 1 are simply not read and
         # get overwritten. Finished requests emit nothing (their length limit is their current length).
         cache = b.cache
@@ -325,7 +348,7 @@ class SpeculativeDecoder:
                                      verify_cu_seqlens=cu, block_table=cache.block_table, block_size=cache.block_size,
                                      max_seq_lens=torch.where(b.finished, b.seq_lens, b.max_seq_lens),
                                      stop_token_ids=stops, backend=self.backend)
-        clock.mark("bookkeeping")
+        clock.mark("bookkeeping", "accept_prefix_scan")
         # The drafter context gains the hidden states of the committed rows [anchor, d_1..d_n] at their KV slots
         # (the scan's hidden_rows / kv_slots, -1 padded past cu_out[N]). A padding entry i rewrites verify row i
         # at its own slot: a committed row (the same value again) or a stale one past the committed length.
@@ -333,7 +356,7 @@ class SpeculativeDecoder:
         src = torch.where(kept >= 0, kept, rows)
         self.drafter.write_context(out.hidden[src], positions[src],
                                    torch.where(kept >= 0, scan.kv_slots[:num_rows], cache.slots(requests, positions)))
-        clock.mark("draft")
+        clock.mark("draft", "drafter")
         return result._replace(verified=verified, scan=scan)
 
     @staticmethod
@@ -354,9 +377,11 @@ class SpeculativeDecoder:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
                  stop_token_ids: Sequence[int] = (), scheduler: Optional[Scheduler] = None, progress: bool = False,
-                 log: Optional[dict] = None) -> GenerationResult:
+                 log: Optional[dict] = None, profile: bool = False) -> GenerationResult:
         """Generate for a batch of token-id prompts. ``log`` (a dict) receives per-step conf_logits, verify_lens
-        and num_accepted tensors for calibration. Returns tokens (cut after the first stop token) and stats."""
+        and num_accepted tensors for calibration. ``profile`` adds ``stats.time_s["split"]``: seconds per part of
+        the steps after the warm-up (drafter, draft_block, schedule_verify_lens, target, verify_chain,
+        accept_prefix_scan, rest). Returns tokens (cut after the first stop token) and stats."""
         scheduler = scheduler or Scheduler()
         prompts = [[int(t) for t in p] for p in prompts]
         capacity = self._check(prompts, max_new_tokens, scheduler, self.drafter.block_size)
@@ -367,7 +392,7 @@ class SpeculativeDecoder:
             b = self._prefill(prompts, max_new_tokens, capacity)
             stats = _StatsAccumulator(self.drafter.block_size, dev)
             bar = _progress(progress, n * max_new_tokens)
-            clock = _Clock(dev)
+            clock = _Clock(dev, profile)
             t0 = _now()
             clock.mark(None)
             while True:
@@ -383,7 +408,7 @@ class SpeculativeDecoder:
                 stats.add(step, was_finished)
                 if log is not None:
                     _log_step(log, step, was_finished)
-                clock.mark("bookkeeping")
+                clock.mark("bookkeeping", "rest")
                 if stats.steps == 1:
                     clock.end_warmup()  # step 0 is the warm-up step: timed apart (host-side mark, no sync)
             wall = _now() - t0

@@ -15,6 +15,8 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
+from . import batch_invariant
+
 
 class PagedKVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_seqs: int, max_seq_len: int, *,
@@ -81,7 +83,11 @@ def ragged_batch(cache: PagedKVCache, positions: torch.Tensor, cu_seqlens: torch
 
 
 def ragged_attention(q: torch.Tensor, cache: PagedKVCache, layer: int, b: RaggedBatch, scale: float) -> torch.Tensor:
-    """q ``[T, H, D]`` (rows already written to the cache) -> ``[T, H * D]``; causal by position, per request."""
+    """q ``[T, H, D]`` (rows already written to the cache) -> ``[T, H * D]``; causal by position, per request.
+    16-bit CPU tensors go through the batch-invariant kernel (``batch_invariant.row_attention``)."""
+    if q.dtype == cache.k.dtype and batch_invariant.enabled_for(q, cache.k):
+        req = torch.div(b.pad_index, b.max_q, rounding_mode="floor")
+        return batch_invariant.row_attention(q, cache.k[layer], cache.v[layer], b.kv_slots, req, b.pos, scale)
     t, h, d = q.shape
     qp = q.new_zeros(b.num_seqs * b.max_q, h, d).index_copy_(0, b.pad_index, q)
     qp = qp.view(b.num_seqs, b.max_q, h, d).transpose(1, 2)

@@ -1,7 +1,9 @@
 """A compact Qwen3 / Llama target model over packed ragged tokens and a paged KV cache.
 
-Parameter names follow the Hugging Face layout without the ``model.`` prefix (``layers.0.self_attn.q_proj.weight``,
-``norm.weight``, ``lm_head.weight``), so a checkpoint's state dict loads directly (see ``checkpoint.py``).
+Linear layers are ``RowLinear``: batch-invariant on CPU tensors with 16-bit weights (``batch_invariant.py``), so a token
+scores the same in a 1-row decode forward and an 8-row verify forward. Parameter names follow the Hugging Face
+layout without the ``model.`` prefix (``layers.0.self_attn.q_proj.weight``, ``norm.weight``, ``lm_head.weight``), so
+a checkpoint's state dict loads directly (see ``checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .kv_cache import PagedKVCache, RaggedBatch, ragged_attention, ragged_batch
+from .batch_invariant import RowLinear
 
 
 @dataclass
@@ -117,10 +120,10 @@ class Attention(nn.Module):
         super().__init__()
         h, kv, d, bias = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.attention_bias
         self.h, self.kv, self.d = h, kv, d
-        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
-        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=bias)
+        self.q_proj = RowLinear(cfg.hidden_size, h * d, bias=bias)
+        self.k_proj = RowLinear(cfg.hidden_size, kv * d, bias=bias)
+        self.v_proj = RowLinear(cfg.hidden_size, kv * d, bias=bias)
+        self.o_proj = RowLinear(h * d, cfg.hidden_size, bias=bias)
         if qk_norm:
             self.q_norm, self.k_norm = RMSNorm(d, cfg.rms_norm_eps), RMSNorm(d, cfg.rms_norm_eps)
         else:
@@ -142,9 +145,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_proj = RowLinear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = RowLinear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = RowLinear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -189,7 +192,7 @@ class TargetModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, cfg.qk_norm) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = RowLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RopeTable(cfg)

