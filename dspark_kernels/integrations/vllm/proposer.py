@@ -14,8 +14,8 @@ Per step: the package's drafter (``dspark_kernels.decode.DSparkDrafter``: its ba
 target's embedding and LM head shared) gives base logits and hidden states for the block ``[anchor, MASK x
 (block-1)]``; ``dk.draft_block`` runs the Markov and confidence heads; ``dk.schedule_verify_lens`` ("exact" /
 "argmax", with a cost table) or the fixed K chooses how many drafts each request sends (vLLM accepts ragged
-draft lists from this hook). Drafts are greedy: the hook returns tokens only, so vLLM verifies them as one-hot
-proposals, which is lossless for any proposal.
+draft lists from this hook). A drafter over a reduced vocabulary (``draft_vocab_size``) drafts through its
+draft-to-target map, so vLLM always receives target ids.
 
 Options travel in the class name (``speculative_config`` writes it), so every engine process rebuilds the same
 proposer from ``speculative_config["model"]`` alone.
@@ -256,6 +256,9 @@ class DSparkProposer:
         if sampled:  # the distributions the drafts were drawn from (greedy rows: unused by vLLM's greedy rule)
             t = torch.where(temp > 0, temp, 1.0).view(n, 1, 1)
             probs = torch.softmax(d.logits[:, :self.k].float() / t, dim=-1)
+            if self.head.draft_to_target is not None:  # over the draft ids: vLLM wants them over the target's
+                full = probs.new_zeros(n, self.k, self.drafter.config.backbone.vocab_size)
+                probs = full.index_copy_(2, self.head.draft_to_target.long(), probs)
         lens = self._verify_lens(d, n, dev)
         tokens, lens = d.tokens[:, :self.k].tolist(), lens.tolist()  # the step's one host read
         return [t[:length] for t, length in zip(tokens, lens)], probs
@@ -276,15 +279,20 @@ def _default_sts(opts):
 
 
 def _heads(drafter, sts):
-    """``dk.MarkovHead`` / ``dk.ConfidenceHead`` views of the drafter's weights (a zero rank-1 head without one)."""
-    m = drafter.markov_head
+    """``dk.MarkovHead`` / ``dk.ConfidenceHead`` views of the drafter's weights (a zero rank-1 head without one).
+    A drafter over a reduced vocabulary (``draft_vocab_size`` Vd < V) gets its draft-to-target map on the head, so
+    ``dk.draft_block`` reads ``U [N, K, Vd]`` and returns target ids."""
+    m, d2t = drafter.markov_head, drafter.draft_to_target()
     if m is None:
-        w = drafter.fc.weight.new_zeros(drafter.config.backbone.vocab_size, 1)
-        head, rank = dk.MarkovHead("vanilla", w, w), 1
+        zeros = drafter.fc.weight.new_zeros
+        head = dk.MarkovHead("vanilla", zeros(drafter.config.backbone.vocab_size, 1),
+                             zeros(drafter.draft_lm_head.shape[0], 1), draft_to_target=d2t)
+        rank = 1
     else:
         extra = {"gated": lambda: dict(wg=m.gate_proj.weight, bg=m.gate_proj.bias),
                  "rnn": lambda: dict(wj=m.joint_proj.weight, bj=m.joint_proj.bias)}.get(m.kind, dict)()
-        head, rank = dk.MarkovHead(m.kind, m.markov_w1.weight, m.markov_w2.weight, **extra), m.markov_w1.weight.shape[1]
+        head = dk.MarkovHead(m.kind, m.markov_w1.weight, m.markov_w2.weight, draft_to_target=d2t, **extra)
+        rank = m.markov_w1.weight.shape[1]
     c = drafter.confidence_head
     if c is None:
         return head, None
