@@ -10,7 +10,7 @@ import torch
 from .. import reference
 from ..rng import make_rng_key
 from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
-from ._registry import CudaKernel, TritonKernel, define_op
+from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 HEAD_KINDS = ("vanilla", "gated", "rnn")
 W2_FP8 = torch.float8_e4m3fn  # the quantized W2 dtype (with a per-row float32 scale)
@@ -120,7 +120,7 @@ DRAFT_BLOCK = define_op(
     "Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, bool return_logits, int top_k) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     _fake,
-    {"reference": reference.draft_block, "triton": TritonKernel("draft_block", "draft_block"),
+    {"reference": reference.draft_block, "cpu": CpuKernel("draft_block", reference.draft_block), "triton": TritonKernel("draft_block", "draft_block"),
      "cuda": CudaKernel("draft_block")},
 )
 

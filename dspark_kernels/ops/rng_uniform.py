@@ -9,7 +9,7 @@ import torch
 from .. import reference
 from ..rng import make_rng_key
 from ._common import check_tensor, resolve_backend
-from ._registry import CudaKernel, TritonKernel, define_op
+from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 
 def _fake(out, rng_key, stream):
@@ -20,7 +20,7 @@ RNG_UNIFORM = define_op(
     "rng_uniform_",
     "(Tensor(a!) out, Tensor rng_key, int stream) -> ()",
     _fake,
-    {"reference": reference.rng_uniform, "triton": TritonKernel("rng_uniform", "rng_uniform"),
+    {"reference": reference.rng_uniform, "cpu": CpuKernel("rng_uniform_", reference.rng_uniform), "triton": TritonKernel("rng_uniform", "rng_uniform"),
      "cuda": CudaKernel("rng_uniform_")},
 )
 

@@ -10,7 +10,7 @@ import torch
 from .. import reference
 from ..calibration import CostTable, survival_from_conf
 from ._common import FLOAT_DTYPES, check_tensor, resolve_backend
-from ._registry import CudaKernel, TritonKernel, define_op
+from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 MODES = ("exact", "argmax")
 
@@ -57,7 +57,7 @@ SCHEDULE_VERIFY_LENS = define_op(
     "float fixed_overhead_ms, int min_len, int max_len, str mode, Tensor? budget_survival, float min_gain) "
     "-> (Tensor, Tensor, Tensor)",
     _fake,
-    {"reference": reference.schedule_verify_lens,
+    {"reference": reference.schedule_verify_lens, "cpu": CpuKernel("schedule_verify_lens", reference.schedule_verify_lens),
      "triton": TritonKernel("schedule_verify_lens", "schedule_verify_lens"), "cuda": _cuda},
 )
 

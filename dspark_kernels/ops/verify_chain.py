@@ -9,7 +9,7 @@ import torch
 from .. import reference
 from ..rng import make_rng_key
 from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
-from ._registry import CudaKernel, TritonKernel, define_op
+from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 METHODS = ("token", "block")
 
@@ -33,7 +33,7 @@ VERIFY_CHAIN = define_op(
     "Tensor? verify_lens, Tensor? survival, Tensor? thresholds, Tensor? temperature, Tensor rng_key, "
     "Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)",
     _fake,
-    {"reference": reference.verify_chain, "triton": TritonKernel("verify_chain", "verify_chain"),
+    {"reference": reference.verify_chain, "cpu": CpuKernel("verify_chain", reference.verify_chain), "triton": TritonKernel("verify_chain", "verify_chain"),
      "cuda": CudaKernel("verify_chain")},
 )
 

@@ -1,0 +1,198 @@
+// What every CPU kernel shares: the vectorized sweep helpers (float blocks converted from the tensor's dtype,
+// exp / log written as plain arithmetic so the compiler vectorizes them), the argmax rule, the counter RNG of
+// dspark/rng.cuh (compiled for the host), the threading over row chunks, and the entry points registration.cpp
+// registers as the CPU kernels of torch.ops.dspark_cpu.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "dspark/rng.cuh"
+
+// Hot sweeps are compiled twice (AVX2 and the baseline) and chosen when the library loads (GCC function
+// multiversioning): no flag of the build machine decides the instruction set.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define DSPARK_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DSPARK_CPU_CLONES
+#endif
+
+namespace dspark_cpu {
+
+constexpr int64_t kBlock = 256;        // tokens converted to float32 at a time (1 KB: stays in L1)
+constexpr int64_t kMinChunk = 4096;    // the smallest vocabulary chunk one thread sweeps
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+inline float bits_float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline uint32_t float_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// exp(x) for x <= 0 (softmax terms): Cody-Waite reduction and a degree-6 polynomial (Cephes expf), within 2 ulp;
+// exactly 0 below -87.3 (and for -inf), NaN for NaN.
+inline float exp_nonpos(float x) {
+  const float xc = x < -87.3f ? -87.3f : x;
+  const float shifted = xc * 1.44269504f + 12582912.0f;  // round(x / ln 2) in the low mantissa bits
+  const float n = shifted - 12582912.0f;
+  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const float scale = bits_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+  return x < -87.3f ? 0.0f : y * scale;
+}
+
+// log(x) for normal positive x (uniforms and their negative logs): Cephes logf, within 2 ulp.
+inline float log_pos(float x) {
+  const uint32_t b = float_bits(x);
+  int32_t e = static_cast<int32_t>(b >> 23) - 126;
+  float m = bits_float((b & 0x007fffffu) | 0x3f000000u);  // [0.5, 1)
+  const bool low = m < 0.70710678f;
+  e -= low ? 1 : 0;
+  m = low ? m + m - 1.0f : m - 1.0f;
+  const float z = m * m;
+  float p = 7.0376836292e-2f;
+  p = p * m - 1.1514610310e-1f;
+  p = p * m + 1.1676998740e-1f;
+  p = p * m - 1.2420140846e-1f;
+  p = p * m + 1.4249322787e-1f;
+  p = p * m - 1.6668057665e-1f;
+  p = p * m + 2.0000714765e-1f;
+  p = p * m - 2.4999993993e-1f;
+  p = p * m + 3.3333331174e-1f;
+  const float fe = static_cast<float>(e);
+  float y = p * m * z;
+  y += fe * -2.12194440e-4f;
+  y += -0.5f * z;
+  return (m + y) + fe * 0.693359375f;
+}
+
+// n elements of src as float32 into dst.
+template <typename T>
+inline void to_float(const T* src, int64_t n, float* dst) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// f(T{}) with T the C++ type of a float32 / bfloat16 / float16 tensor.
+template <typename F>
+inline void with_float_type(at::ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case at::kFloat: f(float{}); return;
+    case at::kBFloat16: f(c10::BFloat16{}); return;
+    case at::kHalf: f(c10::Half{}); return;
+    default: TORCH_CHECK(false, "dspark_cpu: float32, bfloat16 or float16 expected, got ", dtype);
+  }
+}
+
+// The package's argmax rule over float scores: NaN counts as -inf, ties go to the lowest index (an all -inf row
+// gives its first index).
+struct Best {
+  float value = -kInf;
+  int64_t index = 0;
+};
+inline Best better(const Best& a, const Best& b) {
+  if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
+  return a;
+}
+
+// The best of buf[0..n) (NaN as -inf) against `best`, whose index precedes every one of these (base + i).
+inline void fold_best(const float* buf, int64_t n, int64_t base, Best& best) {
+  float m = -kInf;
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = buf[i] > m ? buf[i] : m;
+  if (!(m > best.value)) return;
+  for (int64_t i = 0; i < n; ++i) {
+    if (buf[i] == m) {
+      best = Best{m, base + i};
+      return;
+    }
+  }
+}
+
+// u[i] = uniform(request, position, stream, token0 + i) for i < n; token0 is a multiple of 4.
+inline void uniforms(const dspark::rng::Philox& ph, uint64_t request, uint64_t position, uint32_t stream,
+                     int64_t token0, int64_t n, float* u) {
+  const int64_t quads = (n + 3) / 4;
+  const uint64_t q0 = static_cast<uint64_t>(token0) >> 2;
+#pragma omp simd
+  for (int64_t q = 0; q < quads; ++q) {
+    const dspark::rng::U32x4 b = ph.block(request, position, stream, q0 + static_cast<uint64_t>(q));
+    u[4 * q] = dspark::rng::bits_to_uniform(b.x);
+    u[4 * q + 1] = dspark::rng::bits_to_uniform(b.y);
+    u[4 * q + 2] = dspark::rng::bits_to_uniform(b.z);
+    u[4 * q + 3] = dspark::rng::bits_to_uniform(b.w);
+  }
+}
+
+inline dspark::rng::Philox philox_of(const at::Tensor& rng_key) {
+  TORCH_CHECK(rng_key.scalar_type() == at::kLong && rng_key.numel() == 2,
+              "dspark_cpu: rng_key must be int64 [2] (seed, offset)");
+  const int64_t* k = rng_key.data_ptr<int64_t>();
+  return dspark::rng::Philox::make(static_cast<uint64_t>(k[0]), static_cast<uint64_t>(k[1]));
+}
+
+// How many chunks to cut each of `rows` rows of `vocab` tokens into: enough items for every thread about four
+// times over, none shorter than kMinChunk tokens.
+inline int64_t chunks_per_row(int64_t rows, int64_t vocab) {
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t most = std::max<int64_t>(1, vocab / kMinChunk);
+  const int64_t want = (4 * threads + std::max<int64_t>(rows, 1) - 1) / std::max<int64_t>(rows, 1);
+  return std::clamp<int64_t>(want, 1, most);
+}
+
+// [lo, hi) of chunk c of `chunks` over `vocab` tokens; chunks start at multiples of kBlock (whole Philox quads).
+inline std::pair<int64_t, int64_t> chunk_range(int64_t vocab, int64_t chunks, int64_t c) {
+  const int64_t size = ((vocab + chunks - 1) / chunks + kBlock - 1) / kBlock * kBlock;
+  const int64_t lo = std::min(vocab, c * size);
+  return {lo, std::min(vocab, lo + size)};
+}
+
+// fn(task, chunk, lo, hi) for every chunk of `tasks` rows of `vocab` tokens, the items spread over the threads.
+template <typename F>
+inline void for_each_chunk(int64_t tasks, int64_t vocab, int64_t chunks, const F& fn) {
+  at::parallel_for(0, tasks * chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const auto [lo, hi] = chunk_range(vocab, chunks, i % chunks);
+      fn(i / chunks, i % chunks, lo, hi);
+    }
+  });
+}
+
+// An int32 / int64 tensor as contiguous int64 (small per-request inputs).
+inline at::Tensor as_long(const at::Tensor& t) { return t.to(at::kLong).contiguous(); }
+inline at::Tensor as_float(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
+
+// The CPU kernels (one file each), registered by registration.cpp.
+void rng_uniform(at::Tensor& out, const at::Tensor& rng_key, int64_t stream);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_chain(
+    const at::Tensor& target_logits, const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& draft_tokens,
+    const std::optional<at::Tensor>& draft_logits, const std::optional<at::Tensor>& draft_logprobs,
+    const std::optional<at::Tensor>& verify_lens, const std::optional<at::Tensor>& survival,
+    const std::optional<at::Tensor>& thresholds, const std::optional<at::Tensor>& temperature,
+    const at::Tensor& rng_key, const std::optional<at::Tensor>& stop_token_ids, c10::string_view method);
+
+}  // namespace dspark_cpu

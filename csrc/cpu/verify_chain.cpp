@@ -1,0 +1,609 @@
+// CPU kernel of verify_chain (the meaning: dspark_kernels/reference/verify_chain.py).
+//
+// The target rows are cut into (row, vocabulary chunk) items spread over the threads; every pass reads its rows
+// once, in 256-token float blocks that stay in L1:
+//   A. per item: the argmax (greedy requests), or the softmax statistics of x / T (max, sum of exp, NaN seen) of the
+//      target rows and of the draft rows the accept tests need;
+//   decide: greedy, token or block acceptance per request from the merged statistics and the drafts' logits;
+//   B. block verification's residual masses S_i (target and draft rows 1..L-1, once rho is known), and the
+//      statistics of the one draft row a request samples its correction from when draft_logprobs gave q(d_j);
+//   C. the emitted token: the exponential race over max(0, rho p - q) at the rejecting row (with its mass), or the
+//      Gumbel race over p after a full acceptance; blocks whose best logit cannot reach the leading key skip the
+//      random numbers;
+//   D. the race over p for the rare rows whose residual mass is below RESIDUAL_EPS.
+// Random numbers come from dspark/rng.cuh keyed as in the reference, so the races have the reference's winners.
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+
+#include <vector>
+
+#include "common.h"
+
+namespace dspark_cpu {
+namespace {
+
+using dspark::rng::Philox;
+constexpr float kResidualEps = 1e-6f;  // reference.verify_chain.RESIDUAL_EPS
+constexpr float kGumbelBound = 16.7f;  // above -log(-log(u)) for every uniform the generator gives (16.64)
+
+// Softmax statistics of x / T over a row or a chunk of one: the largest value (NaN left out), the sum of
+// exp(x / T - m), and whether a NaN was seen.
+struct Stats {
+  float m = -kInf;
+  float s = 0.f;
+  bool nan = false;
+};
+
+Stats merge(const Stats& a, const Stats& b) {
+  const Stats& hi = b.m > a.m ? b : a;
+  const Stats& lo = b.m > a.m ? a : b;
+  Stats r{hi.m, hi.s, a.nan || b.nan};
+  if (lo.m != -kInf && std::isfinite(hi.m)) r.s += lo.s * std::exp(lo.m - hi.m);
+  return r;
+}
+
+// After a NaN, a +inf or with no finite value, softmax is NaN everywhere (as torch.softmax gives).
+bool bad(const Stats& st) { return st.nan || !std::isfinite(st.m); }
+float prob(const Stats& st, float y) { return bad(st) ? kNaN : std::exp(y - st.m) / st.s; }
+
+// One side of a joint sweep: p = exp(y - shift) * scale with scale NaN for a bad row.
+struct Softmax {
+  float shift = 0.f, scale = kNaN;
+  explicit Softmax(const Stats& st) {
+    if (!bad(st)) shift = st.m, scale = 1.f / st.s;
+  }
+  Softmax() = default;
+};
+
+// What a joint sweep over a target row and its draft row needs: w = max(0, rho p - q) (NaN kept, as torch's
+// clamp), with q the softmax of the draft row, or one-hot at `onehot` (-1: zero) when there is no draft row.
+struct Joint {
+  float t = 1.f, rho = 1.f;
+  Softmax p, q;
+  int64_t onehot = -1;
+};
+
+float load_at(const void* row, at::ScalarType dtype, int64_t i) {
+  float v = 0.f;
+  with_float_type(dtype, [&](auto tag) { v = static_cast<float>(static_cast<const decltype(tag)*>(row)[i]); });
+  return v;
+}
+
+template <typename T>
+DSPARK_CPU_CLONES Best argmax_chunk(const T* row, int64_t lo, int64_t hi) {
+  float buf[kBlock];
+  Best best{-kInf, lo};
+  for (int64_t b = lo; b < hi; b += kBlock) {
+    const int64_t n = std::min(kBlock, hi - b);
+    to_float(row + b, n, buf);
+    fold_best(buf, n, b, best);
+  }
+  return best;
+}
+
+template <typename T>
+DSPARK_CPU_CLONES Stats stats_chunk(const T* row, int64_t lo, int64_t hi, float t) {
+  float buf[kBlock];
+  Stats st;
+  for (int64_t b = lo; b < hi; b += kBlock) {
+    const int64_t n = std::min(kBlock, hi - b);
+    to_float(row + b, n, buf);
+    float m = -kInf;
+    int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t i = 0; i < n; ++i) {
+      const float y = buf[i] / t;
+      buf[i] = y;
+      nan |= y != y;
+      m = y > m ? y : m;
+    }
+    st.nan = st.nan || nan;
+    if (m > st.m) {
+      st.s = st.m == -kInf ? 0.f : st.s * std::exp(st.m - m);
+      st.m = m;
+    }
+    if (m == -kInf || !std::isfinite(st.m)) continue;
+    const float shift = st.m;
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) s += exp_nonpos(buf[i] - shift);
+    st.s += s;
+  }
+  return st;
+}
+
+// w[i] = max(0, rho p - q) at tokens b..b+n-1 (tmp: scratch).
+template <typename TT, typename TD>
+inline void residual_weights(const TT* trow, const TD* drow, const Joint& j, int64_t b, int64_t n, float* w,
+                             float* tmp) {
+  if (drow != nullptr) {
+    to_float(drow + b, n, tmp);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) tmp[i] = exp_nonpos(tmp[i] / j.t - j.q.shift) * j.q.scale;
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) tmp[i] = b + i == j.onehot ? 1.f : 0.f;
+  }
+  to_float(trow + b, n, w);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = j.rho * (exp_nonpos(w[i] / j.t - j.p.shift) * j.p.scale) - tmp[i];
+    w[i] = v < 0.f ? 0.f : v;
+  }
+}
+
+template <typename TT, typename TD>
+DSPARK_CPU_CLONES float mass_chunk(const TT* trow, const TD* drow, const Joint& j, int64_t lo, int64_t hi) {
+  float w[kBlock], tmp[kBlock];
+  float mass = 0.f;
+  for (int64_t b = lo; b < hi; b += kBlock) {
+    const int64_t n = std::min(kBlock, hi - b);
+    residual_weights(trow, drow, j, b, n, w, tmp);
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) s += w[i];
+    mass += s;
+  }
+  return mass;
+}
+
+// The residual's mass over a chunk and its exponential-race winner, argmax w / -log(u).
+struct Race {
+  float mass = 0.f;
+  Best best;
+};
+
+template <typename TT, typename TD>
+DSPARK_CPU_CLONES Race residual_chunk(const TT* trow, const TD* drow, const Joint& j, const Philox& ph,
+                                      int64_t request, int64_t position, int64_t lo, int64_t hi) {
+  float w[kBlock], tmp[kBlock];
+  Race race;
+  race.best.index = lo;
+  for (int64_t b = lo; b < hi; b += kBlock) {
+    const int64_t n = std::min(kBlock, hi - b);
+    residual_weights(trow, drow, j, b, n, w, tmp);
+    float s = 0.f, top = 0.f;
+#pragma omp simd reduction(+ : s) reduction(max : top)
+    for (int64_t i = 0; i < n; ++i) {
+      s += w[i];
+      top = w[i] > top ? w[i] : top;
+    }
+    race.mass += s;
+    if (!(top > 0.f)) continue;  // zeros cannot win against the positive weight a used race has
+    uniforms(ph, request, position, dspark::rng::kStreamResidual, b, n, tmp);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) tmp[i] = w[i] / -log_pos(tmp[i]);
+    fold_best(tmp, n, b, race.best);
+  }
+  return race;
+}
+
+// The Gumbel race over softmax(x / T): argmax x / T - log(-log(u)).
+template <typename T>
+DSPARK_CPU_CLONES Best gumbel_chunk(const T* row, float t, const Philox& ph, int64_t request, int64_t position,
+                                    int64_t lo, int64_t hi) {
+  float y[kBlock], u[kBlock];
+  Best best{-kInf, lo};
+  for (int64_t b = lo; b < hi; b += kBlock) {
+    const int64_t n = std::min(kBlock, hi - b);
+    to_float(row + b, n, y);
+    float m = -kInf;
+#pragma omp simd reduction(max : m)
+    for (int64_t i = 0; i < n; ++i) {
+      y[i] = y[i] / t;
+      m = y[i] > m ? y[i] : m;
+    }
+    if (m + kGumbelBound < best.value) continue;  // no key of this block can reach the leader
+    uniforms(ph, request, position, dspark::rng::kStreamResidual, b, n, u);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) u[i] = y[i] - log_pos(-log_pos(u[i]));
+    fold_best(u, n, b, best);
+  }
+  return best;
+}
+
+// Per request: where its rows are, what it verifies, and what it decides.
+struct Request {
+  int64_t first_row = 0;  // the row of target_logits holding its row 0
+  int64_t length = 0;     // L, the drafts it verifies
+  bool has_rows = false, sampled = false, stopped = false;
+  float t = 1.f, rho = 1.f;
+  int64_t n_acc = 0, emitted = 0;
+};
+
+enum class Kind { kArgmax, kTargetStats, kDraftStats, kMass, kResidual, kGumbel };
+
+struct Task {
+  int64_t r, row;
+  Kind kind;
+};
+
+class Verifier {
+ public:
+  Verifier(const at::Tensor& target, const std::optional<at::Tensor>& draft_logits, const at::Tensor& drafts,
+           const std::optional<at::Tensor>& logprobs, const at::Tensor& stops, const Philox& ph, bool block)
+      : N_(drafts.size(0)), K_(drafts.size(1)), V_(target.size(-1)), ph_(ph), block_(block),
+        target_(static_cast<const char*>(target.data_ptr())), tdtype_(target.scalar_type()),
+        tsize_(target.element_size()), drafts_(as_long(drafts)), d_(drafts_.data_ptr<int64_t>()),
+        targ_(N_ * (K_ + 1)), tstat_(N_ * (K_ + 1)), dstat_(N_ * K_), mass_(N_ * K_, 0.f) {
+    if (draft_logits) {
+      draft_ = static_cast<const char*>(draft_logits->data_ptr());
+      ddtype_ = draft_logits->scalar_type();
+      dsize_ = draft_logits->element_size();
+    }
+    if (logprobs) logprobs_ = logprobs->data_ptr<float>();
+    if (stops.defined()) stops_ = stops.data_ptr<int64_t>(), num_stops_ = stops.numel();
+  }
+
+  std::vector<Request> req;
+
+  void run() {
+    stats_pass();
+    for (Request& q : req) decide_first(q);
+    middle_pass();
+    for (int64_t r = 0; r < N_; ++r) decide_second(r, req[r]);
+    emit_pass();
+  }
+
+  int64_t draft(int64_t r, int64_t j) const { return d_[r * K_ + j]; }
+
+ private:
+  const int64_t N_, K_, V_;
+  const Philox ph_;
+  const bool block_;
+  const char* target_;
+  at::ScalarType tdtype_;
+  int64_t tsize_;
+  const char* draft_ = nullptr;
+  at::ScalarType ddtype_ = at::kFloat;
+  int64_t dsize_ = 4;
+  const float* logprobs_ = nullptr;
+  const int64_t* stops_ = nullptr;
+  int64_t num_stops_ = 0;
+  at::Tensor drafts_;
+  const int64_t* d_;
+  std::vector<Best> targ_;    // [N, K+1] argmax of the greedy requests' rows
+  std::vector<Stats> tstat_;  // [N, K+1] softmax statistics of the sampled requests' rows
+  std::vector<Stats> dstat_;  // [N, K] of their draft rows
+  std::vector<float> mass_;   // [N, K] block verification's S_i
+  std::vector<Joint> joint_;  // per task of the current pass
+
+  bool valid(int64_t d) const { return d >= 0 && d < V_; }
+  const void* trow(const Request& q, int64_t j) const { return target_ + (q.first_row + j) * V_ * tsize_; }
+  const void* drow(int64_t r, int64_t j) const {
+    return draft_ == nullptr ? nullptr : draft_ + (r * K_ + j) * V_ * dsize_;
+  }
+  float accept_uniform(int64_t r, int64_t j) const {
+    return ph_.uniform(r, j, dspark::rng::kStreamAccept, 0);
+  }
+
+  // The joint sweep's inputs at row j of request r (rho: the request's current rho).
+  Joint joint(int64_t r, int64_t j, float rho) const {
+    const Request& q = req[r];
+    Joint jt;
+    jt.t = q.t;
+    jt.rho = rho;
+    jt.p = Softmax(tstat_[r * (K_ + 1) + j]);
+    if (draft_ != nullptr) {
+      jt.q = Softmax(dstat_[r * K_ + j]);
+    } else {
+      jt.onehot = valid(draft(r, j)) ? draft(r, j) : -1;
+    }
+    return jt;
+  }
+
+  // Runs the tasks' chunks on the threads and merges each task's partials with `merge_task(task, first partial)`.
+  template <typename Partial, typename Sweep, typename Merge>
+  void run_tasks(const std::vector<Task>& tasks, const Sweep& sweep, const Merge& merge_task) {
+    if (tasks.empty()) return;
+    const int64_t chunks = chunks_per_row(static_cast<int64_t>(tasks.size()), V_);
+    std::vector<Partial> parts(tasks.size() * chunks);
+    for_each_chunk(static_cast<int64_t>(tasks.size()), V_, chunks, [&](int64_t i, int64_t c, int64_t lo, int64_t hi) {
+      parts[i * chunks + c] = sweep(i, tasks[i], lo, hi);
+    });
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      Partial acc = parts[i * chunks];
+      for (int64_t c = 1; c < chunks; ++c) acc = merge_task(acc, parts[i * chunks + c]);
+      store(tasks[i], acc);
+    }
+  }
+
+  // A pass's result per task kind (one struct, so every pass shares run_tasks).
+  struct Partial {
+    Best best;
+    Stats stats;
+    float mass = 0.f;
+  };
+  static Partial merge_partial(const Partial& a, const Partial& b) {
+    return Partial{better(a.best, b.best), merge(a.stats, b.stats), a.mass + b.mass};
+  }
+
+  void store(const Task& tk, const Partial& p) {
+    switch (tk.kind) {
+      case Kind::kArgmax: targ_[tk.r * (K_ + 1) + tk.row] = p.best; break;
+      case Kind::kTargetStats: tstat_[tk.r * (K_ + 1) + tk.row] = p.stats; break;
+      case Kind::kDraftStats: dstat_[tk.r * K_ + tk.row] = p.stats; break;
+      case Kind::kMass: mass_[tk.r * K_ + tk.row] = p.mass; break;
+      case Kind::kResidual: residual_[tk.r] = p; break;
+      case Kind::kGumbel: req[tk.r].emitted = p.best.index; break;
+    }
+  }
+  std::vector<Partial> residual_;
+
+  Partial sweep(size_t i, const Task& tk, int64_t lo, int64_t hi) const {
+    Partial out;
+    out.best.index = lo;
+    const Request& q = req[tk.r];
+    switch (tk.kind) {
+      case Kind::kArgmax:
+        with_float_type(tdtype_, [&](auto tag) {
+          out.best = argmax_chunk(static_cast<const decltype(tag)*>(trow(q, tk.row)), lo, hi);
+        });
+        break;
+      case Kind::kTargetStats:
+        with_float_type(tdtype_, [&](auto tag) {
+          out.stats = stats_chunk(static_cast<const decltype(tag)*>(trow(q, tk.row)), lo, hi, q.t);
+        });
+        break;
+      case Kind::kDraftStats:
+        with_float_type(ddtype_, [&](auto tag) {
+          out.stats = stats_chunk(static_cast<const decltype(tag)*>(drow(tk.r, tk.row)), lo, hi, q.t);
+        });
+        break;
+      case Kind::kGumbel:
+        with_float_type(tdtype_, [&](auto tag) {
+          out.best = gumbel_chunk(static_cast<const decltype(tag)*>(trow(q, tk.row)), q.t, ph_, tk.r, tk.row, lo, hi);
+        });
+        break;
+      case Kind::kMass:
+      case Kind::kResidual:
+        with_float_type(tdtype_, [&](auto ttag) {
+          with_float_type(ddtype_, [&](auto dtag) {
+            using TT = decltype(ttag);
+            using TD = decltype(dtag);
+            const auto* t = static_cast<const TT*>(trow(q, tk.row));
+            const auto* d = static_cast<const TD*>(drow(tk.r, tk.row));
+            if (tk.kind == Kind::kMass) {
+              out.mass = mass_chunk(t, d, joint_[i], lo, hi);
+            } else {
+              const Race race = residual_chunk(t, d, joint_[i], ph_, tk.r, tk.row, lo, hi);
+              out.mass = race.mass;
+              out.best = race.best;
+            }
+          });
+        });
+        break;
+    }
+    return out;
+  }
+
+  void run_pass(const std::vector<Task>& tasks) {
+    run_tasks<Partial>(
+        tasks, [&](int64_t i, const Task& tk, int64_t lo, int64_t hi) { return sweep(i, tk, lo, hi); },
+        merge_partial);
+  }
+
+  // A: argmax rows of greedy requests; statistics of the sampled ones' rows 0..L and of the draft rows 0..L-1 the
+  // accept tests or block's masses read.
+  void stats_pass() {
+    std::vector<Task> tasks;
+    const bool draft_rows_now = draft_ != nullptr && (block_ || logprobs_ == nullptr);
+    for (int64_t r = 0; r < N_; ++r) {
+      const Request& q = req[r];
+      if (!q.has_rows) continue;
+      for (int64_t j = 0; j <= q.length; ++j) tasks.push_back({r, j, q.sampled ? Kind::kTargetStats : Kind::kArgmax});
+      if (q.sampled && draft_rows_now) {
+        for (int64_t j = 0; j < q.length; ++j) tasks.push_back({r, j, Kind::kDraftStats});
+      }
+    }
+    run_pass(tasks);
+  }
+
+  // p(d_j) and q(d_j) of a sampled request (p is 0 at an invalid draft; NaN stays NaN, as p * valid does).
+  float p_draft(const Request& q, int64_t r, int64_t j) const {
+    const int64_t d = draft(r, j);
+    const float y = load_at(trow(q, j), tdtype_, valid(d) ? d : 0) / q.t;
+    const float p = prob(tstat_[r * (K_ + 1) + j], y);
+    return valid(d) ? p : p * 0.f;
+  }
+  float q_draft(const Request& q, int64_t r, int64_t j) const {
+    const int64_t d = draft(r, j);
+    if (logprobs_ != nullptr) return std::exp(logprobs_[r * K_ + j]);
+    if (draft_ == nullptr) return valid(d) ? 1.f : 0.f;
+    return prob(dstat_[r * K_ + j], load_at(drow(r, j), ddtype_, valid(d) ? d : 0) / q.t);
+  }
+
+  // Greedy and token acceptance (then the stop cut happens in decide_second); block's rho_1..rho_L into rho_.
+  std::vector<float> rho_;
+  void decide_first(Request& q) {
+    const int64_t r = &q - req.data();
+    if (!q.has_rows) return;
+    int64_t n = 0;
+    if (!q.sampled) {
+      while (n < q.length && valid(draft(r, n)) && draft(r, n) == targ_[r * (K_ + 1) + n].index) ++n;
+    } else if (!block_) {
+      while (n < q.length && accept_uniform(r, n) * q_draft(q, r, n) < p_draft(q, r, n)) ++n;
+    } else {
+      if (rho_.empty()) rho_.assign(N_ * (K_ + 1), 1.f);
+      float* rho = &rho_[r * (K_ + 1)];
+      for (int64_t i = 1; i <= q.length; ++i) {
+        float ratio = p_draft(q, r, i - 1) / q_draft(q, r, i - 1);
+        if (std::isnan(ratio)) ratio = 0.f;
+        const float v = rho[i - 1] * ratio;
+        rho[i] = std::isnan(v) ? 0.f : std::min(v, 1.f);
+      }
+    }
+    q.n_acc = n;
+  }
+
+  // B: block's S_i for i = 1..L-1; token sampling with draft_logprobs: the statistics of the draft row the
+  // correction is sampled from.
+  void middle_pass() {
+    std::vector<Task> tasks;
+    joint_.clear();
+    for (int64_t r = 0; r < N_; ++r) {
+      const Request& q = req[r];
+      if (!q.has_rows || !q.sampled) continue;
+      if (block_) {
+        for (int64_t i = 1; i < q.length; ++i) {
+          tasks.push_back({r, i, Kind::kMass});
+          joint_.push_back(joint(r, i, rho_[r * (K_ + 1) + i]));
+        }
+      } else if (draft_ != nullptr && logprobs_ != nullptr && q.n_acc < q.length) {
+        tasks.push_back({r, q.n_acc, Kind::kDraftStats});
+        joint_.emplace_back();
+      }
+    }
+    run_pass(tasks);
+  }
+
+  // Block's tau and rho_tau; the stop cut for every request.
+  void decide_second(int64_t r, Request& q) {
+    if (!q.has_rows) return;
+    if (q.sampled && block_) {
+      const float* rho = &rho_[r * (K_ + 1)];
+      int64_t tau = 0;
+      for (int64_t i = 1; i <= q.length; ++i) {
+        float h = rho[i];
+        if (i < q.length) {
+          const float s = mass_[r * K_ + i];
+          const float denom = s + 1.f - rho[i];
+          h = denom > 0.f ? s / denom : (denom == 0.f ? 1.f : 0.f);
+        }
+        if (accept_uniform(r, i - 1) <= h) tau = i;
+      }
+      q.n_acc = tau;
+      q.rho = rho[tau];
+    }
+    for (int64_t j = 0; j < q.n_acc; ++j) {
+      if (is_stop(draft(r, j))) {
+        q.stopped = true;
+        q.n_acc = j + 1;
+        break;
+      }
+    }
+  }
+
+  bool is_stop(int64_t d) const {
+    for (int64_t s = 0; s < num_stops_; ++s) {
+      if (stops_[s] == d) return true;
+    }
+    return false;
+  }
+
+  // C and D: the emitted tokens.
+  void emit_pass() {
+    std::vector<Task> tasks;
+    joint_.clear();
+    residual_.assign(N_, Partial{});
+    for (int64_t r = 0; r < N_; ++r) {
+      Request& q = req[r];
+      if (!q.has_rows || q.stopped) continue;
+      if (!q.sampled) {
+        q.emitted = targ_[r * (K_ + 1) + q.n_acc].index;
+      } else if (q.n_acc >= q.length) {
+        tasks.push_back({r, q.n_acc, Kind::kGumbel});
+        joint_.emplace_back();
+      } else {
+        tasks.push_back({r, q.n_acc, Kind::kResidual});
+        joint_.push_back(joint(r, q.n_acc, q.rho));
+      }
+    }
+    run_pass(tasks);
+    std::vector<Task> fallback;
+    for (const Task& tk : tasks) {
+      if (tk.kind != Kind::kResidual) continue;
+      if (residual_[tk.r].mass >= kResidualEps) {
+        req[tk.r].emitted = residual_[tk.r].best.index;
+      } else {
+        fallback.push_back({tk.r, tk.row, Kind::kGumbel});
+      }
+    }
+    joint_.assign(fallback.size(), Joint{});
+    run_pass(fallback);
+  }
+};
+
+// Per request: its first row, its verify length L and whether it samples (the reference's rules for lengths).
+std::vector<Request> plan(const at::Tensor& target, const std::optional<at::Tensor>& cu_seqlens, int64_t N,
+                          int64_t K, const std::optional<at::Tensor>& verify_lens,
+                          const std::optional<at::Tensor>& survival, const std::optional<at::Tensor>& thresholds,
+                          const std::optional<at::Tensor>& temperature) {
+  std::vector<Request> req(N);
+  at::Tensor cu, lens, surv, thr, temp;
+  if (cu_seqlens) cu = as_long(*cu_seqlens);
+  if (verify_lens) lens = as_long(*verify_lens);
+  if (survival && thresholds) surv = as_float(*survival), thr = as_float(*thresholds);
+  if (temperature) temp = as_float(*temperature);
+  const int64_t total = target.size(0);
+  for (int64_t r = 0; r < N; ++r) {
+    Request& q = req[r];
+    int64_t last = K;
+    q.first_row = r * (K + 1);
+    if (cu_seqlens) {
+      const int64_t* c = cu.data_ptr<int64_t>();
+      const int64_t start = c[r], count = c[r + 1] - c[r];
+      const int64_t rows_left = start >= 0 ? total - start : 0;
+      last = std::clamp<int64_t>(std::min(count, rows_left) - 1, -1, K);
+      q.first_row = start;
+    }
+    q.has_rows = last >= 0;
+    q.length = std::max<int64_t>(last, 0);
+    if (verify_lens) q.length = std::min(q.length, std::clamp<int64_t>(lens.data_ptr<int64_t>()[r], 0, K));
+    if (surv.defined()) {
+      int64_t pass = 0;
+      while (pass < K && surv.data_ptr<float>()[r * K + pass] >= thr.data_ptr<float>()[pass]) ++pass;
+      q.length = std::min(q.length, pass);
+    }
+    if (temp.defined()) {
+      const float t = temp.data_ptr<float>()[r];
+      q.sampled = t > 0.f;
+      q.t = q.sampled ? t : 1.f;
+    }
+  }
+  return req;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_chain(
+    const at::Tensor& target_logits, const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& draft_tokens,
+    const std::optional<at::Tensor>& draft_logits, const std::optional<at::Tensor>& draft_logprobs,
+    const std::optional<at::Tensor>& verify_lens, const std::optional<at::Tensor>& survival,
+    const std::optional<at::Tensor>& thresholds, const std::optional<at::Tensor>& temperature,
+    const at::Tensor& rng_key, const std::optional<at::Tensor>& stop_token_ids, c10::string_view method) {
+  TORCH_CHECK(method == "token" || method == "block", "verify_chain: method must be 'token' or 'block'");
+  TORCH_CHECK(target_logits.is_contiguous() && draft_tokens.is_contiguous(), "verify_chain: inputs must be contiguous");
+  TORCH_CHECK(!draft_logits || draft_logits->is_contiguous(), "verify_chain: draft_logits must be contiguous");
+  const int64_t N = draft_tokens.size(0), K = draft_tokens.size(1);
+  auto opts = draft_tokens.options();
+  at::Tensor tokens = at::full({N, K + 1}, -1, opts.dtype(at::kLong));
+  at::Tensor num_accepted = at::zeros({N}, opts.dtype(at::kInt));
+  at::Tensor accept_mask = at::zeros({N, K}, opts.dtype(at::kBool));
+  if (N == 0) return {tokens, num_accepted, accept_mask};
+
+  std::optional<at::Tensor> logprobs;
+  if (draft_logprobs) logprobs = as_float(*draft_logprobs);
+  at::Tensor stops;
+  if (stop_token_ids) stops = as_long(*stop_token_ids);
+  Verifier v(target_logits, draft_logits, draft_tokens, logprobs, stops, philox_of(rng_key), method == "block");
+  v.req = plan(target_logits, cu_seqlens, N, K, verify_lens, survival, thresholds, temperature);
+  v.run();
+
+  int64_t* tok = tokens.data_ptr<int64_t>();
+  int32_t* acc = num_accepted.data_ptr<int32_t>();
+  bool* mask = accept_mask.data_ptr<bool>();
+  for (int64_t r = 0; r < N; ++r) {
+    const Request& q = v.req[r];
+    if (!q.has_rows) continue;
+    acc[r] = static_cast<int32_t>(q.n_acc);
+    for (int64_t j = 0; j < q.n_acc; ++j) {
+      mask[r * K + j] = true;
+      tok[r * (K + 1) + j] = v.draft(r, j);
+    }
+    if (!q.stopped) tok[r * (K + 1) + q.n_acc] = q.emitted;
+  }
+  return {tokens, num_accepted, accept_mask};
+}
+
+}  // namespace dspark_cpu
