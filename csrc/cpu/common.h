@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "dspark/rng.cuh"
 
@@ -28,6 +29,8 @@
 #else
 #define DSPARK_CPU_CLONES
 #endif
+// Helpers of the cloned sweeps: inlined into each clone, so they vectorize with its instruction set.
+#define DSPARK_CPU_INLINE inline __attribute__((always_inline))
 
 namespace dspark_cpu {
 
@@ -49,7 +52,7 @@ inline uint32_t float_bits(float f) {
 
 // exp(x) for x <= 0 (softmax terms): Cody-Waite reduction and a degree-6 polynomial (Cephes expf), within 2 ulp;
 // exactly 0 below -87.3 (and for -inf), NaN for NaN.
-inline float exp_nonpos(float x) {
+DSPARK_CPU_INLINE float exp_nonpos(float x) {
   const float xc = x < -87.3f ? -87.3f : x;
   const float shifted = xc * 1.44269504f + 12582912.0f;  // round(x / ln 2) in the low mantissa bits
   const float n = shifted - 12582912.0f;
@@ -60,19 +63,20 @@ inline float exp_nonpos(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
   const float scale = bits_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
-  return x < -87.3f ? 0.0f : y * scale;
+  const float y = (p * r * r + r + 1.0f) * scale;
+  return x < -87.3f ? 0.0f : y;
 }
 
 // log(x) for normal positive x (uniforms and their negative logs): Cephes logf, within 2 ulp.
-inline float log_pos(float x) {
+DSPARK_CPU_INLINE float log_pos(float x) {
   const uint32_t b = float_bits(x);
   int32_t e = static_cast<int32_t>(b >> 23) - 126;
   float m = bits_float((b & 0x007fffffu) | 0x3f000000u);  // [0.5, 1)
   const bool low = m < 0.70710678f;
   e -= low ? 1 : 0;
-  m = low ? m + m - 1.0f : m - 1.0f;
+  const float twice = m + m - 1.0f, once = m - 1.0f;
+  m = low ? twice : once;
   const float z = m * m;
   float p = 7.0376836292e-2f;
   p = p * m - 1.1514610310e-1f;
@@ -92,9 +96,20 @@ inline float log_pos(float x) {
 
 // n elements of src as float32 into dst.
 template <typename T>
-inline void to_float(const T* src, int64_t n, float* dst) {
+DSPARK_CPU_INLINE void to_float(const T* src, int64_t n, float* dst) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// src[0..n) as float32: src itself for float32 rows, else converted into buf.
+template <typename T>
+DSPARK_CPU_INLINE const float* as_float(const T* src, int64_t n, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    to_float(src, n, buf);
+    return buf;
+  }
 }
 
 // f(T{}) with T the C++ type of a float32 / bfloat16 / float16 tensor.
@@ -120,7 +135,7 @@ inline Best better(const Best& a, const Best& b) {
 }
 
 // The best of buf[0..n) (NaN as -inf) against `best`, whose index precedes every one of these (base + i).
-inline void fold_best(const float* buf, int64_t n, int64_t base, Best& best) {
+DSPARK_CPU_INLINE void fold_best(const float* buf, int64_t n, int64_t base, Best& best) {
   float m = -kInf;
 #pragma omp simd reduction(max : m)
   for (int64_t i = 0; i < n; ++i) m = buf[i] > m ? buf[i] : m;
@@ -133,20 +148,10 @@ inline void fold_best(const float* buf, int64_t n, int64_t base, Best& best) {
   }
 }
 
-// u[i] = uniform(request, position, stream, token0 + i) for i < n; token0 is a multiple of 4.
-inline void uniforms(const dspark::rng::Philox& ph, uint64_t request, uint64_t position, uint32_t stream,
-                     int64_t token0, int64_t n, float* u) {
-  const int64_t quads = (n + 3) / 4;
-  const uint64_t q0 = static_cast<uint64_t>(token0) >> 2;
-#pragma omp simd
-  for (int64_t q = 0; q < quads; ++q) {
-    const dspark::rng::U32x4 b = ph.block(request, position, stream, q0 + static_cast<uint64_t>(q));
-    u[4 * q] = dspark::rng::bits_to_uniform(b.x);
-    u[4 * q + 1] = dspark::rng::bits_to_uniform(b.y);
-    u[4 * q + 2] = dspark::rng::bits_to_uniform(b.z);
-    u[4 * q + 3] = dspark::rng::bits_to_uniform(b.w);
-  }
-}
+// u[i] = uniform(request, position, stream, token0 + i) for i < n; token0 is a multiple of 4. One definition per
+// instruction set (GCC picks one when the library loads); both evaluate dspark/rng.cuh's Philox, bit for bit.
+void uniforms(const dspark::rng::Philox& ph, uint64_t request, uint64_t position, uint32_t stream, int64_t token0,
+              int64_t n, float* u);
 
 inline dspark::rng::Philox philox_of(const at::Tensor& rng_key) {
   TORCH_CHECK(rng_key.scalar_type() == at::kLong && rng_key.numel() == 2,

@@ -75,29 +75,29 @@ DSPARK_CPU_CLONES Best argmax_chunk(const T* row, int64_t lo, int64_t hi) {
   Best best{-kInf, lo};
   for (int64_t b = lo; b < hi; b += kBlock) {
     const int64_t n = std::min(kBlock, hi - b);
-    to_float(row + b, n, buf);
-    fold_best(buf, n, b, best);
+    fold_best(as_float(row + b, n, buf), n, b, best);
   }
   return best;
 }
 
+// The sums use x * (1 / T) (within an ulp of x / T); the maximum is max(x) / T, exactly the maximum of x / T.
 template <typename T>
 DSPARK_CPU_CLONES Stats stats_chunk(const T* row, int64_t lo, int64_t hi, float t) {
   float buf[kBlock];
+  const float inv_t = 1.f / t;
   Stats st;
   for (int64_t b = lo; b < hi; b += kBlock) {
     const int64_t n = std::min(kBlock, hi - b);
-    to_float(row + b, n, buf);
-    float m = -kInf;
+    const float* x = as_float(row + b, n, buf);
+    float mx = -kInf;
     int nan = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan)
+#pragma omp simd reduction(max : mx) reduction(| : nan)
     for (int64_t i = 0; i < n; ++i) {
-      const float y = buf[i] / t;
-      buf[i] = y;
-      nan |= y != y;
-      m = y > m ? y : m;
+      nan |= x[i] != x[i];
+      mx = x[i] > mx ? x[i] : mx;
     }
     st.nan = st.nan || nan;
+    const float m = mx / t;
     if (m > st.m) {
       st.s = st.m == -kInf ? 0.f : st.s * std::exp(st.m - m);
       st.m = m;
@@ -106,39 +106,41 @@ DSPARK_CPU_CLONES Stats stats_chunk(const T* row, int64_t lo, int64_t hi, float 
     const float shift = st.m;
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; ++i) s += exp_nonpos(buf[i] - shift);
+    for (int64_t i = 0; i < n; ++i) s += exp_nonpos(x[i] * inv_t - shift);
     st.s += s;
   }
   return st;
 }
 
-// w[i] = max(0, rho p - q) at tokens b..b+n-1 (tmp: scratch).
+// w[i] = max(0, rho p - q) at tokens b..b+n-1 (tmp, tmp2: scratch).
 template <typename TT, typename TD>
-inline void residual_weights(const TT* trow, const TD* drow, const Joint& j, int64_t b, int64_t n, float* w,
-                             float* tmp) {
+DSPARK_CPU_INLINE void residual_weights(const TT* trow, const TD* drow, const Joint& j, int64_t b, int64_t n, float* w,
+                                        float* tmp, float* tmp2) {
+  const float inv_t = 1.f / j.t;
   if (drow != nullptr) {
-    to_float(drow + b, n, tmp);
+    const float* z = as_float(drow + b, n, tmp2);
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) tmp[i] = exp_nonpos(tmp[i] / j.t - j.q.shift) * j.q.scale;
+    for (int64_t i = 0; i < n; ++i) tmp[i] = exp_nonpos(z[i] * inv_t - j.q.shift) * j.q.scale;
   } else {
+    const int64_t hot = j.onehot - b;  // outside [0, n) when the draft is not in this block
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) tmp[i] = b + i == j.onehot ? 1.f : 0.f;
+    for (int64_t i = 0; i < n; ++i) tmp[i] = i == hot ? 1.f : 0.f;
   }
-  to_float(trow + b, n, w);
+  const float* x = as_float(trow + b, n, tmp2);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float v = j.rho * (exp_nonpos(w[i] / j.t - j.p.shift) * j.p.scale) - tmp[i];
+    const float v = j.rho * (exp_nonpos(x[i] * inv_t - j.p.shift) * j.p.scale) - tmp[i];
     w[i] = v < 0.f ? 0.f : v;
   }
 }
 
 template <typename TT, typename TD>
 DSPARK_CPU_CLONES float mass_chunk(const TT* trow, const TD* drow, const Joint& j, int64_t lo, int64_t hi) {
-  float w[kBlock], tmp[kBlock];
+  float w[kBlock], tmp[kBlock], tmp2[kBlock];
   float mass = 0.f;
   for (int64_t b = lo; b < hi; b += kBlock) {
     const int64_t n = std::min(kBlock, hi - b);
-    residual_weights(trow, drow, j, b, n, w, tmp);
+    residual_weights(trow, drow, j, b, n, w, tmp, tmp2);
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; ++i) s += w[i];
@@ -156,12 +158,12 @@ struct Race {
 template <typename TT, typename TD>
 DSPARK_CPU_CLONES Race residual_chunk(const TT* trow, const TD* drow, const Joint& j, const Philox& ph,
                                       int64_t request, int64_t position, int64_t lo, int64_t hi) {
-  float w[kBlock], tmp[kBlock];
+  float w[kBlock], tmp[kBlock], tmp2[kBlock];
   Race race;
   race.best.index = lo;
   for (int64_t b = lo; b < hi; b += kBlock) {
     const int64_t n = std::min(kBlock, hi - b);
-    residual_weights(trow, drow, j, b, n, w, tmp);
+    residual_weights(trow, drow, j, b, n, w, tmp, tmp2);
     float s = 0.f, top = 0.f;
 #pragma omp simd reduction(+ : s) reduction(max : top)
     for (int64_t i = 0; i < n; ++i) {
@@ -238,8 +240,7 @@ class Verifier {
   std::vector<Request> req;
 
   void run() {
-    stats_pass();
-    for (Request& q : req) decide_first(q);
+    accept_pass();
     middle_pass();
     for (int64_t r = 0; r < N_; ++r) decide_second(r, req[r]);
     emit_pass();
@@ -383,20 +384,58 @@ class Verifier {
         merge_partial);
   }
 
-  // A: argmax rows of greedy requests; statistics of the sampled ones' rows 0..L and of the draft rows 0..L-1 the
-  // accept tests or block's masses read.
-  void stats_pass() {
-    std::vector<Task> tasks;
-    const bool draft_rows_now = draft_ != nullptr && (block_ || logprobs_ == nullptr);
+  // A: the rows acceptance reads, a wave per row position j. Greedy and token requests read row j (its argmax, or
+  // its statistics and those of draft row j when q(d_j) comes from it) only while d_1..d_j were accepted, so no row
+  // after a rejection is read; block requests read rows 0..L and draft rows 0..L-1 in the first wave.
+  void accept_pass() {
+    std::vector<int64_t> alive;
     for (int64_t r = 0; r < N_; ++r) {
-      const Request& q = req[r];
-      if (!q.has_rows) continue;
-      for (int64_t j = 0; j <= q.length; ++j) tasks.push_back({r, j, q.sampled ? Kind::kTargetStats : Kind::kArgmax});
-      if (q.sampled && draft_rows_now) {
-        for (int64_t j = 0; j < q.length; ++j) tasks.push_back({r, j, Kind::kDraftStats});
+      if (req[r].has_rows) alive.push_back(r);
+    }
+    if (block_) rho_.assign(N_ * (K_ + 1), 1.f);
+    for (int64_t j = 0; !alive.empty(); ++j) {
+      std::vector<Task> tasks;
+      for (const int64_t r : alive) add_row_tasks(r, j, tasks);
+      run_pass(tasks);
+      std::vector<int64_t> next;
+      for (const int64_t r : alive) {
+        if (advance(r, j)) next.push_back(r);
+      }
+      alive.swap(next);
+    }
+  }
+
+  void add_row_tasks(int64_t r, int64_t j, std::vector<Task>& tasks) const {
+    const Request& q = req[r];
+    const bool whole_block = q.sampled && block_;
+    for (int64_t row = j; row <= (whole_block ? q.length : j); ++row) {
+      tasks.push_back({r, row, q.sampled ? Kind::kTargetStats : Kind::kArgmax});
+      if (q.sampled && draft_ != nullptr && row < q.length && (block_ || logprobs_ == nullptr)) {
+        tasks.push_back({r, row, Kind::kDraftStats});
       }
     }
-    run_pass(tasks);
+  }
+
+  // After request r's row j: accept d_j or not (greedy, token); block's rho_1..rho_L. True: read row j + 1.
+  bool advance(int64_t r, int64_t j) {
+    Request& q = req[r];
+    if (q.sampled && block_) {
+      float* rho = &rho_[r * (K_ + 1)];
+      for (int64_t i = 1; i <= q.length; ++i) {
+        float ratio = p_draft(q, r, i - 1) / q_draft(q, r, i - 1);
+        if (std::isnan(ratio)) ratio = 0.f;
+        const float v = rho[i - 1] * ratio;
+        rho[i] = std::isnan(v) ? 0.f : std::min(v, 1.f);
+      }
+      return false;
+    }
+    if (j >= q.length) return false;
+    const int64_t d = draft(r, j);
+    const bool accept = q.sampled ? accept_uniform(r, j) * q_draft(q, r, j) < p_draft(q, r, j)
+                                  : valid(d) && d == targ_[r * (K_ + 1) + j].index;
+    if (!accept) return false;
+    q.n_acc = j + 1;
+    return !is_stop(d);
   }
 
   // p(d_j) and q(d_j) of a sampled request (p is 0 at an invalid draft; NaN stays NaN, as p * valid does).
@@ -413,28 +452,7 @@ class Verifier {
     return prob(dstat_[r * K_ + j], load_at(drow(r, j), ddtype_, valid(d) ? d : 0) / q.t);
   }
 
-  // Greedy and token acceptance (then the stop cut happens in decide_second); block's rho_1..rho_L into rho_.
-  std::vector<float> rho_;
-  void decide_first(Request& q) {
-    const int64_t r = &q - req.data();
-    if (!q.has_rows) return;
-    int64_t n = 0;
-    if (!q.sampled) {
-      while (n < q.length && valid(draft(r, n)) && draft(r, n) == targ_[r * (K_ + 1) + n].index) ++n;
-    } else if (!block_) {
-      while (n < q.length && accept_uniform(r, n) * q_draft(q, r, n) < p_draft(q, r, n)) ++n;
-    } else {
-      if (rho_.empty()) rho_.assign(N_ * (K_ + 1), 1.f);
-      float* rho = &rho_[r * (K_ + 1)];
-      for (int64_t i = 1; i <= q.length; ++i) {
-        float ratio = p_draft(q, r, i - 1) / q_draft(q, r, i - 1);
-        if (std::isnan(ratio)) ratio = 0.f;
-        const float v = rho[i - 1] * ratio;
-        rho[i] = std::isnan(v) ? 0.f : std::min(v, 1.f);
-      }
-    }
-    q.n_acc = n;
-  }
+  std::vector<float> rho_;  // [N, K+1] block verification's rho_0..rho_L
 
   // B: block's S_i for i = 1..L-1; token sampling with draft_logprobs: the statistics of the draft row the
   // correction is sampled from.
