@@ -12,9 +12,10 @@ write) before every repeat; on the CPU, perf_counter after warm-up, repeated unt
 ``--min-reps`` calls and ``--min-time`` seconds). Each row reports the median, the spread (IQR = 25th..75th
 percentile, and the minimum), the op's bytes floor (``bench/floors.py``: inputs read once, outputs written once),
 the achieved bandwidth against that floor, that bandwidth as a percentage of this machine's copy bandwidth
-(measured in the same run with a large tensor copy), the floor's time at that copy bandwidth, and the speed-up against the best other backend or peer of
-the same case. Peers: the reference ops on the same device (what a PyTorch engine would write), the Triton twins,
-FlashInfer's ``chain_speculative_sampling`` for verify_chain; a peer that is missing is a row saying so.
+(measured in the same run with a large tensor copy), the floor's time at that copy bandwidth, and the speed-up
+against the best other backend or peer of the same case. Peers: the reference ops on the same device (what a
+PyTorch engine would write), the CPU kernels (on the CPU), the Triton twins, FlashInfer's
+``chain_speculative_sampling`` for verify_chain; a peer that is missing is a row saying so.
 
 Also: a structural report (per op, bytes moved by the CUDA kernels under the SIMT harness against the floor, CTAs
 at N = 1, registers and spills from ptxas via ``tools/check_cuda.py --json``) and an end-to-end row (the decode

@@ -156,7 +156,8 @@ def test_triton_equals_reference_large_vocab(triton_device):
 
 
 @pytest.mark.parametrize("shape", SHAPES + [(3, 2, 5), (1, 1, 32003)], ids=str)
-@pytest.mark.parametrize("seed,offset,stream", [(0, 0, 0), (1234, 99, rng.STREAM_USER), (2 ** 64 - 1, 2 ** 63 + 5, 255)])
+@pytest.mark.parametrize("seed,offset,stream", [(0, 0, 0), (1234, 99, rng.STREAM_USER),
+                                                (2 ** 64 - 1, 2 ** 63 + 5, 255)])
 def test_cpu_equals_reference(shape, seed, offset, stream):
     ref = dk.rng_uniform(shape, seed, offset, stream, backend="reference")
     cpu = dk.rng_uniform(shape, seed, offset, stream, backend="cpu")

@@ -200,4 +200,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_chain(
     const std::optional<at::Tensor>& thresholds, const std::optional<at::Tensor>& temperature,
     const at::Tensor& rng_key, const std::optional<at::Tensor>& stop_token_ids, c10::string_view method);
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> accept_prefix_scan(
+    const at::Tensor& tokens, const at::Tensor& seq_lens, const std::optional<at::Tensor>& num_accepted,
+    const std::optional<at::Tensor>& accept_mask, const std::optional<at::Tensor>& verify_cu_seqlens,
+    const std::optional<at::Tensor>& block_table, int64_t block_size, const std::optional<at::Tensor>& max_seq_lens,
+    const std::optional<at::Tensor>& stop_token_ids);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
+    const std::optional<at::Tensor>& survival, const std::optional<at::Tensor>& conf_logits,
+    const std::optional<at::Tensor>& sts_temperatures, const at::Tensor& token_counts,
+    const at::Tensor& step_time_ms, double fixed_overhead_ms, int64_t min_len, int64_t max_len,
+    c10::string_view mode, const std::optional<at::Tensor>& budget_survival, double min_gain);
+
 }  // namespace dspark_cpu

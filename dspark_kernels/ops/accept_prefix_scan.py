@@ -50,7 +50,9 @@ ACCEPT_PREFIX_SCAN = define_op(
     "Tensor? block_table, int block_size, Tensor? max_seq_lens, Tensor? stop_token_ids) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     _fake,
-    {"reference": reference.accept_prefix_scan, "cpu": CpuKernel("accept_prefix_scan", reference.accept_prefix_scan), "triton": TritonKernel("accept_prefix_scan", "accept_prefix_scan"),
+    {"reference": reference.accept_prefix_scan,
+     "cpu": CpuKernel("accept_prefix_scan", reference.accept_prefix_scan),
+     "triton": TritonKernel("accept_prefix_scan", "accept_prefix_scan"),
      "cuda": CudaKernel("accept_prefix_scan")},
 )
 

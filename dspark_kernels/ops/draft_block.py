@@ -120,7 +120,8 @@ DRAFT_BLOCK = define_op(
     "Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, bool return_logits, int top_k) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     _fake,
-    {"reference": reference.draft_block, "cpu": CpuKernel("draft_block", reference.draft_block), "triton": TritonKernel("draft_block", "draft_block"),
+    {"reference": reference.draft_block, "cpu": CpuKernel("draft_block", reference.draft_block),
+     "triton": TritonKernel("draft_block", "draft_block"),
      "cuda": CudaKernel("draft_block")},
 )
 

@@ -20,7 +20,8 @@ RNG_UNIFORM = define_op(
     "rng_uniform_",
     "(Tensor(a!) out, Tensor rng_key, int stream) -> ()",
     _fake,
-    {"reference": reference.rng_uniform, "cpu": CpuKernel("rng_uniform_", reference.rng_uniform), "triton": TritonKernel("rng_uniform", "rng_uniform"),
+    {"reference": reference.rng_uniform, "cpu": CpuKernel("rng_uniform_", reference.rng_uniform),
+     "triton": TritonKernel("rng_uniform", "rng_uniform"),
      "cuda": CudaKernel("rng_uniform_")},
 )
 

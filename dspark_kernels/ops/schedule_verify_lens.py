@@ -38,17 +38,16 @@ def _fake(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, f
     return new((n,), dtype=torch.int32), new((n + 1,), dtype=torch.int32), new((), dtype=torch.float32)
 
 
-_KERNEL = CudaKernel("schedule_verify_lens")
-
-
-def _cuda(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
-          mode, budget_survival, min_gain):
-    """The CUDA kernel on the reference's own float32 survival (bit-identical on the same device: the kernel's
+def _on_survival(kernel):
+    """``kernel`` on the reference's own float32 survival (bit-identical on the same device: the CUDA kernel's
     in-kernel conf_logits path, which the C ABI uses, may differ from torch's sigmoid in the last bit)."""
-    if survival is None:
-        survival = survival_from_conf(conf_logits, sts_temperatures)
-    return _KERNEL(survival, None, None, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len, mode,
-                   None if mode == "exact" else budget_survival, min_gain)
+    def run(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
+            mode, budget_survival, min_gain):
+        if survival is None:
+            survival = survival_from_conf(conf_logits, sts_temperatures)
+        return kernel(survival, None, None, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len, mode,
+                      None if mode == "exact" else budget_survival, min_gain)
+    return run
 
 
 SCHEDULE_VERIFY_LENS = define_op(
@@ -57,8 +56,10 @@ SCHEDULE_VERIFY_LENS = define_op(
     "float fixed_overhead_ms, int min_len, int max_len, str mode, Tensor? budget_survival, float min_gain) "
     "-> (Tensor, Tensor, Tensor)",
     _fake,
-    {"reference": reference.schedule_verify_lens, "cpu": CpuKernel("schedule_verify_lens", reference.schedule_verify_lens),
-     "triton": TritonKernel("schedule_verify_lens", "schedule_verify_lens"), "cuda": _cuda},
+    {"reference": reference.schedule_verify_lens,
+     "cpu": _on_survival(CpuKernel("schedule_verify_lens", reference.schedule_verify_lens)),
+     "triton": TritonKernel("schedule_verify_lens", "schedule_verify_lens"),
+     "cuda": _on_survival(CudaKernel("schedule_verify_lens"))},
 )
 
 

@@ -33,7 +33,8 @@ VERIFY_CHAIN = define_op(
     "Tensor? verify_lens, Tensor? survival, Tensor? thresholds, Tensor? temperature, Tensor rng_key, "
     "Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)",
     _fake,
-    {"reference": reference.verify_chain, "cpu": CpuKernel("verify_chain", reference.verify_chain), "triton": TritonKernel("verify_chain", "verify_chain"),
+    {"reference": reference.verify_chain, "cpu": CpuKernel("verify_chain", reference.verify_chain),
+     "triton": TritonKernel("verify_chain", "verify_chain"),
      "cuda": CudaKernel("verify_chain")},
 )
 
