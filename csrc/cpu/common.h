@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
@@ -38,6 +39,7 @@ constexpr int64_t kBlock = 256;        // tokens converted to float32 at a time 
 constexpr int64_t kMinChunk = 4096;    // the smallest vocabulary chunk one thread sweeps
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kGumbelBound = 16.7f;  // above -log(-log(u)) for every uniform the generator gives (16.64)
 
 inline float bits_float(uint32_t b) {
   float f;
@@ -112,9 +114,10 @@ DSPARK_CPU_INLINE const float* as_float(const T* src, int64_t n, float* buf) {
   }
 }
 
-// f(T{}) with T the C++ type of a float32 / bfloat16 / float16 tensor.
+// f(T{}) with T the C++ type of a float32 / bfloat16 / float16 tensor (or float8_e4m3fn where `fp8`).
 template <typename F>
-inline void with_float_type(at::ScalarType dtype, F&& f) {
+inline void with_float_type(at::ScalarType dtype, F&& f, bool fp8 = false) {
+  if (fp8 && dtype == at::kFloat8_e4m3fn) return f(c10::Float8_e4m3fn{});
   switch (dtype) {
     case at::kFloat: f(float{}); return;
     case at::kBFloat16: f(c10::BFloat16{}); return;
@@ -146,6 +149,53 @@ DSPARK_CPU_INLINE void fold_best(const float* buf, int64_t n, int64_t base, Best
       return;
     }
   }
+}
+
+// Softmax statistics of x / T over a row or a chunk of one: the largest value (NaN left out), the sum of
+// exp(x / T - m), and whether a NaN was seen.
+struct Stats {
+  float m = -kInf;
+  float s = 0.f;
+  bool nan = false;
+};
+
+inline Stats merge(const Stats& a, const Stats& b) {
+  const Stats& hi = b.m > a.m ? b : a;
+  const Stats& lo = b.m > a.m ? a : b;
+  Stats r{hi.m, hi.s, a.nan || b.nan};
+  if (lo.m != -kInf && std::isfinite(hi.m)) r.s += lo.s * std::exp(lo.m - hi.m);
+  return r;
+}
+
+// After a NaN, a +inf or with no finite value, softmax is NaN everywhere (as torch.softmax gives).
+inline bool bad(const Stats& st) { return st.nan || !std::isfinite(st.m); }
+
+// log softmax(x / T) at a value y = x / T of the row.
+inline float log_prob(const Stats& st, float y) { return bad(st) ? kNaN : (y - st.m) - std::log(st.s); }
+
+// Folds x[0..n) into st: the maximum is max(x) / T, exactly the maximum of x / T; the sum uses x * (1 / T), within an
+// ulp of x / T.
+DSPARK_CPU_INLINE void fold_stats(const float* x, int64_t n, float t, Stats& st) {
+  const float inv_t = 1.f / t;
+  float mx = -kInf;
+  int nan = 0;
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+  for (int64_t i = 0; i < n; ++i) {
+    nan |= x[i] != x[i];
+    mx = x[i] > mx ? x[i] : mx;
+  }
+  st.nan = st.nan || nan;
+  const float m = mx / t;
+  if (m > st.m) {
+    st.s = st.m == -kInf ? 0.f : st.s * std::exp(st.m - m);
+    st.m = m;
+  }
+  if (m == -kInf || !std::isfinite(st.m)) return;
+  const float shift = st.m;
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += exp_nonpos(x[i] * inv_t - shift);
+  st.s += sum;
 }
 
 // u[i] = uniform(request, position, stream, token0 + i) for i < n; token0 is a multiple of 4. One definition per
@@ -205,6 +255,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const std::optional<at::Tensor>& accept_mask, const std::optional<at::Tensor>& verify_cu_seqlens,
     const std::optional<at::Tensor>& block_table, int64_t block_size, const std::optional<at::Tensor>& max_seq_lens,
     const std::optional<at::Tensor>& stop_token_ids);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_block(
+    const at::Tensor& base_logits, const at::Tensor& anchor_tokens, c10::string_view head_kind, const at::Tensor& w1,
+    const at::Tensor& w2, const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& draft_to_target,
+    const std::optional<at::Tensor>& wg, const std::optional<at::Tensor>& bg, const std::optional<at::Tensor>& wj,
+    const std::optional<at::Tensor>& bj, const std::optional<at::Tensor>& hidden,
+    const std::optional<at::Tensor>& conf_weight, const std::optional<at::Tensor>& conf_bias,
+    const std::optional<at::Tensor>& sts_temperatures, const std::optional<at::Tensor>& temperature,
+    const at::Tensor& rng_key, bool return_logits, int64_t top_k);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
     const std::optional<at::Tensor>& survival, const std::optional<at::Tensor>& conf_logits,
     const std::optional<at::Tensor>& sts_temperatures, const at::Tensor& token_counts,

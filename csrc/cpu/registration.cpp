@@ -8,6 +8,7 @@
 TORCH_LIBRARY_IMPL(dspark_cpu, CPU, m) {
   m.impl("rng_uniform_", &dspark_cpu::rng_uniform);
   m.impl("verify_chain", &dspark_cpu::verify_chain);
+  m.impl("draft_block", &dspark_cpu::draft_block);
   m.impl("accept_prefix_scan", &dspark_cpu::accept_prefix_scan);
   m.impl("schedule_verify_lens", &dspark_cpu::schedule_verify_lens);
 }

@@ -24,26 +24,8 @@ namespace {
 
 using dspark::rng::Philox;
 constexpr float kResidualEps = 1e-6f;  // reference.verify_chain.RESIDUAL_EPS
-constexpr float kGumbelBound = 16.7f;  // above -log(-log(u)) for every uniform the generator gives (16.64)
 
-// Softmax statistics of x / T over a row or a chunk of one: the largest value (NaN left out), the sum of
-// exp(x / T - m), and whether a NaN was seen.
-struct Stats {
-  float m = -kInf;
-  float s = 0.f;
-  bool nan = false;
-};
-
-Stats merge(const Stats& a, const Stats& b) {
-  const Stats& hi = b.m > a.m ? b : a;
-  const Stats& lo = b.m > a.m ? a : b;
-  Stats r{hi.m, hi.s, a.nan || b.nan};
-  if (lo.m != -kInf && std::isfinite(hi.m)) r.s += lo.s * std::exp(lo.m - hi.m);
-  return r;
-}
-
-// After a NaN, a +inf or with no finite value, softmax is NaN everywhere (as torch.softmax gives).
-bool bad(const Stats& st) { return st.nan || !std::isfinite(st.m); }
+// p (or q) of one token whose scaled logit is y.
 float prob(const Stats& st, float y) { return bad(st) ? kNaN : std::exp(y - st.m) / st.s; }
 
 // One side of a joint sweep: p = exp(y - shift) * scale with scale NaN for a bad row.
@@ -80,34 +62,13 @@ DSPARK_CPU_CLONES Best argmax_chunk(const T* row, int64_t lo, int64_t hi) {
   return best;
 }
 
-// The sums use x * (1 / T) (within an ulp of x / T); the maximum is max(x) / T, exactly the maximum of x / T.
 template <typename T>
 DSPARK_CPU_CLONES Stats stats_chunk(const T* row, int64_t lo, int64_t hi, float t) {
   float buf[kBlock];
-  const float inv_t = 1.f / t;
   Stats st;
   for (int64_t b = lo; b < hi; b += kBlock) {
     const int64_t n = std::min(kBlock, hi - b);
-    const float* x = as_float(row + b, n, buf);
-    float mx = -kInf;
-    int nan = 0;
-#pragma omp simd reduction(max : mx) reduction(| : nan)
-    for (int64_t i = 0; i < n; ++i) {
-      nan |= x[i] != x[i];
-      mx = x[i] > mx ? x[i] : mx;
-    }
-    st.nan = st.nan || nan;
-    const float m = mx / t;
-    if (m > st.m) {
-      st.s = st.m == -kInf ? 0.f : st.s * std::exp(st.m - m);
-      st.m = m;
-    }
-    if (m == -kInf || !std::isfinite(st.m)) continue;
-    const float shift = st.m;
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; ++i) s += exp_nonpos(x[i] * inv_t - shift);
-    st.s += s;
+    fold_stats(as_float(row + b, n, buf), n, t, st);
   }
   return st;
 }

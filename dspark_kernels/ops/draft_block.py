@@ -112,6 +112,11 @@ def _fake(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_to_targ
             new((n, k, top_k) if return_logits and top_k > 0 else (0,), dtype=torch.int64))
 
 
+def _cpu_supports(*args) -> bool:
+    """The CPU kernel drafts full-vocabulary proposals; top-k proposals (``top_k > 0``) run on the reference."""
+    return args[-1] == 0
+
+
 DRAFT_BLOCK = define_op(
     "draft_block",
     "(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, Tensor? w2_scale, "
@@ -120,7 +125,7 @@ DRAFT_BLOCK = define_op(
     "Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, bool return_logits, int top_k) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     _fake,
-    {"reference": reference.draft_block, "cpu": CpuKernel("draft_block", reference.draft_block),
+    {"reference": reference.draft_block, "cpu": CpuKernel("draft_block", reference.draft_block, _cpu_supports),
      "triton": TritonKernel("draft_block", "draft_block"),
      "cuda": CudaKernel("draft_block")},
 )
