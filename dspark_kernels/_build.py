@@ -187,10 +187,10 @@ def cpu_include_dirs() -> List[str]:
 def cpu_flags() -> tuple:
     """``(compile flags, link flags)`` of the CPU kernels: OpenMP for ATen's parallel_for and ``omp simd`` loops
     (torch's own libgomp serves it at run time); no errno and no floating-point traps, so the sweeps' selects
-    if-convert and vectorize (IEEE results unchanged); no FMA contraction, so float64 arithmetic that repeats the
-    reference's (the scheduler's) rounds as it does. No instruction-set flag: the hot sweeps carry GCC's
-    ``target_clones("avx2", "default")`` and pick their clone when the library loads."""
-    return ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"], ["-fopenmp"]
+    if-convert and vectorize (IEEE results unchanged); FMA contraction where an instruction set has it. No
+    instruction-set flag: the hot sweeps carry GCC's ``target_clones`` (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA,
+    the baseline) and the loader picks the clone for the CPU it runs on."""
+    return ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast"], ["-fopenmp"]
 
 
 def simt_include_dirs() -> List[str]:

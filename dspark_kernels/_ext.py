@@ -266,8 +266,8 @@ def _cpu_build() -> None:
     _build.clear_stale_lock(build_dir)
     srcs = _build.cpu_sources()
     built = glob.glob(os.path.join(build_dir, f"{CPU_LIBRARY}*.so"))
-    newest_src = max(os.path.getmtime(p) for p in
-                     srcs + glob.glob(os.path.join(_build.csrc_dir(), "include", "**", "*"), recursive=True))
+    newest_src = max(os.path.getmtime(p) for p in srcs + glob.glob(os.path.join(_build.csrc_dir(), "cpu", "*")) +
+                     glob.glob(os.path.join(_build.csrc_dir(), "include", "**", "*"), recursive=True))
     if not built or max(os.path.getmtime(p) for p in built) < newest_src:
         print(f"dspark_kernels: building the CPU kernels {CPU_LIBRARY} in {build_dir} (once, then cached)",
               file=sys.stderr, flush=True)

@@ -23,10 +23,10 @@
 
 #include "dspark/rng.cuh"
 
-// Hot sweeps are compiled twice (AVX2 and the baseline) and chosen when the library loads (GCC function
-// multiversioning): no flag of the build machine decides the instruction set.
+// Hot sweeps are compiled three times (x86-64-v4: AVX-512; x86-64-v3: AVX2 + FMA; the baseline) and chosen when the
+// library loads (GCC function multiversioning): no flag of the build machine decides the instruction set.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define DSPARK_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#define DSPARK_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define DSPARK_CPU_CLONES
 #endif

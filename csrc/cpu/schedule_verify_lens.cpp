@@ -1,12 +1,14 @@
 // CPU kernel of schedule_verify_lens (the meaning: dspark_kernels/reference/schedule_verify_lens.py), on the
 // survival (the Python side turns conf_logits into it first, with torch's own float32 ops). The reference's float64
-// operations are repeated in its order: the cost table's interpolation op by op (no contraction: -ffp-contract=off),
+// operations are repeated in its order: the cost table's interpolation op by op (no FMA contraction in this file),
 // Theta_m = (tau0 + C_m) * SPS(B_0 + m) with C_m the sequential sum of the sorted survivals, as torch.cumsum takes
 // it. tau0's sum over the first min_len columns is sequential here and pairwise in torch: equal whenever the float64
 // sums of these float32 values are exact (always for min_len = 0, and whenever no survival there is below about
 // 2^-17 of the largest).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
+
+#pragma GCC optimize("fp-contract=off")
 
 #include <numeric>
 #include <vector>
