@@ -103,6 +103,15 @@ DSPARK_CPU_INLINE void to_float(const T* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
+// Asks for the row's elements [b + ahead, b + ahead + kBlock) (clipped at hi), one request per 64-byte line, so the
+// block after next is on its way while this one is computed on (a prefetch never faults).
+template <typename T>
+DSPARK_CPU_INLINE void prefetch_ahead(const T* row, int64_t b, int64_t hi) {
+  constexpr int64_t kAhead = 2 * kBlock, kLine = 64 / sizeof(T);
+  const int64_t end = std::min(hi, b + kAhead + kBlock);
+  for (int64_t i = b + kAhead; i < end; i += kLine) __builtin_prefetch(row + i);
+}
+
 // src[0..n) as float32: src itself for float32 rows, else converted into buf.
 template <typename T>
 DSPARK_CPU_INLINE const float* as_float(const T* src, int64_t n, float* buf) {

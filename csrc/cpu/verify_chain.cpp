@@ -57,6 +57,7 @@ DSPARK_CPU_CLONES Best argmax_chunk(const T* row, int64_t lo, int64_t hi) {
   Best best{-kInf, lo};
   for (int64_t b = lo; b < hi; b += kBlock) {
     const int64_t n = std::min(kBlock, hi - b);
+    prefetch_ahead(row, b, hi);
     fold_best(as_float(row + b, n, buf), n, b, best);
   }
   return best;
@@ -68,6 +69,7 @@ DSPARK_CPU_CLONES Stats stats_chunk(const T* row, int64_t lo, int64_t hi, float 
   Stats st;
   for (int64_t b = lo; b < hi; b += kBlock) {
     const int64_t n = std::min(kBlock, hi - b);
+    prefetch_ahead(row, b, hi);
     fold_stats(as_float(row + b, n, buf), n, t, st);
   }
   return st;
@@ -87,6 +89,8 @@ DSPARK_CPU_INLINE void residual_weights(const TT* trow, const TD* drow, const Jo
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) tmp[i] = i == hot ? 1.f : 0.f;
   }
+  prefetch_ahead(trow, b, b + 3 * kBlock);
+  if (drow != nullptr) prefetch_ahead(drow, b, b + 3 * kBlock);
   const float* x = as_float(trow + b, n, tmp2);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
@@ -149,6 +153,7 @@ DSPARK_CPU_CLONES Best gumbel_chunk(const T* row, float t, const Philox& ph, int
   Best best{-kInf, lo};
   for (int64_t b = lo; b < hi; b += kBlock) {
     const int64_t n = std::min(kBlock, hi - b);
+    prefetch_ahead(row, b, hi);
     to_float(row + b, n, y);
     float m = -kInf;
 #pragma omp simd reduction(max : m)
