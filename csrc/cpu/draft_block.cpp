@@ -17,7 +17,7 @@ namespace dspark_cpu {
 
 namespace {
 
-constexpr int64_t kRows = 32;  // W2 rows per tile (a multiple of 4: whole Philox quads)
+constexpr int64_t kRows = 16;  // W2 rows per tile (a multiple of 4: whole Philox quads)
 
 // A chunk's result for one request: the race winner (key, draft id), the winner's logit, the softmax statistics.
 struct Part {
@@ -74,27 +74,59 @@ DSPARK_CPU_INLINE void fold_request(const Sweep& sw, int64_t n, const float* lg,
   if (part.best.index >= b && part.best.index < b + len) part.logit = lg[part.best.index - b];
 }
 
+// tile[n * kRows + j] = scale_j * (w_j . v_n) for the tile's len rows w [len, r] and the N requests' v [N, r].
+// Four requests at a time (their v rows stay in L1 while the tile's rows pass) keep four sums in flight and share
+// each load of w.
+DSPARK_CPU_INLINE void biases(const float* w, int64_t len, const float* v, int64_t N, int64_t r, const float* scale,
+                              float* tile) {
+  int64_t n = 0;
+  for (; n + 4 <= N; n += 4) {
+    const float *v0 = v + n * r, *v1 = v0 + r, *v2 = v1 + r, *v3 = v2 + r;
+    for (int64_t j = 0; j < len; ++j) {
+      const float* wj = w + j * r;
+      float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+      for (int64_t i = 0; i < r; ++i) {
+        s0 += wj[i] * v0[i];
+        s1 += wj[i] * v1[i];
+        s2 += wj[i] * v2[i];
+        s3 += wj[i] * v3[i];
+      }
+      tile[n * kRows + j] = s0 * scale[j];
+      tile[(n + 1) * kRows + j] = s1 * scale[j];
+      tile[(n + 2) * kRows + j] = s2 * scale[j];
+      tile[(n + 3) * kRows + j] = s3 * scale[j];
+    }
+  }
+  for (; n < N; ++n) {
+    const float* vn = v + n * r;
+    for (int64_t j = 0; j < len; ++j) {
+      const float* wj = w + j * r;
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < r; ++i) s += wj[i] * vn[i];
+      tile[n * kRows + j] = s * scale[j];
+    }
+  }
+}
+
 // Draft ids lo..hi-1 for every request: parts[n] = the chunk's partial of request n.
 template <typename TU, typename TW>
 DSPARK_CPU_CLONES void sweep_chunk(const Sweep& sw, int64_t lo, int64_t hi, Part* parts) {
   const TU* U = static_cast<const TU*>(sw.u);
   const TW* W2 = static_cast<const TW*>(sw.w2);
   const int64_t r = sw.r;
-  std::vector<float> wbuf(r), tile(sw.N * kRows);
-  float ubuf[kRows], y[kRows], u[kRows];
+  std::vector<float> wbuf(kRows * r), tile(sw.N * kRows);
+  float ubuf[kRows], y[kRows], u[kRows], scale[kRows];
   for (int64_t n = 0; n < sw.N; ++n) parts[n].best.index = lo;
   for (int64_t b = lo; b < hi; b += kRows) {
     const int64_t len = std::min(kRows, hi - b);
-    for (int64_t j = 0; j < len; ++j) {
-      const float* w = as_float(W2 + (b + j) * r, r, wbuf.data());
-      for (int64_t n = 0; n < sw.N; ++n) {
-        const float* v = sw.v + n * r;
-        float s = 0.f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < r; ++i) s += w[i] * v[i];
-        tile[n * kRows + j] = sw.scale != nullptr ? s * sw.scale[b + j] : s;
-      }
+    for (int64_t i = (b + kRows) * r; i < std::min(hi, b + 2 * kRows) * r; i += 64 / sizeof(TW)) {
+      __builtin_prefetch(W2 + i);  // the next tile's rows
     }
+    const float* w = as_float(W2 + b * r, len * r, wbuf.data());
+    for (int64_t j = 0; j < len; ++j) scale[j] = sw.scale != nullptr ? sw.scale[b + j] : 1.f;
+    biases(w, len, sw.v, sw.N, r, scale, tile.data());
     for (int64_t n = 0; n < sw.N; ++n) {
       const int64_t row = (n * sw.K + sw.k) * sw.Vd;
       const float* ub = as_float(U + row + b, len, ubuf);
