@@ -235,10 +235,16 @@ inline std::pair<int64_t, int64_t> chunk_range(int64_t vocab, int64_t chunks, in
   return {lo, std::min(vocab, lo + size)};
 }
 
-// fn(task, chunk, lo, hi) for every chunk of `tasks` rows of `vocab` tokens, the items spread over the threads.
+// fn(task, chunk, lo, hi) for every chunk of `tasks` rows of `vocab` tokens, the items spread over the threads;
+// each thread gets at least kSerialElements elements (a token weighs `weight` elements: W2's rank for
+// draft_block), so a small pass runs on the calling thread (waking the others costs more than it saves, and much
+// more on a machine whose other cores are busy).
+constexpr int64_t kSerialElements = 1 << 18;
 template <typename F>
-inline void for_each_chunk(int64_t tasks, int64_t vocab, int64_t chunks, const F& fn) {
-  at::parallel_for(0, tasks * chunks, 1, [&](int64_t begin, int64_t end) {
+inline void for_each_chunk(int64_t tasks, int64_t vocab, int64_t chunks, const F& fn, int64_t weight = 1) {
+  const int64_t chunk_elements = std::max<int64_t>(1, (vocab + chunks - 1) / chunks * weight);
+  const int64_t grain = std::max<int64_t>(1, kSerialElements / chunk_elements);
+  at::parallel_for(0, tasks * chunks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const auto [lo, hi] = chunk_range(vocab, chunks, i % chunks);
       fn(i / chunks, i % chunks, lo, hi);

@@ -258,7 +258,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           sweep_chunk<decltype(ut), decltype(wt)>(sw, lo, hi, &parts[c * N]);
         }, /*fp8=*/true);
       });
-    });
+    }, r * N);
     for (int64_t n = 0; n < N; ++n) {
       Part p = parts[n];
       for (int64_t c = 1; c < chunks; ++c) p = merge(p, parts[c * N + n]);

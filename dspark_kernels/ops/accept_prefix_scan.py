@@ -83,7 +83,8 @@ def accept_prefix_scan(tokens: torch.Tensor, seq_lens: torch.Tensor, *, num_acce
         block_size: tokens per block (int > 0), ``kv_slots`` is returned.
         max_seq_lens: int32/int64 ``[N]`` length limits.
         stop_token_ids: int32/int64 ``[S]`` stop tokens.
-        backend: "auto" | "cuda" | "triton" | "reference".
+        backend: "auto" | "cpu" | "cuda" | "triton" | "reference" ("auto": CUDA or Triton on a GPU, the CPU
+            kernel on CPU tensors where it builds, else the reference; ``DSPARK_BACKEND`` sets the default).
 
     Returns:
         :class:`ScanOutput` with

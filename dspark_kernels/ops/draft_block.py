@@ -166,7 +166,9 @@ def draft_block(
             elsewhere), which drafts, log-probabilities and the returned logits describe. ``logits`` is then sparse: float32 ``[N, K, top_k]`` over the
             candidates in increasing draft-id order, with ``candidates`` int64 ``[N, K, top_k]`` their target ids
             (pass both to ``verify_chain`` as ``draft_logits`` / ``draft_candidates``).
-        backend: "auto" | "cuda" | "triton" | "reference".
+        backend: "auto" | "cpu" | "cuda" | "triton" | "reference" ("auto": CUDA or Triton on a GPU, the CPU
+            kernel on CPU tensors where it builds, else the reference; ``DSPARK_BACKEND`` sets the default). The CPU
+            kernel drafts full-vocabulary proposals; with ``top_k`` "cpu" runs the reference.
 
     Returns:
         ``DraftBlockOutput(tokens int64 [N, K], logits float32 [N, K, V] | None, conf_logits float32 [N, K] | None,

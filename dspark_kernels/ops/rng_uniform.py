@@ -35,7 +35,8 @@ def rng_uniform(shape_or_out: Union[Sequence[int], torch.Tensor], seed=0, offset
         seed, offset: Python ints or one-element int32/int64 tensors (device tensors allowed: no sync).
         stream: 0 <= stream < 256; streams 0-15 are the ones the ops use (``rng.STREAM_*``).
         device: where to allocate when a shape is given (default: the CPU).
-        backend: "auto" | "cuda" | "triton" | "reference".
+        backend: "auto" | "cpu" | "cuda" | "triton" | "reference" ("auto": CUDA or Triton on a GPU, the CPU
+            kernel on CPU tensors where it builds, else the reference).
 
     Returns:
         float32 ``[N, K, V]``: ``out[n, k, v] = uniform(seed, offset, request=n, position=k, stream, token=v)``,

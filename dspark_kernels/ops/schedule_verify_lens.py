@@ -91,8 +91,9 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
         mode: "exact" or "argmax".
         budget_survival: float ``[N', K']`` (argmax mode only).
         min_gain: float >= 0 (argmax mode only).
-        backend: "auto" | "cuda" | "triton" | "reference". "auto" on a GPU: CUDA where the extension builds (any
-            N*K), else Triton up to its one-program size (N*K <= 16384), else the reference.
+        backend: "auto" | "cpu" | "cuda" | "triton" | "reference". "auto" on CPU tensors: the CPU kernel where it
+            builds (equal to the reference bit for bit), else the reference. "auto" on a GPU: CUDA where the
+            extension builds (any N*K), else Triton up to its one-program size (N*K <= 16384), else the reference.
 
     Returns:
         :class:`ScheduleOutput`: ``verify_lens`` int32 ``[N]``, ``cu_seqlens`` int32 ``[N+1]``,

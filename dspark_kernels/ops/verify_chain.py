@@ -90,7 +90,10 @@ def verify_chain(
         seed, offset: the random key (ints or one-element int tensors, device tensors allowed).
         stop_token_ids: int ``[S]``; an accepted stop token ends acceptance right after it, with no bonus token.
         method: "token" (standard rejection sampling) or "block" (Sun et al., 2024); both lossless.
-        backend: "auto" | "cuda" | "triton" | "reference".
+        backend: "auto" | "cpu" | "cuda" | "triton" | "reference" ("auto": CUDA or Triton on a GPU, the CPU
+            kernel on CPU tensors where it builds, else the reference; ``DSPARK_BACKEND`` sets the default). Every
+            mode has a CPU kernel (``draft_to_target`` / ``draft_candidates`` rows are densified first, as for the
+            other backends).
 
     Returns:
         ``VerifyOutput(tokens int64 [N, K+1], num_accepted int32 [N], accept_mask bool [N, K])``: ``tokens`` holds
