@@ -259,30 +259,32 @@ class Verifier {
     return jt;
   }
 
-  // Runs the tasks' chunks on the threads and merges each task's partials with `merge_task(task, first partial)`.
-  template <typename Partial, typename Sweep, typename Merge>
-  void run_tasks(const std::vector<Task>& tasks, const Sweep& sweep, const Merge& merge_task) {
-    if (tasks.empty()) return;
-    const int64_t chunks = chunks_per_row(static_cast<int64_t>(tasks.size()), V_);
-    std::vector<Partial> parts(tasks.size() * chunks);
-    for_each_chunk(static_cast<int64_t>(tasks.size()), V_, chunks, [&](int64_t i, int64_t c, int64_t lo, int64_t hi) {
-      parts[i * chunks + c] = sweep(i, tasks[i], lo, hi);
-    });
-    for (size_t i = 0; i < tasks.size(); ++i) {
-      Partial acc = parts[i * chunks];
-      for (int64_t c = 1; c < chunks; ++c) acc = merge_task(acc, parts[i * chunks + c]);
-      store(tasks[i], acc);
-    }
-  }
-
-  // A pass's result per task kind (one struct, so every pass shares run_tasks).
+  // A pass's result per task (one struct for every kind of task).
   struct Partial {
     Best best;
     Stats stats;
     float mass = 0.f;
   };
+  std::vector<Partial> residual_;  // [N] the emitting row's residual mass and race winner
+
   static Partial merge_partial(const Partial& a, const Partial& b) {
     return Partial{better(a.best, b.best), merge(a.stats, b.stats), a.mass + b.mass};
+  }
+
+  // Runs the tasks' chunks on the threads, merges each task's partials and stores the result.
+  void run_pass(const std::vector<Task>& tasks) {
+    if (tasks.empty()) return;
+    const int64_t count = static_cast<int64_t>(tasks.size());
+    const int64_t chunks = chunks_per_row(count, V_);
+    std::vector<Partial> parts(count * chunks);
+    for_each_chunk(count, V_, chunks, [&](int64_t i, int64_t c, int64_t lo, int64_t hi) {
+      parts[i * chunks + c] = sweep(i, tasks[i], lo, hi);
+    });
+    for (int64_t i = 0; i < count; ++i) {
+      Partial acc = parts[i * chunks];
+      for (int64_t c = 1; c < chunks; ++c) acc = merge_partial(acc, parts[i * chunks + c]);
+      store(tasks[i], acc);
+    }
   }
 
   void store(const Task& tk, const Partial& p) {
@@ -295,9 +297,8 @@ class Verifier {
       case Kind::kGumbel: req[tk.r].emitted = p.best.index; break;
     }
   }
-  std::vector<Partial> residual_;
 
-  Partial sweep(size_t i, const Task& tk, int64_t lo, int64_t hi) const {
+  Partial sweep(int64_t i, const Task& tk, int64_t lo, int64_t hi) const {
     Partial out;
     out.best.index = lo;
     const Request& q = req[tk.r];
@@ -342,12 +343,6 @@ class Verifier {
         break;
     }
     return out;
-  }
-
-  void run_pass(const std::vector<Task>& tasks) {
-    run_tasks<Partial>(
-        tasks, [&](int64_t i, const Task& tk, int64_t lo, int64_t hi) { return sweep(i, tk, lo, hi); },
-        merge_partial);
   }
 
   // A: the rows acceptance reads, a wave per row position j. Greedy and token requests read row j (its argmax, or
