@@ -323,7 +323,10 @@ def load_cpu():
 
 
 def cpu_available() -> bool:
-    """True when the CPU kernels are built and loaded (building them on the first call)."""
+    """True when the CPU kernels are built and loaded (building them on the first call; later calls read a flag, so
+    ``torch.compile`` traces them without a lock)."""
+    if _cpu_library is not None or _cpu_error is not None:
+        return _cpu_library is not None
     return load_cpu() is not None
 
 
