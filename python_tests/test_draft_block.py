@@ -1159,3 +1159,20 @@ def test_cpu_top_k_runs_on_the_reference():
     ref = dk.draft_block(base, anchors, head, backend="reference", **kw)
     out = dk.draft_block(base, anchors, head, backend="cpu", **kw)
     assert all(torch.equal(a, b) for a, b in zip(ref, out))
+
+
+def test_cpu_fp8_every_e4m3_code():
+    """The CPU kernel's e4m3 decode: every finite code's value exactly (logits = W2[:, n] through a one-hot v), and
+    NaN for the two NaN codes."""
+    raw = torch.arange(256, dtype=torch.uint8)
+    raw[(raw & 0x7F) == 0x7F] = 0
+    codes = raw.view(torch.float8_e4m3fn)
+    head = dk.MarkovHead("vanilla", torch.eye(256), codes.expand(256, 256).contiguous(), w2_scale=torch.ones(256))
+    out = dk.draft_block(torch.zeros(256, 1, 256), torch.arange(256), head, backend="cpu", return_logits=True)
+    assert torch.equal(out.logits[:, 0, 0], codes.float())
+    nan_codes = torch.tensor([0x7F, 0xFF, 0x00, 0x38], dtype=torch.uint8).view(torch.float8_e4m3fn)
+    w2 = torch.diag(nan_codes.float()).to(torch.float8_e4m3fn)   # row j holds code j only
+    head = dk.MarkovHead("vanilla", torch.eye(4), w2, w2_scale=torch.ones(4))
+    out = dk.draft_block(torch.zeros(4, 1, 4), torch.arange(4), head, backend="cpu", return_logits=True)
+    assert out.logits[3, 0].isnan().tolist() == [True, True, False, False]   # a NaN code makes its row's bias NaN
+    assert out.logits[3, 0, 3].item() == 1.0
