@@ -26,7 +26,7 @@ QWEN3_VOCAB = 151936
 
 CASE_KEYS = ["N", "K", "V", "P", "dtype", "mode", "w2", "top_k", "sched", "r", "d"]  # the parameters naming a case
 SHARDS, TOP_M = 4, 8   # the vocabulary-parallel rows: shard 1 of P = 4, token sampling's candidates
-BACKENDS = ["cuda", "triton", "reference", "flashinfer"]
+BACKENDS = ["cuda", "triton", "cpu", "reference", "flashinfer"]
 PEERS = {"flashinfer": ["verify_chain"]}   # external peers and the ops they have
 
 

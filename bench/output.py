@@ -51,6 +51,7 @@ COLUMNS = [
     ("IQR (p25..p75)", 24, lambda r: f"{fmt_time(r['p25_ms'])}..{fmt_time(r['p75_ms'])}",
      ["p25_ms", "p75_ms", "min_ms", "max_ms", "reps"]),
     ("floor", 10, lambda r: fmt_bytes(r["floor_bytes"]), ["floor_bytes"]),
+    ("floor time", 12, lambda r: fmt_time(r.get("floor_ms")), ["floor_ms"]),
     ("GB/s", 10, lambda r: f"{r['achieved_gbps']:.3g}", ["achieved_gbps"]),
     ("% copy", 9, _pct, ["pct_of_copy_bw"]),
     ("  speed-up vs best other", 0, lambda r: "  " + _speedup(r), ["best_other", "speedup_vs_best_other"]),

@@ -12,9 +12,10 @@ write) before every repeat; on the CPU, perf_counter after warm-up, repeated unt
 ``--min-reps`` calls and ``--min-time`` seconds). Each row reports the median, the spread (IQR = 25th..75th
 percentile, and the minimum), the op's bytes floor (``bench/floors.py``: inputs read once, outputs written once),
 the achieved bandwidth against that floor, that bandwidth as a percentage of this machine's copy bandwidth
-(measured in the same run with a large tensor copy), and the speed-up against the best other backend or peer of
-the same case. Peers: the reference ops on the same device (what a PyTorch engine would write), the Triton twins,
-FlashInfer's ``chain_speculative_sampling`` for verify_chain; a peer that is missing is a row saying so.
+(measured in the same run with a large tensor copy), the floor's time at that copy bandwidth, and the speed-up
+against the best other backend or peer of the same case. Peers: the reference ops on the same device (what a
+PyTorch engine would write), the CPU kernels (on the CPU), the Triton twins, FlashInfer's
+``chain_speculative_sampling`` for verify_chain; a peer that is missing is a row saying so.
 
 Also: a structural report (per op, bytes moved by the CUDA kernels under the SIMT harness against the floor, CTAs
 at N = 1, registers and spills from ptxas via ``tools/check_cuda.py --json``) and an end-to-end row (the decode
@@ -59,7 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     preset.add_argument("--full", action="store_true", help=f"the full grid: {GRIDS['full']}")
     ap.add_argument("--op", nargs="+", choices=OPS, help="ops to run (default: all)")
     ap.add_argument("--backend", nargs="+", choices=BACKENDS,
-                    help="backends and peers (default: on a GPU all of them, on the CPU the reference)")
+                    help="backends and peers (default: on a GPU all of them, on the CPU the CPU kernels and the "
+                         "reference)")
     ap.add_argument("--N", nargs="+", type=int, help="restrict the grid's N values")
     ap.add_argument("--K", nargs="+", type=int, help="restrict the grid's K values")
     ap.add_argument("--V", nargs="+", type=int, help="restrict the grid's V values")
@@ -129,7 +131,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     grid = dict(GRIDS[preset], **{k: getattr(args, k) for k in ("N", "K", "V", "dtype", "mode") if getattr(args, k)})
-    ops, backends = args.op or OPS, args.backend or (BACKENDS if gpu else ["reference"])
+    ops, backends = args.op or OPS, args.backend or (BACKENDS if gpu else ["cpu", "reference"])
     timer, info = make_timer(args, gpu), machine_info(dev)
     timing = ("CUDA events, L2 flushed (512 MiB write) before each repeat" if gpu else
               "perf_counter, 2 warm-up calls, repeats until the IQR is within 10% of the median")

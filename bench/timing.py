@@ -142,7 +142,8 @@ def _sig(x: float, digits: int = 4) -> float:
 
 
 def add_comparisons(rows: List[dict], copy_gbps: float) -> None:
-    """% of copy bandwidth per row; speed-up against the best other backend / peer of the same case."""
+    """% of copy bandwidth per row, the floor's time at the copy bandwidth; speed-up against the best other backend /
+    peer of the same case."""
     key = lambda r: (r["op"],) + tuple((k, r[k]) for k in CASE_KEYS if k in r)  # noqa: E731
     groups: Dict[tuple, List[dict]] = {}
     for r in rows:
@@ -151,6 +152,7 @@ def add_comparisons(rows: List[dict], copy_gbps: float) -> None:
         ok = [r for r in rs if r.get("status") == "ok"]
         for r in ok:
             r["pct_of_copy_bw"] = _sig(100.0 * r["achieved_gbps"] / copy_gbps) if copy_gbps else None
+            r["floor_ms"] = _sig(r["floor_bytes"] / (copy_gbps * 1e9) * 1e3) if copy_gbps else None
             others = [o for o in ok if o is not r]
             if others:
                 best = min(others, key=lambda o: o["median_ms"])

@@ -22,6 +22,7 @@ from typing import List, Optional
 
 LIBRARY = "dspark_C"          # the torch.ops namespace of the CUDA extension
 SIMT_LIBRARY = "dspark_simt"  # the torch.ops namespace of its SIMT build (CPU dispatch)
+CPU_LIBRARY = "dspark_cpu"    # the torch.ops namespace of the CPU kernels (csrc/cpu)
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -46,6 +47,11 @@ def simt_sources() -> List[str]:
     """The SIMT build's translation units: the harness runtime and module, then the same launchers."""
     d = csrc_dir()
     return [os.path.join(d, "simt", "module.cpp"), os.path.join(d, "simt", "runtime.cpp")] + sources()
+
+
+def cpu_sources() -> List[str]:
+    """The CPU kernels, one ``csrc/cpu/<op>.cpp`` per op, and their registration."""
+    return sorted(glob.glob(os.path.join(csrc_dir(), "cpu", "*.cpp")))
 
 
 @functools.lru_cache(maxsize=None)
@@ -172,6 +178,19 @@ def nvcc_flags(arch_flags: bool = True) -> List[str]:
 
 def cxx_flags() -> List[str]:
     return ["-O3"]
+
+
+def cpu_include_dirs() -> List[str]:
+    return [os.path.join(csrc_dir(), "include"), os.path.join(csrc_dir(), "cpu")]
+
+
+def cpu_flags() -> tuple:
+    """``(compile flags, link flags)`` of the CPU kernels: OpenMP for ATen's parallel_for and ``omp simd`` loops
+    (torch's own libgomp serves it at run time); no errno and no floating-point traps, so the sweeps' selects
+    if-convert and vectorize (IEEE results unchanged); FMA contraction where an instruction set has it. No
+    instruction-set flag: the hot sweeps carry GCC's ``target_clones`` (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA,
+    the baseline) and the loader picks the clone for the CPU it runs on."""
+    return ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast"], ["-fopenmp"]
 
 
 def simt_include_dirs() -> List[str]:

@@ -19,6 +19,11 @@ C++ compiler against ``csrc/simt`` into a CPU extension whose ops (``torch.ops.d
 (the toolkit's, or those of torch's CUDA wheels), no GPU and no nvcc. ``DSPARK_SIMT_SANITIZE=1`` builds it with
 AddressSanitizer and UndefinedBehaviorSanitizer; Python must then start with the ASan runtime preloaded
 (``LD_PRELOAD`` = ``asan_preload()``: the ASan runtime, then libstdc++).
+
+The CPU kernels (``cpu_kernel(name)``; ``torch.ops.dspark_cpu``, dispatch key CPU) are ``csrc/cpu/*.cpp``, built with
+the host C++ compiler on first use (``torch.utils.cpp_extension.load``, cached like the others; seconds to a minute
+once). Their schemas are defined here from each op's ``define_op`` schema before the library loads. Where they
+cannot be built (no compiler, ``DSPARK_NO_JIT=1``) a warning says so once and the CPU ops run the reference.
 """
 
 from __future__ import annotations
@@ -28,15 +33,16 @@ import importlib
 import os
 import sys
 import threading
+import warnings
 from typing import Optional
 
 import torch
 
 from . import _build
-from ._build import LIBRARY, SIMT_LIBRARY, asan_preload, cuda_home
+from ._build import CPU_LIBRARY, LIBRARY, SIMT_LIBRARY, asan_preload, cuda_home
 
 __all__ = ["load", "is_available", "has_op", "kernels", "load_simt", "simt_enabled", "register_fake", "cuda_home",
-           "asan_preload", "LIBRARY", "SIMT_LIBRARY"]
+           "asan_preload", "cpu_available", "cpu_kernel", "LIBRARY", "SIMT_LIBRARY", "CPU_LIBRARY"]
 
 _lock = threading.RLock()
 _ops = None                    # torch.ops.dspark_C once loaded
@@ -44,7 +50,9 @@ _error: Optional[str] = None   # why loading failed (cached: no rebuild attempt 
 _available: Optional[bool] = None
 _simt_module = None            # the SIMT build's Python module once loaded
 _simt_error: Optional[str] = None
-_fakes: dict = {}              # op name -> fake implementation, registered on both libraries when they load
+_fakes: dict = {}              # op name -> fake implementation, registered on the libraries when they load
+_cpu_library = None            # the torch.library.Library defining torch.ops.dspark_cpu's schemas
+_cpu_error: Optional[str] = None
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -92,6 +100,8 @@ def register_fake(name: str, fn) -> None:
         _register_fake(LIBRARY, name, fn)
     if _simt_module is not None:
         _register_fake(SIMT_LIBRARY, name, fn)
+    if _cpu_library is not None:
+        _register_fake(CPU_LIBRARY, name, fn)
 
 
 def _register_fake(lib: str, name: str, fn) -> None:
@@ -246,3 +256,83 @@ def kernels(device: torch.device):
         load_simt()
         return getattr(torch.ops, SIMT_LIBRARY)
     return load()
+
+
+# ------------------------------------------------------------------------------------------------ CPU kernels
+
+def _cpu_build() -> None:
+    from torch.utils import cpp_extension
+    build_dir = cpp_extension._get_build_directory(CPU_LIBRARY, verbose=False)
+    _build.clear_stale_lock(build_dir)
+    srcs = _build.cpu_sources()
+    built = glob.glob(os.path.join(build_dir, f"{CPU_LIBRARY}*.so"))
+    newest_src = max(os.path.getmtime(p) for p in srcs + glob.glob(os.path.join(_build.csrc_dir(), "cpu", "*")) +
+                     glob.glob(os.path.join(_build.csrc_dir(), "include", "**", "*"), recursive=True))
+    if not built or max(os.path.getmtime(p) for p in built) < newest_src:
+        print(f"dspark_kernels: building the CPU kernels {CPU_LIBRARY} in {build_dir} (once, then cached)",
+              file=sys.stderr, flush=True)
+    cflags, ldflags = _build.cpu_flags()
+    cpp_extension.load(
+        name=CPU_LIBRARY,
+        sources=srcs,
+        extra_include_paths=_build.cpu_include_dirs(),
+        extra_cflags=cflags + [f"-DDSPARK_SOURCES={_build.digest('include', 'cpu')}"],
+        extra_ldflags=ldflags,
+        build_directory=build_dir,
+        is_python_module=False,
+        verbose=os.environ.get("DSPARK_VERBOSE_BUILD") == "1",
+    )
+
+
+def _define_cpu_library():
+    """torch.ops.dspark_cpu with every op's schema (the ones define_op was given), before its kernels load."""
+    from .ops._registry import OPS
+    lib = torch.library.Library(CPU_LIBRARY, "DEF")
+    for name, definition in OPS.items():
+        lib.define(name + definition.schema)
+    return lib
+
+
+def load_cpu():
+    """``torch.ops.dspark_cpu`` with its CPU kernels, building them first if needed; None (after one warning
+    saying why) where they cannot be built."""
+    global _cpu_library, _cpu_error
+    with _lock:
+        if _cpu_library is not None:
+            return getattr(torch.ops, CPU_LIBRARY)
+        if _cpu_error is not None:
+            return None
+        try:
+            if os.environ.get("DSPARK_NO_JIT") == "1":
+                raise RuntimeError("dspark_kernels: DSPARK_NO_JIT=1 forbids building the CPU kernels just-in-time")
+            lib = _define_cpu_library()
+            try:
+                _cpu_build()
+            except Exception:
+                lib._destroy()
+                raise
+        except Exception as e:  # noqa: BLE001 - no compiler, a failed build: the reference serves the CPU
+            _cpu_error = str(e) if str(e).startswith("dspark_kernels:") else \
+                f"dspark_kernels: building the CPU kernels failed: {e}"
+            warnings.warn(f"{_cpu_error}; the ops run the reference implementation on CPU tensors", RuntimeWarning,
+                          stacklevel=3)
+            return None
+        _cpu_library = lib
+        _register_fakes(CPU_LIBRARY)
+        return getattr(torch.ops, CPU_LIBRARY)
+
+
+def cpu_available() -> bool:
+    """True when the CPU kernels are built and loaded (building them on the first call; later calls read a flag, so
+    ``torch.compile`` traces them without a lock)."""
+    if _cpu_library is not None or _cpu_error is not None:
+        return _cpu_library is not None
+    return load_cpu() is not None
+
+
+def cpu_kernel(name: str):
+    """``torch.ops.dspark_cpu.<name>`` when the CPU kernels load and hold a kernel for ``name``, else None."""
+    ops = load_cpu()
+    if ops is None or not torch._C._dispatch_has_kernel_for_dispatch_key(f"{CPU_LIBRARY}::{name}", "CPU"):
+        return None
+    return getattr(ops, name)

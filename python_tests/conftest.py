@@ -15,6 +15,7 @@
   links (or the file ``DSPARK_GPU_BUILD`` names): deselected unless it exists; CI's compile step links it.
 * Under ``pytest -n`` (pytest-xdist; the README's command) each worker gets its share of the cores as torch
   threads; the workers share one SIMT build (the first builds it, the others wait on its lock).
+* ``host_backend`` runs a test once with the reference and once with the CPU kernels as the ops' default backend.
 * Without a GPU, Triton kernels run in the interpreter on CPU tensors: ``TRITON_INTERPRET=1`` is set here (before
   any kernel is defined) so the Triton tests run on every machine; ``triton_device`` says where their tensors go.
 * CUDA kernels run on the CPU through the SIMT harness (``dspark_kernels.simt``): a test that takes the
@@ -94,6 +95,14 @@ def simt_check(cuda_device):
     def run(fn):
         return simt.check(fn) if cuda_device.type == "cpu" else fn()
     return run
+
+
+@pytest.fixture(params=["reference", "cpu"])
+def host_backend(request, monkeypatch) -> str:
+    """The ops' default backend on CPU tensors for a test (``DSPARK_BACKEND``): the reference, then the CPU kernels
+    (``csrc/cpu``), so hand-checked and statistical tests run on both."""
+    monkeypatch.setenv("DSPARK_BACKEND", request.param)
+    return request.param
 
 
 @pytest.fixture

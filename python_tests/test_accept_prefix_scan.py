@@ -45,7 +45,7 @@ def _eq(a, b, dtype):
     assert a.tolist() == b, (a.tolist(), b)
 
 
-def test_basic_dense():
+def test_basic_dense(host_backend):
     o = _scan()
     _eq(o.cu_out, [0, 4, 6, 7, 9], I32)
     _eq(o.out_tokens, [11, 12, 13, 14, 21, 22, 31, 41, 42] + PAD7, I64)
@@ -57,7 +57,7 @@ def test_basic_dense():
     _eq(o.finished, [False, False, False, False], torch.bool)
 
 
-def test_accept_mask_equals_num_accepted():
+def test_accept_mask_equals_num_accepted(host_backend):
     a = _scan()
     b = dk.accept_prefix_scan(t(TOKENS), t(SEQ_LENS, I32), accept_mask=torch.tensor(ACCEPT_MASK))
     for x, y in zip(a, b):
@@ -67,7 +67,7 @@ def test_accept_mask_equals_num_accepted():
             assert torch.equal(x, y)
 
 
-def test_num_accepted_clamped():
+def test_num_accepted_clamped(host_backend):
     # 7 -> K = 3, -2 -> 0
     o = dk.accept_prefix_scan(t([[1, 2, 3, 4], [5, 6, 7, 8]]), t([0, 0]), num_accepted=t([7, -2], I32))
     _eq(o.cu_out, [0, 4, 5], I32)
@@ -75,7 +75,7 @@ def test_num_accepted_clamped():
     _eq(o.next_anchor, [4, 5], I64)
 
 
-def test_no_bonus_and_empty_emission():
+def test_no_bonus_and_empty_emission(host_backend):
     # r0: one accepted draft, no bonus -> e = 1; r1: nothing at all (no target rows) -> e = 0
     o = dk.accept_prefix_scan(t([[7, -1], [-1, -1]]), t([3, 9]), num_accepted=t([1, 0]))
     _eq(o.cu_out, [0, 1, 1], I32)
@@ -85,20 +85,20 @@ def test_no_bonus_and_empty_emission():
     _eq(o.hidden_rows, [0, -1, -1, -1], I32)
 
 
-def test_ragged_verify_cu_seqlens():
+def test_ragged_verify_cu_seqlens(host_backend):
     # verify lengths L = 3, 1, 0, 2 -> rows [0,4), [4,6), [6,7), [7,10)
     o = _scan(verify_cu_seqlens=t([0, 4, 6, 7, 10], I32))
     _eq(o.hidden_rows, [0, 1, 2, 3, 4, 5, 6, 7, 8] + PAD7, I32)
     _eq(o.out_tokens, [11, 12, 13, 14, 21, 22, 31, 41, 42] + PAD7, I64)
 
 
-def test_hidden_rows_outside_own_rows_are_minus_one():
+def test_hidden_rows_outside_own_rows_are_minus_one(host_backend):
     # inconsistent input: r0 emits 4 tokens but owns only rows [0, 2) -> rows 2, 3 are not r0's
     o = _scan(verify_cu_seqlens=t([0, 2, 4, 5, 8]))
     _eq(o.hidden_rows, [0, 1, -1, -1, 2, 3, 4, 5, 6] + PAD7, I32)
 
 
-def test_paged_kv_slots_permuted_table():
+def test_paged_kv_slots_permuted_table(host_backend):
     # block_size 4, 3 blocks per request, a permuted table
     table = t([[2, 0, 5],
                [1, 4, 3],
@@ -112,7 +112,7 @@ def test_paged_kv_slots_permuted_table():
     _eq(o.kv_slots, [21, 22, 23, -1, 16, 17, 12, 10, 11] + PAD7, I64)
 
 
-def test_kv_slots_bad_positions_and_blocks():
+def test_kv_slots_bad_positions_and_blocks(host_backend):
     # r0: S=0 -> position -1 is invalid; position 0 -> block 0 = 1 -> 2
     # r1: block id -1 (unallocated) -> -1; position 2 -> block 1 = 0 -> 0
     # r2: S far past the table -> -1 (never read out of bounds)
@@ -122,7 +122,7 @@ def test_kv_slots_bad_positions_and_blocks():
     _eq(o.kv_slots, [-1, 2, -1, 0, -1, -1], I64)
 
 
-def test_max_seq_lens_truncation():
+def test_max_seq_lens_truncation(host_backend):
     # room = max - S = 2, 95, 0, 1 -> e = 2, 2, 0, 1
     o = _scan(max_seq_lens=t([12, 100, 1, 8]), block_table=t([[2, 0, 5], [1, 4, 3], [3, 1, 0], [5, 2, 4]], I32),
               block_size=4)
@@ -135,7 +135,7 @@ def test_max_seq_lens_truncation():
     _eq(o.finished, [True, False, True, True], torch.bool)
 
 
-def test_seq_len_past_limit_emits_nothing():
+def test_seq_len_past_limit_emits_nothing(host_backend):
     o = dk.accept_prefix_scan(t([[1, 2]]), t([9]), num_accepted=t([1]), max_seq_lens=t([5]))
     _eq(o.cu_out, [0, 0], I32)
     _eq(o.new_seq_lens, [9], I32)
@@ -143,7 +143,7 @@ def test_seq_len_past_limit_emits_nothing():
     _eq(o.finished, [True], torch.bool)
 
 
-def test_stop_tokens_finish():
+def test_stop_tokens_finish(host_backend):
     # 13 is emitted by r0 (finished) but sits past r1's emission (not finished); 42 is emitted by r3
     o = _scan(stop_token_ids=t([42, 13], I32))
     _eq(o.finished, [True, False, False, True], torch.bool)
@@ -154,7 +154,7 @@ def test_stop_tokens_finish():
     _eq(o.finished, [False] * 4, torch.bool)
 
 
-def test_n_zero():
+def test_n_zero(host_backend):
     o = dk.accept_prefix_scan(torch.zeros(0, 4, dtype=I64), torch.zeros(0, dtype=I32),
                               accept_mask=torch.zeros(0, 3, dtype=torch.bool),
                               block_table=torch.zeros(0, 2, dtype=I32), block_size=4,
@@ -165,7 +165,7 @@ def test_n_zero():
         _eq(x, [], dtype)
 
 
-def test_k_one():
+def test_k_one(host_backend):
     # K = 1: tokens [N, 2]
     o = dk.accept_prefix_scan(t([[3, 4], [5, 6], [7, -1]]), t([1, 2, 3]),
                               accept_mask=torch.tensor([[True], [False], [True]]),
@@ -179,7 +179,7 @@ def test_k_one():
     _eq(o.kv_slots, [4, 5, 1, 10, -1, -1], I64)
 
 
-def test_random_against_loop():
+def test_random_against_loop(host_backend):
     """The vectorised reference against a per-request loop over the documented formulas."""
     g = torch.Generator().manual_seed(0)
     for n, k, bs in ((1, 1, 1), (3, 5, 4), (7, 7, 3), (5, 16, 16)):
@@ -295,15 +295,16 @@ def test_int32_inputs_same_result():
 
 # --- torch.library ----------------------------------------------------------------------------------------------
 
-def test_opcheck():
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_opcheck(backend):
     op = torch.ops.dspark.accept_prefix_scan.default
     table = t([[2, 0, 5], [1, 4, 3], [3, 1, 0], [5, 2, 4]], I32)
     samples = [
-        (t(TOKENS), t(SEQ_LENS, I32), t(NUM_ACCEPTED), None, None, None, 1, None, None, "reference"),
+        (t(TOKENS), t(SEQ_LENS, I32), t(NUM_ACCEPTED), None, None, None, 1, None, None, backend),
         (t(TOKENS), t(SEQ_LENS), None, torch.tensor(ACCEPT_MASK), t([0, 4, 6, 7, 10], I32), table, 4,
-         t([12, 100, 1, 8]), t([42, 13]), "reference"),
+         t([12, 100, 1, 8]), t([42, 13]), backend),
         (torch.zeros(0, 2, dtype=I64), torch.zeros(0, dtype=I64), torch.zeros(0, dtype=I32), None, None,
-         torch.zeros(0, 1, dtype=I32), 2, None, None, "reference"),
+         torch.zeros(0, 1, dtype=I32), 2, None, None, backend),
     ]
     for args in samples:
         torch.library.opcheck(op, args)
@@ -443,33 +444,72 @@ def _cuda_vs_reference(device, run, tokens, seq_lens, **kw):
     return _vs_reference("cuda", device, tokens, seq_lens, run=run, **kw)
 
 
-@pytest.mark.parametrize("kw", HAND_CASES + [
+KERNEL_HAND_CASES = HAND_CASES + [
     dict(stop_token_ids=torch.arange(100, 30, -1)),                  # > 64 stop tokens: read from global memory
-])
-def test_cuda_hand_cases(cuda_device, simt_check, kw):
+]
+
+
+def hand_case_calls(kw):
+    """(tokens, seq_lens, kwargs) of a hand case, with int64 and int32 tokens."""
     kw = dict(kw)
     if "num_accepted" not in kw:
         kw["num_accepted"] = t(NUM_ACCEPTED)
     if kw["num_accepted"] is None:
         del kw["num_accepted"]
-    _cuda_vs_reference(cuda_device, simt_check, t(TOKENS), t(SEQ_LENS, I32), **kw)
-    _cuda_vs_reference(cuda_device, simt_check, t(TOKENS, I32), t(SEQ_LENS), **kw)
+    yield t(TOKENS), t(SEQ_LENS, I32), kw
+    yield t(TOKENS, I32), t(SEQ_LENS), kw
+
+
+def check_bad_positions_blocks_and_empty(compare):
+    """``compare(tokens, seq_lens, **kw)`` runs a kernel against the reference and returns its output."""
+    table = t([[1, 0], [-1, 0], [0, 1]], I32)
+    o = compare(t([[5, 6], [7, 8], [9, 10]]), t([0, 2, 1000]), num_accepted=t([1, 1, 1]), block_table=table,
+                block_size=2)
+    assert o.kv_slots.cpu().tolist() == [-1, 2, -1, 0, -1, -1]
+    compare(t([[5, 6], [7, 8], [9, 10]]), t([1 << 40, -7, 3]), num_accepted=t([1, 1, 5]),
+            block_table=torch.zeros(3, 0, dtype=I64), block_size=3, max_seq_lens=t([0, 1 << 41, 2]))
+    o = compare(torch.zeros(0, 4, dtype=I64), torch.zeros(0, dtype=I32),
+                accept_mask=torch.zeros(0, 3, dtype=torch.bool), block_table=torch.zeros(0, 2, dtype=I32),
+                block_size=4, max_seq_lens=torch.zeros(0, dtype=I64), stop_token_ids=t([1]))
+    assert o.cu_out.cpu().tolist() == [0]
+    compare(t([[3], [-1], [5]]), t([1, 2, 0]), num_accepted=t([0, 2, -1]), block_table=t([[0], [1], [2]]),
+            block_size=2)  # K = 0
+
+
+@pytest.mark.parametrize("kw", KERNEL_HAND_CASES)
+def test_cuda_hand_cases(cuda_device, simt_check, kw):
+    for tokens, seq_lens, kwargs in hand_case_calls(kw):
+        _cuda_vs_reference(cuda_device, simt_check, tokens, seq_lens, **kwargs)
 
 
 def test_cuda_bad_positions_blocks_and_empty(cuda_device, simt_check):
-    table = t([[1, 0], [-1, 0], [0, 1]], I32)
-    o = _cuda_vs_reference(cuda_device, simt_check, t([[5, 6], [7, 8], [9, 10]]), t([0, 2, 1000]),
-                           num_accepted=t([1, 1, 1]), block_table=table, block_size=2)
-    assert o.kv_slots.cpu().tolist() == [-1, 2, -1, 0, -1, -1]
-    _cuda_vs_reference(cuda_device, simt_check, t([[5, 6], [7, 8], [9, 10]]), t([1 << 40, -7, 3]),
-                       num_accepted=t([1, 1, 5]), block_table=torch.zeros(3, 0, dtype=I64), block_size=3,
-                       max_seq_lens=t([0, 1 << 41, 2]))
-    o = _cuda_vs_reference(cuda_device, simt_check, torch.zeros(0, 4, dtype=I64), torch.zeros(0, dtype=I32),
-                           accept_mask=torch.zeros(0, 3, dtype=torch.bool), block_table=torch.zeros(0, 2, dtype=I32),
-                           block_size=4, max_seq_lens=torch.zeros(0, dtype=I64), stop_token_ids=t([1]))
-    assert o.cu_out.cpu().tolist() == [0]
-    _cuda_vs_reference(cuda_device, simt_check, t([[3], [-1], [5]]), t([1, 2, 0]), num_accepted=t([0, 2, -1]),
-                       block_table=t([[0], [1], [2]]), block_size=2)  # K = 0
+    check_bad_positions_blocks_and_empty(
+        lambda tokens, seq_lens, **kw: _cuda_vs_reference(cuda_device, simt_check, tokens, seq_lens, **kw))
+
+
+# ---------------------------------------------------------------- CPU kernel (csrc/cpu)
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("kw", KERNEL_HAND_CASES)
+def test_cpu_hand_cases(kw):
+    for tokens, seq_lens, kwargs in hand_case_calls(kw):
+        _vs_reference("cpu", CPU, tokens, seq_lens, **kwargs)
+
+
+def test_cpu_bad_positions_blocks_and_empty():
+    check_bad_positions_blocks_and_empty(
+        lambda tokens, seq_lens, **kw: _vs_reference("cpu", CPU, tokens, seq_lens, **kw))
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (3, 5), (17, 7), (64, 7), (1000, 16), (64, 1)])
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_cpu_random_against_reference(n, k, use_mask):
+    g = torch.Generator().manual_seed(n * 100 + k * 2 + use_mask + 1)
+    tokens, seq, kw = _random_scan_inputs(g, n, k, use_mask, (I32, I64) if n % 2 else (I64, I32))
+    _vs_reference("cpu", CPU, tokens, seq, **kw)
+    _vs_reference("cpu", CPU, tokens, seq, **({"accept_mask": kw["accept_mask"]} if use_mask else
+                                              {"num_accepted": kw["num_accepted"]}))
 
 
 def _random_scan_inputs(g, n, k, use_mask, dtypes=(I64, I64)):

@@ -17,9 +17,32 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_auto_on_the_cpu_is_the_reference():
+def test_auto_on_the_cpu_is_the_cpu_kernels_where_they_build(monkeypatch):
+    monkeypatch.setattr(_ext, "cpu_available", lambda: True)
+    assert resolve_backend("auto", CPU, "verify_chain") == "cpu"
+    assert resolve_backend(None, CPU, "rng_uniform_") == "cpu"
+    monkeypatch.setattr(_ext, "cpu_available", lambda: False)   # no compiler, or the build failed
     assert resolve_backend("auto", CPU, "verify_chain") == "reference"
-    assert resolve_backend(None, CPU, "rng_uniform_") == "reference"
+    assert resolve_backend("reference", CPU, "verify_chain") == "reference"
+    with pytest.raises(ValueError, match="CPU tensors"):
+        resolve_backend("cpu", GPU, "verify_chain")
+
+
+def test_cpu_backend_falls_back_to_the_reference_with_one_warning(monkeypatch):
+    """Where the CPU kernels cannot be built, backend="cpu" runs the reference after one warning saying why."""
+    monkeypatch.setattr(_ext, "_cpu_library", None)
+    monkeypatch.setattr(_ext, "_cpu_error", None)
+    monkeypatch.setenv("DSPARK_NO_JIT", "1")
+    target, drafts = torch.randn(2, 3, 11), torch.randint(0, 11, (2, 2))
+    ref = dk.verify_chain(target, drafts, temperature=1.0, backend="reference")
+    with pytest.warns(RuntimeWarning, match="reference implementation"):
+        out = dk.verify_chain(target, drafts, temperature=1.0, backend="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(out, ref))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dk.verify_chain(target, drafts, temperature=1.0, backend="cpu")
+    assert resolve_backend("auto", CPU, "verify_chain") == "reference"
 
 
 def _ops_the_launchers_register():
@@ -52,7 +75,6 @@ def test_auto_on_a_gpu_picks_cuda_only_for_ops_with_a_cuda_kernel(monkeypatch):
         resolve_backend("cuda", GPU, "no_such_op")
     monkeypatch.setattr(_ext, "is_available", lambda: False)  # no toolkit, or the build failed: Triton on a GPU
     assert resolve_backend("auto", GPU, "verify_chain") == "triton"
-    assert resolve_backend("auto", CPU, "verify_chain") == "reference"
 
 
 def test_environment_variable_sets_the_default(monkeypatch):

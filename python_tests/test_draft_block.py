@@ -52,7 +52,7 @@ def explicit(base, anchors, head, hidden, conf):
 
 
 @pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
-def test_greedy_matches_explicit_formulas(kind):
+def test_greedy_matches_explicit_formulas(host_backend, kind):
     base, anchors, head, hidden, conf = make_case(kind)
     out = dk.draft_block(base, anchors, head, hidden=hidden, confidence=conf, return_logits=True)
     tokens, logits, z, survival = explicit(base, anchors, head, hidden, conf)
@@ -63,7 +63,7 @@ def test_greedy_matches_explicit_formulas(kind):
     assert out.tokens.dtype == torch.int64 and out.logits.dtype == torch.float32
 
 
-def test_markov_head_changes_the_draft():
+def test_markov_head_changes_the_draft(host_backend):
     """Hand case: V = 3, r = 1. The head adds +10 to token (x_{k-1} + 1) % 3, so drafts cycle from the anchor."""
     w1 = torch.tensor([[1.0], [2.0], [3.0]])
     w2 = torch.tensor([[0.0], [0.0], [0.0]])
@@ -82,7 +82,7 @@ def test_markov_head_changes_the_draft():
     assert out.tokens.tolist() == [[2, 1, 1, 1]]
 
 
-def test_confidence_without_sts_and_no_confidence():
+def test_confidence_without_sts_and_no_confidence(host_backend):
     base, anchors, head, hidden, conf = make_case("gated")
     out = dk.draft_block(base, anchors, head, hidden=hidden, confidence=dk.ConfidenceHead(conf.weight.view(1, -1),
                                                                                          torch.tensor([0.3])))
@@ -92,7 +92,7 @@ def test_confidence_without_sts_and_no_confidence():
 
 
 @pytest.mark.parametrize("temp", [0.6, 1.0])
-def test_sampled_tokens_follow_corrected_softmax(temp):
+def test_sampled_tokens_follow_corrected_softmax(host_backend, temp):
     trials, vocab = 20000, 60
     base, _, head, hidden, _ = make_case("rnn", n=1, k=3, vocab=vocab, rank=4, d=3, seed=1, conf=False)
     base = base.expand(trials, -1, -1)
@@ -110,7 +110,7 @@ def test_sampled_tokens_follow_corrected_softmax(temp):
     assert not passes(counts(out.logits[:, 0].argmax(-1), vocab), p0 * trials)
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
 def test_python_zero_temperature_takes_the_greedy_only_path(backend):
     base, anchors, head, hidden, conf = make_case("rnn", n=4, vocab=40)
     a = dk.draft_block(base, anchors, head, hidden=hidden, confidence=conf, return_logits=True, backend=backend)
@@ -119,7 +119,7 @@ def test_python_zero_temperature_takes_the_greedy_only_path(backend):
     assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a, b))
 
 
-def test_per_request_temperature_and_determinism():
+def test_per_request_temperature_and_determinism(host_backend):
     base, anchors, head, hidden, conf = make_case("vanilla", n=6, vocab=40)
     temps = torch.tensor([0.0, 1.0, 0.0, 0.8, 0.0, 2.0])
     a = dk.draft_block(base, anchors, head, temperature=temps, seed=9, offset=2)
@@ -131,7 +131,7 @@ def test_per_request_temperature_and_determinism():
     assert len({tuple(t) for t in c.tokens.tolist()}) > 1   # requests draw independent noise
 
 
-def test_nan_logits_and_tiny_shapes():
+def test_nan_logits_and_tiny_shapes(host_backend):
     base, anchors, head, hidden, conf = make_case("vanilla")
     base[:] = float("nan")
     for t in (0.0, 1.0):
@@ -146,7 +146,7 @@ def test_nan_logits_and_tiny_shapes():
     assert out.tokens.tolist() == [[0], [0]] and out.logits.shape == (2, 1, 1)
 
 
-def test_half_precision_inputs_compute_in_float32():
+def test_half_precision_inputs_compute_in_float32(host_backend):
     base, anchors, head, hidden, conf = make_case("gated")
     half = dk.MarkovHead("gated", head.w1.bfloat16(), head.w2.bfloat16(), head.wg.bfloat16(), head.bg.bfloat16())
     out = dk.draft_block(base.bfloat16(), anchors, half, hidden=hidden.bfloat16(), return_logits=True)
@@ -157,7 +157,7 @@ def test_half_precision_inputs_compute_in_float32():
     torch.testing.assert_close(out.logits, ref.logits)
 
 
-def test_bad_input_names_the_argument():
+def test_bad_input_names_the_argument(host_backend):
     base, anchors, head, hidden, conf = make_case("rnn")
     n, k, vocab = base.shape
 
@@ -194,12 +194,13 @@ def test_bad_input_names_the_argument():
             call(**override)
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
 @pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
-def test_opcheck(kind):
+def test_opcheck(kind, backend):
     base, anchors, head, hidden, conf = make_case(kind, n=2, k=3, vocab=9)
     args = (base, anchors, kind, head.w1, head.w2, None, None, head.wg, head.bg, head.wj, head.bj, hidden, conf.weight,
             torch.tensor(0.3), conf.sts_temperatures, torch.tensor([0.0, 1.0]), torch.tensor([1, 2]), True, 0,
-            "reference")
+            backend)
     torch.library.opcheck(torch.ops.dspark.draft_block.default, args)
 
 
@@ -437,7 +438,8 @@ def test_cuda_mixed_input_dtypes(cuda_device, simt_check):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-def test_cuda_nan_and_inf_logits(cuda_device, simt_check):
+def check_nan_and_inf_logits(device, backend, wrap=lambda fn: fn()):
+    """NaN rows, NaN / -inf / +inf entries, -inf rows: the reference's tokens, logits and log-probabilities."""
     base, anchors, head, hidden, confidence, _ = make_triton_case("vanilla", 4, 4, 9, 3, 2, torch.float32,
                                                                   "greedy", "none")
     base[0] = float("nan")
@@ -447,12 +449,15 @@ def test_cuda_nan_and_inf_logits(cuda_device, simt_check):
     base[2, :, 6] = float("inf")
     base[3] = float("-inf")
     for temperature in (0.0, torch.tensor([1.0, 0.0, 0.5, 2.0])):
-        ref, out = run_both(cuda_device, base, anchors, head, None, None, temperature, True, backend="cuda",
-                            wrap=simt_check)
+        ref, out = run_both(device, base, anchors, head, None, None, temperature, True, backend=backend, wrap=wrap)
         assert ((out.tokens >= 0) & (out.tokens < 9)).all()
         assert torch.equal(out.tokens, ref.tokens)
         torch.testing.assert_close(out.logits, ref.logits, equal_nan=True)
         torch.testing.assert_close(out.draft_logprobs, ref.draft_logprobs, equal_nan=True)
+
+
+def test_cuda_nan_and_inf_logits(cuda_device, simt_check):
+    check_nan_and_inf_logits(cuda_device, "cuda", simt_check)
 
 
 @pytest.mark.parametrize("temp", [0.6, 1.3])
@@ -1090,3 +1095,84 @@ def test_triton_e4m3_decode_is_exact(triton_device):
     nan = want.isnan()
     assert int(nan.sum()) == 2 and torch.equal(out.isnan(), nan)
     assert torch.equal(out[~nan], want[~nan])
+
+
+# ---------------------------------------------------------------- CPU kernel (csrc/cpu)
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("kind,n,k,vocab,rank,d,dtype,temps,conf,with_logits", CUDA_CASES)
+def test_cpu_matches_reference(kind, n, k, vocab, rank, d, dtype, temps, conf, with_logits):
+    case = make_triton_case(kind, n, k, vocab, rank, d, dtype, temps, conf, seed=n * 1000 + k * 10 + vocab)
+    ref, out = run_both(CPU, *case, with_logits, backend="cpu")
+    assert_matches(ref, out, *case[:4], case[5])
+
+
+@pytest.mark.parametrize("kind,n,vocab,dtype,temps", [("vanilla", 1, 49152, torch.bfloat16, "greedy"),
+                                                      ("vanilla", 8, 49152, torch.float32, "sampled"),
+                                                      ("gated", 4, 32000, torch.bfloat16, "mixed")])
+def test_cpu_decode_shapes(kind, n, vocab, dtype, temps):
+    """The decode loop's shapes (N = 1..8, K = 7, V = 49152, r = 32)."""
+    case = make_triton_case(kind, n, 7, vocab, 32, 16, dtype, temps, "sts", seed=n + vocab)
+    ref, out = run_both(CPU, *case, True, backend="cpu")
+    assert_matches(ref, out, *case[:4], case[5])
+
+
+def test_cpu_mixed_input_dtypes():
+    base, anchors, head, hidden, confidence, temperature = make_triton_case(
+        "gated", 3, 4, 500, 24, 19, torch.float32, "mixed", "sts", seed=11)
+    head = dk.MarkovHead("gated", head.w1.half(), head.w2, head.wg.bfloat16(), head.bg)
+    confidence = dk.ConfidenceHead(confidence.weight.half(), confidence.bias, confidence.sts_temperatures.bfloat16())
+    case = (base.bfloat16(), anchors.int(), head, hidden.half(), confidence, temperature)
+    ref, out = run_both(CPU, *case, True, backend="cpu")
+    assert_matches(ref, out, base, anchors, head, hidden, temperature)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_cpu_nan_and_inf_logits():
+    check_nan_and_inf_logits(CPU, "cpu")
+
+
+@pytest.mark.parametrize("kind,n,k,vd,vt,rank,d,dtype,temps,conf", REDUCED_CASES)
+def test_cpu_reduced_vocabulary_matches_reference(kind, n, k, vd, vt, rank, d, dtype, temps, conf):
+    case = reduced_case(kind, n, k, vd, vt, rank, d, dtype, temps, conf, seed=n + k + vd)
+    ref, out = run_both(CPU, *case, True, backend="cpu")
+    assert_matches(ref, out, *case[:4], case[5])
+
+
+def test_cpu_reduced_vocabulary_samples_follow_the_draft_softmax():
+    assert_reduced_samples_follow_the_draft_softmax(CPU, lambda fn: fn(), "cpu")
+
+
+@pytest.mark.parametrize("kind,n,k,vocab,rank,d,dtype,temps,conf", FP8_CASES)
+def test_cpu_fp8_w2_matches_reference(kind, n, k, vocab, rank, d, dtype, temps, conf):
+    case = fp8_case(kind, n, k, vocab, rank, d, dtype, temps, conf, seed=n + k + vocab)
+    ref, out = run_both(CPU, *case, True, backend="cpu")
+    assert_matches(ref, out, *case[:4], case[5])
+
+
+def test_cpu_top_k_runs_on_the_reference():
+    """Top-k proposals have no CPU kernel: backend="cpu" gives the reference's result."""
+    base, anchors, head, hidden, confidence, temperature = make_triton_case("vanilla", 3, 4, 300, 8, 5, torch.float32,
+                                                                            "mixed", "sts")
+    kw = dict(hidden=hidden, confidence=confidence, temperature=temperature, seed=2, return_logits=True, top_k=16)
+    ref = dk.draft_block(base, anchors, head, backend="reference", **kw)
+    out = dk.draft_block(base, anchors, head, backend="cpu", **kw)
+    assert all(torch.equal(a, b) for a, b in zip(ref, out))
+
+
+def test_cpu_fp8_every_e4m3_code():
+    """The CPU kernel's e4m3 decode: every finite code's value exactly (logits = W2[:, n] through a one-hot v), and
+    NaN for the two NaN codes."""
+    raw = torch.arange(256, dtype=torch.uint8)
+    raw[(raw & 0x7F) == 0x7F] = 0
+    codes = raw.view(torch.float8_e4m3fn)
+    head = dk.MarkovHead("vanilla", torch.eye(256), codes.expand(256, 256).contiguous(), w2_scale=torch.ones(256))
+    out = dk.draft_block(torch.zeros(256, 1, 256), torch.arange(256), head, backend="cpu", return_logits=True)
+    assert torch.equal(out.logits[:, 0, 0], codes.float())
+    nan_codes = torch.tensor([0x7F, 0xFF, 0x00, 0x38], dtype=torch.uint8).view(torch.float8_e4m3fn)
+    w2 = torch.diag(nan_codes.float()).to(torch.float8_e4m3fn)   # row j holds code j only
+    head = dk.MarkovHead("vanilla", torch.eye(4), w2, w2_scale=torch.ones(4))
+    out = dk.draft_block(torch.zeros(4, 1, 4), torch.arange(4), head, backend="cpu", return_logits=True)
+    assert out.logits[3, 0].isnan().tolist() == [True, True, False, False]   # a NaN code makes its row's bias NaN
+    assert out.logits[3, 0, 3].item() == 1.0

@@ -155,6 +155,34 @@ def test_triton_equals_reference_large_vocab(triton_device):
     assert torch.equal(_bits_of(ref), _bits_of(tri))
 
 
+@pytest.mark.parametrize("shape", SHAPES + [(3, 2, 5), (1, 1, 32003)], ids=str)
+@pytest.mark.parametrize("seed,offset,stream", [(0, 0, 0), (1234, 99, rng.STREAM_USER),
+                                                (2 ** 64 - 1, 2 ** 63 + 5, 255)])
+def test_cpu_equals_reference(shape, seed, offset, stream):
+    ref = dk.rng_uniform(shape, seed, offset, stream, backend="reference")
+    cpu = dk.rng_uniform(shape, seed, offset, stream, backend="cpu")
+    assert torch.equal(_bits_of(ref), _bits_of(cpu))
+
+
+def test_vectors_cpu_rng_uniform():
+    """Every stored vector whose cell fits a modest grid, through the CPU kernel."""
+    checked = 0
+    for v in VECTORS:
+        shape = (v["request"] + 1, v["position"] + 1, v["token"] + 1)
+        if shape[0] * shape[1] * shape[2] > 2 ** 22:
+            continue
+        out = dk.rng_uniform(shape, v["seed"], v["offset"], v["stream"], backend="cpu")
+        assert out[v["request"], v["position"], v["token"]].item() == float.fromhex(v["uniform"]), v
+        checked += 1
+    assert checked >= 10
+
+
+def test_opcheck_cpu_op():
+    out = torch.empty(2, 3, 33)
+    key = rng.make_rng_key(3, 4, "cpu")
+    torch.library.opcheck(torch.ops.dspark.rng_uniform_.default, (out, key, 2, "cpu"))
+
+
 @pytest.mark.parametrize("shape", SHAPES + [(2, 3, 32003), (64, 1, 3), (4, 9, 151936), (3, 2, 5)], ids=str)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

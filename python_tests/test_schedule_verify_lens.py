@@ -26,7 +26,7 @@ def sched(survival, table=APPENDIX_TABLE, **kw):
     ([[0.8, 0.72]], 0, 2, 2.52 * 0.45),  # first draft A: second confidence 0.9
     ([[0.8, 0.0]], 0, 0, 1.0),           # first draft B: second confidence 0
 ])
-def test_appendix_a(survival, exact_len, argmax_len, argmax_theta):
+def test_appendix_a(host_backend, survival, exact_len, argmax_len, argmax_theta):
     o = sched(survival, mode="exact")
     assert o.verify_lens.dtype == torch.int32 and o.cu_seqlens.dtype == torch.int32
     assert o.theta.dtype == F32 and o.theta.shape == ()
@@ -113,7 +113,7 @@ TABLES = [
 
 @pytest.mark.parametrize("mode", ["exact", "argmax"])
 @pytest.mark.parametrize("seed", range(6))
-def test_against_brute_force(mode, seed):
+def test_against_brute_force(host_backend, mode, seed):
     g = torch.Generator().manual_seed(seed)
     for n, k in ((1, 1), (3, 5), (7, 7), (13, 16)):
         for table in TABLES:
@@ -137,7 +137,7 @@ def test_against_brute_force(mode, seed):
                 assert o.cu_seqlens.tolist() == cu
 
 
-def test_exact_stops_at_first_non_improvement():
+def test_exact_stops_at_first_non_improvement(host_backend):
     # LINEAR_TABLE, B0 = 2, tau0 = 2; order 1.0 (r1 j1), 1.0 (r1 j2), 0.05 (r0 j1), 0.05 (r0 j2):
     # Theta_m = 1000 * tau / (9 + B) = 2/11, 3/12, 4/13 (max), 4.05/14, 4.1/15
     # (the Appendix A case above is the one where the exact early stop and the argmax differ)
@@ -148,7 +148,7 @@ def test_exact_stops_at_first_non_improvement():
     assert o.verify_lens.tolist() == [0, 2]
 
 
-def test_exact_needs_strict_improvement():
+def test_exact_needs_strict_improvement(host_backend):
     # constant cost: admitting 0.9 raises Theta, admitting 0.0 leaves it equal -> stop before it
     flat = dk.CostTable([1], [10.0])
     o = sched([[0.9, 0.0]], table=flat, mode="exact")
@@ -159,14 +159,14 @@ def test_exact_needs_strict_improvement():
     assert o.verify_lens.tolist() == [1]
 
 
-def test_running_min_and_nan():
+def test_running_min_and_nan(host_backend):
     # [0.2, 0.9] behaves as [0.2, 0.2]; NaN behaves as 0
     a = sched([[0.2, 0.9], [float("nan"), 0.9]], table=LINEAR_TABLE, mode="argmax")
     b = sched([[0.2, 0.2], [0.0, 0.0]], table=LINEAR_TABLE, mode="argmax")
     assert torch.equal(a.verify_lens, b.verify_lens) and torch.equal(a.theta, b.theta)
 
 
-def test_conf_logits_path():
+def test_conf_logits_path(host_backend):
     g = torch.Generator().manual_seed(3)
     z = torch.randn(5, 6, generator=g) * 2
     temps = torch.rand(6, generator=g) + 0.5
@@ -178,7 +178,7 @@ def test_conf_logits_path():
     assert torch.equal(c.verify_lens, d.verify_lens)
 
 
-def test_min_max_len():
+def test_min_max_len(host_backend):
     # everything admitted under a constant cost, but max_len caps and min_len floors
     flat = dk.CostTable([1], [10.0])
     o = sched([[0.9, 0.8, 0.7], [0.0, 0.0, 0.0]], table=flat, mode="argmax", min_len=1, max_len=2)
@@ -195,7 +195,7 @@ CURRENT = [[0.5, 0.4], [0.9, 0.1], [0.3, 0.2]]
 #   Theta_m = 1000 * tau / (9 + B): 3/12, 3.9/13, 4.4/14, 4.8/15 = 320 (max), 5.1/16, 5.3/17, 5.4/18 = 300 (all)
 
 
-def test_argmax_by_hand():
+def test_argmax_by_hand(host_backend):
     o = sched(CURRENT, table=LINEAR_TABLE, mode="argmax")
     assert o.verify_lens.tolist() == [2, 1, 0]
     assert o.cu_seqlens.tolist() == [0, 3, 5, 6]
@@ -204,7 +204,7 @@ def test_argmax_by_hand():
     assert o.verify_lens.tolist() == [2, 1, 0]
 
 
-def test_budget_survival_other_n():
+def test_budget_survival_other_n(host_backend):
     # budget: N' = 2, order 0.9, 0.8, 0.5, 0.05 -> Theta*(9+B)/1000 = 2/11, 2.9/12, 3.7/13, 4.2/14 (max), 4.25/15
     # -> budget 3, applied to the current order: r1 j1, r0 j1, r0 j2
     budget = torch.tensor([[0.9, 0.8], [0.5, 0.05]])
@@ -218,14 +218,14 @@ def test_budget_survival_other_n():
     assert o.theta.item() == pytest.approx(300.0, rel=1e-6)
 
 
-def test_budget_clamped_to_candidates():
+def test_budget_clamped_to_candidates(host_backend):
     # budget 3 (above) but the current step has only 2 candidates -> admit both
     o = sched([[0.6, 0.5]], table=LINEAR_TABLE, mode="argmax", budget_survival=torch.tensor([[0.9, 0.8], [0.5, 0.05]]))
     assert o.verify_lens.tolist() == [2]
     assert o.theta.item() == pytest.approx(2100 / 12, rel=1e-6)
 
 
-def test_budget_appendix_a():
+def test_budget_appendix_a(host_backend):
     # budget from [0.8, 0] is 0; on [0.8, 0.72] Theta(0) = 1.0 < Theta(all) = 1.134 -> verify everything
     o = sched([[0.8, 0.72]], mode="argmax", budget_survival=torch.tensor([[0.8, 0.0]]))
     assert o.verify_lens.tolist() == [2]
@@ -241,13 +241,13 @@ def test_budget_appendix_a():
     (0.05, [2, 1, 0], 320.0),   # 320 >= 1.05 * 300 = 315
     (0.1, [2, 2, 2], 300.0),    # 320 < 1.10 * 300 = 330 -> verify everything
 ])
-def test_min_gain(min_gain, lens, theta):
+def test_min_gain(host_backend, min_gain, lens, theta):
     o = sched(CURRENT, table=LINEAR_TABLE, mode="argmax", min_gain=min_gain)
     assert o.verify_lens.tolist() == lens
     assert o.theta.item() == pytest.approx(theta, rel=1e-6)
 
 
-def test_n_zero_and_k_one():
+def test_n_zero_and_k_one(host_backend):
     o = dk.schedule_verify_lens(torch.zeros(0, 4), cost_table=LINEAR_TABLE, mode="argmax")
     assert o.verify_lens.tolist() == [] and o.cu_seqlens.tolist() == [0] and o.theta.item() == 0.0
     o = dk.schedule_verify_lens(torch.zeros(0, 4), cost_table=LINEAR_TABLE, mode="exact")
@@ -258,7 +258,7 @@ def test_n_zero_and_k_one():
     assert o.cu_seqlens.tolist() == [0, 2, 3]
 
 
-def test_half_precision_inputs():
+def test_half_precision_inputs(host_backend):
     s = torch.tensor(CURRENT)
     for dtype in (torch.float16, torch.bfloat16):
         o = dk.schedule_verify_lens(s.to(dtype), cost_table=LINEAR_TABLE, mode="argmax")
@@ -318,18 +318,19 @@ def test_cost_table_tensors_cached():
 
 # --- torch.library ----------------------------------------------------------------------------------------------
 
-def test_opcheck():
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_opcheck(backend):
     op = torch.ops.dspark.schedule_verify_lens.default
     c, s = LINEAR_TABLE.tensors("cpu")
     c2, s2 = TABLES[1].tensors("cpu")
     g = torch.Generator().manual_seed(0)
     surv = torch.rand(5, 4, generator=g).cumprod(1)
     samples = [
-        (surv, None, None, c, s, 0.0, 0, 4, "exact", None, 0.0, "reference"),
-        (surv, None, None, c2, s2, 3.0, 1, 3, "argmax", None, 0.1, "reference"),
+        (surv, None, None, c, s, 0.0, 0, 4, "exact", None, 0.0, backend),
+        (surv, None, None, c2, s2, 3.0, 1, 3, "argmax", None, 0.1, backend),
         (None, torch.randn(5, 4, generator=g), torch.rand(4, generator=g) + 0.5, c, s, 0.0, 0, 4, "argmax",
-         torch.rand(2, 3, generator=g), 0.0, "reference"),
-        (torch.zeros(0, 3), None, None, c, s, 0.0, 0, 3, "exact", None, 0.0, "reference"),
+         torch.rand(2, 3, generator=g), 0.0, backend),
+        (torch.zeros(0, 3), None, None, c, s, 0.0, 0, 3, "exact", None, 0.0, backend),
     ]
     for args in samples:
         torch.library.opcheck(op, args)
@@ -625,6 +626,58 @@ def test_cuda_n_zero_and_k_zero(cuda_device, simt_check):
     _cuda_vs_reference(cuda_device, simt_check, torch.zeros(5, 0), cost_table=LINEAR_TABLE, mode="exact")
     _cuda_vs_reference(cuda_device, simt_check, torch.zeros(5, 0), cost_table=LINEAR_TABLE, mode="argmax",
                        budget_survival=torch.rand(2, 3), min_gain=0.2)
+
+
+# ---------------------------------------------------------------- CPU kernel (csrc/cpu)
+CPU = torch.device("cpu")
+
+
+def _cpu_vs_reference(survival=None, **kw):
+    """The CPU kernel against the reference: every output equal, Theta to the bit."""
+    out = _vs_reference("cpu", CPU, survival, **kw)
+    ref = dk.schedule_verify_lens(survival, backend="reference", **kw)
+    assert torch.equal(out.theta, ref.theta), (out.theta.item(), ref.theta.item())
+    return out
+
+
+@pytest.mark.parametrize("survival,table,kw", CUDA_HAND_CASES)
+def test_cpu_hand_cases(survival, table, kw):
+    _cpu_vs_reference(torch.tensor(survival, dtype=F32), cost_table=table, **kw)
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (1, 16), (3, 7), (17, 7), (64, 5), (256, 7), (1000, 16)])
+@pytest.mark.parametrize("mode", ["exact", "argmax"])
+def test_cpu_random_against_reference(n, k, mode):
+    g = torch.Generator().manual_seed(n * 100 + k * 3 + (mode == "exact") + 7)
+    for case in range(4):
+        table = TABLES[(case + n + k) % 4] if case < 2 else _random_table(g)
+        kw = dict(cost_table=table, mode=mode, max_len=k)
+        if mode == "argmax" and case == 1:
+            kw["min_gain"] = 0.02
+        if mode == "argmax" and case >= 2:
+            kw["budget_survival"] = torch.rand(max(1, n // 2), max(1, k - 1), generator=g).cumprod(1)
+        _cpu_vs_reference(_random_survival(g, n, k, case), **kw)
+        _cpu_vs_reference(_random_survival(g, n, k, case), min_len=min(1, k), **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cpu_half_and_conf_logits(dtype):
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(64, 7, generator=g) * 2
+    temps = torch.rand(7, generator=g) + 0.5
+    for mode in ("exact", "argmax"):
+        _cpu_vs_reference(None, conf_logits=z.to(dtype), sts_temperatures=temps.to(dtype), cost_table=TABLES[0],
+                          mode=mode)
+        _cpu_vs_reference(torch.sigmoid(z).cumprod(1).to(dtype), cost_table=TABLES[0], mode=mode,
+                          budget_survival=torch.rand(3, 9, generator=g).to(dtype) if mode == "argmax" else None)
+
+
+def test_cpu_n_zero_and_k_zero():
+    o = _cpu_vs_reference(torch.zeros(0, 4), cost_table=LINEAR_TABLE, mode="argmax")
+    assert o.cu_seqlens.tolist() == [0] and o.theta.item() == 0.0
+    _cpu_vs_reference(torch.zeros(5, 0), cost_table=LINEAR_TABLE, mode="exact")
+    _cpu_vs_reference(torch.zeros(5, 0), cost_table=LINEAR_TABLE, mode="argmax", budget_survival=torch.rand(2, 3),
+                      min_gain=0.2)
 
 
 def test_cuda_no_size_cap(cuda_device):

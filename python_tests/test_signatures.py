@@ -12,7 +12,7 @@ import torch
 import dspark_kernels  # noqa: F401  (defines the ops)
 from cpp_sources import registration_schemas
 from dspark_kernels.distributed.ops import KERNEL_PIECES as DIST_CUDA_PIECES
-from dspark_kernels.ops._registry import OPS, CudaKernel, TritonKernel, schema_params
+from dspark_kernels.ops._registry import OPS, CpuKernel, CudaKernel, TritonKernel, schema_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = sorted(OPS)
@@ -83,11 +83,14 @@ def test_registered_op_is_the_schema_plus_backend(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_fake_and_backends_take_the_schema_parameters_in_order(name):
     d = OPS[name]
-    assert set(d.impls) == {"reference", "triton", "cuda"}
+    assert set(d.impls) == {"reference", "cpu", "triton", "cuda"}
     assert _python_params(d.fake) == list(d.params)
     for backend, impl in d.impls.items():
         if isinstance(impl, CudaKernel):
             assert impl.name == name  # its signature is the C++ schema, checked below
+            continue
+        if isinstance(impl, CpuKernel):  # dspark_cpu's schema is this op's schema (_ext.load_cpu defines it)
+            assert impl.name == name and impl.reference is d.impls["reference"]
             continue
         fn = impl.resolve() if isinstance(impl, TritonKernel) else impl
         assert _python_params(fn) == list(d.params), f"{name}: the {backend} function's parameters drifted"

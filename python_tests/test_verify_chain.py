@@ -18,7 +18,7 @@ def logits_with_argmax(argmaxes, vocab):
 
 
 # ---------------------------------------------------------------- greedy, by hand
-def test_greedy_accept_reject_bonus():
+def test_greedy_accept_reject_bonus(host_backend):
     vocab = 7
     target = torch.stack([logits_with_argmax([1, 2, 4, 0], vocab),    # rejects d_3 = 3, emits 4
                           logits_with_argmax([1, 2, 3, 5], vocab),    # accepts all, bonus 5
@@ -38,20 +38,20 @@ def test_greedy_nan_counts_as_minus_inf_and_infinities_stay():
                           [float("nan")] * 4]])                              # all NaN: token 0
     out = dk.verify_chain(rows, torch.tensor([[2, 1]]))
     assert out.tokens.tolist() == [[2, 1, 0]]
-    for backend in ("reference", "triton"):
+    for backend in ("reference", "cpu", "triton"):
         drafted = dk.draft_block(rows[:, :2], torch.tensor([0]), dk.MarkovHead("vanilla", torch.zeros(4, 1),
                                                                                torch.zeros(4, 1)), backend=backend)
         assert drafted.tokens.tolist() == [[2, 1]]
         assert dk.verify_chain(rows, torch.tensor([[2, 1]]), backend=backend).tokens.tolist() == [[2, 1, 0]]
 
 
-def test_greedy_ties_go_to_lowest_index():
+def test_greedy_ties_go_to_lowest_index(host_backend):
     target = torch.zeros(1, 2, 5)
     out = dk.verify_chain(target, torch.tensor([[3]]))
     assert out.tokens.tolist() == [[0, -1]]
 
 
-def test_stop_token_ends_acceptance_without_bonus():
+def test_stop_token_ends_acceptance_without_bonus(host_backend):
     vocab = 7
     target = logits_with_argmax([1, 2, 3, 5], vocab).unsqueeze(0)
     out = dk.verify_chain(target, torch.tensor([[1, 2, 3]]), stop_token_ids=torch.tensor([2, 6]))
@@ -63,7 +63,7 @@ def test_stop_token_ends_acceptance_without_bonus():
     assert out.tokens.tolist() == [[1, 6, -1, -1]]
 
 
-def test_packed_ragged_layout():
+def test_packed_ragged_layout(host_backend):
     vocab, k = 6, 3
     # request 0 verifies 1 draft (2 rows), request 1 verifies 3 (4 rows), request 2 verifies 0 (1 row)
     rows = logits_with_argmax([1, 4] + [2, 3, 4, 5] + [0], vocab)
@@ -78,7 +78,7 @@ def test_packed_ragged_layout():
     assert torch.equal(ref.tokens, out.tokens)
 
 
-def test_packed_rows_out_of_range_are_never_read():
+def test_packed_rows_out_of_range_are_never_read(host_backend):
     rows = logits_with_argmax([1, 2], 4)
     drafts = torch.tensor([[1, 2], [1, 2], [1, 2]])
     cu = torch.tensor([0, 2, 9, 50])   # request 1 runs past the end; request 2 starts past it
@@ -87,7 +87,7 @@ def test_packed_rows_out_of_range_are_never_read():
     assert out.num_accepted.tolist() == [1, 0, 0]
 
 
-def test_verify_lens_clamped_and_thresholds():
+def test_verify_lens_clamped_and_thresholds(host_backend):
     vocab = 5
     target = logits_with_argmax([1, 2, 3, 4], vocab).unsqueeze(0).expand(4, 4, vocab)
     drafts = torch.tensor([[1, 2, 3]]).expand(4, 3)
@@ -102,7 +102,7 @@ def test_verify_lens_clamped_and_thresholds():
     assert out.num_accepted.tolist() == [1, 0, 1, 1]
 
 
-def test_out_of_range_draft_rejected_and_nan_logits_stay_in_range():
+def test_out_of_range_draft_rejected_and_nan_logits_stay_in_range(host_backend):
     vocab = 5
     target = logits_with_argmax([1, 2, 3], vocab).unsqueeze(0).expand(2, 3, vocab).clone()
     drafts = torch.tensor([[1, 7], [-1, 2]])
@@ -121,7 +121,7 @@ def test_out_of_range_draft_rejected_and_nan_logits_stay_in_range():
                 assert (out.tokens[torch.arange(2), out.num_accepted.long()] >= 0).all()
 
 
-def test_tiny_shapes():
+def test_tiny_shapes(host_backend):
     out = dk.verify_chain(torch.zeros(0, 2, 3), torch.zeros(0, 1, dtype=torch.int64), temperature=1.0)
     assert out.tokens.shape == (0, 2) and out.num_accepted.shape == (0,)
     out = dk.verify_chain(torch.zeros(2, 2, 1), torch.zeros(2, 1, dtype=torch.int64), temperature=1.0)
@@ -129,7 +129,7 @@ def test_tiny_shapes():
 
 
 # ---------------------------------------------------------------- sampling, explicit computation
-def test_token_rule_matches_explicit_uniforms():
+def test_token_rule_matches_explicit_uniforms(host_backend):
     torch.manual_seed(1)
     n, vocab, temp = 400, 6, 0.8
     target = torch.randn(n, 2, vocab)
@@ -144,7 +144,7 @@ def test_token_rule_matches_explicit_uniforms():
     assert 50 < int(out.num_accepted.sum()) < 350
 
 
-def test_one_hot_certain_accept_and_certain_reject():
+def test_one_hot_certain_accept_and_certain_reject(host_backend):
     vocab = 8
     target = torch.full((64, 2, vocab), -1e9)
     target[:, 0, 3] = 0.0            # p(3) = 1 at row 0
@@ -157,7 +157,7 @@ def test_one_hot_certain_accept_and_certain_reject():
     assert out.tokens.tolist() == [[3, -1]] * 64
 
 
-def test_seed_and_offset_as_tensors_match_ints():
+def test_seed_and_offset_as_tensors_match_ints(host_backend):
     torch.manual_seed(2)
     target = torch.randn(16, 4, 30)
     drafts = torch.randint(0, 30, (16, 3))
@@ -169,7 +169,7 @@ def test_seed_and_offset_as_tensors_match_ints():
 
 
 @pytest.mark.parametrize("method", ["token", "block"])
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
 def test_python_zero_temperature_takes_the_greedy_only_path(method, backend):
     """temperature=0.0 (no tensor: softmax and random numbers skipped) equals a tensor of zeros."""
     torch.manual_seed(4)
@@ -182,7 +182,7 @@ def test_python_zero_temperature_takes_the_greedy_only_path(method, backend):
     assert a.num_accepted.sum() > 0
 
 
-def test_per_request_temperature_zero_is_greedy():
+def test_per_request_temperature_zero_is_greedy(host_backend):
     torch.manual_seed(3)
     target = torch.randn(6, 3, 20)
     drafts = target[:, :2].argmax(-1)
@@ -233,7 +233,7 @@ def simulate(method, k, temp, use_draft_logits, trials=20000, length=None, vocab
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("temp", [0.6, 1.0])
 @pytest.mark.parametrize("use_draft_logits", [True, False])
-def test_lossless_sampling(method, k, temp, use_draft_logits):
+def test_lossless_sampling(host_backend, method, k, temp, use_draft_logits):
     tokens, p = simulate(method, k, temp, use_draft_logits, seed=17 * k + int(10 * temp))
     trials, vocab = tokens.shape[0], p.shape[1]
     for m in range(tokens.shape[1]):
@@ -241,7 +241,7 @@ def test_lossless_sampling(method, k, temp, use_draft_logits):
 
 
 @pytest.mark.parametrize("method", ["token", "block"])
-def test_lossless_sampling_with_a_reduced_draft_vocabulary(method):
+def test_lossless_sampling_with_a_reduced_draft_vocabulary(host_backend, method):
     """Drafts over 15 of the 50 target ids, verified with their rows over those 15 and the map: the output follows
     the target at every position (the corrections supply the 35 ids never drafted). With a wrong map it does not."""
     tokens, p = simulate(method, 3, 1.0, True, vocab=50, seed=23, draft_vocab=15)
@@ -252,7 +252,7 @@ def test_lossless_sampling_with_a_reduced_draft_vocabulary(method):
     assert not all(passes(counts(tokens[:, m], 50), p[m] * trials) for m in range(tokens.shape[1]))
 
 
-def test_sparse_draft_rows_are_the_dense_rows_with_the_other_ids_at_minus_inf():
+def test_sparse_draft_rows_are_the_dense_rows_with_the_other_ids_at_minus_inf(host_backend):
     """Top-k rows (``draft_candidates``: per-row target ids) only place the logits: the result equals verifying
     dense rows (-inf off the candidates) exactly; bad candidates are errors naming them."""
     gen = torch.Generator().manual_seed(8)
@@ -277,7 +277,7 @@ def test_sparse_draft_rows_are_the_dense_rows_with_the_other_ids_at_minus_inf():
         dk.verify_chain(target, drafts, draft_logits=rows, draft_candidates=cands, draft_to_target=cands[0, 0])
 
 
-def test_reduced_draft_rows_are_the_dense_rows_with_the_other_ids_at_minus_inf():
+def test_reduced_draft_rows_are_the_dense_rows_with_the_other_ids_at_minus_inf(host_backend):
     """The map only places the rows: the result equals verifying dense rows (-inf off the map) exactly; a map entry
     outside [0, V) is dropped."""
     gen = torch.Generator().manual_seed(4)
@@ -313,7 +313,7 @@ def test_chi_square_detects_a_lossy_verifier():
     assert not passes(counts(drafts, vocab), torch.softmax(p_logits, -1) * trials)
 
 
-def test_block_accepts_at_least_as_much_as_token():
+def test_block_accepts_at_least_as_much_as_token(host_backend):
     torch.manual_seed(5)
     n, k, vocab = 4000, 5, 30
     p_logits = torch.randn(n, k + 1, vocab)
@@ -325,7 +325,7 @@ def test_block_accepts_at_least_as_much_as_token():
 
 
 # ---------------------------------------------------------------- bad input
-def test_bad_input_names_the_argument():
+def test_bad_input_names_the_argument(host_backend):
     t = torch.zeros(2, 4, 9)
     d = torch.zeros(2, 3, dtype=torch.int64)
     cases = [
@@ -355,15 +355,16 @@ def test_bad_input_names_the_argument():
             dk.verify_chain(kwargs.pop("target_logits"), kwargs.pop("draft_tokens"), **kwargs)
 
 
-def test_opcheck():
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_opcheck(backend):
     torch.manual_seed(0)
     n, k, vocab = 3, 4, 13
     args = (torch.randn(n, k + 1, vocab), None, torch.randint(0, vocab, (n, k)), torch.randn(n, k, vocab), None,
             torch.tensor([4, 2, 0]), None, None, torch.tensor([0.0, 1.0, 0.7]), torch.tensor([3, 4]),
-            torch.tensor([5]), "block", "reference")
+            torch.tensor([5]), "block", backend)
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, args)
     cu = torch.tensor([0, 5, 6, 9], dtype=torch.int32)
-    packed = (torch.randn(9, vocab), cu) + args[2:11] + ("token", "reference")
+    packed = (torch.randn(9, vocab), cu) + args[2:11] + ("token", backend)
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, packed)
     greedy = args[:8] + (None,) + args[9:]   # temperature None: every request greedy
     torch.library.opcheck(torch.ops.dspark.verify_chain.default, greedy)
@@ -451,7 +452,7 @@ def test_reference_with_logprobs_equals_without(method):
         assert all(torch.equal(x, y) for x, y in zip(a, b)), seed
 
 
-def test_draft_logprobs_bad_input():
+def test_draft_logprobs_bad_input(host_backend):
     t, d = torch.zeros(2, 4, 9), torch.zeros(2, 3, dtype=torch.int64)
     with pytest.raises(ValueError, match="draft_logprobs"):
         dk.verify_chain(t, d, draft_logprobs=torch.zeros(2, 3))              # without draft_logits
@@ -496,10 +497,11 @@ def make_case(n, k, vocab, dtype, draft_mode, packed, temp_mode, seed, draft_dty
     return (target, drafts), kwargs
 
 
-def run_both(cuda_device, simt_check, args, kwargs):
+def run_both(cuda_device, simt_check, args, kwargs, backend="cuda"):
+    """The ``backend`` kernels on ``cuda_device`` (under ``simt_check``) against the reference: integers equal."""
     ref = dk.verify_chain(*args, backend="reference", **kwargs)
     on_dev = {key: val.to(cuda_device) if isinstance(val, torch.Tensor) else val for key, val in kwargs.items()}
-    out = simt_check(lambda: dk.verify_chain(*(a.to(cuda_device) for a in args), backend="cuda", **on_dev))
+    out = simt_check(lambda: dk.verify_chain(*(a.to(cuda_device) for a in args), backend=backend, **on_dev))
     out = type(out)(*(t.cpu() for t in out))
     assert torch.equal(out.tokens, ref.tokens), (out.tokens, ref.tokens)
     assert torch.equal(out.num_accepted, ref.num_accepted)
@@ -523,28 +525,23 @@ CUDA_CASES = [  # N, K, V, dtype, method, drafts ("none" = one-hot, "logits", "l
 ]
 
 
-@pytest.mark.parametrize("n,k,vocab,dtype,method,draft_mode,packed,temps", CUDA_CASES)
-def test_cuda_matches_reference(cuda_device, simt_check, n, k, vocab, dtype, method, draft_mode, packed, temps):
+def kernel_case(n, k, vocab, dtype, method, draft_mode, packed, temps):
     args, kwargs = make_case(n, k, vocab, dtype, draft_mode, packed, temps, seed=n * 1000 + k * 10 + vocab)
-    kwargs["method"] = method
-    run_both(cuda_device, simt_check, args, kwargs)
+    return args, dict(kwargs, method=method)
 
 
-def test_cuda_mixed_draft_dtype_and_large_vocab(cuda_device, simt_check):
+def mixed_dtype_and_large_vocab_calls():
     """Draft logits in another dtype than the target's; one headline-sized vocabulary (V = 151936)."""
-    args, kwargs = make_case(3, 5, 1000, torch.float16, "logprobs", False, "mixed", seed=5, draft_dtype=torch.float32)
-    run_both(cuda_device, simt_check, args, kwargs)
+    yield make_case(3, 5, 1000, torch.float16, "logprobs", False, "mixed", seed=5, draft_dtype=torch.float32)
     args, kwargs = make_case(1, 3, 151936, torch.bfloat16, "logprobs", False, "sampled", seed=6)
     kwargs.update(temperature=torch.tensor([0.8]), verify_lens=None, survival=None, thresholds=None)
     kwargs["draft_logprobs"] = draft_logprobs_of(kwargs["draft_logits"], args[1], kwargs["temperature"])
-    run_both(cuda_device, simt_check, args, kwargs)
+    yield args, kwargs
 
 
-@pytest.mark.parametrize("method", ["token", "block"])
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-def test_cuda_adversarial_rows(cuda_device, simt_check, method):
+def adversarial_calls(method):
     """NaN, -inf and +inf rows, ties, all-accept, reject-first, out-of-range drafts, stop tokens at every position,
-    verify_lens beyond K: the CUDA kernels give the reference's tokens exactly."""
+    verify_lens beyond K."""
     gen = torch.Generator().manual_seed(11)
     n, k, vocab = 12, 4, 17
     target = torch.randn(n, k + 1, vocab, generator=gen) * 2
@@ -568,17 +565,15 @@ def test_cuda_adversarial_rows(cuda_device, simt_check, method):
                 kwargs["draft_logits"] = draft_logits
             if mode == "logprobs":
                 kwargs["draft_logprobs"] = draft_logprobs_of(draft_logits, drafts, temperature)
-            run_both(cuda_device, simt_check, (target, drafts), kwargs)
+            yield (target, drafts), kwargs
     for pos in range(k):  # a stop token at every position
-        kwargs = dict(temperature=torch.ones(n), method=method, seed=pos, draft_logits=draft_logits,
-                      stop_token_ids=drafts[:, pos].unique())
-        run_both(cuda_device, simt_check, (target, drafts), kwargs)
+        yield (target, drafts), dict(temperature=torch.ones(n), method=method, seed=pos, draft_logits=draft_logits,
+                                     stop_token_ids=drafts[:, pos].unique())
 
 
-@pytest.mark.parametrize("method", ["token", "block"])
-def test_cuda_wide_logit_range(cuda_device, simt_check, method):
-    """Logits spread far apart (most tokens more than 16.7 below a thread's candidates: the stats pass bounds
-    their race keys without drawing their uniforms), at several temperatures and draft modes."""
+def wide_logit_range_calls(method):
+    """Logits spread far apart (most tokens more than 16.7 below the leading race key: the sweeps bound their race
+    keys without drawing their uniforms), at several temperatures and draft modes."""
     gen = torch.Generator().manual_seed(21)
     n, k, vocab = 6, 3, 3000
     target = torch.randn(n, k + 1, vocab, generator=gen) * 12
@@ -591,15 +586,77 @@ def test_cuda_wide_logit_range(cuda_device, simt_check, method):
             kwargs["draft_logits"] = draft_logits
         if mode == "logprobs":
             kwargs["draft_logprobs"] = draft_logprobs_of(draft_logits, drafts, temps)
-        run_both(cuda_device, simt_check, (target, drafts), kwargs)
+        yield (target, drafts), kwargs
+
+
+def no_rows_and_empty_batch_calls():
+    cu = torch.tensor([0, 0, 7, 9])   # request 0: no rows; request 1 runs past R; request 2: two rows
+    yield (torch.randn(4, 9), torch.randint(0, 9, (3, 2))), dict(cu_seqlens=cu, temperature=1.0)
+    yield (torch.randn(0, 3, 5), torch.zeros(0, 2, dtype=torch.int64)), {}
+
+
+@pytest.mark.parametrize("n,k,vocab,dtype,method,draft_mode,packed,temps", CUDA_CASES)
+def test_cuda_matches_reference(cuda_device, simt_check, n, k, vocab, dtype, method, draft_mode, packed, temps):
+    run_both(cuda_device, simt_check, *kernel_case(n, k, vocab, dtype, method, draft_mode, packed, temps))
+
+
+def test_cuda_mixed_draft_dtype_and_large_vocab(cuda_device, simt_check):
+    for args, kwargs in mixed_dtype_and_large_vocab_calls():
+        run_both(cuda_device, simt_check, args, kwargs)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_cuda_adversarial_rows(cuda_device, simt_check, method):
+    """The CUDA kernels give the reference's tokens exactly on adversarial rows."""
+    for args, kwargs in adversarial_calls(method):
+        run_both(cuda_device, simt_check, args, kwargs)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_cuda_wide_logit_range(cuda_device, simt_check, method):
+    for args, kwargs in wide_logit_range_calls(method):
+        run_both(cuda_device, simt_check, args, kwargs)
 
 
 def test_cuda_no_rows_and_empty_batch(cuda_device, simt_check):
-    target = torch.randn(4, 9)
-    drafts = torch.randint(0, 9, (3, 2))
-    cu = torch.tensor([0, 0, 7, 9])   # request 0: no rows; request 1 runs past R; request 2: two rows
-    run_both(cuda_device, simt_check, (target, drafts), dict(cu_seqlens=cu, temperature=1.0))
-    run_both(cuda_device, simt_check, (torch.randn(0, 3, 5), torch.zeros(0, 2, dtype=torch.int64)), {})
+    for args, kwargs in no_rows_and_empty_batch_calls():
+        run_both(cuda_device, simt_check, args, kwargs)
+
+
+# ---------------------------------------------------------------- CPU kernels (csrc/cpu)
+CPU = torch.device("cpu")
+
+
+def run_cpu(args, kwargs):
+    return run_both(CPU, lambda fn: fn(), args, kwargs, backend="cpu")
+
+
+@pytest.mark.parametrize("n,k,vocab,dtype,method,draft_mode,packed,temps", CUDA_CASES)
+def test_cpu_matches_reference(n, k, vocab, dtype, method, draft_mode, packed, temps):
+    run_cpu(*kernel_case(n, k, vocab, dtype, method, draft_mode, packed, temps))
+
+
+@pytest.mark.parametrize("calls", [mixed_dtype_and_large_vocab_calls, no_rows_and_empty_batch_calls,
+                                   lambda: adversarial_calls("token"), lambda: adversarial_calls("block"),
+                                   lambda: wide_logit_range_calls("token"), lambda: wide_logit_range_calls("block")],
+                         ids=["mixed_dtype_large_vocab", "no_rows_empty_batch", "adversarial_token",
+                              "adversarial_block", "wide_range_token", "wide_range_block"])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_cpu_special_cases_match_reference(calls):
+    for args, kwargs in calls():
+        run_cpu(args, kwargs)
+
+
+@pytest.mark.parametrize("n,k,vocab,dtype,mode", [(1, 7, 49152, torch.bfloat16, "greedy"),
+                                                  (8, 7, 49152, torch.float32, "logprobs"),
+                                                  (4, 7, 32000, torch.bfloat16, "logits")])
+def test_cpu_decode_shapes(n, k, vocab, dtype, mode):
+    """The decode loop's shapes (N = 1..8, K = 7, V = 49152): most drafts the target's argmax, so chains run deep."""
+    args, kwargs = make_case(n, k, vocab, dtype, "none" if mode == "greedy" else mode, False,
+                             "greedy" if mode == "greedy" else "mixed", seed=n + vocab)
+    kwargs.update(verify_lens=None, survival=None, thresholds=None)
+    run_cpu(args, kwargs)
 
 
 # ---------------------------------------------------------------- CUDA: bytes moved, CTAs, launches
@@ -941,6 +998,12 @@ def test_joint_law_detects_a_block_residual_without_rho(monkeypatch):
     monkeypatch.setattr(ref_mod, "_block_accept", without_rho)
     tokens, p = simulate_joint("block", "reference", JOINT_TRIALS, JOINT_SEED, False)
     assert not joint_passes(tokens, p)
+
+
+@pytest.mark.parametrize("method,use_logprobs", [("block", False), ("token", True)])
+def test_cpu_lossless_joint_law(method, use_logprobs):
+    tokens, p = simulate_joint(method, "cpu", JOINT_TRIALS, JOINT_SEED, use_logprobs)
+    assert joint_passes(tokens, p)
 
 
 @pytest.mark.slow  # thousands of verifications through the SIMT harness: minutes; CI's slow leg runs it

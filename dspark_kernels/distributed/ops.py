@@ -41,9 +41,11 @@ KERNEL_PIECES = ("verify_stats", "verify_decide", "draft_step", "verify_residual
 def piece_backend(backend: Optional[str], device: torch.device, piece: str) -> str:
     """The backend a composite op (``distributed.verify_chain`` / ``draft_block``) uses for one local piece: ``dk``'s
     rule (``ops._common.resolve_backend``: "auto" is "cuda" on a GPU whose extension has the kernel, "triton" on
-    another GPU, the reference on the CPU; "cuda" on CPU tensors runs the SIMT harness under ``DSPARK_SIMT=1``) for
-    the pieces with kernels, the reference for ``draft_logprobs``."""
-    return resolve_backend(backend, device, piece) if piece in KERNEL_PIECES else "reference"
+    another GPU; "cuda" on CPU tensors runs the SIMT harness under ``DSPARK_SIMT=1``) for the pieces with kernels,
+    the reference for ``draft_logprobs``; the pieces have no CPU kernel, so "cpu" (auto's choice on CPU tensors) is
+    the reference."""
+    chosen = resolve_backend(backend, device, piece) if piece in KERNEL_PIECES else "reference"
+    return "reference" if chosen == "cpu" else chosen
 
 
 _ROWS_ANY_STRIDE = {"draft_step": (0,)}   # inputs whose launcher takes rows any stride apart (U_k, a slice of U)

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import torch
 
-BACKENDS = ("auto", "cuda", "triton", "reference")
+BACKENDS = ("auto", "cpu", "cuda", "triton", "reference")
 ENV_BACKEND = "DSPARK_BACKEND"
 
 
@@ -15,8 +15,10 @@ def resolve_backend(backend: Optional[str], device: torch.device, cuda_op: str) 
     """The concrete backend for an op whose tensors live on ``device``.
 
     ``backend`` (or, when it is None or "auto", the environment variable ``DSPARK_BACKEND``) is one of
-    "auto", "cuda", "triton", "reference". "auto" picks "cuda" where the tensors are on a GPU and the CUDA extension
-    loads and has this op's kernel (``torch.ops.dspark_C.<cuda_op>``), else "triton" on a GPU, else "reference".
+    "auto", "cpu", "cuda", "triton", "reference". "auto" picks "cuda" where the tensors are on a GPU and the CUDA
+    extension loads and has this op's kernel (``torch.ops.dspark_C.<cuda_op>``), else "triton" on a GPU; on CPU
+    tensors "cpu" where the CPU kernels build and load (``csrc/cpu``; an op or mode without a CPU kernel runs the
+    reference there), else "reference". "cpu" on tensors elsewhere raises.
     "cuda" on CPU tensors runs the CUDA kernels through the SIMT harness when ``DSPARK_SIMT=1`` (as
     ``TRITON_INTERPRET=1`` runs Triton kernels on the CPU). Asking for "cuda" or "triton" where they cannot run
     raises a ValueError.
@@ -26,10 +28,15 @@ def resolve_backend(backend: Optional[str], device: torch.device, cuda_op: str) 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
+        if device.type == "cpu":
+            from .. import _ext
+            return "cpu" if _ext.cpu_available() else "reference"
         if device.type != "cuda":
             return "reference"
         from .. import _ext
         return "cuda" if _ext.has_op(cuda_op) else "triton"
+    if backend == "cpu" and device.type != "cpu":
+        raise ValueError(f"backend='cpu' needs CPU tensors, got {device}")
     if backend == "cuda":
         from .. import _ext
         if device.type == "cpu" and not _ext.simt_enabled():

@@ -2,12 +2,14 @@
 
 ``define_op(name, schema, fake, impls)`` registers ``torch.ops.dspark.<name>`` from the schema (mutation declared
 in it, as ``Tensor(a!) out``) with one more parameter, ``str backend``, and dispatches on that parameter through
-``impls`` ("reference" | "triton" | "cuda" -> a function of the schema's parameters, in the schema's order). The
+``impls`` ("reference" | "cpu" | "triton" | "cuda" -> a function of the schema's parameters, in the schema's
+order). The
 fake (also a function of exactly those parameters) is registered for ``dspark::<name>`` and, when they load, for
-the CUDA extension's ``dspark_C::<name>`` and the SIMT build's ``dspark_simt::<name>``, whose C++ schemas
-(``csrc/torch/registration.cpp``) must equal ``schema``; ``python_tests/test_signatures.py`` checks every spelling.
+the CUDA extension's ``dspark_C::<name>``, the SIMT build's ``dspark_simt::<name>`` (whose C++ schemas,
+``csrc/torch/registration.cpp``, must equal ``schema``; ``python_tests/test_signatures.py`` checks every spelling) and
+the CPU kernels' ``dspark_cpu::<name>`` (defined from ``schema`` itself, ``_ext.load_cpu``).
 
-Contiguity is decided here, once for every op: the kernel backends ("triton", "cuda") get every tensor input
+Contiguity is decided here, once for every op: the kernel backends ("cpu", "triton", "cuda") get every tensor input
 contiguous (a copy where it is not); a tensor the op writes must be contiguous already. The reference takes any
 strides. The C++ launchers check contiguity and never copy.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import importlib
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -71,6 +73,18 @@ class TritonKernel:
 
     def __call__(self, *args):
         return self.resolve()(*args)
+
+
+class CpuKernel:
+    """``torch.ops.dspark_cpu.<name>``, the C++ CPU kernel (``csrc/cpu``, built on first use); the reference where
+    the kernels cannot be built, the library has no kernel for the op, or ``supports(*args)`` says a mode has none."""
+
+    def __init__(self, name: str, reference: Callable, supports: Optional[Callable[..., bool]] = None):
+        self.name, self.reference, self.supports = name, reference, supports
+
+    def __call__(self, *args):
+        kernel = _ext.cpu_kernel(self.name) if self.supports is None or self.supports(*args) else None
+        return (kernel or self.reference)(*args)
 
 
 class CudaKernel:

@@ -8,7 +8,7 @@ import torch
 
 from .. import reference
 from ._common import INT_DTYPES, check_tensor, resolve_backend
-from ._registry import CudaKernel, TritonKernel, define_op
+from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 
 class ScanOutput(NamedTuple):
@@ -50,7 +50,9 @@ ACCEPT_PREFIX_SCAN = define_op(
     "Tensor? block_table, int block_size, Tensor? max_seq_lens, Tensor? stop_token_ids) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     _fake,
-    {"reference": reference.accept_prefix_scan, "triton": TritonKernel("accept_prefix_scan", "accept_prefix_scan"),
+    {"reference": reference.accept_prefix_scan,
+     "cpu": CpuKernel("accept_prefix_scan", reference.accept_prefix_scan),
+     "triton": TritonKernel("accept_prefix_scan", "accept_prefix_scan"),
      "cuda": CudaKernel("accept_prefix_scan")},
 )
 
@@ -81,7 +83,8 @@ def accept_prefix_scan(tokens: torch.Tensor, seq_lens: torch.Tensor, *, num_acce
         block_size: tokens per block (int > 0), ``kv_slots`` is returned.
         max_seq_lens: int32/int64 ``[N]`` length limits.
         stop_token_ids: int32/int64 ``[S]`` stop tokens.
-        backend: "auto" | "cuda" | "triton" | "reference".
+        backend: "auto" | "cpu" | "cuda" | "triton" | "reference" ("auto": CUDA or Triton on a GPU, the CPU
+            kernel on CPU tensors where it builds, else the reference; ``DSPARK_BACKEND`` sets the default).
 
     Returns:
         :class:`ScanOutput` with

@@ -10,7 +10,7 @@ import torch
 from .. import reference
 from ..rng import make_rng_key
 from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
-from ._registry import CudaKernel, TritonKernel, define_op
+from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 HEAD_KINDS = ("vanilla", "gated", "rnn")
 W2_FP8 = torch.float8_e4m3fn  # the quantized W2 dtype (with a per-row float32 scale)
@@ -112,6 +112,11 @@ def _fake(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_to_targ
             new((n, k, top_k) if return_logits and top_k > 0 else (0,), dtype=torch.int64))
 
 
+def _cpu_supports(*args) -> bool:
+    """The CPU kernel drafts full-vocabulary proposals; top-k proposals (``top_k > 0``) run on the reference."""
+    return args[-1] == 0
+
+
 DRAFT_BLOCK = define_op(
     "draft_block",
     "(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, Tensor? w2_scale, "
@@ -120,7 +125,8 @@ DRAFT_BLOCK = define_op(
     "Tensor? sts_temperatures, Tensor? temperature, Tensor rng_key, bool return_logits, int top_k) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     _fake,
-    {"reference": reference.draft_block, "triton": TritonKernel("draft_block", "draft_block"),
+    {"reference": reference.draft_block, "cpu": CpuKernel("draft_block", reference.draft_block, _cpu_supports),
+     "triton": TritonKernel("draft_block", "draft_block"),
      "cuda": CudaKernel("draft_block")},
 )
 
@@ -160,7 +166,9 @@ def draft_block(
             elsewhere), which drafts, log-probabilities and the returned logits describe. ``logits`` is then sparse: float32 ``[N, K, top_k]`` over the
             candidates in increasing draft-id order, with ``candidates`` int64 ``[N, K, top_k]`` their target ids
             (pass both to ``verify_chain`` as ``draft_logits`` / ``draft_candidates``).
-        backend: "auto" | "cuda" | "triton" | "reference".
+        backend: "auto" | "cpu" | "cuda" | "triton" | "reference" ("auto": CUDA or Triton on a GPU, the CPU
+            kernel on CPU tensors where it builds, else the reference; ``DSPARK_BACKEND`` sets the default). The CPU
+            kernel drafts full-vocabulary proposals; with ``top_k`` "cpu" runs the reference.
 
     Returns:
         ``DraftBlockOutput(tokens int64 [N, K], logits float32 [N, K, V] | None, conf_logits float32 [N, K] | None,

@@ -9,7 +9,7 @@ import torch
 from .. import reference
 from ..rng import make_rng_key
 from ._common import check_tensor, resolve_backend
-from ._registry import CudaKernel, TritonKernel, define_op
+from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 
 def _fake(out, rng_key, stream):
@@ -20,7 +20,8 @@ RNG_UNIFORM = define_op(
     "rng_uniform_",
     "(Tensor(a!) out, Tensor rng_key, int stream) -> ()",
     _fake,
-    {"reference": reference.rng_uniform, "triton": TritonKernel("rng_uniform", "rng_uniform"),
+    {"reference": reference.rng_uniform, "cpu": CpuKernel("rng_uniform_", reference.rng_uniform),
+     "triton": TritonKernel("rng_uniform", "rng_uniform"),
      "cuda": CudaKernel("rng_uniform_")},
 )
 
@@ -34,7 +35,8 @@ def rng_uniform(shape_or_out: Union[Sequence[int], torch.Tensor], seed=0, offset
         seed, offset: Python ints or one-element int32/int64 tensors (device tensors allowed: no sync).
         stream: 0 <= stream < 256; streams 0-15 are the ones the ops use (``rng.STREAM_*``).
         device: where to allocate when a shape is given (default: the CPU).
-        backend: "auto" | "cuda" | "triton" | "reference".
+        backend: "auto" | "cpu" | "cuda" | "triton" | "reference" ("auto": CUDA or Triton on a GPU, the CPU
+            kernel on CPU tensors where it builds, else the reference).
 
     Returns:
         float32 ``[N, K, V]``: ``out[n, k, v] = uniform(seed, offset, request=n, position=k, stream, token=v)``,

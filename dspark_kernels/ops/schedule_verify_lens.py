@@ -10,7 +10,7 @@ import torch
 from .. import reference
 from ..calibration import CostTable, survival_from_conf
 from ._common import FLOAT_DTYPES, check_tensor, resolve_backend
-from ._registry import CudaKernel, TritonKernel, define_op
+from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 MODES = ("exact", "argmax")
 
@@ -38,17 +38,16 @@ def _fake(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, f
     return new((n,), dtype=torch.int32), new((n + 1,), dtype=torch.int32), new((), dtype=torch.float32)
 
 
-_KERNEL = CudaKernel("schedule_verify_lens")
-
-
-def _cuda(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
-          mode, budget_survival, min_gain):
-    """The CUDA kernel on the reference's own float32 survival (bit-identical on the same device: the kernel's
+def _on_survival(kernel):
+    """``kernel`` on the reference's own float32 survival (bit-identical on the same device: the CUDA kernel's
     in-kernel conf_logits path, which the C ABI uses, may differ from torch's sigmoid in the last bit)."""
-    if survival is None:
-        survival = survival_from_conf(conf_logits, sts_temperatures)
-    return _KERNEL(survival, None, None, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len, mode,
-                   None if mode == "exact" else budget_survival, min_gain)
+    def run(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
+            mode, budget_survival, min_gain):
+        if survival is None:
+            survival = survival_from_conf(conf_logits, sts_temperatures)
+        return kernel(survival, None, None, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len, mode,
+                      None if mode == "exact" else budget_survival, min_gain)
+    return run
 
 
 SCHEDULE_VERIFY_LENS = define_op(
@@ -58,7 +57,9 @@ SCHEDULE_VERIFY_LENS = define_op(
     "-> (Tensor, Tensor, Tensor)",
     _fake,
     {"reference": reference.schedule_verify_lens,
-     "triton": TritonKernel("schedule_verify_lens", "schedule_verify_lens"), "cuda": _cuda},
+     "cpu": _on_survival(CpuKernel("schedule_verify_lens", reference.schedule_verify_lens)),
+     "triton": TritonKernel("schedule_verify_lens", "schedule_verify_lens"),
+     "cuda": _on_survival(CudaKernel("schedule_verify_lens"))},
 )
 
 
@@ -90,8 +91,9 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
         mode: "exact" or "argmax".
         budget_survival: float ``[N', K']`` (argmax mode only).
         min_gain: float >= 0 (argmax mode only).
-        backend: "auto" | "cuda" | "triton" | "reference". "auto" on a GPU: CUDA where the extension builds (any
-            N*K), else Triton up to its one-program size (N*K <= 16384), else the reference.
+        backend: "auto" | "cpu" | "cuda" | "triton" | "reference". "auto" on CPU tensors: the CPU kernel where it
+            builds (equal to the reference bit for bit), else the reference. "auto" on a GPU: CUDA where the
+            extension builds (any N*K), else Triton up to its one-program size (N*K <= 16384), else the reference.
 
     Returns:
         :class:`ScheduleOutput`: ``verify_lens`` int32 ``[N]``, ``cu_seqlens`` int32 ``[N+1]``,

@@ -9,7 +9,7 @@ import torch
 from .. import reference
 from ..rng import make_rng_key
 from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
-from ._registry import CudaKernel, TritonKernel, define_op
+from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 METHODS = ("token", "block")
 
@@ -33,7 +33,8 @@ VERIFY_CHAIN = define_op(
     "Tensor? verify_lens, Tensor? survival, Tensor? thresholds, Tensor? temperature, Tensor rng_key, "
     "Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)",
     _fake,
-    {"reference": reference.verify_chain, "triton": TritonKernel("verify_chain", "verify_chain"),
+    {"reference": reference.verify_chain, "cpu": CpuKernel("verify_chain", reference.verify_chain),
+     "triton": TritonKernel("verify_chain", "verify_chain"),
      "cuda": CudaKernel("verify_chain")},
 )
 
@@ -89,7 +90,10 @@ def verify_chain(
         seed, offset: the random key (ints or one-element int tensors, device tensors allowed).
         stop_token_ids: int ``[S]``; an accepted stop token ends acceptance right after it, with no bonus token.
         method: "token" (standard rejection sampling) or "block" (Sun et al., 2024); both lossless.
-        backend: "auto" | "cuda" | "triton" | "reference".
+        backend: "auto" | "cpu" | "cuda" | "triton" | "reference" ("auto": CUDA or Triton on a GPU, the CPU
+            kernel on CPU tensors where it builds, else the reference; ``DSPARK_BACKEND`` sets the default). Every
+            mode has a CPU kernel (``draft_to_target`` / ``draft_candidates`` rows are densified first, as for the
+            other backends).
 
     Returns:
         ``VerifyOutput(tokens int64 [N, K+1], num_accepted int32 [N], accept_mask bool [N, K])``: ``tokens`` holds

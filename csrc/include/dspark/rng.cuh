@@ -15,8 +15,11 @@
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
 #include "platform.cuh"
 #define DSPARK_HOST_DEVICE __host__ __device__ __forceinline__
+#elif defined(__GNUC__)
+// plain host C++ (the CPU kernels, the C ABI's host test); always inlined, so it vectorizes inside the CPU sweeps
+#define DSPARK_HOST_DEVICE inline __attribute__((always_inline))
 #else
-#define DSPARK_HOST_DEVICE inline  // plain host C++ (the C ABI's host test)
+#define DSPARK_HOST_DEVICE inline
 #endif
 
 
