@@ -1,4 +1,4 @@
-"""Batch-invariant CPU kernels for the decode loop's target (``csrc/decode/``, built on first use).
+"""Batch-invariant CPU kernels for the decode loop's target (``csrc/cpu/row_linear.cpp``, ``row_attention.cpp``).
 
 PyTorch's CPU GEMMs and attention pick their kernels, and so their accumulation order, by shape and thread count:
 the same token can round differently in a 1-row decode forward and in an 8-row verify forward. With 16-bit weights
@@ -12,7 +12,6 @@ cannot be built (a warning says so once) or ``DSPARK_BATCH_INVARIANT=0``.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import warnings
 
@@ -22,44 +21,26 @@ import torch.nn.functional as F
 
 _lock = threading.Lock()
 _state = {"loaded": False, "error": None}
-LIBRARY = "dspark_decode"
-
-
-SOURCES = ("row_linear.cpp", "row_attention.cpp")
-
-
-def _sources() -> list:
-    here = os.path.dirname(os.path.abspath(__file__))
-    for root in (os.path.join(here, "..", "..", "csrc"), os.path.join(here, "..", "csrc")):
-        paths = [os.path.normpath(os.path.join(root, "decode", f)) for f in SOURCES]
-        if all(os.path.isfile(p) for p in paths):
-            return paths
-    raise FileNotFoundError("csrc/decode/ is not shipped with this installation")
+LIBRARY = "dspark_decode"  # csrc/cpu/row_linear.cpp, row_attention.cpp: built into the CPU kernels' library
 
 
 def available() -> bool:
-    """True when ``torch.ops.dspark_decode.row_linear`` is loaded (building it on the first call)."""
+    """True when ``torch.ops.dspark_decode.row_linear`` / ``row_attention`` are loaded (the CPU kernels' library,
+    built on its first use; ``dspark_kernels._ext.load_cpu``)."""
     with _lock:
         if _state["loaded"] or _state["error"] is not None:
             return _state["loaded"]
-        try:
-            if os.environ.get("DSPARK_NO_JIT") == "1":
-                raise RuntimeError("DSPARK_NO_JIT=1 forbids building it just-in-time")
-            from torch.utils import cpp_extension
-            name = "dspark_decode_cpu"
-            print(f"dspark_kernels: loading the batch-invariant CPU kernels {name} (built once, then cached)",
-                  file=sys.stderr, flush=True)
-            cpp_extension.load(name=name, sources=_sources(), extra_cflags=["-O3", "-fopenmp"],
-                               extra_ldflags=["-fopenmp"], is_python_module=False,
-                               verbose=os.environ.get("DSPARK_VERBOSE_BUILD") == "1")
-            torch.library.register_fake(f"{LIBRARY}::row_linear")(_fake_linear)
-            torch.library.register_fake(f"{LIBRARY}::row_attention")(_fake_attention)
-            _state["loaded"] = True
-        except Exception as e:  # noqa: BLE001 - no compiler: F.linear serves, with a warning
-            _state["error"] = str(e)
-            warnings.warn(f"dspark_kernels: the batch-invariant CPU kernels could not be built ({e}); CPU targets use "
+        from .. import _ext
+        if _ext.load_cpu() is None or not hasattr(torch.ops, LIBRARY) or \
+                not hasattr(getattr(torch.ops, LIBRARY), "row_linear"):
+            _state["error"] = "the CPU kernels' library did not load"
+            warnings.warn("dspark_kernels: the batch-invariant CPU kernels are not available; CPU targets use "
                           "PyTorch's, whose rounding depends on the batch shape", RuntimeWarning, stacklevel=2)
-        return _state["loaded"]
+            return False
+        torch.library.register_fake(f"{LIBRARY}::row_linear")(_fake_linear)
+        torch.library.register_fake(f"{LIBRARY}::row_attention")(_fake_attention)
+        _state["loaded"] = True
+        return True
 
 
 def _fake_linear(x, weight, bias):

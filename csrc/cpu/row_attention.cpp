@@ -15,19 +15,50 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define DSPARK_ATTN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DSPARK_ATTN_CLONES
+#endif
+
+// One (row, head): q float32 [d]; keys / values of `keys` positions at element offsets kv_off[j] (into k and v);
+// scores in w[0..keys); the output row in o. Every loop runs in a fixed order (8 lanes and a fixed tree for the dot
+// products, keys in position order), so the instruction set may vectorize but never reorder across keys.
 template <typename T>
-float dot(const T* a, const T* b, int64_t d) {
-  float lanes[8] = {};
+void attend_row(const float* q, const T* k, const T* v, const int64_t* kv_off, int64_t keys, int64_t d, float scale,
+                float* w, float* acc, float* o) {
+  float mx = -INFINITY;
   const int64_t dv = d / 8 * 8;
-  for (int64_t i = 0; i < dv; i += 8)
-    for (int l = 0; l < 8; ++l) lanes[l] += static_cast<float>(a[i + l]) * static_cast<float>(b[i + l]);
-  float s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-  for (int64_t i = dv; i < d; ++i) s += static_cast<float>(a[i]) * static_cast<float>(b[i]);
-  return s;
+  for (int64_t j = 0; j < keys; ++j) {
+    const T* kr = k + kv_off[j];
+    float lanes[8] = {};
+    for (int64_t i = 0; i < dv; i += 8)
+      for (int l = 0; l < 8; ++l) lanes[l] += q[i + l] * static_cast<float>(kr[i + l]);
+    float s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    for (int64_t i = dv; i < d; ++i) s += q[i] * static_cast<float>(kr[i]);
+    w[j] = s * scale;
+    mx = std::max(mx, w[j]);
+  }
+  float sum = 0.0f;
+  for (int64_t c = 0; c < d; ++c) acc[c] = 0.0f;
+  for (int64_t j = 0; j < keys; ++j) {
+    const float e = std::exp(w[j] - mx);
+    sum += e;
+    const T* vr = v + kv_off[j];
+    for (int64_t c = 0; c < d; ++c) acc[c] += e * static_cast<float>(vr[c]);
+  }
+  for (int64_t c = 0; c < d; ++c) o[c] = acc[c] / sum;
+}
+
+DSPARK_ATTN_CLONES void attend_row_bf16(const float* q, const at::BFloat16* k, const at::BFloat16* v,
+                                        const int64_t* kv_off, int64_t keys, int64_t d, float scale, float* w,
+                                        float* acc, float* o) {
+  attend_row(q, k, v, kv_off, keys, d, scale, w, acc, o);
 }
 
 template <typename T>
@@ -35,7 +66,8 @@ void attend(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, con
             const at::Tensor& row_req, const at::Tensor& row_pos, double scale, at::Tensor& out) {
   const int64_t t_rows = q.size(0), h = q.size(1), d = q.size(2), kvh = kc.size(1), group = h / kvh;
   const int64_t n = kv_slots.size(0), len = kv_slots.size(1), slots = kc.size(0);
-  const T* qp = q.data_ptr<T>();
+  const at::Tensor qf = q.to(at::kFloat).contiguous();
+  const float* qp = qf.data_ptr<float>();
   const T* kp = kc.data_ptr<T>();
   const T* vp = vc.data_ptr<T>();
   const int64_t* sl = kv_slots.data_ptr<int64_t>();
@@ -44,6 +76,7 @@ void attend(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, con
   float* op = out.data_ptr<float>();
   at::parallel_for(0, t_rows * h, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> w(len), acc(d);
+    std::vector<int64_t> off(len);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / h, head = i % h, kv = head / group, r = req[t];
       float* o = op + t * h * d + head * d;
@@ -52,23 +85,13 @@ void attend(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, con
         continue;
       }
       const int64_t keys = std::min<int64_t>(std::max<int64_t>(pos[t], 0), len - 1) + 1;
-      const T* qv = qp + (t * h + head) * d;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < keys; ++j) {
-        const int64_t s = std::min<int64_t>(std::max<int64_t>(sl[r * len + j], 0), slots - 1);
-        w[j] = dot(qv, kp + (s * kvh + kv) * d, d) * static_cast<float>(scale);
-        mx = std::max(mx, w[j]);
-      }
-      float sum = 0.0f;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < keys; ++j) {
-        const float e = std::exp(w[j] - mx);
-        sum += e;
-        const int64_t s = std::min<int64_t>(std::max<int64_t>(sl[r * len + j], 0), slots - 1);
-        const T* vv = vp + (s * kvh + kv) * d;
-        for (int64_t c = 0; c < d; ++c) acc[c] += e * static_cast<float>(vv[c]);
-      }
-      for (int64_t c = 0; c < d; ++c) o[c] = acc[c] / sum;
+      for (int64_t j = 0; j < keys; ++j)
+        off[j] = (std::min<int64_t>(std::max<int64_t>(sl[r * len + j], 0), slots - 1) * kvh + kv) * d;
+      const float* qv = qp + (t * h + head) * d;
+      if constexpr (std::is_same_v<T, at::BFloat16>)
+        attend_row_bf16(qv, kp, vp, off.data(), keys, d, static_cast<float>(scale), w.data(), acc.data(), o);
+      else
+        attend_row(qv, kp, vp, off.data(), keys, d, static_cast<float>(scale), w.data(), acc.data(), o);
     }
   });
 }

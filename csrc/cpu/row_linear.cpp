@@ -34,7 +34,7 @@ namespace {
 constexpr int kLanes = 8;
 constexpr int kRows = 4;  // rows of x per pass over a weight row
 
-// The fixed reduction tree of 8 lanes.
+// The fixed reduction tree of 8 lanes: l + 4, then l + 2, then l + 1 (halve8 is the same in registers).
 inline float tree8(const float* l) {
   const float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6], a3 = l[3] + l[7];
   return (a0 + a2) + (a1 + a3);
@@ -56,6 +56,20 @@ void dot_rows_portable(const float* w, const float* x, int64_t k, int64_t ldx, f
 }
 
 #ifdef DSPARK_X86
+// tree8 in registers: lanes l + 4, then l + 2, then l + 1 (the same sums in the same order).
+__attribute__((target("avx2,fma,f16c"))) inline float halve4(__m128 b) {
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+__attribute__((target("avx2,fma,f16c"))) inline float halve8(__m256 a) {
+  return halve4(_mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+}
+// 16 lanes: l + 8 first, then tree8.
+__attribute__((target("avx512f,avx2,fma,f16c"))) inline float halve16(__m512 v) {
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return halve8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+}
+
 // Eight weights widened to float32: bf16 by a shift, fp16 by F16C, float32 as they are.
 template <typename W>
 __attribute__((target("avx2,fma,f16c"))) inline __m256 load_w8(const W* p) {
@@ -80,18 +94,16 @@ __attribute__((target("avx2,fma,f16c"))) void dot_rows_avx2(const W* w, const fl
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * ldx + i), acc[r]);
   }
   for (int r = 0; r < R; ++r) {
-    alignas(32) float lanes[kLanes];
-    _mm256_store_ps(lanes, acc[r]);
-    float s = tree8(lanes);
+    float s = halve8(acc[r]);
     for (int64_t i = kv; i < k; ++i) s = std::fma(static_cast<float>(w[i]), x[r * ldx + i], s);
     out[r] = s;
   }
 }
 
 // bf16 x bf16 on AVX512-BF16: 16 float32 lanes, lane l accumulating the pairs k = 2l, 2l + 1 (mod 32) with
-// VDPBF16PS (exact products; the instruction's own rounding of each pair sum), a fixed tree of 16, then the tail.
+// VDPBF16PS (exact products; the instruction's own rounding of each pair sum), the tree halve16, then the tail.
 template <int R>
-__attribute__((target("avx512f,avx512bf16"))) void dot_rows_bf16(const at::BFloat16* w, const at::BFloat16* x,
+__attribute__((target("avx512f,avx512bf16,avx2,fma,f16c"))) void dot_rows_bf16(const at::BFloat16* w, const at::BFloat16* x,
                                                                    int64_t k, int64_t ldx, float* out) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -101,9 +113,7 @@ __attribute__((target("avx512f,avx512bf16"))) void dot_rows_bf16(const at::BFloa
     for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], wv, (__m512bh)_mm512_loadu_si512(x + r * ldx + i));
   }
   for (int r = 0; r < R; ++r) {
-    alignas(64) float l[16];
-    _mm512_store_ps(l, acc[r]);
-    float s = tree8(l) + tree8(l + 8);
+    float s = halve16(acc[r]);
     for (int64_t i = kv; i < k; ++i) s += static_cast<float>(w[i]) * static_cast<float>(x[r * ldx + i]);
     out[r] = s;
   }
