@@ -628,7 +628,7 @@ def test_cuda_sweep_shared_and_global_access(cuda_device, n):
         dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="cuda")
     launch = rec.launches[0]
     if launch.get("shared_wavefronts") is None:
-        pytest.skip("needs the harness's warp access model (the plain SIMT build of a harness that has it)")
+        pytest.skip("needs the harness's warp access model (the counting SIMT build of a harness that has it)")
     by_line = launch["by_line"]
     ld = by_line.get(_source_line("mma_sync.cuh", "the lane's one 16-byte shared-memory read"))
     if ld is None:  # charged to the kernel's ldmatrix call sites instead
@@ -674,7 +674,7 @@ def test_cuda_launch_has_no_bank_conflict(cuda_device, kind, dtype, n, conf, fp8
     assert torch.equal(out.tokens, ref.tokens)
     launch = rec.launches[0]
     if launch.get("shared_wavefronts") is None:
-        pytest.skip("needs the harness's warp access model (the plain SIMT build of a harness that has it)")
+        pytest.skip("needs the harness's warp access model (the counting SIMT build of a harness that has it)")
     assert launch["kernel"] == ("draft_block_kernel[fma]" if dtype == torch.float32 else "draft_block_kernel[mma]")
     assert launch["shared_instructions"] > 0
     assert launch["shared_wavefronts"] == launch["shared_wavefronts_ideal"], {
@@ -701,7 +701,7 @@ def test_cuda_fold_reads_bias_without_bank_conflicts(cuda_device, u_dtype, n):
     assert torch.equal(out.tokens, ref.tokens)
     launch = rec.launches[0]
     if launch.get("shared_wavefronts") is None:
-        pytest.skip("needs the harness's warp access model (the plain SIMT build of a harness that has it)")
+        pytest.skip("needs the harness's warp access model (the counting SIMT build of a harness that has it)")
     fold = launch["by_line"][_source_line("draft_block.cuh", "const float4 b = *reinterpret_cast<const float4*>(bias")]
     assert fold["shared_instructions"] > 0
     assert fold["shared_wavefronts"] == fold["shared_wavefronts_ideal"], fold
@@ -735,7 +735,7 @@ def test_cuda_u_staged_where_it_fits(cuda_device, arch, staged):
     assert torch.equal(out.tokens, ref.tokens)
     launch = rec.launches[0]
     if launch.get("shared_wavefronts") is None:
-        pytest.skip("needs the harness's warp access model (the plain SIMT build of a harness that has it)")
+        pytest.skip("needs the harness's warp access model (the counting SIMT build of a harness that has it)")
     lines = launch["by_line"]
     assert (_source_line("draft_block.cuh", "cp_async_zfill<16>(slot + j * upr") in lines) == staged
     assert (_source_line("draft_block.cuh", "unpack_piece(ldg(reinterpret_cast<const uint4*>") in lines) != staged

@@ -757,7 +757,7 @@ def test_cuda_stats_pass_reads_whole_sectors(monkeypatch, method, draft_mode, te
     monkeypatch.setenv("DSPARK_SIMT", "1")
     from dspark_kernels import simt
     if not simt.access_model_available():
-        pytest.skip("the AddressSanitizer build has no access model; the plain build runs this test")
+        pytest.skip("the AddressSanitizer build has no access model; the counting build runs this test")
     target, drafts, kwargs = _bytes_case(method, draft_mode, temperature)
     out, rec = _record(lambda: dk.verify_chain(target, drafts, backend="cuda", **kwargs), access=True)
     ref = dk.verify_chain(target, drafts, backend="reference", **kwargs)
