@@ -13,6 +13,8 @@
   so its occupancy queries and cooperative grids are those of the GPU build.
 * Tests marked ``@pytest.mark.gpu_build`` load the GPU extension ``tools/check_cuda.py --link build/dspark_C.so``
   links (or the file ``DSPARK_GPU_BUILD`` names): deselected unless it exists; CI's compile step links it.
+* Every run ends with the 20 slowest tests (setup + call + teardown), so a test that starts to cost minutes shows
+  up in the run that added it; CI's ``.ci/run`` also fails when the README's test command takes over 12 minutes.
 * Under ``pytest -n`` (pytest-xdist; the README's command) each worker gets its share of the cores as torch
   threads; the workers share one SIMT build (the first builds it, the others wait on its lock).
 * Without a GPU, Triton kernels run in the interpreter on CPU tensors: ``TRITON_INTERPRET=1`` is set here (before
@@ -73,6 +75,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.simt)
         if not HAS_GPU and "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+SLOWEST_REPORTED = 20
+_durations: dict = {}  # test id -> seconds of its setup, call and teardown (on the controller under pytest -n)
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if hasattr(config, "workerinput") or not _durations:  # an xdist worker: the controller reports
+        return
+    slowest = sorted(_durations.items(), key=lambda kv: -kv[1])[:SLOWEST_REPORTED]
+    terminalreporter.write_sep("=", f"{len(slowest)} slowest tests (setup + call + teardown; "
+                                    f"{sum(_durations.values()):.0f} s over {len(_durations)} tests)")
+    for nodeid, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.2f}s  {nodeid}")
 
 
 @pytest.fixture(params=["simt", pytest.param("gpu", marks=pytest.mark.gpu)])
