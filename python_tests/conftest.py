@@ -4,8 +4,10 @@
 * Tests marked ``@pytest.mark.sanitized`` need the AddressSanitizer build of the SIMT harness: they are deselected
   unless ``DSPARK_SIMT_SANITIZE=1``, i.e. they run in CI's sanitizer leg (``.ci/run``), against the build that leg
   makes anyway, not in the default run (where that build alone would cost minutes).
-* Tests marked ``@pytest.mark.slow`` (large shapes through the SIMT harness, minutes each) are deselected unless
-  ``DSPARK_SLOW=1`` (CI sets it for one run of them).
+* Tests marked ``@pytest.mark.slow`` (large shapes through the SIMT harness, repeated matrices, statistical tests
+  through the harness) are deselected unless ``DSPARK_SLOW=1`` (CI's slow leg sets it). ``@pytest.mark.harness_slow``
+  marks only a test's SIMT run slow (its ``cuda_device`` is ``"simt"``): on a GPU the same test is quick and runs with
+  the other GPU tests. docs/DESIGN.md (Testing) lists what runs in which leg.
 * Tests marked ``@pytest.mark.sass`` read the SASS report of ``tools/check_cuda.py --json`` (minutes of nvcc):
   they are deselected unless the report exists (``build/check_cuda.json`` or ``DSPARK_SASS_REPORT``); CI's compile
   step writes it before the tests run.
@@ -60,7 +62,18 @@ def _deselect(config, items, marker):
         items[:] = [item for item in items if marker not in item.keywords]
 
 
+def _on_simt(item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("cuda_device") == "simt"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m / -k selection, which sees the markers added here
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "harness_slow" in item.keywords and _on_simt(item):
+            item.add_marker(pytest.mark.slow)
+        if _on_simt(item):
+            item.add_marker(pytest.mark.simt)
     for marker, variable in (("sanitized", "DSPARK_SIMT_SANITIZE"), ("slow", "DSPARK_SLOW")):
         if os.environ.get(variable) != "1":
             _deselect(config, items, marker)
@@ -70,9 +83,6 @@ def pytest_collection_modifyitems(config, items):
         _deselect(config, items, "gpu_build")
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and callspec.params.get("cuda_device") == "simt":
-            item.add_marker(pytest.mark.simt)
         if not HAS_GPU and "gpu" in item.keywords:
             item.add_marker(skip)
 

@@ -407,7 +407,8 @@ CUDA_CASES = [  # head, N, K, V, r, d, dtype, temperatures, confidence, return_l
     ("rnn", 1, 7, 4099, 256, 21, torch.float32, "greedy", "sts", True),
     ("gated", 3, 5, 1000, 256, 13, torch.float16, "sampled", "conf", True),
     ("gated", 3, 2, 300, 512, 301, torch.bfloat16, "mixed", "sts", True),    # r = 512
-    ("vanilla", 1, 5, 32003, 64, 11, torch.bfloat16, "sampled", "none", False),
+    pytest.param("vanilla", 1, 5, 32003, 64, 11, torch.bfloat16, "sampled", "none", False,  # V = 32003: slow leg
+                 marks=pytest.mark.harness_slow),
     ("rnn", 10, 3, 257, 600, 7, torch.bfloat16, "mixed", "conf", True),     # tensor cores, r > 512 (v re-read)
     ("vanilla", 2, 2, 97, 2100, 3, torch.float16, "mixed", "none", True),   # r > 2048: 16-bit W2 on the FMA sweep
     ("vanilla", 80, 3, 4096, 32, 9, torch.bfloat16, "mixed", "sts", True),  # 2 request lanes x 32 slices
@@ -455,6 +456,7 @@ def test_cuda_nan_and_inf_logits(cuda_device, simt_check):
         torch.testing.assert_close(out.draft_logprobs, ref.draft_logprobs, equal_nan=True)
 
 
+@pytest.mark.harness_slow  # a statistical test through the SIMT harness: CI's slow leg (quick on a GPU)
 @pytest.mark.parametrize("temp", [0.6, 1.3])
 def test_cuda_sampled_tokens_follow_corrected_softmax(cuda_device, simt_check, temp):
     """Chi-square through the CUDA path: position 0 against softmax(logits / T), later positions against the
@@ -900,6 +902,7 @@ def test_reduced_vocabulary_samples_follow_the_draft_softmax():
     assert_reduced_samples_follow_the_draft_softmax(torch.device("cpu"), lambda fn: fn(), "reference")
 
 
+@pytest.mark.harness_slow  # a statistical test through the SIMT harness: CI's slow leg (quick on a GPU)
 def test_cuda_reduced_vocabulary_samples_follow_the_draft_softmax(cuda_device, simt_check):
     assert_reduced_samples_follow_the_draft_softmax(cuda_device, simt_check, "cuda")
 
@@ -1010,6 +1013,7 @@ def test_cuda_fp8_w2_matches_reference(cuda_device, simt_check, kind, n, k, voca
     assert_matches(ref, out, *case[:4], case[5])
 
 
+@pytest.mark.harness_slow  # a statistical test through the SIMT harness: CI's slow leg (quick on a GPU)
 def test_cuda_fp8_w2_samples_follow_the_draft_softmax(cuda_device, simt_check):
     """Chi-square of sampled drafts through the CUDA path with an fp8 W2 against softmax(logits / T) (position
     0; later positions against the mean over the prefixes drawn); the greedy token's law fails the same test."""
