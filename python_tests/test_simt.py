@@ -412,11 +412,19 @@ def test_cp_async_copies_and_zero_fills(harness):
     torch.testing.assert_close(y[:64], _cp_async_reference(x), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("variant,what", [(1, "read 4 byte"), (2, "read 4 byte")])
+@pytest.mark.parametrize("variant,what", [(1, "read 4 byte"), (2, "read 4 byte"), (3, "read 4 byte")])
 def test_reading_a_cp_async_destination_before_its_wait_fails(model, variant, what):
     """The check runs on the access hooks of the counting build (so the AddressSanitizer build skips it)."""
     with pytest.raises(RuntimeError, match=rf"cp_async_kernel.*{what}.*destination of a cp.async.*no cp_async_wait"):
         selftest(model, "cp_async", n=4096, block=64, variant=variant)
+
+
+@pytest.mark.parametrize("variant", [1, 2, 3])
+def test_an_early_cp_async_read_changes_the_result_between_schedules(harness, variant):
+    """Without the hooks (the plain and the sanitized builds) a cp.async destination holds the run's poison byte until
+    its wait, so a read before the wait differs between simt.check's runs (variant 3: the slot held a value before)."""
+    with pytest.raises(AssertionError, match="differs between runs"):
+        simt.check(lambda: selftest(harness, "cp_async", x=torch.randn(4096), n=4096, block=64, variant=variant)[0])
 
 
 def test_cp_async_is_counted_by_the_model(model):
