@@ -12,8 +12,8 @@ shared memory; the sanitized build (``DSPARK_SIMT_SANITIZE=1`` with the ASan run
 global and shared accesses. What it counts, per launch (:func:`record`): grid, block, shared memory, CTAs,
 barriers, warp collectives, global bytes read and written, and (``record(access=True)``, which runs the body on the
 counting build) the warp access model's instructions, shared-memory wavefronts and global sectors, in total and
-``by_line``; it also enforces the GPU's
-shared-memory, register and cooperative-grid launch rules and emulates ``cp.async``.
+``by_line``; it also enforces the GPU's shared-memory, register and cooperative-grid launch rules and emulates
+``cp.async``.
 
 Two builds of one source: the plain one (no instrumentation), which runs everything by default, and the counting one
 (every load and store of kernel code calls a hook: the access model's counts, and the check that no thread touches
@@ -269,7 +269,8 @@ def _symbolise(pcs: List[int]) -> Dict[int, str]:
     tool = shutil.which("addr2line") or shutil.which("llvm-addr2line")
     if todo and tool:
         # pc is a return address (of a hook or an emulated instruction's runtime call): pc - 1 is in the call
-        out = subprocess.run([tool, "-e", module(counting=True).module_path, "-i", "-a"] + [hex(pc - 1) for pc in todo],
+        path = module(counting=True).module_path  # only the counting build's records carry code offsets
+        out = subprocess.run([tool, "-e", path, "-i", "-a"] + [hex(pc - 1) for pc in todo],
                              capture_output=True, text=True).stdout.splitlines()
         chains: Dict[int, List[str]] = {}
         cur = None
