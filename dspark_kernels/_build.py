@@ -22,6 +22,7 @@ from typing import List, Optional
 
 LIBRARY = "dspark_C"          # the torch.ops namespace of the CUDA extension
 SIMT_LIBRARY = "dspark_simt"  # the torch.ops namespace of its SIMT build (CPU dispatch)
+SIMT_COUNTING_LIBRARY = "dspark_simt_counting"  # that of the SIMT build with the access model's hooks
 CPU_LIBRARY = "dspark_cpu"    # the torch.ops namespace of the CPU kernels (csrc/cpu)
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -198,23 +199,28 @@ def simt_include_dirs() -> List[str]:
     return [os.path.join(d, "include"), os.path.join(d, "simt"), os.path.join(d, "torch")] + cuda_header_dirs()
 
 
-# The plain SIMT build's access model (csrc/simt/access_model.h): GCC's kernel-address instrumentation in call mode
-# turns every load and store into a call of a hook the runtime defines (no shadow memory, no sanitizer runtime);
+# The counting SIMT build's access model (csrc/simt/access_model.h): GCC's kernel-address instrumentation in call
+# mode turns every load and store into a call of a hook the runtime defines (no shadow memory, no sanitizer runtime);
 # scalar replacement of aggregates, store merging, vectorisation and loop-to-memcpy rewriting stay off, so that a
-# 16-byte vector access stays one 16-byte access and scalar ones stay scalar, as nvcc compiles them.
+# 16-byte vector access stays one 16-byte access and scalar ones stay scalar, as nvcc compiles them. Its ops are
+# torch.ops.dspark_simt_counting (csrc/torch/common.h), so it loads beside the plain build in one process.
 SIMT_MODEL_FLAGS = ["-DDSPARK_SIMT_MODEL", "-fsanitize=kernel-address", "--param",
                     "asan-instrumentation-with-call-threshold=0", "--param", "asan-stack=0", "--param",
                     "asan-globals=0", "-fno-tree-sra", "-fno-ipa-sra", "-fno-store-merging", "-fno-tree-vectorize",
                     "-fno-tree-loop-distribute-patterns"]
 
 
-def simt_flags(sanitize: bool) -> tuple:
-    """``(compile flags, link flags)`` of the SIMT build: the plain build carries the access model's
-    instrumentation; ``sanitize`` builds with AddressSanitizer + UBSan instead (the two cannot be combined)."""
-    if not sanitize:
-        return ["-DDSPARK_SIMT", "-g", "-O2"] + SIMT_MODEL_FLAGS, []
-    san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
-    return ["-DDSPARK_SIMT", "-g", "-O1"] + san, san
+def simt_flags(sanitize: bool, counting: bool = False) -> tuple:
+    """``(compile flags, link flags)`` of the SIMT build: the plain build has no instrumentation (the correctness
+    tests run on it); ``counting`` adds the access model's (``simt.record(access=True)`` and the cp.async
+    destination check load that build); ``sanitize`` builds with AddressSanitizer + UBSan instead (the sanitizer
+    and the model's instrumentation cannot be combined)."""
+    if sanitize:
+        san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
+        return ["-DDSPARK_SIMT", "-g", "-O1"] + san, san
+    # -g only where it is read: the counting build's by_line (addr2line); without it the plain build compiles in
+    # two thirds of the time
+    return ["-DDSPARK_SIMT", "-O2"] + (["-g"] + SIMT_MODEL_FLAGS if counting else []), []
 
 
 def simt_unity_source() -> str:

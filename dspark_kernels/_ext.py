@@ -16,9 +16,11 @@ loads (``register_fake``; ``dspark_kernels.ops._registry`` declares them).
 The SIMT build (``DSPARK_SIMT=1``; ``load_simt()``) compiles the same launchers and kernel templates with the host
 C++ compiler against ``csrc/simt`` into a CPU extension whose ops (``torch.ops.dspark_simt``, the same schemas as
 ``dspark_C``) run the CUDA kernels on CPU tensors; ``dspark_kernels.simt`` drives it. It needs the CUDA headers only
-(the toolkit's, or those of torch's CUDA wheels), no GPU and no nvcc. ``DSPARK_SIMT_SANITIZE=1`` builds it with
-AddressSanitizer and UndefinedBehaviorSanitizer; Python must then start with the ASan runtime preloaded
-(``LD_PRELOAD`` = ``asan_preload()``: the ASan runtime, then libstdc++).
+(the toolkit's, or those of torch's CUDA wheels), no GPU and no nvcc. ``load_simt(counting=True)`` loads the counting
+build beside it (the access model's hooks on every load and store; ops ``torch.ops.dspark_simt_counting``), which
+``kernels()`` picks while ``use_counting(True)`` (``simt.record(access=True)`` sets it). ``DSPARK_SIMT_SANITIZE=1``
+builds it with AddressSanitizer and UndefinedBehaviorSanitizer instead (no counting build then); Python must then
+start with the ASan runtime preloaded (``LD_PRELOAD`` = ``asan_preload()``: the ASan runtime, then libstdc++).
 
 The CPU kernels (``cpu_kernel(name)``; ``torch.ops.dspark_cpu``, dispatch key CPU) are ``csrc/cpu/*.cpp``, built with
 the host C++ compiler on first use (``torch.utils.cpp_extension.load``, cached like the others; seconds to a minute
@@ -39,18 +41,20 @@ from typing import Optional
 import torch
 
 from . import _build
-from ._build import CPU_LIBRARY, LIBRARY, SIMT_LIBRARY, asan_preload, cuda_home
+from ._build import CPU_LIBRARY, LIBRARY, SIMT_COUNTING_LIBRARY, SIMT_LIBRARY, asan_preload, cuda_home
 
 __all__ = ["load", "is_available", "has_op", "kernels", "load_simt", "simt_enabled", "register_fake", "cuda_home",
-           "asan_preload", "cpu_available", "cpu_kernel", "LIBRARY", "SIMT_LIBRARY", "CPU_LIBRARY"]
+           "asan_preload", "cpu_available", "cpu_kernel", "LIBRARY", "SIMT_LIBRARY", "SIMT_COUNTING_LIBRARY",
+           "CPU_LIBRARY", "loaded_simt", "use_counting"]
 
 _lock = threading.RLock()
 _ops = None                    # torch.ops.dspark_C once loaded
 _error: Optional[str] = None   # why loading failed (cached: no rebuild attempt per call)
 _available: Optional[bool] = None
-_simt_module = None            # the SIMT build's Python module once loaded
-_simt_error: Optional[str] = None
-_fakes: dict = {}              # op name -> fake implementation, registered on the libraries when they load
+_simt_modules: dict = {}       # SIMT builds once loaded: False -> the plain (or sanitized) one, True -> counting
+_simt_errors: dict = {}        # why a SIMT build failed (cached like _error)
+_simt_counting = False         # kernels() gives CPU tensors the counting build (inside simt.record(access=True))
+_fakes: dict = {}              # op name -> fake implementation, registered on both libraries when they load
 _cpu_library = None            # the torch.library.Library defining torch.ops.dspark_cpu's schemas
 _cpu_error: Optional[str] = None
 
@@ -98,8 +102,8 @@ def register_fake(name: str, fn) -> None:
     _fakes[name] = fn
     if _ops is not None:
         _register_fake(LIBRARY, name, fn)
-    if _simt_module is not None:
-        _register_fake(SIMT_LIBRARY, name, fn)
+    for counting in _simt_modules:
+        _register_fake(SIMT_COUNTING_LIBRARY if counting else SIMT_LIBRARY, name, fn)
     if _cpu_library is not None:
         _register_fake(CPU_LIBRARY, name, fn)
 
@@ -192,7 +196,7 @@ def _asan_preloaded() -> bool:
         return False
 
 
-def _simt_build():
+def _simt_build(counting: bool):
     headers = _build.cuda_header_dirs()
     if not headers:
         raise RuntimeError("dspark_kernels: the SIMT build needs the CUDA headers (cuda_runtime.h, cuda_bf16.h): "
@@ -202,7 +206,7 @@ def _simt_build():
         raise RuntimeError("dspark_kernels: DSPARK_SIMT_SANITIZE=1 needs the AddressSanitizer runtime loaded first: "
                            f"run Python with LD_PRELOAD='{asan_preload()}' ASAN_OPTIONS=detect_leaks=0")
     from torch.utils import cpp_extension
-    name = "dspark_simt_asan" if sanitize else "dspark_simt"
+    name = "dspark_simt_asan" if sanitize else SIMT_COUNTING_LIBRARY if counting else SIMT_LIBRARY
     build_dir = cpp_extension._get_build_directory(name, verbose=False)
     _build.clear_stale_lock(build_dir)
     unity = os.path.join(build_dir, "dspark_simt_unity.cpp")
@@ -213,7 +217,7 @@ def _simt_build():
         print(f"dspark_kernels: building the SIMT harness {name} in {build_dir} with the CUDA headers of "
               f"{os.path.dirname(headers[0])} (needs no GPU and no nvcc; a minute or two once, then cached)",
               file=sys.stderr, flush=True)
-    cflags, ldflags = _build.simt_flags(sanitize)
+    cflags, ldflags = _build.simt_flags(sanitize, counting)
     return cpp_extension.load(
         name=name,
         sources=[unity],
@@ -226,35 +230,51 @@ def _simt_build():
     )
 
 
-def load_simt():
+def load_simt(counting: bool = False):
     """The SIMT build's Python module (settings, records, self-tests), building it first if needed; its ops are
-    ``torch.ops.dspark_simt``. Raises RuntimeError saying why it cannot be built."""
-    global _simt_module, _simt_error
+    ``torch.ops.dspark_simt``. ``counting``: the counting build instead (the access model's hooks; its ops are
+    ``torch.ops.dspark_simt_counting``), except under ``DSPARK_SIMT_SANITIZE=1``, whose one build has no model.
+    Raises RuntimeError saying why it cannot be built."""
+    counting = counting and not _simt_sanitized()
     with _lock:
-        if _simt_module is not None:
-            return _simt_module
-        if _simt_error is not None:
-            raise RuntimeError(_simt_error)
+        if counting in _simt_modules:
+            return _simt_modules[counting]
+        if counting in _simt_errors:
+            raise RuntimeError(_simt_errors[counting])
         try:
-            module = _simt_build()
+            module = _simt_build(counting)
         except Exception as e:
             msg = str(e) if isinstance(e, RuntimeError) and str(e).startswith("dspark_kernels:") else \
                 f"dspark_kernels: building the SIMT harness failed: {e}"
-            _simt_error = msg
+            _simt_errors[counting] = msg
             raise RuntimeError(msg) from e
-        _simt_module = module
-        _register_fakes(SIMT_LIBRARY)
+        _simt_modules[counting] = module
+        _register_fakes(SIMT_COUNTING_LIBRARY if counting else SIMT_LIBRARY)
         return module
+
+
+def loaded_simt() -> list:
+    """The SIMT builds loaded so far, the plain (or sanitized) one first."""
+    return [_simt_modules[c] for c in (False, True) if c in _simt_modules]
+
+
+def use_counting(on: bool) -> bool:
+    """Route CPU tensors to the counting build (``on``, which must be loaded) or the plain one; returns the previous
+    choice. ``simt.record(access=True)`` sets it for its body."""
+    global _simt_counting
+    old, _simt_counting = _simt_counting, bool(on)
+    return old
 
 
 def kernels(device: torch.device):
     """The op library whose kernels run on ``device``: ``torch.ops.dspark_C`` on a GPU, ``torch.ops.dspark_simt``
-    for CPU tensors under ``DSPARK_SIMT=1``."""
+    for CPU tensors under ``DSPARK_SIMT=1`` (``dspark_simt_counting`` while :func:`use_counting` is on)."""
     if device.type == "cpu":
         if not simt_enabled():
             raise ValueError("CUDA kernels run on CPU tensors only through the SIMT harness: set DSPARK_SIMT=1")
-        load_simt()
-        return getattr(torch.ops, SIMT_LIBRARY)
+        counting = _simt_counting and not _simt_sanitized()
+        load_simt(counting)
+        return getattr(torch.ops, SIMT_COUNTING_LIBRARY if counting else SIMT_LIBRARY)
     return load()
 
 

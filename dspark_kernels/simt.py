@@ -10,9 +10,15 @@ arrive fail the launch with an error naming the kernel; :func:`check` runs a cal
 shared-memory poison bytes (:data:`CHECK_SCHEDULES`) and requires identical results, which exposes missing barriers and reads of unwritten
 shared memory; the sanitized build (``DSPARK_SIMT_SANITIZE=1`` with the ASan runtime preloaded) reports out-of-bounds
 global and shared accesses. What it counts, per launch (:func:`record`): grid, block, shared memory, CTAs,
-barriers, warp collectives, global bytes read and written, and (plain build) the warp access model's
-instructions, shared-memory wavefronts and global sectors, in total and ``by_line``; it also enforces the GPU's
-shared-memory, register and cooperative-grid launch rules and emulates ``cp.async``. What it cannot see: timing, memory ordering beyond
+barriers, warp collectives, global bytes read and written, and (``record(access=True)``, which runs the body on the
+counting build) the warp access model's instructions, shared-memory wavefronts and global sectors, in total and
+``by_line``; it also enforces the GPU's shared-memory, register and cooperative-grid launch rules and emulates
+``cp.async``.
+
+Two builds of one source: the plain one (no instrumentation), which runs everything by default, and the counting one
+(every load and store of kernel code calls a hook: the access model's counts, and the check that no thread touches
+a ``cp.async`` destination before its wait), which :func:`module` ``(counting=True)`` loads and ``record(access=True)``
+runs its body on. :func:`configure` sets both alike. What it cannot see: timing, memory ordering beyond
 its synchronisation points, warp-synchronous code without ``__syncwarp``, fast-math numerics (``__expf`` is ``expf``
 here), and Hopper-only instructions.
 """
@@ -44,17 +50,32 @@ def enabled() -> bool:
 _registers_env_done = False
 
 
-def module():
-    """The SIMT build's Python module (built on first use). On first use, when ``DSPARK_SIMT_REGISTERS`` names a
-    ``tools/check_cuda.py --json`` report, the harness takes its kernels' registers from it (:func:`load_registers`)."""
+def module(counting: bool = False):
+    """The SIMT build's Python module (built on first use): the plain build, or with ``counting`` the counting build
+    (the access model's hooks; under ``DSPARK_SIMT_SANITIZE=1`` the one sanitized build, which has no model). A
+    build loaded after the other takes its settings (:func:`configure`). On first use, when
+    ``DSPARK_SIMT_REGISTERS`` names a ``tools/check_cuda.py --json`` report, the harness takes its kernels' registers
+    from it (:func:`load_registers`)."""
     global _registers_env_done
-    m = _ext.load_simt()
+    plain = _ext.load_simt()
     if not _registers_env_done:
         _registers_env_done = True
         path = os.environ.get("DSPARK_SIMT_REGISTERS")
         if path:
             load_registers(path)
+    if not counting:
+        return plain
+    first = len(_ext.loaded_simt()) == 1
+    m = _ext.load_simt(counting=True)
+    if first and m is not plain:
+        _apply(m, dict(plain.settings()))
     return m
+
+
+def _apply(m, s: Dict[str, Any]) -> None:
+    m.configure(s["order"], int(s["seed"]), int(s["poison"]), int(s["sm_count"]), bool(s["record"]),
+                bool(s["access"]), int(s["arch"]), int(s["l2_bytes"]), bool(s["dram"]))
+    m.set_registers([(str(k), int(r)) for k, r in s["registers"]])
 
 
 def available() -> bool:
@@ -76,7 +97,8 @@ def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison
               sm_count: Optional[int] = None, record: Optional[bool] = None, access: Optional[bool] = None,
               arch: Optional[int] = None, registers: Optional[List[tuple]] = None,
               l2_bytes: Optional[int] = None, dram: Optional[bool] = None) -> Dict[str, Any]:
-    """Change harness settings (None keeps one); returns the previous settings.
+    """Change harness settings (None keeps one) of every SIMT build loaded (and of any loaded later); returns the
+    previous settings.
 
     order: "forward" | "reverse" | "random" (the order in which runnable threads, and blocks, resume); seed: of
     "random"; poison: the byte shared memory is filled with before every block; sm_count: what kernels see as the
@@ -89,17 +111,15 @@ def configure(*, order: Optional[str] = None, seed: Optional[int] = None, poison
     (``dram_bytes_read``; it keeps a table of every 32-byte sector the launch touches, gigabytes for a launch over a
     gigabyte, so it is off unless asked for); l2_bytes: the L2 of that estimate (50 MB, an H100 / H200, by default).
     """
-    m = module()
-    old = dict(m.settings())
+    old = dict(module().settings())
     new = dict(old)
     for k, v in (("order", order), ("seed", seed), ("poison", poison), ("sm_count", sm_count), ("record", record),
-                 ("access", access), ("arch", arch), ("l2_bytes", l2_bytes), ("dram", dram)):
+                 ("access", access), ("arch", arch), ("l2_bytes", l2_bytes), ("dram", dram),
+                 ("registers", registers)):
         if v is not None:
             new[k] = v
-    m.configure(new["order"], int(new["seed"]), int(new["poison"]), int(new["sm_count"]), bool(new["record"]),
-                bool(new["access"]), int(new["arch"]), int(new["l2_bytes"]), bool(new["dram"]))
-    if registers is not None:
-        m.set_registers([(str(k), int(r)) for k, r in registers])
+    for m in _ext.loaded_simt():
+        _apply(m, new)
     return old
 
 
@@ -121,13 +141,14 @@ def load_registers(path: str, arch: str = "sm_90a") -> List[tuple]:
         table = registers_from_report(report, arch)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise RuntimeError(f"DSPARK_SIMT_REGISTERS / load_registers: cannot read the SASS report {path!r}: {e}") from e
-    _ext.load_simt().set_registers(table)
+    configure(registers=table)
     return table
 
 
 def access_model_available() -> bool:
-    """True when this build has the warp access model (the plain build; the AddressSanitizer build has not)."""
-    return bool(module().access_model)
+    """True when the counting build, which has the warp access model, can run (not under the AddressSanitizer build,
+    which has none); loads it."""
+    return bool(module(counting=True).access_model)
 
 
 @contextlib.contextmanager
@@ -193,17 +214,23 @@ def record(*, access: bool = False, sm_count: Optional[int] = None, dram: bool =
     """Record every launch made in the body: ``with simt.record() as rec: op(...); rec.launches``.
 
     Every record has the launch's configuration and its byte, barrier and collective counters. ``access=True`` also
-    runs the warp access model (plain build: :data:`ACCESS_KEYS` and ``by_line``; ``None`` in the sanitized build),
-    which costs tens of times the launch itself: ask for it where the counts are read. ``dram=True`` adds each
-    launch's DRAM-read estimate (``dram_bytes_read``; None without it)."""
-    m = module()
-    m.take_records()  # drop anything older
+    runs the warp access model (:data:`ACCESS_KEYS` and ``by_line``; ``None`` in the sanitized build): the body's
+    kernels run on the counting build, whose hooks cost a call per load and store, and the model tens of times the
+    launch itself: ask for it where the counts are read. ``dram=True`` adds each launch's DRAM-read estimate
+    (``dram_bytes_read``; None without it)."""
+    module(counting=access)
+    builds = _ext.loaded_simt()
+    for m in builds:
+        m.take_records()  # drop anything older
     old = configure(record=True, access=access, sm_count=sm_count, dram=dram)
+    routed = _ext.use_counting(access)
     rec = Recording()
     try:
         yield rec
     finally:
-        rec.launches.extend(m.take_records())
+        _ext.use_counting(routed)
+        for m in builds:
+            rec.launches.extend(m.take_records())
         configure(**old)
         _add_by_line(rec.launches)
 
@@ -242,7 +269,8 @@ def _symbolise(pcs: List[int]) -> Dict[int, str]:
     tool = shutil.which("addr2line") or shutil.which("llvm-addr2line")
     if todo and tool:
         # pc is a return address (of a hook or an emulated instruction's runtime call): pc - 1 is in the call
-        out = subprocess.run([tool, "-e", module().module_path, "-i", "-a"] + [hex(pc - 1) for pc in todo],
+        path = module(counting=True).module_path  # only the counting build's records carry code offsets
+        out = subprocess.run([tool, "-e", path, "-i", "-a"] + [hex(pc - 1) for pc in todo],
                              capture_output=True, text=True).stdout.splitlines()
         chains: Dict[int, List[str]] = {}
         cur = None

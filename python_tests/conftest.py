@@ -4,8 +4,10 @@
 * Tests marked ``@pytest.mark.sanitized`` need the AddressSanitizer build of the SIMT harness: they are deselected
   unless ``DSPARK_SIMT_SANITIZE=1``, i.e. they run in CI's sanitizer leg (``.ci/run``), against the build that leg
   makes anyway, not in the default run (where that build alone would cost minutes).
-* Tests marked ``@pytest.mark.slow`` (large shapes through the SIMT harness, minutes each) are deselected unless
-  ``DSPARK_SLOW=1`` (CI sets it for one run of them).
+* Tests marked ``@pytest.mark.slow`` (large shapes through the SIMT harness, repeated matrices, statistical tests
+  through the harness) are deselected unless ``DSPARK_SLOW=1`` (CI's slow leg sets it). ``@pytest.mark.harness_slow``
+  marks only a test's SIMT run slow (its ``cuda_device`` is ``"simt"``): on a GPU the same test is quick and runs with
+  the other GPU tests. docs/DESIGN.md (Testing) lists what runs in which leg.
 * Tests marked ``@pytest.mark.sass`` read the SASS report of ``tools/check_cuda.py --json`` (minutes of nvcc):
   they are deselected unless the report exists (``build/check_cuda.json`` or ``DSPARK_SASS_REPORT``); CI's compile
   step writes it before the tests run.
@@ -13,6 +15,8 @@
   so its occupancy queries and cooperative grids are those of the GPU build.
 * Tests marked ``@pytest.mark.gpu_build`` load the GPU extension ``tools/check_cuda.py --link build/dspark_C.so``
   links (or the file ``DSPARK_GPU_BUILD`` names): deselected unless it exists; CI's compile step links it.
+* Every run ends with the 20 slowest tests (setup + call + teardown), so a test that starts to cost minutes shows
+  up in the run that added it; CI's ``.ci/run`` also fails when the README's test command takes over 12 minutes.
 * Under ``pytest -n`` (pytest-xdist; the README's command) each worker gets its share of the cores as torch
   threads; the workers share one SIMT build (the first builds it, the others wait on its lock).
 * ``host_backend`` runs a test once with the reference and once with the CPU kernels as the ops' default backend.
@@ -59,7 +63,18 @@ def _deselect(config, items, marker):
         items[:] = [item for item in items if marker not in item.keywords]
 
 
+def _on_simt(item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("cuda_device") == "simt"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m / -k selection, which sees the markers added here
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "harness_slow" in item.keywords and _on_simt(item):
+            item.add_marker(pytest.mark.slow)
+        if _on_simt(item):
+            item.add_marker(pytest.mark.simt)
     for marker, variable in (("sanitized", "DSPARK_SIMT_SANITIZE"), ("slow", "DSPARK_SLOW")):
         if os.environ.get(variable) != "1":
             _deselect(config, items, marker)
@@ -69,11 +84,26 @@ def pytest_collection_modifyitems(config, items):
         _deselect(config, items, "gpu_build")
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and callspec.params.get("cuda_device") == "simt":
-            item.add_marker(pytest.mark.simt)
         if not HAS_GPU and "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+SLOWEST_REPORTED = 20
+_durations: dict = {}  # test id -> seconds of its setup, call and teardown (on the controller under pytest -n)
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if hasattr(config, "workerinput") or not _durations:  # an xdist worker: the controller reports
+        return
+    slowest = sorted(_durations.items(), key=lambda kv: -kv[1])[:SLOWEST_REPORTED]
+    terminalreporter.write_sep("=", f"{len(slowest)} slowest tests (setup + call + teardown; "
+                                    f"{sum(_durations.values()):.0f} s over {len(_durations)} tests)")
+    for nodeid, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.2f}s  {nodeid}")
 
 
 @pytest.fixture(params=["simt", pytest.param("gpu", marks=pytest.mark.gpu)])

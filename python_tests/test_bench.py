@@ -155,6 +155,7 @@ def check_record(doc: dict) -> None:
             {"name", "tokens_per_second", "acceptance_length", "speedup"} <= set(e)
 
 
+@pytest.mark.slow  # the whole --quick preset, two minutes on 2 cores: CI's slow leg
 def test_quick_on_cpu(tmp_path):
     """``--quick`` on the CPU: every op, the structural report and the end-to-end row. What is checked is the
     pipeline and its outputs, not the timings: two or three timed calls a row keep it short on a busy machine (the

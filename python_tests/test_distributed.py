@@ -199,19 +199,21 @@ def _group_cuda_pieces(rank, world):
     check_verify(rank, spans, vocab, inp, verify_modes(inp), backend="cuda")
 
 
-def test_sharded_ops_with_the_cuda_pieces(cuda_device):
+@pytest.mark.parametrize("world,group,args", [
+    (3, "_group_cuda_pieces", ()), (4, "_group_cuda_one_token_shards", ()),
+    pytest.param(2, "_group_large_vocab", ("cuda",), marks=pytest.mark.harness_slow),  # V = 32003: CI's slow leg
+    (2, "_certificate_case", ("cuda",))], ids=["P3-every-mode", "P4-one-token", "P2-V32003", "P2-certificate"])
+def test_sharded_ops_with_the_cuda_pieces(cuda_device, world, group, args):
     """P = 3 with every mode; P = 4 with one-token shards; P = 2 over V = 32003 (draft_block feeding verify_chain)
     and with a certificate failure that forces the second exchange."""
     if cuda_device.type != "cpu":
         pytest.skip("gloo groups of CPU processes: the SIMT harness on each rank")
-    spawn(3, _group_cuda_pieces)
-    spawn(4, _group_cuda_one_token_shards)
-    spawn(2, _group_large_vocab, "cuda")
-    spawn(2, _certificate_case, "cuda")
+    spawn(world, globals()[group], *args)
 
 
 @pytest.mark.parametrize("world,group", [(3, _group_three_ranks), (4, _group_one_token_shards),
-                                         (2, _group_large_vocab)], ids=["P3-V1000", "P4-one-token", "P2-V32003"])
+                                         pytest.param(2, _group_large_vocab, marks=pytest.mark.slow)],
+                         ids=["P3-V1000", "P4-one-token", "P2-V32003"])
 def test_sharded_equals_unsharded(world, group):
     spawn(world, group)
 

@@ -408,7 +408,8 @@ CUDA_CASES = [  # head, N, K, V, r, d, dtype, temperatures, confidence, return_l
     ("rnn", 1, 7, 4099, 256, 21, torch.float32, "greedy", "sts", True),
     ("gated", 3, 5, 1000, 256, 13, torch.float16, "sampled", "conf", True),
     ("gated", 3, 2, 300, 512, 301, torch.bfloat16, "mixed", "sts", True),    # r = 512
-    ("vanilla", 1, 5, 32003, 64, 11, torch.bfloat16, "sampled", "none", False),
+    pytest.param("vanilla", 1, 5, 32003, 64, 11, torch.bfloat16, "sampled", "none", False,  # V = 32003: slow leg
+                 marks=pytest.mark.harness_slow),
     ("rnn", 10, 3, 257, 600, 7, torch.bfloat16, "mixed", "conf", True),     # tensor cores, r > 512 (v re-read)
     ("vanilla", 2, 2, 97, 2100, 3, torch.float16, "mixed", "none", True),   # r > 2048: 16-bit W2 on the FMA sweep
     ("vanilla", 80, 3, 4096, 32, 9, torch.bfloat16, "mixed", "sts", True),  # 2 request lanes x 32 slices
@@ -460,6 +461,7 @@ def test_cuda_nan_and_inf_logits(cuda_device, simt_check):
     check_nan_and_inf_logits(cuda_device, "cuda", simt_check)
 
 
+@pytest.mark.harness_slow  # a statistical test through the SIMT harness: CI's slow leg (quick on a GPU)
 @pytest.mark.parametrize("temp", [0.6, 1.3])
 def test_cuda_sampled_tokens_follow_corrected_softmax(cuda_device, simt_check, temp):
     """Chi-square through the CUDA path: position 0 against softmax(logits / T), later positions against the
@@ -633,7 +635,7 @@ def test_cuda_sweep_shared_and_global_access(cuda_device, n):
         dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="cuda")
     launch = rec.launches[0]
     if launch.get("shared_wavefronts") is None:
-        pytest.skip("needs the harness's warp access model (the plain SIMT build of a harness that has it)")
+        pytest.skip("needs the harness's warp access model (the counting SIMT build of a harness that has it)")
     by_line = launch["by_line"]
     ld = by_line.get(_source_line("mma_sync.cuh", "the lane's one 16-byte shared-memory read"))
     if ld is None:  # charged to the kernel's ldmatrix call sites instead
@@ -679,7 +681,7 @@ def test_cuda_launch_has_no_bank_conflict(cuda_device, kind, dtype, n, conf, fp8
     assert torch.equal(out.tokens, ref.tokens)
     launch = rec.launches[0]
     if launch.get("shared_wavefronts") is None:
-        pytest.skip("needs the harness's warp access model (the plain SIMT build of a harness that has it)")
+        pytest.skip("needs the harness's warp access model (the counting SIMT build of a harness that has it)")
     assert launch["kernel"] == ("draft_block_kernel[fma]" if dtype == torch.float32 else "draft_block_kernel[mma]")
     assert launch["shared_instructions"] > 0
     assert launch["shared_wavefronts"] == launch["shared_wavefronts_ideal"], {
@@ -706,7 +708,7 @@ def test_cuda_fold_reads_bias_without_bank_conflicts(cuda_device, u_dtype, n):
     assert torch.equal(out.tokens, ref.tokens)
     launch = rec.launches[0]
     if launch.get("shared_wavefronts") is None:
-        pytest.skip("needs the harness's warp access model (the plain SIMT build of a harness that has it)")
+        pytest.skip("needs the harness's warp access model (the counting SIMT build of a harness that has it)")
     fold = launch["by_line"][_source_line("draft_block.cuh", "const float4 b = *reinterpret_cast<const float4*>(bias")]
     assert fold["shared_instructions"] > 0
     assert fold["shared_wavefronts"] == fold["shared_wavefronts_ideal"], fold
@@ -740,7 +742,7 @@ def test_cuda_u_staged_where_it_fits(cuda_device, arch, staged):
     assert torch.equal(out.tokens, ref.tokens)
     launch = rec.launches[0]
     if launch.get("shared_wavefronts") is None:
-        pytest.skip("needs the harness's warp access model (the plain SIMT build of a harness that has it)")
+        pytest.skip("needs the harness's warp access model (the counting SIMT build of a harness that has it)")
     lines = launch["by_line"]
     assert (_source_line("draft_block.cuh", "cp_async_zfill<16>(slot + j * upr") in lines) == staged
     assert (_source_line("draft_block.cuh", "unpack_piece(ldg(reinterpret_cast<const uint4*>") in lines) != staged
@@ -905,6 +907,7 @@ def test_reduced_vocabulary_samples_follow_the_draft_softmax():
     assert_reduced_samples_follow_the_draft_softmax(torch.device("cpu"), lambda fn: fn(), "reference")
 
 
+@pytest.mark.harness_slow  # a statistical test through the SIMT harness: CI's slow leg (quick on a GPU)
 def test_cuda_reduced_vocabulary_samples_follow_the_draft_softmax(cuda_device, simt_check):
     assert_reduced_samples_follow_the_draft_softmax(cuda_device, simt_check, "cuda")
 
@@ -1015,6 +1018,7 @@ def test_cuda_fp8_w2_matches_reference(cuda_device, simt_check, kind, n, k, voca
     assert_matches(ref, out, *case[:4], case[5])
 
 
+@pytest.mark.harness_slow  # a statistical test through the SIMT harness: CI's slow leg (quick on a GPU)
 def test_cuda_fp8_w2_samples_follow_the_draft_softmax(cuda_device, simt_check):
     """Chi-square of sampled drafts through the CUDA path with an fp8 W2 against softmax(logits / T) (position
     0; later positions against the mean over the prefixes drawn); the greedy token's law fails the same test."""

@@ -175,6 +175,7 @@ def test_topk_samples_follow_the_draft_softmax():
     assert_samples_follow_the_topk_softmax(torch.device("cpu"), lambda fn: fn(), "reference", 20000)
 
 
+@pytest.mark.harness_slow  # a statistical test through the SIMT harness: CI's slow leg (quick on a GPU)
 def test_cuda_topk_samples_follow_the_draft_softmax(cuda_device):
     """One schedule (the exact-equality tests compare schedules): a CTA walks each of the 1500 requests."""
     assert_samples_follow_the_topk_softmax(cuda_device, lambda fn: fn(), "cuda", 1500)

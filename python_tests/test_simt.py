@@ -278,10 +278,11 @@ def _line(marker):
 
 @pytest.fixture
 def model(harness):
+    """The counting build (the access model's hooks), which ``simt.record(access=True)`` runs on."""
     if not simt.access_model_available():
         pytest.skip("the AddressSanitizer build has no access model (kernel-address instrumentation feeds it); "
-                    "the plain build runs this test")
-    return harness
+                    "the counting build runs this test")
+    return simt.module(counting=True)
 
 
 def _modelled(m, name, *, grid=1, block=32, variant=0, alpha=1.0, x=None, ny=256):
@@ -350,12 +351,12 @@ def test_sequences_that_do_not_line_up_are_flagged(model):
     assert aligned["misaligned_segments"] == 0
 
 
-def test_access_model_is_off_outside_a_recording(harness):
+def test_access_model_is_off_outside_a_recording(model):
     with simt.record() as rec:
         pass
     assert rec.launches == []
     y = torch.zeros(64)
-    harness.selftest("bank", torch.arange(64.0), y, torch.zeros(1), 1, 32, 1, 1.0)  # no recording: runs, no record
+    model.selftest("bank", torch.arange(64.0), y, torch.zeros(1), 1, 32, 1, 1.0)  # no recording: runs, no record
     assert torch.equal(y[:32], torch.arange(32.0))
 
 
@@ -369,6 +370,30 @@ def test_access_model_runs_only_when_asked(model):
     with simt.record(access=True) as rec:
         model.selftest("bank", x, y, torch.zeros(1), 1, 32, 1, 1.0)
     assert rec.launches[0]["access_model"] and rec.launches[0]["shared_wavefronts"] > 0
+
+
+def test_two_builds_correctness_on_the_plain_one_counts_on_the_counting_one(harness, model):
+    """The plain build has no hooks (the correctness tests run on it, several times faster); ``record(access=True)``
+    runs its body's kernels on the counting build, whose records carry the model's counts, and nothing else does;
+    ``configure`` sets both builds alike."""
+    assert harness is not model and not harness.access_model and model.access_model
+
+    def one_launch(access):
+        with simt.record(access=access) as rec:
+            dk.rng_uniform((2, 3, 64), seed=5, backend="cuda")
+        (r,) = rec.launches
+        return r
+
+    assert not one_launch(False)["access_model"]
+    counted = one_launch(True)
+    assert counted["access_model"] and counted["global_instructions"] > 0 and counted["by_line"]
+    assert not one_launch(False)["access_model"]  # back on the plain build
+    old = simt.configure(sm_count=7, order="reverse")
+    try:
+        assert harness.settings() == model.settings() and harness.settings()["sm_count"] == 7
+    finally:
+        simt.configure(**old)
+    assert harness.settings() == model.settings()
 
 
 # ------------------------------------------------------------------------------------------------ cp.async
@@ -387,11 +412,19 @@ def test_cp_async_copies_and_zero_fills(harness):
     torch.testing.assert_close(y[:64], _cp_async_reference(x), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("variant,what", [(1, "read 4 byte"), (2, "read 4 byte")])
+@pytest.mark.parametrize("variant,what", [(1, "read 4 byte"), (2, "read 4 byte"), (3, "read 4 byte")])
 def test_reading_a_cp_async_destination_before_its_wait_fails(model, variant, what):
-    """The check runs on the access hooks of the plain build (so the AddressSanitizer build skips it)."""
+    """The check runs on the access hooks of the counting build (so the AddressSanitizer build skips it)."""
     with pytest.raises(RuntimeError, match=rf"cp_async_kernel.*{what}.*destination of a cp.async.*no cp_async_wait"):
         selftest(model, "cp_async", n=4096, block=64, variant=variant)
+
+
+@pytest.mark.parametrize("variant", [1, 2, 3])
+def test_an_early_cp_async_read_changes_the_result_between_schedules(harness, variant):
+    """Without the hooks (the plain and the sanitized builds) a cp.async destination holds the run's poison byte until
+    its wait, so a read before the wait differs between simt.check's runs (variant 3: the slot held a value before)."""
+    with pytest.raises(AssertionError, match="differs between runs"):
+        simt.check(lambda: selftest(harness, "cp_async", x=torch.randn(4096), n=4096, block=64, variant=variant)[0])
 
 
 def test_cp_async_is_counted_by_the_model(model):

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -229,10 +230,15 @@ def simulate(method, k, temp, use_draft_logits, trials=20000, length=None, vocab
     return out, torch.softmax(p_logits[:length] / temp, -1)
 
 
-@pytest.mark.parametrize("method", ["token", "block"])
-@pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("temp", [0.6, 1.0])
-@pytest.mark.parametrize("use_draft_logits", [True, False])
+# The default run checks each method with and without draft logits, at K = 3 and at K = 1, each temperature at least
+# once; CI's slow leg the rest of the matrix (K = 5, the other temperature of each).
+LOSSLESS_DEFAULT = {(True, 1.0, 3, "token"), (False, 0.6, 3, "token"), (True, 0.6, 3, "block"),
+                    (False, 1.0, 3, "block"), (False, 1.0, 1, "token"), (True, 1.0, 1, "block")}
+
+
+@pytest.mark.parametrize("use_draft_logits,temp,k,method", [
+    pytest.param(*case, marks=() if case in LOSSLESS_DEFAULT else pytest.mark.slow)
+    for case in itertools.product([True, False], [0.6, 1.0], [1, 3, 5], ["token", "block"])])
 def test_lossless_sampling(host_backend, method, k, temp, use_draft_logits):
     tokens, p = simulate(method, k, temp, use_draft_logits, seed=17 * k + int(10 * temp))
     trials, vocab = tokens.shape[0], p.shape[1]
@@ -814,7 +820,7 @@ def test_cuda_stats_pass_reads_whole_sectors(monkeypatch, method, draft_mode, te
     monkeypatch.setenv("DSPARK_SIMT", "1")
     from dspark_kernels import simt
     if not simt.access_model_available():
-        pytest.skip("the AddressSanitizer build has no access model; the plain build runs this test")
+        pytest.skip("the AddressSanitizer build has no access model; the counting build runs this test")
     target, drafts, kwargs = _bytes_case(method, draft_mode, temperature)
     out, rec = _record(lambda: dk.verify_chain(target, drafts, backend="cuda", **kwargs), access=True)
     ref = dk.verify_chain(target, drafts, backend="reference", **kwargs)
@@ -1006,7 +1012,7 @@ def test_cpu_lossless_joint_law(method, use_logprobs):
     assert joint_passes(tokens, p)
 
 
-@pytest.mark.slow  # thousands of verifications through the SIMT harness: minutes; CI's slow leg runs it
+@pytest.mark.harness_slow  # thousands of verifications through the SIMT harness: CI's slow leg runs it (quick on a GPU)
 @pytest.mark.parametrize("method,use_logprobs", [("block", False), ("token", True)])
 def test_cuda_lossless_joint_law(cuda_device, method, use_logprobs):
     tokens, p = simulate_joint(method, "cuda", JOINT_TRIALS, JOINT_SEED, use_logprobs)

@@ -20,7 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
-// DSPARK_SIMT_MODEL: the plain build, compiled with GCC's kernel-address instrumentation in call mode, so that
+// DSPARK_SIMT_MODEL: the counting build, compiled with GCC's kernel-address instrumentation in call mode, so that
 // every load and store of the translation unit calls the __asan_*_noabort hooks at the end of this file (GCC then
 // defines __SANITIZE_ADDRESS__ too, without any AddressSanitizer runtime).
 #if defined(DSPARK_SIMT_MODEL)
@@ -173,7 +173,7 @@ struct Launch {
   void* sched_fake_stack = nullptr;
   const void* sched_stack_bottom = nullptr;
   size_t sched_stack_size = 0;
-  bool model = false;           // the access model runs (recording, plain build)
+  bool model = false;           // the access model runs (recording, counting build)
   bool cp_async_used = false;   // some thread queued a cp.async: destinations are checked
   model::Tally tally;
 };
@@ -1153,6 +1153,9 @@ DSPARK_SIMT_UNMODELLED void cp_async(void* smem_dst, const void* gmem_src, int b
   }
   f->cp_queue.push_back(Fiber::CpAsync{static_cast<char*>(smem_dst), static_cast<const char*>(gmem_src), bytes,
                                        src_bytes, 0});
+  // Until its wait the destination holds no defined value: the run's poison byte, so that a read before the wait
+  // (which only the counting build's hooks report as an error) changes the result between simt::check's runs.
+  memset(smem_dst, g_settings.poison, static_cast<size_t>(bytes));
 }
 
 DSPARK_SIMT_UNMODELLED void cp_async_commit() {
@@ -1188,7 +1191,7 @@ size_t pending_records() { return g_records.size(); }
 
 // ------------------------------------------------------------------------------------------- access hooks
 // What GCC's -fsanitize=kernel-address (call mode, --param asan-instrumentation-with-call-threshold=0) calls before
-// every load and store of the plain build. Outside modelled kernel code they return at the first test.
+// every load and store of the counting build. Outside modelled kernel code they return at the first test.
 #if defined(DSPARK_SIMT_MODEL)
 #define DSPARK_SIMT_HOOK(kind, n, write)                                                        \
   extern "C" DSPARK_SIMT_UNMODELLED void __asan_##kind##n##_noabort(void* p) {                  \

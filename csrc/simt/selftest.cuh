@@ -200,19 +200,24 @@ __global__ void strided_kernel(const float* x, float* y, int stride, int variant
 
 // cp.async: three copies in two groups (16-byte rows, 8-byte rows, 4-byte words zero-filled on odd threads), then
 // each thread reads its neighbour's. variant 1 reads the second group's destination after waiting only for the
-// first; variant 2 reads the first group's before any wait.
+// first; variant 2 reads the first group's before any wait; variant 3 too, after writing that destination before
+// its cp.async (a ring slot reused: without the hooks only its poisoning at issue changes what the early read sees).
 __global__ void cp_async_kernel(const float* x, float* y, int variant) {
   DSPARK_SHARED_ARRAY(float4, a, 64);
   DSPARK_SHARED_ARRAY(float2, b, 64);
   DSPARK_SHARED_ARRAY(float, c, 64);
   const int t = threadIdx.x, n = blockDim.x;
+  if (variant == 3) {  // the destination held a value before its cp.async (a ring slot reused)
+    a[t] = float4{1.0f, 2.0f, 3.0f, 4.0f};
+    __syncthreads();
+  }
   cp_async<16>(a + t, x + 4 * t);  // model: cp.async 16
   cp_async_commit();
   cp_async<8>(b + t, x + 4 * n + 2 * t);  // model: cp.async 8
   cp_async_zfill<4>(c + t, x + 6 * n + t, (t & 1) ? 0 : 4);  // model: cp.async 4
   cp_async_commit();
   float r = 0.0f;
-  if (variant == 2) r += a[t].x;
+  if (variant == 2 || variant == 3) r += a[t].x;
   cp_async_wait<1>();
   r += a[t].w;
   if (variant == 1) r += b[t].y;

@@ -15,10 +15,14 @@
 #include "dspark/platform.cuh"
 #include "dspark/vec.cuh"
 
-// The op library: torch.ops.dspark_C on the GPU, torch.ops.dspark_simt in the SIMT build (so both can load in one
-// process). registration.cpp defines every schema; a launcher registers its op with
+// The op library: torch.ops.dspark_C on the GPU, torch.ops.dspark_simt in the SIMT build and
+// torch.ops.dspark_simt_counting in its counting build (the access model's hooks), so all of them can load in one
+// process. registration.cpp defines every schema; a launcher registers its op with
 // DSPARK_LIBRARY_IMPL(m) { m.impl(name, fn); }.
-#if defined(DSPARK_SIMT)
+#if defined(DSPARK_SIMT) && defined(DSPARK_SIMT_MODEL)
+#define DSPARK_TORCH_LIBRARY dspark_simt_counting
+#define DSPARK_TORCH_DISPATCH CPU
+#elif defined(DSPARK_SIMT)
 #define DSPARK_TORCH_LIBRARY dspark_simt
 #define DSPARK_TORCH_DISPATCH CPU
 #else

@@ -92,7 +92,7 @@ struct LaunchRecord {
   uint64_t warp_collectives = 0;  // warp collectives completed, summed over warps
   uint64_t grid_barriers = 0;
   uint64_t mma = 0;  // warp-wide m16n8k16 MMAs (dspark/mma_sync.cuh), summed over warps
-  // The access model (kept only while recording, and only in the plain build: see access_model_available()).
+  // The access model (kept only while recording, and only in the counting build: see access_model_available()).
   bool access_model = false;
   AccessCounts access;
   uint64_t misaligned_segments = 0;  // warp segments whose lanes' access sequences did not line up
@@ -130,8 +130,9 @@ struct KernelScope {
   ~KernelScope();
 };
 
-// True when this build has the access model (the plain build; the AddressSanitizer build has not, since GCC's
-// kernel-address instrumentation that feeds it cannot be combined with AddressSanitizer).
+// True when this build has the access model (the counting build, DSPARK_SIMT_MODEL; the plain build has no hooks,
+// and the AddressSanitizer build none either, since GCC's kernel-address instrumentation that feeds them cannot be
+// combined with AddressSanitizer).
 bool access_model_available();
 // The file of the loaded module, for symbolising the code addresses of LaunchRecord::by_pc (addr2line -e).
 const char* module_path();
@@ -204,7 +205,7 @@ struct Settings {
   // which the harness's kernel functions share); a kernel not listed is not held to the register rules.
   std::vector<std::pair<std::string, int>> registers;
   bool record = false;           // keep a LaunchRecord per launch
-  bool access = false;           // with record: run the warp access model too (plain build; tens of times slower)
+  bool access = false;           // with record: run the warp access model too (counting build; tens of times slower)
   bool dram = false;             // with record: the DRAM-read estimate too (a table of every 32-byte sector touched)
   uint64_t l2_bytes = 50ull << 20;  // the L2 of the DRAM-read estimate (50 MB: H100 SXM5 / H200, one GH100 die)
 };
