@@ -74,7 +74,8 @@ def test_row_attention_is_batch_invariant_and_matches_sdpa(dtype):
     starts = [10, 0, 25]
     pos = torch.cat([torch.arange(s, s + int(cu[i + 1] - cu[i])) for i, s in enumerate(starts)])
     b = ragged_batch(cache, pos, cu, 8, 36)
-    req = torch.div(b.pad_index, b.max_q, rounding_mode="floor")
+    req = b.req
+    assert torch.equal(req, torch.div(b.pad_index, b.max_q, rounding_mode="floor"))
     out = bi.row_attention(q, cache.k[0], cache.v[0], b.kv_slots, req, b.pos, d ** -0.5)
     # each row alone, with a different padded key length: the same bits
     for t in (0, 7, 8, 12, 19):

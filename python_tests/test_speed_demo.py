@@ -159,6 +159,23 @@ def test_measure_side_by_side_greedy_is_lossless():
     assert sampled["greedy_equal"] is None and sampled["spec_tokens_per_s"] > 0
 
 
+def test_measured_acceptance_is_tokens_over_request_steps_of_all_calls():
+    """Over several calls (batch 2 of 3 prompts: two calls) the acceptance is all tokens over all request-steps, as
+    one call would count it, not a mean of the calls' own figures. The oracle knows the first call's answers only
+    (it indexes requests by batch row), so the two calls accept very differently."""
+    target = tiny_target(seed=0)
+    dr = oracle_drafter(target, block_size=4)
+    dr.set_reference([p + r for p, r in zip(PROMPTS[:2], greedy_reference(target, PROMPTS[:2], 10))])
+    dec = SpeculativeDecoder(target, dr, kv_block_size=4)
+    calls = [dec.generate(c, 10, stop_token_ids=[NO_STOP], scheduler=Scheduler("fixed")).stats
+             for c in (PROMPTS[:2], PROMPTS[2:])]
+    want = sum(c.generated_tokens for c in calls) / sum(c.generated_tokens / c.acceptance_length for c in calls)
+    r = speed.measure(target, dec, PROMPTS, batch=2, temperature=0.0, max_new=10, repeats=1,
+                      scheduler=Scheduler("fixed"), seed=0, stop=NO_STOP)
+    assert calls[0].acceptance_length > calls[1].acceptance_length + 1.0
+    assert r["acceptance"] == pytest.approx(want, abs=1e-3) and r["greedy_equal"] is True
+
+
 def test_prompts_are_held_out_by_topic():
     train, test = set(smollm2.prompts("train")), set(smollm2.prompts("test"))
     assert train and test and not train & test

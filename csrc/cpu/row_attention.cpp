@@ -107,7 +107,8 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
               "row_attention: the query heads must be a multiple of the KV heads");
   TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
               "row_attention: q, k_cache and v_cache must share a dtype");
-  TORCH_CHECK(kv_slots.dim() == 2 && kv_slots.scalar_type() == at::kLong, "row_attention: kv_slots must be int64 [N, L]");
+  TORCH_CHECK(kv_slots.dim() == 2 && kv_slots.scalar_type() == at::kLong,
+              "row_attention: kv_slots must be int64 [N, L]");
   TORCH_CHECK(row_req.dim() == 1 && row_pos.dim() == 1 && row_req.size(0) == q.size(0) &&
                   row_pos.size(0) == q.size(0) && row_req.scalar_type() == at::kLong &&
                   row_pos.scalar_type() == at::kLong,

@@ -103,8 +103,8 @@ __attribute__((target("avx2,fma,f16c"))) void dot_rows_avx2(const W* w, const fl
 // bf16 x bf16 on AVX512-BF16: 16 float32 lanes, lane l accumulating the pairs k = 2l, 2l + 1 (mod 32) with
 // VDPBF16PS (exact products; the instruction's own rounding of each pair sum), the tree halve16, then the tail.
 template <int R>
-__attribute__((target("avx512f,avx512bf16,avx2,fma,f16c"))) void dot_rows_bf16(const at::BFloat16* w, const at::BFloat16* x,
-                                                                   int64_t k, int64_t ldx, float* out) {
+__attribute__((target("avx512f,avx512bf16,avx2,fma,f16c"))) void dot_rows_bf16(
+    const at::BFloat16* w, const at::BFloat16* x, int64_t k, int64_t ldx, float* out) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int64_t kv = k / 32 * 32;

@@ -55,6 +55,7 @@ class PagedKVCache:
 class RaggedBatch(NamedTuple):
     """Metadata of a packed ragged forward, built once and shared by every layer (device tensors only)."""
     pos: torch.Tensor       # int64 [T] position of each packed row
+    req: torch.Tensor       # int64 [T] request of each packed row
     slots: torch.Tensor     # int64 [T] KV slot each row writes
     pad_index: torch.Tensor  # int64 [T] row -> index into the padded [N * max_q] layout
     kv_slots: torch.Tensor  # int64 [N, L] slots of positions 0..L-1 of every request
@@ -79,15 +80,14 @@ def ragged_batch(cache: PagedKVCache, positions: torch.Tensor, cu_seqlens: torch
     mask = (key_pos.view(1, 1, 1, -1) <= q_pos.view(n, 1, max_q, 1))
     all_req = torch.arange(n, device=dev).view(n, 1).expand(n, kv_len)
     kv_slots = cache.slots(all_req, key_pos.view(1, -1).expand(n, kv_len))
-    return RaggedBatch(pos, cache.slots(req, pos), pad_index, kv_slots, mask, n, max_q)
+    return RaggedBatch(pos, req, cache.slots(req, pos), pad_index, kv_slots, mask, n, max_q)
 
 
 def ragged_attention(q: torch.Tensor, cache: PagedKVCache, layer: int, b: RaggedBatch, scale: float) -> torch.Tensor:
     """q ``[T, H, D]`` (rows already written to the cache) -> ``[T, H * D]``; causal by position, per request.
     16-bit CPU tensors go through the batch-invariant kernel (``batch_invariant.row_attention``)."""
     if q.dtype == cache.k.dtype and batch_invariant.enabled_for(q, cache.k):
-        req = torch.div(b.pad_index, b.max_q, rounding_mode="floor")
-        return batch_invariant.row_attention(q, cache.k[layer], cache.v[layer], b.kv_slots, req, b.pos, scale)
+        return batch_invariant.row_attention(q, cache.k[layer], cache.v[layer], b.kv_slots, b.req, b.pos, scale)
     t, h, d = q.shape
     qp = q.new_zeros(b.num_seqs * b.max_q, h, d).index_copy_(0, b.pad_index, q)
     qp = qp.view(b.num_seqs, b.max_q, h, d).transpose(1, 2)

@@ -98,7 +98,7 @@ def measure(target, dec: SpeculativeDecoder, prompts, *, batch: int, temperature
             repeats: int, scheduler: Scheduler, seed: int, stop: int = EOS_ID) -> dict:
     """One configuration: target alone and speculative, alternating ``repeats`` times over all prompts."""
     t_tok = s_tok = t_sec = s_sec = 0.0
-    accepted = steps_reqs = 0.0
+    request_steps = 0.0  # acceptance = generated tokens / request-steps, over every call
     split: dict = {}
     greedy_equal = True
     target_out = spec_out = []
@@ -114,8 +114,7 @@ def measure(target, dec: SpeculativeDecoder, prompts, *, batch: int, temperature
             st = res.stats
             spec_out += res.tokens
             s_tok, s_sec = s_tok + st.generated_tokens, s_sec + st.time_s["total"]
-            accepted += st.acceptance_length * st.generated_tokens
-            steps_reqs += st.generated_tokens
+            request_steps += st.generated_tokens / st.acceptance_length if st.acceptance_length else 0.0
             for part, sec_p in st.time_s.get("split", {}).items():
                 split[part] = split.get(part, 0.0) + sec_p
         if temperature == 0:
@@ -124,7 +123,7 @@ def measure(target, dec: SpeculativeDecoder, prompts, *, batch: int, temperature
     target_tps, spec_tps = t_tok / t_sec, s_tok / s_sec
     return {"temperature": temperature, "batch": batch, "K": dec.drafter.block_size,
             "target_tokens_per_s": round(target_tps, 2), "spec_tokens_per_s": round(spec_tps, 2),
-            "speedup": round(spec_tps / target_tps, 3), "acceptance": round(accepted / max(steps_reqs, 1), 3),
+            "speedup": round(spec_tps / target_tps, 3), "acceptance": round(s_tok / max(request_steps, 1e-9), 3),
             "greedy_equal": greedy_equal if temperature == 0 else None,
             "step_split": {k: round(v / total, 3) for k, v in sorted(split.items(), key=lambda kv: -kv[1])},
             "distinct_4grams_target": round(distinct_4grams(target_out), 3),
