@@ -426,9 +426,11 @@ def test_reading_a_cp_async_destination_before_its_wait_fails(model, variant, wh
 @pytest.mark.parametrize("variant", [1, 2, 3])
 def test_an_early_cp_async_read_changes_the_result_between_schedules(harness, variant):
     """Without the hooks (the plain and the sanitized builds) a cp.async destination holds the run's poison byte until
-    its wait, so a read before the wait differs between simt.check's runs (variant 3: the slot held a value before)."""
+    its wait, so a read before the wait differs between simt.check's runs (variant 3: the slot held a value before).
+    Every schedule is passed explicitly: the comparison itself is under test, whatever DSPARK_SIMT_CHECK_RUNS says."""
     with pytest.raises(AssertionError, match="differs between runs"):
-        simt.check(lambda: selftest(harness, "cp_async", x=torch.randn(4096), n=4096, block=64, variant=variant)[0])
+        simt.check(lambda: selftest(harness, "cp_async", x=torch.randn(4096), n=4096, block=64, variant=variant)[0],
+                   schedules=simt.CHECK_SCHEDULES)
 
 
 def test_cp_async_is_counted_by_the_model(model):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import os
-import tempfile
 from typing import Sequence
 
 import torch
@@ -15,17 +13,21 @@ import torch.multiprocessing as mp
 def spawn(world: int, fn, *args, timeout_s: float = 180.0) -> None:
     """``fn(rank, world, *args)`` on ``world`` processes with the default group initialised (gloo, CPU); an
     exception on any rank is raised here. ``fn`` must be importable (a module-level function). Collectives give up
-    after ``timeout_s``, so a rank left waiting fails instead of hanging."""
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_entry, args=(world, os.path.join(d, "store"), fn, args, timeout_s), nprocs=world, join=True)
+    after ``timeout_s``, so a rank left waiting fails instead of hanging. The rendezvous is a TCP store this process
+    serves on a port the kernel picks (no file store: its rendezvous races, and a rank then aborts inside gloo)."""
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    mp.spawn(_entry, args=(world, store.port, fn, args, timeout_s), nprocs=world, join=True)
 
 
-def _entry(rank, world, store, fn, args, timeout_s):
+def _entry(rank, world, port, fn, args, timeout_s):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         fn(rank, world, *args)
+        dist.barrier()  # no rank tears its pairs down while a peer is still inside a collective with it
     finally:
         dist.destroy_process_group()
 
