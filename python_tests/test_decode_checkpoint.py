@@ -46,6 +46,18 @@ def test_drafter_round_trip(tmp_path, target, markov, confidence, rank):
     assert a.tokens == b.tokens and a.stats.verified_tokens_per_step == b.stats.verified_tokens_per_step
 
 
+def test_load_in_the_dtype_asked(tmp_path, target):
+    """``dtype`` is the dtype of every floating tensor of the loaded module (not just of the values copied into
+    float32 parameters); integer buffers (a reduced drafter's d2t) stay integer."""
+    drafter = tiny_drafter(target, block_size=4, draft_vocab_size=16)
+    save_drafter(drafter, tmp_path / "d")
+    save_target(target, tmp_path / "t")
+    for dtype in (torch.bfloat16, torch.float16):
+        loaded = load_drafter(tmp_path / "d", target, dtype=dtype)
+        assert {t.dtype for t in loaded.parameters()} == {dtype} and loaded.d2t.dtype == torch.int64
+        assert {t.dtype for t in load_target(tmp_path / "t", dtype=dtype).parameters()} == {dtype}
+
+
 @pytest.mark.parametrize("markov,rank", [("vanilla", 8), ("rnn", 8), ("vanilla", 0)])
 def test_reduced_vocabulary_drafter_round_trip(tmp_path, target, markov, rank):
     """A drafter over 20 of the 48 target ids in the speculators layout: ``draft_vocab_size`` in the config, its own

@@ -183,6 +183,40 @@ def test_prompts_are_held_out_by_topic():
     assert not set(smollm2.calibration_prompts(smollm2.SmolConfig())) & set(smollm2.prompts("test"))
 
 
+def test_extra_topics_train_only_and_the_data_cache_continues():
+    """No training-only topic holds a held-out topic (all its words of 4+ letters); data_instructions keeps the
+    original group first (greedy share in whole generation batches); make_data given a cache keeps it and makes
+    only the rest."""
+    words = lambda t: {w for w in t.lower().split() if len(w) >= 4}  # noqa: E731
+    held_out = [words(t) for i, t in enumerate(smollm2.TOPICS) if i % 6 == 5]
+    assert not [(h, t) for h in held_out for t in smollm2.EXTRA_TOPICS if h <= words(t)]
+    assert [(h, t) for h in held_out for t in ("the Moon landing",) if h <= words(t)]  # the check can fail
+    c = smollm2.SmolConfig(n_prompts=5, n_extra=4, gen_batch=2, gen_len=3, greedy_share=0.5, layer_ids=[0, 1])
+    insts = smollm2.data_instructions(c)
+    assert [t for _, t in insts] == [0.0] * 4 + [1.0] + [0.0] * 2 + [1.0] * 2
+    assert {s for s, _ in insts[:5]} <= set(smollm2.prompts("train"))
+    assert {s for s, _ in insts[5:]} <= set(smollm2.prompts("extra"))
+
+    class Tok:
+        def encode(self, text):
+            return type("E", (), {"ids": [3 + len(text) % 7, 5, 9]})()
+
+    target, made = tiny_target(), []
+    real = smollm2.continue_batch
+    try:
+        smollm2.continue_batch = lambda tgt, ids, gen, temp, seed: made.append((len(ids), temp)) or \
+            real(tgt, ids, gen, temp, seed)
+        first = smollm2.make_data(target, Tok(), c, lambda m: None)
+        assert len(first) == 9 and made == [(2, 0.0), (2, 0.0), (1, 1.0), (2, 0.0), (2, 1.0)]
+        made.clear()
+        again = smollm2.make_data(target, Tok(), c, lambda m: None, first[:6])
+    finally:
+        smollm2.continue_batch = real
+    assert made == [(1, 0.0), (2, 1.0)] and len(again) == 9 and again[:6] == first[:6]
+    assert all(torch.equal(a["tokens"][:a["prompt_len"]], b["tokens"][:b["prompt_len"]])
+               for a, b in zip(again[6:], first[6:]))
+
+
 def test_bad_prompts_file_is_named(tmp_path):
     bad = tmp_path / "p.json"
     bad.write_text(json.dumps({"prompts": ["x"]}))

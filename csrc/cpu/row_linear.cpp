@@ -7,7 +7,7 @@
 // Order of one output (row m, feature j) with AVX2 + FMA: 8 float32 lanes, lane l accumulating x[m, k] * w[j, k]
 // for k = l mod 8 in increasing k, then a fixed pairwise tree over the lanes, then the tail k >= 8 floor(K / 8) in
 // increasing k, then the bias (without AVX2: the same order, mul then add). With bf16 x and bf16 W on AVX512-BF16:
-// 16 lanes of pair dot products instead (dot_rows_bf16). A machine takes one path for every call, so results are
+// 16 lanes of pair dot products instead (dot_block_bf16). A machine takes one path for every call, so results are
 // batch-invariant on it (not equal across instruction sets). Each weight row is read once per call and applied to
 // every row of x while it sits in L1, so the layer is bound by reading W, as decode is.
 //
@@ -100,25 +100,6 @@ __attribute__((target("avx2,fma,f16c"))) void dot_rows_avx2(const W* w, const fl
   }
 }
 
-// bf16 x bf16 on AVX512-BF16: 16 float32 lanes, lane l accumulating the pairs k = 2l, 2l + 1 (mod 32) with
-// VDPBF16PS (exact products; the instruction's own rounding of each pair sum), the tree halve16, then the tail.
-template <int R>
-__attribute__((target("avx512f,avx512bf16,avx2,fma,f16c"))) void dot_rows_bf16(
-    const at::BFloat16* w, const at::BFloat16* x, int64_t k, int64_t ldx, float* out) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const int64_t kv = k / 32 * 32;
-  for (int64_t i = 0; i < kv; i += 32) {
-    const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i);
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], wv, (__m512bh)_mm512_loadu_si512(x + r * ldx + i));
-  }
-  for (int r = 0; r < R; ++r) {
-    float s = halve16(acc[r]);
-    for (int64_t i = kv; i < k; ++i) s += static_cast<float>(w[i]) * static_cast<float>(x[r * ldx + i]);
-    out[r] = s;
-  }
-}
-
 bool use_avx512_bf16() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
   return ok;
@@ -167,19 +148,65 @@ void apply_row(const W* wrow, float* buf, const float* x, int64_t m, int64_t k, 
 }
 
 #ifdef DSPARK_X86
-constexpr int kRows16 = 8;  // rows per pass of the bf16 path (8 accumulators)
+// bf16 x bf16 on AVX512-BF16, C weight rows (output columns) x R rows of x at once. Every output is one float32
+// accumulator of 16 lanes, lane l taking the pairs k = 2l, 2l + 1 (mod 32) in increasing k with VDPBF16PS (exact
+// products; the instruction's own rounding of each pair sum), then the tree halve16, then the tail k >= 32 floor(K /
+// 32): the same sequence whatever C and R, so the blocking (each weight vector loaded once per 32 k for R rows, each
+// x vector once for C columns, C * R accumulators in registers) changes no result.
+// `next`: C weight rows whose lines are prefetched meanwhile (the next block's; this block's own for the last one).
+template <int C, int R>
+__attribute__((target("avx512f,avx512bf16,avx2,fma,f16c"))) void dot_block_bf16(
+    const at::BFloat16* w, const at::BFloat16* next, const at::BFloat16* x, int64_t k, float* out, int64_t ldo) {
+  __m512 acc[C][R];
+  for (int c = 0; c < C; ++c)
+    for (int r = 0; r < R; ++r) acc[c][r] = _mm512_setzero_ps();
+  const int64_t kv = k / 32 * 32;
+  for (int64_t i = 0; i < kv; i += 32) {
+    __m512bh xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = (__m512bh)_mm512_loadu_si512(x + r * k + i);
+    for (int c = 0; c < C; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + c * k + i), _MM_HINT_T0);
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + c * k + i);
+      for (int r = 0; r < R; ++r) acc[c][r] = _mm512_dpbf16_ps(acc[c][r], wv, xv[r]);
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int r = 0; r < R; ++r) {
+      float s = halve16(acc[c][r]);
+      for (int64_t i = kv; i < k; ++i) s += static_cast<float>(w[c * k + i]) * static_cast<float>(x[r * k + i]);
+      out[r * ldo + c] = s;
+    }
+}
 
-// The bf16 x bf16 path: x stays bf16 (no float32 copy).
+constexpr int kCols16 = 4;  // weight rows per block of the bf16 path
+constexpr int kRows16 = 4;  // rows of x per block (kCols16 * kRows16 = 16 of the 32 vector registers)
+
+// Columns j..j+C of every row of x: rows in blocks of kRows16, then the remainder one at a time.
+template <int C>
+void column_block_bf16(const at::BFloat16* w, const at::BFloat16* next, const at::BFloat16* x, int64_t m,
+                       int64_t k, float* out, int64_t n) {
+  int64_t r = 0;
+  for (; r + kRows16 <= m; r += kRows16) dot_block_bf16<C, kRows16>(w, next, x + r * k, k, out + r * n, n);
+  for (; r < m; ++r) dot_block_bf16<C, 1>(w, next, x + r * k, k, out + r * n, n);
+}
+
+// The bf16 x bf16 path: x stays bf16 (no float32 copy); threads split the columns in blocks of kCols16.
 void linear_columns_bf16(const at::BFloat16* w, const at::BFloat16* x, const float* bias, int64_t m, int64_t n,
                          int64_t k, float* out) {
-  const int64_t grain = std::max<int64_t>(16, n / (8 * at::get_num_threads()));
-  at::parallel_for(0, n, grain, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) {
-      row_blocks<kRows16>(m, out + j, n, [&](int64_t r, auto rows, float* o) {
-        dot_rows_bf16<decltype(rows)::value>(w + j * k, x + r * k, k, k, o);
-      });
+  const int64_t blocks = (n + kCols16 - 1) / kCols16;
+  const int64_t grain = std::max<int64_t>(4, blocks / (8 * at::get_num_threads()));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t j = b * kCols16;
+      if (j + kCols16 <= n) {
+        const bool full_next = j + 2 * kCols16 <= n;
+        column_block_bf16<kCols16>(w + j * k, w + (full_next ? j + kCols16 : j) * k, x, m, k, out + j, n);
+      } else {
+        for (int64_t c = j; c < n; ++c) column_block_bf16<1>(w + c * k, w + c * k, x, m, k, out + c, n);
+      }
       if (bias)
-        for (int64_t q = 0; q < m; ++q) out[q * n + j] += bias[j];
+        for (int64_t q = 0; q < m; ++q)
+          for (int64_t c = j; c < std::min(n, j + kCols16); ++c) out[q * n + c] += bias[c];
     }
   });
 }

@@ -70,10 +70,16 @@ def enabled_for(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and os.environ.get("DSPARK_BATCH_INVARIANT", "1") != "0" and available())
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """``F.linear``, through ``row_linear`` where :func:`enabled_for` (which is also PyTorch's slow path: its CPU bf16
+    GEMM reads a decode step's weights at a fraction of the memory rate)."""
+    if enabled_for(x, weight):
+        return row_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 class RowLinear(nn.Linear):
     """``nn.Linear`` whose CPU forward with 16-bit weights is batch-invariant (``row_linear``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if enabled_for(x, self.weight):
-            return row_linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)

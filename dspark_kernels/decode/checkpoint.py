@@ -54,6 +54,7 @@ def _load_checked(module: nn.Module, tensors: Dict[str, torch.Tensor], what: str
     if missing or bad:
         raise ValueError(f"{what} checkpoint does not match its config: missing {missing[:8]}"
                          f"{' ...' if len(missing) > 8 else ''}; ill-shaped {bad[:8]}")
+    module.to(dtype)  # load_state_dict copies into the module's tensors, keeping their dtype
     module.load_state_dict({k: tensors[k].to(dtype) if tensors[k].is_floating_point() else tensors[k]
                             for k in expected}, strict=True)
 

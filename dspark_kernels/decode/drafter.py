@@ -21,6 +21,8 @@ import torch
 import torch.nn as nn
 
 from ..ops.draft_block import draft_to_target_from_offsets
+from . import batch_invariant
+from .batch_invariant import RowLinear
 from .kv_cache import PagedKVCache, sdpa_gqa
 from .model import MLP, Attention, ModelConfig, RMSNorm, RopeTable, init_random_
 
@@ -142,7 +144,7 @@ class DSparkDrafter(nn.Module):
         self.config = cfg
         self.layers = nn.ModuleList(DrafterLayer(b) for _ in range(b.num_hidden_layers))
         self.norm = RMSNorm(b.hidden_size, b.rms_norm_eps)
-        self.fc = nn.Linear(len(cfg.target_layer_ids) * b.hidden_size, b.hidden_size, bias=False)
+        self.fc = RowLinear(len(cfg.target_layer_ids) * b.hidden_size, b.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(b.hidden_size, b.rms_norm_eps)
         rank, vd = cfg.markov_rank, cfg.draft_vocab_size
         self.markov_head = (MarkovHeadModule(cfg.markov_head_type, b.vocab_size, rank, b.hidden_size, vd) if rank
@@ -152,7 +154,7 @@ class DSparkDrafter(nn.Module):
             with_markov = cfg.confidence_head_with_markov and rank > 0
             self.confidence_head = ConfidenceHeadModule(b.hidden_size + (rank if with_markov else 0))
         if vd:  # a reduced vocabulary: an LM head of its own and the draft ids' target offsets (registered last)
-            self.lm_head = nn.Linear(b.hidden_size, vd, bias=False)
+            self.lm_head = RowLinear(b.hidden_size, vd, bias=False)
             self.register_buffer("d2t", torch.zeros(vd, dtype=torch.int64))
         self.rope = RopeTable(b)
         # shared with the target: kept out of state_dict()/parameters() (plain attributes)
@@ -231,4 +233,4 @@ class DSparkDrafter(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         h = self.norm(x)
         head = self.draft_lm_head
-        return torch.nn.functional.linear(h.to(head.dtype), head).float(), h
+        return batch_invariant.linear(h.to(head.dtype), head).float(), h

@@ -48,6 +48,35 @@ TOPICS = (
     "renewable energy", "a talking cat", "bicycles", "the stock market", "a wise old teacher", "rain forests",
 )
 
+# training-only topics (every one of them): more of the target's text for the drafter, the held-out split unchanged
+EXTRA_TOPICS = (
+    "a lighthouse in a storm", "baking bread", "a busy train station", "octopuses", "the Roman army", "knitting",
+    "a first day at school", "glaciers", "a jazz club", "origami", "a family road trip", "the Amazon river",
+    "solar panels", "a bookshop cat", "the French Revolution", "yoga", "a broken clock", "penguins", "submarines",
+    "a village fair", "the periodic table", "a street musician", "hot air balloons", "a thunderstorm", "democracy",
+    "volunteering", "the Renaissance", "a treasure map", "wolves", "architecture", "a midnight train", "fossils",
+    "a science museum", "kites", "the Silk Road", "a vegetable garden", "artificial intelligence", "lightning",
+    "a retired astronaut", "the Arctic", "soap making", "a country fair", "coral reefs", "the telephone",
+    "a lost key", "a marathon runner", "castles", "tornadoes", "the human skeleton", "a family recipe",
+    "clouds", "a magic shop", "the Industrial Revolution", "pottery", "sunflowers", "the speed of light",
+    "a quiet village", "smartphones", "a friendly dragon", "the Nile", "public speaking", "butterflies",
+    "a night market", "the immune system", "sailing", "a mysterious letter", "honesty", "the Eiffel Tower",
+    "a talking tree", "cheese making", "first aid", "a mountain village", "black holes", "elephants",
+    "a school play", "the Vikings", "meditation", "a clockmaker", "deserts at night", "climbing a tree",
+    "vaccines", "a carnival", "a shy giraffe", "teamwork", "the Pacific Ocean", "a toy robot",
+    "ice skating", "the pyramids of Egypt", "a new neighbour", "composting", "a hidden garden", "comets",
+    "democracy in ancient Athens", "a bakery at dawn", "recycling plastic", "a lighthouse cat",
+    "a road trip across America", "the history of chocolate", "wind turbines", "a lonely robot", "the rainforest",
+    "a football match", "a poet's notebook", "ants", "the microscope", "a fishing village", "bees and flowers",
+    "the northern lights", "a bicycle repair shop", "moving to a new city", "a good night's sleep", "sharks",
+    "the theory of evolution", "a music festival", "paper airplanes", "a snowman", "the ocean floor",
+    "a wise owl", "learning to swim", "dragons", "the history of money",
+    "a summer camp", "the first computer", "a garden snail", "the stars", "a grandmother's kitchen",
+    "saving the bees", "a quiet library", "the steam engine", "a lighthouse keeper's daughter", "mushrooms",
+    "the water in our bodies", "a race car", "the history of tea", "a forest at dawn", "a cooking competition",
+    "the seasons", "a map of the world", "a jellyfish", "robots in factories", "a hiking trail", "the sun",
+)
+
 
 def chat_prompt(instruction: str) -> str:
     return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{instruction}<|im_end|>\n"
@@ -55,7 +84,10 @@ def chat_prompt(instruction: str) -> str:
 
 
 def prompts(split: str) -> List[str]:
-    """Instructions of the ``split`` ("train" or "test"): held out by topic (every 6th topic is a test topic)."""
+    """Instructions of the ``split`` ("train" or "test"): held out by topic (every 6th topic is a test topic);
+    ``"extra"``: the training-only topics."""
+    if split == "extra":
+        return [t.format(topic) for topic in EXTRA_TOPICS for t in TEMPLATES]
     keep = (lambda i: i % 6 == 5) if split == "test" else (lambda i: i % 6 != 5)
     return [t.format(topic) for i, topic in enumerate(TOPICS) if keep(i) for t in TEMPLATES]
 
@@ -77,6 +109,7 @@ class SmolConfig:
     gen_len: int = 144
     gen_batch: int = 48
     n_prompts: int = 720
+    n_extra: int = 1704            # instructions of the training-only topics (all of them), after n_prompts
     greedy_share: float = 0.6
     steps: int = 1500
     batch: int = 12
@@ -122,20 +155,35 @@ def continue_batch(target, prompt_ids: List[List[int]], gen: int, temperature: f
     return seqs
 
 
-def make_data(target, tok, c: SmolConfig, log) -> list:
+def data_instructions(c: SmolConfig) -> List[Tuple[str, float]]:
+    """(instruction, temperature) of every sequence: ``n_prompts`` shuffled training instructions, then ``n_extra``
+    shuffled training-only ones; within each group the first ``greedy_share`` greedy, the rest at T = 1."""
+    out = []
+    for split, n, seed in (("train", c.n_prompts, c.seed), ("extra", c.n_extra, c.seed + 1)):
+        insts = prompts(split)
+        order = torch.randperm(len(insts), generator=torch.Generator().manual_seed(seed)).tolist()
+        group = [insts[i] for i in order][:n]
+        greedy = math.ceil(c.greedy_share * len(group) / c.gen_batch) * c.gen_batch  # whole generation batches
+        out += [(s, 0.0 if i < greedy else 1.0) for i, s in enumerate(group)]
+    return out
+
+
+def make_data(target, tok, c: SmolConfig, log, data: Optional[list] = None) -> list:
+    """The target's continuations of :func:`data_instructions`; ``data``: sequences already made (a cache), kept
+    and continued from."""
     from ..decode.decoder import _hidden_layers
-    insts = prompts("train")
-    g = torch.Generator().manual_seed(c.seed)
-    order = torch.randperm(len(insts), generator=g).tolist()
-    insts = [insts[i] for i in order][:c.n_prompts]
-    data = []
+    todo = data_instructions(c)
+    data = list(data or [])
     with _hidden_layers(target, c.layer_ids):
-        for b in range(0, len(insts), c.gen_batch):
-            ids = [tok.encode(chat_prompt(s)).ids for s in insts[b:b + c.gen_batch]]
-            temp = 0.0 if b < c.greedy_share * len(insts) else 1.0
+        b = len(data)
+        while b < len(todo):
+            temp = todo[b][1]
+            batch = [s for s, t in todo[b:b + c.gen_batch] if t == temp]
+            ids = [tok.encode(chat_prompt(s)).ids for s in batch]
             t0 = time.perf_counter()
             data += continue_batch(target, ids, c.gen_len, temp, c.seed + b)
-            log(f"data: {len(data)}/{len(insts)} sequences (T = {temp}) {time.perf_counter() - t0:.1f} s")
+            b += len(batch)
+            log(f"data: {len(data)}/{len(todo)} sequences (T = {temp}) {time.perf_counter() - t0:.1f} s")
     return data
 
 
@@ -299,12 +347,10 @@ def main(argv=None):
     torch.manual_seed(c.seed)
     target, tok = load_gguf_target(find_smollm2(), torch.bfloat16)
     times, t0 = {}, time.perf_counter()
-    if args.data and os.path.exists(args.data):
-        data = torch.load(args.data)
-    else:
-        data = make_data(target, tok, c, print)
-        if args.data:
-            torch.save(data, args.data)
+    cached = torch.load(args.data) if args.data and os.path.exists(args.data) else []
+    data = make_data(target, tok, c, print, cached)
+    if args.data and len(data) > len(cached):
+        torch.save(data, args.data)
     times["data"] = round(time.perf_counter() - t0, 1)
     dr = train_drafter(target, data, c, print, checkpoint=lambda d, step: save(d, args.out, c, {"step": step}),
                        init=args.init)
