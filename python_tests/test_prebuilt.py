@@ -199,6 +199,22 @@ def test_build_info_says_why_a_refused_prebuilt_is_not_used(tmp_path, fresh_load
     assert dk.build_info()["ops"]["verify_chain"]["cpu"] == dict(backend="triton", why="DSPARK_BACKEND")
 
 
+def test_build_info_of_a_source_install_with_and_without_a_toolkit(fresh_loader):
+    fresh_loader.setattr(_prebuilt, "module_file", lambda: None)
+    fresh_loader.setattr(_prebuilt, "gpus", lambda: [("NVIDIA H200", (9, 0))])
+    for name in ("DSPARK_BACKEND", "DSPARK_NO_JIT"):
+        fresh_loader.delenv(name, raising=False)
+    fresh_loader.setattr(_build, "cuda_home", lambda: "/opt/cuda")
+    fresh_loader.setattr(_build, "is_toolkit", lambda home: home == "/opt/cuda")
+    route = dk.build_info()["ops"]["accept_prefix_scan"]["gpu"]
+    assert route["backend"] == "cuda" and "just-in-time build (CUDA_HOME=/opt/cuda)" in route["why"]
+    fresh_loader.setattr(_build, "cuda_home", lambda: None)
+    info = dk.build_info()
+    assert info["prebuilt"] is None
+    route = info["ops"]["accept_prefix_scan"]["gpu"]
+    assert route["backend"] == "triton" and "no prebuilt CUDA extension; no CUDA toolkit" in route["why"]
+
+
 # ------------------------------------------------------------------------------------------------ building
 
 def test_the_build_backend_adds_torch_only_to_a_build_that_compiles_cuda(monkeypatch):
@@ -233,3 +249,9 @@ def test_check_cuda_reads_a_wheel_builds_logs_and_fails_on_a_spill(tmp_path):
     assert smem == {("csrc/torch/x.cu", "sm_90a", "_Z1kv"): 96}
     with pytest.raises(SystemExit, match="DSPARK_BUILD_LOGS="):
         check._from_build(str(tmp_path / "absent"))
+    (tmp_path / "cmake.log").write_text("[ 50%] Building CUDA object dspark_capi.cu.o\n" + log.split("\n", 1)[1])
+    (unit, rc, text, _), = check._from_logs([f"csrc/capi/x.cu={tmp_path / 'cmake.log'}"])
+    assert (unit, rc) == ("csrc/capi/x.cu", 0) and check._parse([(unit, rc, text, 0)])[2][0][3] == 40
+    (tmp_path / "quiet.log").write_text("[100%] Built target dspark_capi\n")
+    with pytest.raises(SystemExit, match="no ptxas output"):
+        check._from_logs([f"csrc/capi/x.cu={tmp_path / 'quiet.log'}"])

@@ -1,18 +1,19 @@
 #!/usr/bin/env python
 """Compile every CUDA translation unit with ``-Xptxas -v`` (or read a wheel build's logs); fail on errors or spills.
 
-Usage: ``python tools/check_cuda.py [-j JOBS] [--archs A] [--keep DIR] [--json PATH] [--link PATH] [--from-build DIR
-[--binary SO]] [files...]`` (default files: csrc/torch/*.cu, csrc/torch/*.cpp, csrc/capi/*.cu; with
-``--from-build``: none). The torch translation units get the include folders and flags of the extension build
+Usage: ``python tools/check_cuda.py [-j JOBS] [--archs A] [--keep DIR] [--json PATH] [--link PATH] [--from-build DIR]
+[--ptxas-log UNIT=LOG] [--binary SO] [files...]`` (default files: csrc/torch/*.cu, csrc/torch/*.cpp, csrc/capi/*.cu;
+with ``--from-build`` or ``--ptxas-log``: none). The torch translation units get the include folders and flags of the extension build
 (dspark_kernels/_build.py); csrc/capi/*.cu gets only csrc/include. Architectures: ``--archs``, else
 ``DSPARK_CUDA_ARCHS``, else the wheel's default (8.0;9.0a;10.0a, PTX of the highest). Prints a per-kernel resource
 table (registers, stack frame, spill bytes) and exits 1 if any compile fails or any kernel spills (non-zero "bytes
 spill" line). Needs no GPU. CUDA_HOME is resolved like the extension does (CUDA_HOME / CUDA_PATH, nvcc on PATH, ...).
 
 ``--from-build DIR`` reads the nvcc logs a wheel build wrote (``DSPARK_BUILD_LOGS=DIR pip wheel ...``: one per
-unit, listed in ``DIR/units.json``) instead of compiling those units again, and ``--binary SO`` (the wheel's
-``dspark_kernels/_C*.so``) is disassembled for the SASS facts: the report is then that of the binary that ships.
-Files named besides are compiled and added (CI: the C ABI unit).
+unit, listed in ``DIR/units.json``) instead of compiling those units again, ``--ptxas-log UNIT=LOG`` a unit's ptxas
+lines from another build's log (CI: the C ABI's CMake build with ``-Xptxas -v``), and each ``--binary SO`` (the
+wheel's ``dspark_kernels/_C*.so``, ``libdspark_capi.so``) is disassembled for the SASS facts: the report is then that
+of the binaries that ship. Files named besides are compiled and added.
 
 With ``--json PATH`` each kernel's entry also has its static shared memory, resident CTAs per SM at 128 / 256 /
 512 / 1024 threads (from registers and static shared memory), and for sm_90a a ``sass`` key: opcode counts and the
@@ -77,6 +78,24 @@ def _from_build(logs):
     for u in units:
         with open(os.path.join(logs, u["log"])) as f:
             out.append((u["unit"], 0, f.read().split("\n", 1)[1], u["seconds"]))
+    return out
+
+
+def _from_logs(pairs):
+    """``UNIT=LOG`` pairs: each unit's ptxas lines read from a build's log (CI: the C ABI's CMake build with
+    ``-Xptxas -v``), as ``_compile``'s results."""
+    out = []
+    for pair in pairs:
+        unit, _, log = pair.partition("=")
+        try:
+            with open(log) as f:
+                text = f.read()
+        except OSError as e:
+            raise SystemExit(f"check_cuda: --ptxas-log {pair}: cannot read {log!r} ({e})")
+        if "Compiling entry function" not in text:
+            raise SystemExit(f"check_cuda: --ptxas-log {pair}: no ptxas output in {log} (was {unit} compiled in "
+                             "that build, with -Xptxas -v?)")
+        out.append((unit, 0, text, 0))
     return out
 
 
@@ -189,6 +208,8 @@ def _args():
                                                    "(read by bench/run.py --ptxas-json)")
     ap.add_argument("--from-build", metavar="DIR", help="read the nvcc logs a wheel build wrote to DIR "
                                                         "(DSPARK_BUILD_LOGS) instead of compiling those units")
+    ap.add_argument("--ptxas-log", action="append", default=[], metavar="UNIT=LOG",
+                    help="read UNIT's ptxas output from LOG, a build's log (CI: the C ABI's CMake build)")
     ap.add_argument("--binary", action="append", default=[], metavar="SO",
                     help="disassemble this library too for the SASS facts (the wheel's dspark_kernels/_C*.so)")
     return ap.parse_args()
@@ -203,12 +224,12 @@ def main() -> int:
         print(f"check_cuda: no CUDA toolkit (CUDA_HOME={home!r}); set CUDA_HOME to the folder holding bin/nvcc",
               file=sys.stderr)
         return 2
-    files = args.files or ([] if args.from_build else (sorted(glob.glob(os.path.join(ROOT, "csrc/torch/*.cu")))
+    files = args.files or ([] if args.from_build or args.ptxas_log else (sorted(glob.glob(os.path.join(ROOT, "csrc/torch/*.cu")))
                                                        + sorted(glob.glob(os.path.join(ROOT, "csrc/torch/*.cpp")))
                                                        + sorted(glob.glob(os.path.join(ROOT, "csrc/capi/*.cu")))))
     outdir = args.keep or tempfile.mkdtemp(prefix="dspark_check_cuda_")
     t_all = time.time()
-    results = _from_build(args.from_build) if args.from_build else []
+    results = (_from_build(args.from_build) if args.from_build else []) + _from_logs(args.ptxas_log)
     results += _compile(build, home, files, outdir, args.jobs, build.cuda_archs(args.archs))
     failed, spills, rows, static_smem = _parse(results)
     _print_table(rows)
