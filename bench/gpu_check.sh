@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (one H200, no network, its own torch and triton; under 8 minutes from a fresh checkout):
 #
-#   bash bench/gpu_check.sh OUTDIR
+#   bash bench/gpu_check.sh OUTDIR [WHEEL]
 #
-# 1. builds the CUDA extension ahead of time (DSPARK_BUILD_CUDA=1 pip install --no-build-isolation --no-deps -e .,
-#    for the GPU's own architecture only; the just-in-time build if that fails),
+# 1. installs the package from WHEEL when one is given (pip install --no-deps: the shipped artifact, whose prebuilt
+#    CUDA extension must then load), else from a wheel built here for the GPU's own architecture only
+#    (DSPARK_CUDA_ARCHS=<it> pip wheel --no-build-isolation); the checkout with the just-in-time build if neither
+#    loads; dk.build_info() goes to build_info.json. The tests and benchmarks then import the installed package
+#    (DSPARK_USE_INSTALLED=1), not the checkout,
 # 2. runs the GPU tests (pytest -m gpu), with the ptxas register / spill table (tools/check_cuda.py --json) built
 #    alongside on the CPU,
 # 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py),
@@ -34,7 +37,8 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then
   exit 0
 fi
 
-OUT=${1:?usage: bash bench/gpu_check.sh OUTDIR   (or --fetch-wheels [PYTHON_VERSION])}
+OUT=${1:?usage: bash bench/gpu_check.sh OUTDIR [WHEEL]   (or --fetch-wheels [PYTHON_VERSION])}
+WHEEL=${2:+$(cd "$(dirname "$2")" && pwd)/$(basename "$2")}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
@@ -43,7 +47,6 @@ DEADLINE=$(( T0 + ${GPU_CHECK_SECONDS:-465} ))
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 FAILED=0
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"   # the package imports even if the editable install fails
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/dspark_torch_extensions}
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET DSPARK_SIMT DSPARK_BACKEND
@@ -83,44 +86,58 @@ EOF
 
 CUDA_HOME=${CUDA_HOME:-$("$PY" - <<'EOF'
 import importlib.util, os
-spec = importlib.util.spec_from_file_location("_dspark_ext", os.path.join("dspark_kernels", "_ext.py"))
-ext = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ext)
-print(ext.cuda_home() or "")
+spec = importlib.util.spec_from_file_location("_dspark_build", os.path.join("dspark_kernels", "_build.py"))
+build = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(build)
+print(build.cuda_home() or "")
 EOF
 )}
 export CUDA_HOME
 echo "CUDA_HOME=$CUDA_HOME"
-ARCH=$("$PY" -c "import torch; m, n = torch.cuda.get_device_capability(); print(f'{m}.{n}' + ('a' if m == 9 else ''))")
-echo "building for compute capability $ARCH only"
+ARCH=$("$PY" -c "import torch; m, n = torch.cuda.get_device_capability(); print(f'{m}.{n}' + ('a' if m >= 9 else ''))")
+RUN="$OUT/run"   # the tests and benchmarks run here, so that they import the installed package, not the checkout
+mkdir -p "$RUN"
 
-step "1. build the CUDA extension ahead of time"
+step "1. install the package with its prebuilt CUDA extension (${WHEEL:-a wheel built here for $ARCH})"
 t=$(date +%s)
-DSPARK_BUILD_CUDA=1 TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS=${MAX_JOBS:-$(nproc)} timeout "$(cap 270)" \
-  "$PY" -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1
-rc=$?
-how="ahead of time (pip -e .)"
+how="wheel $WHEEL"
+if [[ -z "$WHEEL" ]]; then
+  how="wheel built here for $ARCH"
+  DSPARK_CUDA_ARCHS="$ARCH" MAX_JOBS=${MAX_JOBS:-$(nproc)} timeout "$(cap 270)" \
+    "$PY" -m pip wheel --no-build-isolation --no-deps -w "$OUT/wheel" . > "$OUT/build.log" 2>&1
+  WHEEL=$(ls "$OUT"/wheel/dspark_kernels-*.whl 2>/dev/null | head -1)
+fi
+rc=1
+if [[ -n "$WHEEL" ]] && "$PY" -m pip install --no-deps --no-index --force-reinstall "$WHEEL" >> "$OUT/build.log" 2>&1
+then
+  (cd "$RUN" && DSPARK_NO_JIT=1 "$PY" -c "import dspark_kernels; from dspark_kernels import _ext; _ext.load()
+assert _ext._loaded_from.startswith('prebuilt'), _ext._loaded_from
+print('loaded', _ext._loaded_from, 'from', dspark_kernels.__file__)" >> "$OUT/build.log" 2>&1)
+  rc=$?
+  [[ $rc -eq 0 ]] && export DSPARK_USE_INSTALLED=1
+fi
 if [[ $rc -ne 0 ]]; then
   tail -20 "$OUT/build.log"
-  echo "gpu_check: the ahead-of-time build failed (exit $rc); trying the just-in-time build"
-  TORCH_CUDA_ARCH_LIST="$ARCH" timeout "$(cap 240)" "$PY" -c "from dspark_kernels import _ext; _ext.load(); print('ok')" \
+  echo "gpu_check: no prebuilt extension loads (exit $rc); the checkout with the just-in-time build instead"
+  export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+  DSPARK_CUDA_ARCHS="$ARCH" timeout "$(cap 240)" "$PY" -c "from dspark_kernels import _ext; _ext.load(); print('ok')" \
     >> "$OUT/build.log" 2>&1
-  rc=$?
-  how="just in time"
+  how="$how did not load; just in time (exit $?)"
 fi
-"$PY" -c "from dspark_kernels import _ext; print('extension ops:', [n for n in dir(_ext.load()) if not n.startswith('_')])" \
-  2>&1 | tail -3 | tee -a "$OUT/build.log"
-record build "$rc" $(( $(date +%s) - t )) "$how; log build.log"
+(cd "$RUN" && "$PY" -c "import json, dspark_kernels as dk; print(json.dumps(dk.build_info(), indent=1))" \
+  > "$OUT/build_info.json" 2>> "$OUT/build.log")
+tail -3 "$OUT/build.log"
+record build "$rc" $(( $(date +%s) - t )) "$how; log build.log, build_info.json"
 
 step "2. GPU tests (pytest -m gpu), with the ptxas table built alongside"
 ( timeout "$(cap 200)" "$PY" tools/check_cuda.py -j "$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))" \
-    --json "$OUT/ptxas.json" > "$OUT/check_cuda.log" 2>&1; echo $? > "$OUT/check_cuda.rc" ) &
+    --archs "8.0;9.0a" --json "$OUT/ptxas.json" > "$OUT/check_cuda.log" 2>&1; echo $? > "$OUT/check_cuda.rc" ) &
 PTXAS_PID=$!
 t=$(date +%s)
 "$PY" -c "import pytest" 2>/dev/null || pip_offline pytest || true
 if "$PY" -c "import pytest" 2>/dev/null; then
-  DSPARK_SLOW=1 timeout "$(cap 180)" "$PY" -m pytest python_tests -m gpu -q -p no:cacheprovider -rfEs \
-    --junitxml="$OUT/pytest_gpu.xml" > "$OUT/pytest_gpu.log" 2>&1
+  (cd "$RUN" && DSPARK_SLOW=1 timeout "$(cap 180)" "$PY" -m pytest "$REPO/python_tests" -m gpu -q \
+    -p no:cacheprovider -rfEs --junitxml="$OUT/pytest_gpu.xml" > "$OUT/pytest_gpu.log" 2>&1)
   rc=$?
   tail -15 "$OUT/pytest_gpu.log"
   record "gpu tests" "$rc" $(( $(date +%s) - t )) "$(tail -1 "$OUT/pytest_gpu.log")"

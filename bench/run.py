@@ -42,7 +42,8 @@ from typing import List
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+if os.environ.get("DSPARK_USE_INSTALLED") != "1":  # bench/gpu_check.sh sets it to run an installed wheel
+    sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from cases import BACKENDS, DTYPES, GRIDS, OPS, backends_for, cases_for, flashinfer_runner  # noqa: E402
 from e2e import end_to_end, smollm2_rows  # noqa: E402

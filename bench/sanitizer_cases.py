@@ -18,7 +18,8 @@ import sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+if os.environ.get("DSPARK_USE_INSTALLED") != "1":  # bench/gpu_check.sh sets it to run an installed wheel
+    sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from cases import OPS, cases_for  # noqa: E402
 

@@ -8,11 +8,13 @@ Public ops (``import dspark_kernels as dk``):
 * ``dk.schedule_verify_lens`` - confidence scheduler (the paper's Algorithm 1, and the production argmax form)
 * ``dk.rng_uniform``          - the shared counter-based generator, for engines that want the same noise
 
-Tools: ``dk.CostTable``, ``dk.fit_sts``, ``dk.survival_from_conf``. Every op takes ``backend="auto" | "cuda" |
-"triton" | "reference"`` (default from ``DSPARK_BACKEND``).
+Tools: ``dk.CostTable``, ``dk.fit_sts``, ``dk.survival_from_conf``; ``dk.build_info()``: versions, the prebuilt CUDA
+extension's architectures, and the backend each op takes on this machine and why. Every op takes ``backend="auto" |
+"cuda" | "triton" | "reference"`` (default from ``DSPARK_BACKEND``).
 """
 
 from . import rng
+from ._info import build_info
 from .calibration import CostTable, expected_calibration_error, fit_sts, survival_from_conf
 from .ops import (
     ConfidenceHead,
@@ -33,7 +35,7 @@ from .ops import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "rng", "CostTable", "expected_calibration_error", "fit_sts", "survival_from_conf",
+    "rng", "build_info", "CostTable", "expected_calibration_error", "fit_sts", "survival_from_conf",
     "ConfidenceHead", "DraftBlockOutput", "MarkovHead", "ScanOutput", "ScheduleOutput", "VerifyOutput",
     "accept_prefix_scan", "draft_block", "draft_to_target_from_offsets", "quantize_w2",
     "rng_uniform", "schedule_verify_lens", "verify_chain",

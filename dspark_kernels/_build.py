@@ -5,7 +5,12 @@ the libraries with it. Nothing here probes for a GPU.
 
 The CUDA toolkit is found from ``CUDA_HOME`` / ``CUDA_PATH``, else torch's guess if it holds a toolkit, else the
 ``nvcc`` on ``PATH`` (following a symlink or a wrapper script that names the real one), else ``/usr/local/cuda``.
-Architectures: sm_80 (+ PTX) and sm_90a, unless ``TORCH_CUDA_ARCH_LIST`` is set.
+Architectures: ``DSPARK_CUDA_ARCHS`` (default ``8.0;9.0a;10.0a``) plus PTX of the highest, for newer GPUs; the
+just-in-time build leaves them to torch when only ``TORCH_CUDA_ARCH_LIST`` is set.
+
+The ahead-of-time build (``setup.py``'s wheel; ``tools/check_cuda.py`` without a wheel) compiles each translation
+unit with one nvcc call (:func:`unit_command`, ``-Xptxas -v``: registers and spills in its log), several at once
+(:func:`compile_units`), and links them (:func:`link_command`) as torch's extension build does.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import List, Optional
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Optional, Sequence, Tuple
 
 LIBRARY = "dspark_C"          # the torch.ops namespace of the CUDA extension
 SIMT_LIBRARY = "dspark_simt"  # the torch.ops namespace of its SIMT build (CPU dispatch)
 SIMT_COUNTING_LIBRARY = "dspark_simt_counting"  # that of the SIMT build with the access model's hooks
 CPU_LIBRARY = "dspark_cpu"    # the torch.ops namespace of the CPU kernels (csrc/cpu)
+DEFAULT_CUDA_ARCHS = "8.0;9.0a;10.0a"
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -171,14 +179,138 @@ def include_dirs() -> List[str]:
 
 
 def nvcc_flags(arch_flags: bool = True) -> List[str]:
+    """nvcc's flags (the just-in-time build adds torch's); the architectures' unless ``TORCH_CUDA_ARCH_LIST`` alone
+    names them (torch then adds its own)."""
     flags = ["-O3", "-lineinfo"]  # torch adds -std=c++20 (its headers need it)
-    if arch_flags and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        flags += ["-gencode=arch=compute_80,code=[sm_80,compute_80]", "-gencode=arch=compute_90a,code=sm_90a"]
+    if arch_flags and (os.environ.get("DSPARK_CUDA_ARCHS") or not os.environ.get("TORCH_CUDA_ARCH_LIST")):
+        flags += gencode_flags(cuda_archs())
+    return flags
+
+
+_ARCH = re.compile(r"^(\d+)\.(\d)([af]?)$")
+
+
+def cuda_archs(spec: Optional[str] = None) -> List[Tuple[int, int, str]]:
+    """``(major, minor, suffix)`` of each architecture in ``spec`` (default ``DSPARK_CUDA_ARCHS``, else
+    ``DEFAULT_CUDA_ARCHS``): ``;``-separated like ``8.0;9.0a;10.0a`` (``a``: architecture-specific, ``f``: family),
+    sorted; a ValueError naming the variable for anything else."""
+    spec = spec if spec is not None else (os.environ.get("DSPARK_CUDA_ARCHS") or DEFAULT_CUDA_ARCHS)
+    out = set()
+    for entry in filter(None, (e.strip() for e in re.split(r"[;,\s]+", spec))):
+        m = _ARCH.match(entry)
+        if m is None:
+            raise ValueError(f"DSPARK_CUDA_ARCHS: {entry!r} is not an architecture like 8.0, 9.0a or 10.0f "
+                             f"(';'-separated; got {spec!r})")
+        if int(m.group(1)) < 8:
+            raise ValueError(f"DSPARK_CUDA_ARCHS: {entry!r} is below 8.0, the oldest the kernels support "
+                             "(cp.async, bfloat16)")
+        out.add((int(m.group(1)), int(m.group(2)), m.group(3)))
+    if not out:
+        raise ValueError(f"DSPARK_CUDA_ARCHS names no architecture (got {spec!r})")
+    return sorted(out)
+
+
+def arch_targets(archs: Sequence[Tuple[int, int, str]]) -> Tuple[List[str], List[str]]:
+    """``(SASS targets, PTX targets)`` of ``archs``: SASS of each, plus PTX of the highest without its suffix (an
+    ``a`` / ``f`` PTX runs only on its own architecture or family; a plain one on every later GPU)."""
+    major, minor, _ = archs[-1]
+    return [f"sm_{a}{b}{s}" for a, b, s in archs], [f"compute_{major}{minor}"]
+
+
+def gencode_flags(archs: Sequence[Tuple[int, int, str]]) -> List[str]:
+    """nvcc's ``-gencode`` flags for :func:`arch_targets` (the plain highest one's SASS and PTX from one pass)."""
+    flags = []
+    for i, (major, minor, suffix) in enumerate(archs):
+        v = f"{major}{minor}"
+        code = f"[sm_{v},compute_{v}]" if i == len(archs) - 1 and not suffix else f"sm_{v}{suffix}"
+        flags.append(f"-gencode=arch=compute_{v}{suffix},code={code}")
+    major, minor, suffix = archs[-1]
+    if suffix:
+        flags.append(f"-gencode=arch=compute_{major}{minor},code=compute_{major}{minor}")
     return flags
 
 
 def cxx_flags() -> List[str]:
     return ["-O3"]
+
+
+# ------------------------------------------------------------------------------------------------ ahead of time
+
+def registered_ops(subdir: str = "torch") -> List[str]:
+    """The ops whose kernels ``csrc/<subdir>`` registers (every ``m.impl("<name>", ...)``), sorted."""
+    names = set()
+    for p in glob.glob(os.path.join(csrc_dir(), subdir, "*.c*")):
+        with open(p) as f:
+            names.update(re.findall(r'\bm\.impl\(\s*"(\w+)"', f.read()))
+    return sorted(names)
+
+
+def nvcc_release(home: str) -> str:
+    """The toolkit's release, e.g. ``"13.0"`` (from ``nvcc --version``)."""
+    out = subprocess.run([os.path.join(home, "bin", "nvcc"), "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+\.\d+)", out)
+    if m is None:
+        raise RuntimeError(f"cannot read the release of {home}/bin/nvcc from: {out.strip()[-200:]!r}")
+    return m.group(1)
+
+
+def torch_unit_flags(home: str, extension_name: str) -> List[str]:
+    """nvcc's flags for a ``csrc/torch`` unit besides the architectures: the extension's include folders, torch's
+    and Python's, torch's defines and nvcc flags, as torch's extension build passes them."""
+    import sysconfig
+
+    import torch
+
+    cpp_extension = import_cpp_extension(home)
+    incs = include_dirs() + cpp_extension.include_paths() + [os.path.join(home, "include"),
+                                                             sysconfig.get_paths()["include"]]
+    defines = [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+               f"-DTORCH_EXTENSION_NAME={extension_name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    return (nvcc_flags(arch_flags=False) + ["-std=c++20", "-Xcompiler", "-fPIC", "-Xptxas", "-v"]
+            + [f"-I{p}" for p in incs] + defines + list(getattr(cpp_extension, "COMMON_NVCC_FLAGS", [])))
+
+
+def capi_unit_flags() -> List[str]:
+    """nvcc's flags for a ``csrc/capi`` unit besides the architectures (the templates only, no torch)."""
+    return nvcc_flags(arch_flags=False) + ["-std=c++17", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
+                                           f"-I{os.path.join(csrc_dir(), 'include')}"]
+
+
+def unit_name(rel: str) -> str:
+    """The file-name stem of a unit's object and log: ``csrc/torch/x.cu`` -> ``csrc_torch_x.cu``."""
+    return rel.replace(os.sep, "_").replace("/", "_")
+
+
+def unit_command(home: str, src: str, obj: str, flags: Sequence[str], archs) -> List[str]:
+    return [os.path.join(home, "bin", "nvcc"), "-c", src, "-o", obj] + list(flags) + gencode_flags(archs)
+
+
+def compile_units(units: Sequence[Tuple[str, List[str]]], outdir: str, jobs: int, cwd: str) -> List[tuple]:
+    """Run each ``(rel, command)``, ``jobs`` at a time, each writing ``<outdir>/<unit_name(rel)>.log`` (the command,
+    then its output: ptxas's registers and spills); ``(rel, returncode, output, seconds)`` per unit, in order."""
+    os.makedirs(outdir, exist_ok=True)
+
+    def run(unit):
+        rel, cmd = unit
+        t0 = time.time()
+        p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+        with open(os.path.join(outdir, unit_name(rel) + ".log"), "w") as fh:
+            fh.write(" ".join(cmd) + "\n" + p.stdout + p.stderr)
+        return rel, p.returncode, p.stdout + p.stderr, time.time() - t0
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        return list(pool.map(run, units))
+
+
+def link_command(path: str, objects: Sequence[str], home: str) -> List[str]:
+    """Link the extension's objects into the shared library ``path`` as torch's extension build links them: torch's
+    libraries and the CUDA runtime by name, no run path (``import torch`` has loaded them when it loads)."""
+    import torch
+
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    return [os.environ.get("CXX", "c++"), "-shared", "-o", path] + list(objects) + [
+        f"-L{torch_lib}", f"-L{os.path.join(home, 'lib64')}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
+        "-lc10_cuda", "-ltorch_cuda", "-lcudart"]
 
 
 def cpu_include_dirs() -> List[str]:

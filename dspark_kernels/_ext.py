@@ -1,13 +1,17 @@
-"""The CUDA extension ``torch.ops.dspark_C``: ahead-of-time module or just-in-time build; and its SIMT twin.
+"""The CUDA extension ``torch.ops.dspark_C``: a wheel's prebuilt module or a just-in-time build; and its SIMT twin.
 
 ``load()`` returns ``torch.ops.dspark_C`` once the extension is loaded:
 
-1. the ahead-of-time module ``dspark_kernels._C`` (``DSPARK_BUILD_CUDA=1 pip install --no-build-isolation .``), else
+1. the prebuilt module ``dspark_kernels._C`` of a wheel built with a CUDA toolkit (``setup.py``), when its build
+   record says it runs here (``_prebuilt.problem``: this torch's minor release, CUDA major and C++ ABI, the sources
+   beside it, and every GPU torch sees covered by its architectures); otherwise a warning says why not, once, and
 2. a just-in-time build of ``csrc/torch/*.cu`` + ``*.cpp`` with ``torch.utils.cpp_extension.load``, cached in torch's
    extension folder (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``); the first build takes minutes.
 
-``is_available()`` says whether that works, without ever probing for a GPU (the extension builds and loads on a
-machine without one; running its ops needs one). Set ``DSPARK_NO_JIT=1`` to use only the ahead-of-time module.
+``is_available()`` says whether that works (the extension builds and loads on a machine without a GPU; running its
+ops needs one; the architecture check reads the GPUs' compute capabilities where torch sees any). Set
+``DSPARK_NO_JIT=1`` to use only the prebuilt module. ``dk.build_info()`` (``_info.py``) says what was built and which
+backend each op takes here, and why, without building anything.
 
 Where the toolkit, the sources and the flags come from is ``_build.py`` (which ``setup.py`` and ``tools/`` share);
 this module only builds them into libraries and loads those. Each op's fake is registered on a library when it
@@ -40,15 +44,17 @@ from typing import Optional
 
 import torch
 
-from . import _build
+from . import _build, _prebuilt
 from ._build import CPU_LIBRARY, LIBRARY, SIMT_COUNTING_LIBRARY, SIMT_LIBRARY, asan_preload, cuda_home
 
 __all__ = ["load", "is_available", "has_op", "kernels", "load_simt", "simt_enabled", "register_fake", "cuda_home",
            "asan_preload", "cpu_available", "cpu_kernel", "LIBRARY", "SIMT_LIBRARY", "SIMT_COUNTING_LIBRARY",
-           "CPU_LIBRARY", "loaded_simt", "use_counting"]
+           "CPU_LIBRARY", "loaded_simt", "use_counting", "prebuilt_status"]
 
 _lock = threading.RLock()
 _ops = None                    # torch.ops.dspark_C once loaded
+_loaded_from: Optional[str] = None  # "prebuilt <file>" or "just-in-time build in <folder>"
+_prebuilt_checked: Optional[tuple] = None  # prebuilt_status() once computed
 _error: Optional[str] = None   # why loading failed (cached: no rebuild attempt per call)
 _available: Optional[bool] = None
 _simt_modules: dict = {}       # SIMT builds once loaded: False -> the plain (or sanitized) one, True -> counting
@@ -61,7 +67,7 @@ _cpu_error: Optional[str] = None
 
 # ------------------------------------------------------------------------------------------------ loading
 
-def _jit_build() -> None:
+def _jit_build() -> str:
     if torch.version.cuda is None:
         raise RuntimeError("dspark_kernels: this torch is a CPU-only build, so the CUDA extension cannot be built; "
                            "install a CUDA build of torch")
@@ -94,6 +100,7 @@ def _jit_build() -> None:
         is_python_module=False,
         verbose=os.environ.get("DSPARK_VERBOSE_BUILD") == "1",
     )
+    return build_dir
 
 
 def register_fake(name: str, fn) -> None:
@@ -118,38 +125,67 @@ def _register_fakes(lib: str) -> None:
         _register_fake(lib, name, fn)
 
 
+def prebuilt_status() -> tuple:
+    """``(file, record, why not)`` of the prebuilt extension: ``(None, None, None)`` when the package has none; ``why
+    not`` None when it may load here (checked once per process; imports nothing)."""
+    global _prebuilt_checked
+    if _prebuilt_checked is None:
+        path, rec, why = _prebuilt.module_file(), None, None
+        if path is not None:
+            try:
+                rec = _prebuilt.read(_prebuilt.record_path(path))
+                why = _prebuilt.problem(rec, _prebuilt.environment(_build.csrc_dir()))
+            except (ValueError, RuntimeError) as e:  # an unreadable record, no sources beside it
+                why = str(e)
+        _prebuilt_checked = (path, rec, why)
+    return _prebuilt_checked
+
+
+def _import_prebuilt() -> tuple:
+    """``(loaded, why not)``: imports the prebuilt extension when :func:`prebuilt_status` allows; warns once when a
+    prebuilt one is there but not loaded."""
+    path, _, why = prebuilt_status()
+    if path is None:
+        return False, None
+    if why is None:
+        try:
+            importlib.import_module(_prebuilt.MODULE)
+            return True, None
+        except Exception as e:  # noqa: BLE001 - a library missing on this machine, ...
+            why = f"it failed to import: {e}"
+    why = f"dspark_kernels: the prebuilt CUDA extension {path} is not loaded: {why}"
+    warnings.warn(why, RuntimeWarning, stacklevel=5)
+    return False, why
+
+
 def _load_unlocked():
-    global _ops, _error
+    global _ops, _loaded_from
     if _ops is not None:
         return _ops
     if _error is not None:
         raise RuntimeError(_error)
-    aot_error = None
-    try:
-        importlib.import_module("dspark_kernels._C")
-    except ModuleNotFoundError as e:
-        if e.name != "dspark_kernels._C":
-            aot_error = f"dspark_kernels._C failed to import: {e}"
-        loaded = False
-    except Exception as e:  # built for another torch, missing libraries, ...
-        aot_error, loaded = f"dspark_kernels._C failed to import: {e}", False
-    else:
-        loaded = True
-    if not loaded:
-        if os.environ.get("DSPARK_NO_JIT") == "1":
-            _error = "dspark_kernels: the CUDA extension is not built ahead of time and DSPARK_NO_JIT=1" + \
-                (f" ({aot_error})" if aot_error else "")
-            raise RuntimeError(_error)
-        try:
-            _jit_build()
-        except Exception as e:
-            msg = str(e) if isinstance(e, RuntimeError) and str(e).startswith("dspark_kernels:") else \
-                f"dspark_kernels: building the CUDA extension failed: {e}"
-            _error = msg + (f" (also: {aot_error})" if aot_error else "")
-            raise RuntimeError(_error) from e
+    loaded, why = _import_prebuilt()
+    _loaded_from = f"prebuilt {prebuilt_status()[0]}" if loaded else _load_jit(why)
     _ops = getattr(torch.ops, LIBRARY)
     _register_fakes(LIBRARY)
     return _ops
+
+
+def _load_jit(why: Optional[str]) -> str:
+    """Builds and loads the extension just in time (``why``: why no prebuilt one loaded); returns where it was
+    built, or raises (and keeps) why it cannot be."""
+    global _error
+    if os.environ.get("DSPARK_NO_JIT") == "1":
+        _error = (why or "dspark_kernels: the package has no prebuilt CUDA extension") + \
+            "; DSPARK_NO_JIT=1 forbids the just-in-time build"
+        raise RuntimeError(_error)
+    try:
+        return f"just-in-time build in {_jit_build()}"
+    except Exception as e:
+        msg = str(e) if isinstance(e, RuntimeError) and str(e).startswith("dspark_kernels:") else \
+            f"dspark_kernels: building the CUDA extension failed: {e}"
+        _error = msg + (f" (also: {why})" if why else "")
+        raise RuntimeError(_error) from e
 
 
 def load():

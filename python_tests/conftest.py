@@ -9,12 +9,13 @@
   marks only a test's SIMT run slow (its ``cuda_device`` is ``"simt"``): on a GPU the same test is quick and runs with
   the other GPU tests. docs/DESIGN.md (Testing) lists what runs in which leg.
 * Tests marked ``@pytest.mark.sass`` read the SASS report of ``tools/check_cuda.py --json`` (minutes of nvcc):
-  they are deselected unless the report exists (``build/check_cuda.json`` or ``DSPARK_SASS_REPORT``); CI's compile
-  step writes it before the tests run.
+  they are deselected unless the report exists (``build/check_cuda.json`` or ``DSPARK_SASS_REPORT``); CI writes it
+  from its wheel's build logs and library before the tests run.
   When the report exists, the SIMT harness also takes every kernel's registers from it (``DSPARK_SIMT_REGISTERS``),
   so its occupancy queries and cooperative grids are those of the GPU build.
-* Tests marked ``@pytest.mark.gpu_build`` load the GPU extension ``tools/check_cuda.py --link build/dspark_C.so``
-  links (or the file ``DSPARK_GPU_BUILD`` names): deselected unless it exists; CI's compile step links it.
+* Tests marked ``@pytest.mark.gpu_build`` load the GPU extension at ``build/dspark_C.so`` (or the file
+  ``DSPARK_GPU_BUILD`` names): deselected unless it exists; CI copies its wheel's library there
+  (``tools/check_wheel.py --extract``; ``tools/check_cuda.py --link`` links one too).
 * Every run ends with the 20 slowest tests (setup + call + teardown), so a test that starts to cost minutes shows
   up in the run that added it; CI's ``.ci/run`` also fails when the README's test command takes over 12 minutes.
 * Under ``pytest -n`` (pytest-xdist; the README's command) each worker gets its share of the cores as torch
@@ -51,7 +52,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n: the workers share 
 
 
 def gpu_build_path() -> str:
-    """The GPU extension library ``tools/check_cuda.py --link`` wrote (CI: build/dspark_C.so)."""
+    """The GPU extension library the ``gpu_build`` tests load (CI: its wheel's, copied to build/dspark_C.so)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.environ.get("DSPARK_GPU_BUILD") or os.path.join(root, "build", "dspark_C.so")
 

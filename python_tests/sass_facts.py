@@ -1,13 +1,15 @@
 """SASS facts of the compiled kernels for the kernel tests: ``sass_facts("verify_chain_stats")``.
 
 Reads the report ``tools/check_cuda.py --json`` writes (``build/check_cuda.json`` in the checkout, or the file named
-by ``DSPARK_SASS_REPORT``); CI's ``.ci/run`` writes it before the tests run. Each fact is an sm_90a kernel's entry:
-``registers``, ``spill_bytes``, ``static_smem``, ``ctas_per_sm`` ({threads: CTAs}), and ``sass``: ``instructions``,
-opcode counts as SASS spells them (``"LDG.E.128"``, ``"LDGSTS"``, ``"LDSM"``, ``"HMMA"``, ``"LDS"``, ``"STS"``,
-``"BAR"``, ``"MUFU"``, ...) and ``loops`` (one dict per innermost loop: ``instructions`` and the same counts).
+by ``DSPARK_SASS_REPORT``); CI's ``.ci/run`` writes it before the tests run, from the ptxas logs of its wheel's build
+and the disassembly of that wheel's library (``--from-build``, ``--binary``): the facts are those of what ships.
+Each fact is an sm_90a kernel's entry: ``registers``, ``spill_bytes``, ``static_smem``, ``ctas_per_sm`` ({threads:
+CTAs}), and ``sass``: ``instructions``, opcode counts as SASS spells them (``"LDG.E.128"``, ``"LDGSTS"``, ``"LDSM"``,
+``"HMMA"``, ``"LDS"``, ``"STS"``, ``"BAR"``, ``"MUFU"``, ...) and ``loops`` (one dict per innermost loop:
+``instructions`` and the same counts).
 
 Tests that read it are marked ``sass``: conftest.py deselects them when the report is absent (making it is minutes of
-nvcc, which the README's test command does not spend); CI's compile step writes it, so they run there. Called
+nvcc, which the README's test command does not spend); CI's wheel step writes it, so they run there. Called
 without the report (an unmarked test), ``report()`` skips when there is no nvcc and fails otherwise.
 """
 

@@ -317,10 +317,10 @@ def test_opcheck_registered_op(backend, triton_device):
 
 @pytest.mark.slow
 def test_ext_builds_and_registers_its_schema():
-    """The extension builds (just in time, or ahead of time) and loads without a GPU wherever a toolkit is found;
-    its ops only run on one. Marked slow (a whole nvcc build, minutes): bench/gpu_check.sh runs it; CI loads the
-    same units linked by its compile step instead (test_gpu_build.py). Without a toolkit, is_available() is False
-    and load() says why."""
+    """The extension builds (just in time, or prebuilt in a wheel) and loads without a GPU wherever a toolkit is
+    found; its ops only run on one. Marked slow (a whole nvcc build, minutes): bench/gpu_check.sh runs it; CI loads
+    its wheel's library instead (test_gpu_build.py, tools/check_wheel.py). Without a toolkit, is_available() is
+    False and load() says why."""
     from dspark_kernels import _ext
 
     first = _ext.is_available()

@@ -1,19 +1,27 @@
 #!/usr/bin/env python
-"""Compile every CUDA translation unit for sm_80 and sm_90a with ``-Xptxas -v``; fail on errors or spills.
+"""Compile every CUDA translation unit with ``-Xptxas -v`` (or read a wheel build's logs); fail on errors or spills.
 
-Usage: ``python tools/check_cuda.py [-j JOBS] [--keep DIR] [--json PATH] [--link PATH] [files...]`` (default:
-csrc/torch/*.cu, csrc/torch/*.cpp, csrc/capi/*.cu). The torch translation units get the same include folders and
-flags as the extension build (dspark_kernels/_build.py); csrc/capi/*.cu gets only csrc/include. Prints a
-per-kernel resource table (registers, stack frame, spill bytes) and exits 1 if any compile fails or any kernel
-spills (non-zero "bytes spill" line). Needs no GPU. CUDA_HOME is resolved like the extension does (CUDA_HOME /
-CUDA_PATH, nvcc on PATH, ...).
+Usage: ``python tools/check_cuda.py [-j JOBS] [--archs A] [--keep DIR] [--json PATH] [--link PATH] [--from-build DIR]
+[--ptxas-log UNIT=LOG] [--binary SO] [files...]`` (default files: csrc/torch/*.cu, csrc/torch/*.cpp, csrc/capi/*.cu;
+with ``--from-build`` or ``--ptxas-log``: none). The torch translation units get the include folders and flags of the extension build
+(dspark_kernels/_build.py); csrc/capi/*.cu gets only csrc/include. Architectures: ``--archs``, else
+``DSPARK_CUDA_ARCHS``, else the wheel's default (8.0;9.0a;10.0a, PTX of the highest). Prints a per-kernel resource
+table (registers, stack frame, spill bytes) and exits 1 if any compile fails or any kernel spills (non-zero "bytes
+spill" line). Needs no GPU. CUDA_HOME is resolved like the extension does (CUDA_HOME / CUDA_PATH, nvcc on PATH, ...).
+
+``--from-build DIR`` reads the nvcc logs a wheel build wrote (``DSPARK_BUILD_LOGS=DIR pip wheel ...``: one per
+unit, listed in ``DIR/units.json``) instead of compiling those units again, ``--ptxas-log UNIT=LOG`` a unit's ptxas
+lines from another build's log (CI: the C ABI's CMake build with ``-Xptxas -v``), and each ``--binary SO`` (the
+wheel's ``dspark_kernels/_C*.so``, ``libdspark_capi.so``) is disassembled for the SASS facts: the report is then that
+of the binaries that ship. Files named besides are compiled and added.
 
 With ``--json PATH`` each kernel's entry also has its static shared memory, resident CTAs per SM at 128 / 256 /
 512 / 1024 threads (from registers and static shared memory), and for sm_90a a ``sass`` key: opcode counts and the
-innermost loops of its disassembly (``tools/sass.py``; cuobjdump from the toolkit or the Triton wheel). The kernel
-tests read that report through ``python_tests/sass_facts.py`` (CI writes it to build/check_cuda.json first).
+innermost loops of its disassembly (``tools/sass.py``; cuobjdump from the toolkit or the Triton wheel); ``binaries``
+lists the SASS and PTX architectures each disassembled file holds. The kernel tests read that report through
+``python_tests/sass_facts.py`` (CI writes it to build/check_cuda.json first).
 
-With ``--link PATH`` the csrc/torch objects are also linked into the extension library (CI: build/dspark_C.so), which
+With ``--link PATH`` the compiled csrc/torch objects are also linked into the extension library, which
 ``python_tests/test_gpu_build.py`` loads without a GPU to compare its registered schemas with the SIMT build's.
 """
 
@@ -22,51 +30,79 @@ from __future__ import annotations
 import argparse
 import glob
 import importlib.util
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARCH_FLAGS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a"]
 
 
-def _load_ext():
-    """dspark_kernels/_ext.py by path (not the whole package: only its flag and path helpers are needed)."""
+def _load_build():
+    """dspark_kernels/_build.py by path (not the whole package: only its flag and path helpers are needed)."""
     spec = importlib.util.spec_from_file_location("_dspark_build", os.path.join(ROOT, "dspark_kernels", "_build.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def _torch_flags(ext, home):
-    import torch
+def _compile(build, home, files, outdir, jobs, archs):
+    """Compiles `files` into `outdir` (objects and logs); ``(rel, returncode, log, seconds)`` per file."""
+    torch_flags = None
+    units = []
+    for f in files:
+        rel = os.path.relpath(f, ROOT)
+        if "/capi/" in f.replace(os.sep, "/"):
+            flags = build.capi_unit_flags()
+        else:
+            torch_flags = torch_flags or build.torch_unit_flags(home, build.LIBRARY)
+            flags = torch_flags
+        obj = os.path.join(outdir, build.unit_name(rel) + ".o")
+        units.append((rel, build.unit_command(home, f, obj, flags, archs)))
+    return build.compile_units(units, outdir, jobs, ROOT)
 
-    cpp_extension = ext._import_cpp_extension(home)  # torch's include folders, with CUDA_HOME set first
 
-    incs = cpp_extension.include_paths() + [os.path.join(home, "include"), sysconfig.get_paths()["include"]]
-    defines = [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", "-DTORCH_EXTENSION_NAME=dspark_C",
-               "-DTORCH_API_INCLUDE_EXTENSION_H"]
-    common = list(getattr(cpp_extension, "COMMON_NVCC_FLAGS", []))
-    return ["-std=c++20"] + [f"-I{p}" for p in ext.include_dirs() + incs] + defines + common
+def _from_build(logs):
+    """The results a wheel build logged in `logs` (``units.json`` and one nvcc log per unit), as ``_compile``'s."""
+    try:
+        with open(os.path.join(logs, "units.json")) as f:
+            units = json.load(f)["units"]
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"check_cuda: --from-build {logs}: no build's units.json there ({e}); build the wheel with "
+                         f"DSPARK_BUILD_LOGS={logs}")
+    out = []
+    for u in units:
+        with open(os.path.join(logs, u["log"])) as f:
+            out.append((u["unit"], 0, f.read().split("\n", 1)[1], u["seconds"]))
+    return out
 
 
-def _link(path, objects, home):
-    """Links the extension's objects into the shared library at `path`, as torch's extension build links them
-    (torch's libraries and the CUDA runtime); returns [] or ["link"] on failure."""
-    import torch
+def _from_logs(pairs):
+    """``UNIT=LOG`` pairs: each unit's ptxas lines read from a build's log (CI: the C ABI's CMake build with
+    ``-Xptxas -v``), as ``_compile``'s results."""
+    out = []
+    for pair in pairs:
+        unit, _, log = pair.partition("=")
+        try:
+            with open(log) as f:
+                text = f.read()
+        except OSError as e:
+            raise SystemExit(f"check_cuda: --ptxas-log {pair}: cannot read {log!r} ({e})")
+        if "Compiling entry function" not in text:
+            raise SystemExit(f"check_cuda: --ptxas-log {pair}: no ptxas output in {log} (was {unit} compiled in "
+                             "that build, with -Xptxas -v?)")
+        out.append((unit, 0, text, 0))
+    return out
 
-    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    cuda_lib = os.path.join(home, "lib64")
+
+def _link(build, path, objects, home):
+    """Links the extension's objects into the shared library at `path`; returns [] or ["link"] on failure."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    cmd = [os.environ.get("CXX", "c++"), "-shared", "-o", path] + objects + [
-        f"-L{torch_lib}", f"-L{cuda_lib}", f"-Wl,-rpath,{torch_lib}", f"-Wl,-rpath,{cuda_lib}", "-lc10", "-ltorch",
-        "-ltorch_cpu", "-ltorch_python", "-lc10_cuda", "-ltorch_cuda", "-lcudart"]
+    cmd = build.link_command(path, objects, home)
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True)
     print(f"check_cuda: link {path}: {'ok' if p.returncode == 0 else 'FAILED'} in {time.time() - t0:.0f} s")
@@ -76,9 +112,10 @@ def _link(path, objects, home):
     return []
 
 
-def _add_sass(kernels, outdir, home):
-    """Adds resident CTAs per SM to every kernel entry and the SASS facts (tools/sass.py) to the sm_90a ones, from
-    the objects in `outdir`; returns the cuobjdump used (None: no disassembler, no `sass` keys)."""
+def _add_sass(kernels, binaries, home):
+    """Adds resident CTAs per SM to every kernel entry and the SASS facts (tools/sass.py) of `binaries` (objects or
+    the wheel's library) to the sm_90a ones; returns ``(cuobjdump used, {binary: its architectures})`` (no
+    disassembler: ``(None, {})``, no `sass` keys)."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import sass
 
@@ -90,10 +127,10 @@ def _add_sass(kernels, outdir, home):
     if tool is None:
         print("check_cuda: no cuobjdump (toolkit, Triton wheel or nvidia-cuda-cuobjdump): no SASS facts",
               file=sys.stderr)
-        return None
+        return None, {}
     facts = {}
-    for obj in sorted(glob.glob(os.path.join(outdir, "*.o"))):
-        for name, f in sass.object_facts(obj, tool).items():
+    for binary in binaries:
+        for name, f in sass.object_facts(binary, tool).items():
             facts[f["mangled"]] = dict(f, demangled=name)
     for k in kernels:
         f = facts.get(k["kernel"])
@@ -101,60 +138,12 @@ def _add_sass(kernels, outdir, home):
             f = {key: v for key, v in f.items() if key != "mangled"}
             k["demangled"] = f.pop("demangled")
             k["sass"] = f
-    return tool
+    return tool, {b: sass.binary_archs(b, tool) for b in binaries}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="*")
-    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--keep", help="write objects and full ptxas logs here (default: a temporary folder, removed "
-                                   "when everything passes)")
-    ap.add_argument("--link", metavar="PATH", help="also link the csrc/torch objects into the extension library at "
-                                                   "PATH (what python_tests/test_gpu_build.py loads)")
-    ap.add_argument("--json", metavar="PATH", help="also write the per-kernel table (and failures, spills) as JSON "
-                                                   "(read by bench/run.py --ptxas-json)")
-    args = ap.parse_args()
-
-    ext = _load_ext()
-    home = ext.cuda_home()
-    nvcc = os.path.join(home or "", "bin", "nvcc")
-    if not home or not os.path.isfile(nvcc):
-        print(f"check_cuda: no CUDA toolkit (CUDA_HOME={home!r}); set CUDA_HOME to the folder holding bin/nvcc",
-              file=sys.stderr)
-        return 2
-    files = args.files or (sorted(glob.glob(os.path.join(ROOT, "csrc/torch/*.cu")))
-                           + sorted(glob.glob(os.path.join(ROOT, "csrc/torch/*.cpp")))
-                           + sorted(glob.glob(os.path.join(ROOT, "csrc/capi/*.cu"))))
-    torch_flags = None
-    outdir = args.keep or tempfile.mkdtemp(prefix="dspark_check_cuda_")
-    os.makedirs(outdir, exist_ok=True)
-
-    base = ["-O3", "-lineinfo", "-Xcompiler", "-fPIC", "-Xptxas", "-v"] + ARCH_FLAGS
-    jobs = []
-    for f in files:
-        rel = os.path.relpath(f, ROOT)
-        if "/capi/" in f.replace(os.sep, "/"):
-            flags = ["-std=c++17", f"-I{os.path.join(ROOT, 'csrc', 'include')}"]
-        else:
-            if torch_flags is None:
-                torch_flags = _torch_flags(ext, home)
-            flags = torch_flags
-        obj = os.path.join(outdir, rel.replace(os.sep, "_") + ".o")
-        jobs.append((rel, [nvcc, "-c", f, "-o", obj] + base + flags))
-
-    def run(job):
-        rel, cmd = job
-        t0 = time.time()
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        with open(os.path.join(outdir, rel.replace(os.sep, "_") + ".log"), "w") as fh:
-            fh.write(" ".join(cmd) + "\n" + p.stdout + p.stderr)
-        return rel, p.returncode, p.stdout + p.stderr, time.time() - t0
-
-    t_all = time.time()
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        results = list(pool.map(run, jobs))
-
+def _parse(results):
+    """ptxas's lines of each unit's log -> (failed units, spills, rows [unit, arch, kernel, regs, stack, spill],
+    static shared memory per (unit, arch, kernel))."""
     failed, spills, rows, static_smem = [], [], [], {}
     for rel, rc, log, dt in results:
         print(f"check_cuda: {rel}: {'ok' if rc == 0 else 'FAILED'} in {dt:.0f} s")
@@ -184,23 +173,72 @@ def main() -> int:
                 rows[-1][3] = int(m.group(1))
                 smem = re.search(r"(\d+) bytes smem", line)
                 static_smem[(rel, rows[-1][1], rows[-1][2])] = int(smem.group(1)) if smem else 0
+    return failed, spills, rows, static_smem
+
+
+def _print_table(rows):
     if rows:
-        print(f"{'unit':28} {'arch':6} {'regs':>4} {'stack':>5} {'spill':>5}  kernel")
+        print(f"{'unit':28} {'arch':7} {'regs':>4} {'stack':>5} {'spill':>5}  kernel")
         for rel, arch, func, regs, stack, spill in rows:
-            print(f"{rel:28} {arch:6} {regs if regs is not None else '?':>4} {stack:>5} {spill:>5}  {func[:80]}")
+            print(f"{rel:28} {arch:7} {regs if regs is not None else '?':>4} {stack:>5} {spill:>5}  {func[:80]}")
+
+
+def _write_json(path, nvcc, rows, static_smem, binaries, home, failed, spills):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    kernels = [dict(unit=rel, arch=arch, kernel=func, registers=regs, stack_bytes=stack, spill_bytes=spill,
+                    static_smem=static_smem.get((rel, arch, func), 0))
+               for rel, arch, func, regs, stack, spill in rows]
+    sass_tool, archs = _add_sass(kernels, binaries, home)
+    with open(path, "w") as fh:
+        json.dump(dict(nvcc=nvcc, cuobjdump=sass_tool, binaries=archs, kernels=kernels, failed=failed, spills=spills),
+                  fh, indent=1)
+    print(f"check_cuda: wrote the table to {path}")
+
+
+def _args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="*")
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--archs", help="architectures like 8.0;9.0a (default: DSPARK_CUDA_ARCHS, else the wheel's)")
+    ap.add_argument("--keep", help="write objects and full ptxas logs here (default: a temporary folder, removed "
+                                   "when everything passes)")
+    ap.add_argument("--link", metavar="PATH", help="also link the compiled csrc/torch objects into the extension "
+                                                   "library at PATH (what python_tests/test_gpu_build.py loads)")
+    ap.add_argument("--json", metavar="PATH", help="also write the per-kernel table (and failures, spills) as JSON "
+                                                   "(read by bench/run.py --ptxas-json)")
+    ap.add_argument("--from-build", metavar="DIR", help="read the nvcc logs a wheel build wrote to DIR "
+                                                        "(DSPARK_BUILD_LOGS) instead of compiling those units")
+    ap.add_argument("--ptxas-log", action="append", default=[], metavar="UNIT=LOG",
+                    help="read UNIT's ptxas output from LOG, a build's log (CI: the C ABI's CMake build)")
+    ap.add_argument("--binary", action="append", default=[], metavar="SO",
+                    help="disassemble this library too for the SASS facts (the wheel's dspark_kernels/_C*.so)")
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = _args()
+    build = _load_build()
+    home = build.cuda_home()
+    nvcc = os.path.join(home or "", "bin", "nvcc")
+    if not home or not os.path.isfile(nvcc):
+        print(f"check_cuda: no CUDA toolkit (CUDA_HOME={home!r}); set CUDA_HOME to the folder holding bin/nvcc",
+              file=sys.stderr)
+        return 2
+    files = args.files or ([] if args.from_build or args.ptxas_log else (sorted(glob.glob(os.path.join(ROOT, "csrc/torch/*.cu")))
+                                                       + sorted(glob.glob(os.path.join(ROOT, "csrc/torch/*.cpp")))
+                                                       + sorted(glob.glob(os.path.join(ROOT, "csrc/capi/*.cu")))))
+    outdir = args.keep or tempfile.mkdtemp(prefix="dspark_check_cuda_")
+    t_all = time.time()
+    results = (_from_build(args.from_build) if args.from_build else []) + _from_logs(args.ptxas_log)
+    results += _compile(build, home, files, outdir, args.jobs, build.cuda_archs(args.archs))
+    failed, spills, rows, static_smem = _parse(results)
+    _print_table(rows)
+    objects = sorted(glob.glob(os.path.join(outdir, "*.o")))
     if args.json:
-        import json
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        kernels = [dict(unit=rel, arch=arch, kernel=func, registers=regs, stack_bytes=stack, spill_bytes=spill,
-                        static_smem=static_smem.get((rel, arch, func), 0))
-                   for rel, arch, func, regs, stack, spill in rows]
-        sass_tool = _add_sass(kernels, outdir, home)
-        with open(args.json, "w") as fh:
-            json.dump(dict(nvcc=nvcc, cuobjdump=sass_tool, kernels=kernels, failed=failed, spills=spills), fh, indent=1)
-        print(f"check_cuda: wrote the table to {args.json}")
+        _write_json(args.json, nvcc, rows, static_smem, args.binary + objects, home, failed, spills)
     if args.link and not failed:
-        failed += _link(args.link, [os.path.join(outdir, os.path.relpath(f, ROOT).replace(os.sep, "_") + ".o")
-                                    for f in files if "/torch/" in f.replace(os.sep, "/")], home)
+        failed += _link(build, args.link, [os.path.join(outdir, build.unit_name(os.path.relpath(f, ROOT)) + ".o")
+                                           for f in files if "/torch/" in f.replace(os.sep, "/")], home)
     bad = bool(failed or spills)
     if args.keep or bad:
         print(f"check_cuda: {len(results)} units in {time.time() - t_all:.0f} s (logs in {outdir})")

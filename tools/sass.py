@@ -68,6 +68,17 @@ def cuobjdump(cuda_home: Optional[str] = None) -> Optional[str]:
     return next((c for c in cands if os.path.isfile(c) and os.access(c, os.X_OK)), None)
 
 
+def binary_archs(path: str, tool: str) -> Dict[str, List[str]]:
+    """``{"sass": [...], "ptx": [...]}``: the architectures whose SASS (``sm_90a``) and PTX (``compute_100``) an object
+    file or library holds (cuobjdump's ELF and PTX listings)."""
+    out = {}
+    for key, flag, kind in (("sass", "--list-elf", "sm"), ("ptx", "--list-ptx", "compute")):
+        p = subprocess.run([tool, flag, path], capture_output=True, text=True)
+        found = set(re.findall(r"\.sm_(\w+?)\.(?:cubin|ptx)\s*$", p.stdout, re.M))
+        out[key] = sorted((f"{kind}_{a}" for a in found), key=lambda t: (len(t), t))
+    return out
+
+
 def demangle(names: List[str]) -> Dict[str, str]:
     tool = shutil.which("c++filt")
     if not tool or not names:
@@ -139,10 +150,11 @@ def object_facts(obj: str, tool: str, arch: str = "sm_90a") -> Dict[str, Dict[st
     return {names[v["name"]]: dict(mangled=v["name"], **kernel_facts(v["insns"])) for v in funcs.values()}
 
 
-# Resident CTAs per SM from registers and shared memory (the CUDA occupancy rules; constants of sm_90 / sm_80:
+# Resident CTAs per SM from registers and shared memory (the CUDA occupancy rules; constants of sm_100 / sm_90 / sm_80:
 # CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"; register allocation: 256 per warp
 # granule, per-thread counts rounded up to 8; 1 KB of shared memory reserved per block by the driver).
 ARCH_LIMITS = {
+    "sm_100a": dict(threads=2048, blocks=32, regs=65536, smem=228 * 1024, reserved=1024),
     "sm_90a": dict(threads=2048, blocks=32, regs=65536, smem=228 * 1024, reserved=1024),
     "sm_90": dict(threads=2048, blocks=32, regs=65536, smem=228 * 1024, reserved=1024),
     "sm_80": dict(threads=2048, blocks=32, regs=65536, smem=164 * 1024, reserved=1024),

@@ -54,6 +54,17 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kStatsWidth = 5;
 constexpr int64_t kMinChunk = 128;  // columns per CTA at least (16 per warp)
+// Resident sweep CTAs per SM its register allocation must allow (0: no bound, ptxas's choice). On sm_100 ptxas holds
+// the float kTile = 8 sweep to 64 registers (four CTAs) and spills 8 bytes; three CTAs leave that tile 85. The
+// kTile = 32 sweeps keep ptxas's choice (104 there; a bound of three spills them), as does every sweep elsewhere.
+template <int kTile>
+constexpr int sweep_min_ctas() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  return kTile <= 8 ? 3 : 0;
+#else
+  return 0;
+#endif
+}
 
 // A column with scaled logit `x` and (NaN-free) key `key` of global id `id`: NaN and +inf carry no softmax mass and
 // set `bad` (layout.local_softmax_stats), unlike draft::Part::add.
@@ -93,8 +104,8 @@ DSPARK_DEVICE float warp_reduce_scatter(float (&a)[kTile], int lane) {
 DSPARK_HOST_DEVICE_FN int64_t num_tiles(int64_t N, int tile) { return (N + tile - 1) / tile; }
 
 template <typename TW, int kTile>
-__global__ void __launch_bounds__(kThreads) sweep_kernel(DistDraftStepParams p, int64_t chunk, int64_t chunks,
-                                                        draft::Part* __restrict__ parts) {
+__global__ void __launch_bounds__(kThreads, sweep_min_ctas<kTile>())
+    sweep_kernel(DistDraftStepParams p, int64_t chunk, int64_t chunks, draft::Part* __restrict__ parts) {
   DSPARK_DYNAMIC_SMEM(float, vs);  // [kTile, R]
   DSPARK_SHARED_ARRAY(draft::Part, warp_parts, kWarps * kTile);
   DSPARK_SHARED_ARRAY(float, temps, kTile);
