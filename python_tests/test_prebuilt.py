@@ -115,8 +115,10 @@ def test_the_record_round_trips_and_a_bad_one_names_its_file(tmp_path):
 
 @pytest.fixture
 def fresh_loader(monkeypatch):
-    """_ext with nothing loaded or checked yet (restored afterwards)."""
-    for name, value in (("_ops", None), ("_error", None), ("_loaded_from", None), ("_prebuilt_checked", None)):
+    """_ext with nothing loaded or checked yet, the CPU kernels included (restored afterwards): earlier tests in the
+    same process may have loaded them."""
+    for name, value in (("_ops", None), ("_error", None), ("_loaded_from", None), ("_prebuilt_checked", None),
+                        ("_cpu_library", None), ("_cpu_error", None)):
         monkeypatch.setattr(_ext, name, value)
     return monkeypatch
 
