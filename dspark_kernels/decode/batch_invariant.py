@@ -1,4 +1,5 @@
-"""Batch-invariant CPU kernels for the decode loop's target (``csrc/cpu/row_linear.cpp``, ``row_attention.cpp``).
+"""Batch-invariant CPU kernels for the decode loop's target and drafter (``csrc/cpu/row_linear.cpp``,
+``row_attention.cpp``).
 
 PyTorch's CPU GEMMs and attention pick their kernels, and so their accumulation order, by shape and thread count:
 the same token can round differently in a 1-row decode forward and in an 8-row verify forward. With 16-bit weights
@@ -71,8 +72,8 @@ def enabled_for(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
-    """``F.linear``, through ``row_linear`` where :func:`enabled_for` (which is also PyTorch's slow path: its CPU bf16
-    GEMM reads a decode step's weights at a fraction of the memory rate)."""
+    """``F.linear``, through ``row_linear`` where :func:`enabled_for`. The drafter uses it too, for speed rather than
+    invariance: PyTorch's CPU bf16 GEMM reads a decode step's few-row weights at a fraction of the memory rate."""
     if enabled_for(x, weight):
         return row_linear(x, weight, bias)
     return F.linear(x, weight, bias)
