@@ -232,3 +232,53 @@ def test_tokens_per_second_excludes_the_warmup_step(target, reference, monkeypat
     one = dec.generate(PROMPTS5, 1).stats
     assert one.steps == 1 and one.warmup_steps == 0 and one.warmup_tokens == 0 and one.time_s["warmup"] == 0
     assert one.tokens_per_second == one.tokens_per_second_with_warmup == 5 / one.time_s["total"]
+
+
+@pytest.mark.parametrize("mode", ["exact", "argmax"])
+@pytest.mark.parametrize("plain_steps", [1, 3])
+def test_drafting_skipped_where_it_does_not_pay(target, reference, mode, plain_steps):
+    """A drafting pass that costs more than drafts can win, judged on every step (window 1): the first step's
+    loss is read at the second (which has drafted already), then ``plain_steps`` steps run the target alone, and
+    so on; the output is the target's own. A free drafting pass whose drafts get accepted: every step drafts."""
+    k = 4
+    drafter = oracle_drafter(target, block_size=k)
+    drafter.set_reference([p + r for p, r in zip(PROMPTS5, reference)])
+    dec = SpeculativeDecoder(target, drafter, kv_block_size=4)
+    kw = dict(cost_table=COST, sts_temperatures=[1.5] * k, plain_steps=plain_steps, draft_window=1)
+    res = dec.generate(PROMPTS5, MAX_NEW, scheduler=Scheduler(mode, draft_cost=dk.CostTable([1, 8], [1e6, 1e6]), **kw))
+    assert res.tokens == reference
+    st = res.stats
+    cycles, rest = divmod(st.steps, plain_steps + 2)
+    assert st.draft_steps == 2 * cycles + min(rest, 2) < st.steps
+    res = dec.generate(PROMPTS5, MAX_NEW, scheduler=Scheduler(mode, draft_cost=dk.CostTable([1], [1e-6]), **kw))
+    assert res.tokens == reference
+    assert res.stats.draft_steps == res.stats.steps and res.stats.drafts_verified > 0
+
+
+def test_plain_steps_keep_one_host_read_per_step(target, reference, monkeypatch):
+    drafter = oracle_drafter(target, block_size=4)
+    drafter.set_reference([p + r for p, r in zip(PROMPTS5, reference)])
+    dec = SpeculativeDecoder(target, drafter, kv_block_size=4)
+    reads = {"n": 0}
+    orig_read = decoder_mod._host_read
+
+    def designated(t):
+        reads["n"] += 1
+        return orig_read(t)
+    monkeypatch.setattr(decoder_mod, "_host_read", designated)
+    sched = Scheduler("exact", cost_table=COST, sts_temperatures=[1.5] * 4, draft_cost=dk.CostTable([1], [1e6]),
+                      plain_steps=4, draft_window=1)
+    res = dec.generate(PROMPTS5, 9, scheduler=sched)
+    assert 0 < res.stats.draft_steps < res.stats.steps
+    assert reads["n"] == res.stats.steps + 1 + 2  # as in test_hot_path_host_reads
+
+
+@pytest.mark.parametrize("edit,match", [(dict(mode="fixed"), "draft_cost needs mode"),
+                                        (dict(plain_steps=0), "plain_steps must be >= 1"),
+                                        (dict(draft_window=0), "draft_window must be >= 1"),
+                                        (dict(draft_margin=float("nan")), "draft_margin must be >= 0")])
+def test_bad_draft_cost_settings(target, edit, match):
+    dec = SpeculativeDecoder(target, tiny_drafter(target, block_size=2))
+    kw = dict(mode="exact", cost_table=COST, draft_cost=dk.CostTable([1], [1.0]))
+    with pytest.raises(ValueError, match=match):
+        dec.generate([[1, 2]], 3, scheduler=Scheduler(**{**kw, **edit}))

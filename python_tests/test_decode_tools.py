@@ -8,7 +8,8 @@ import torch
 import tokenizers
 
 import dspark_kernels as dk
-from dspark_kernels.decode import Scheduler, SpeculativeDecoder, calibrate, profile_cost_table, save_drafter, save_target
+from dspark_kernels.decode import (Scheduler, SpeculativeDecoder, calibrate, profile_cost_table, profile_draft_cost,
+                                   save_drafter, save_target)
 from dspark_kernels.decode.testing import oracle_drafter, tiny_drafter, tiny_target
 from dspark_kernels.decode.model import greedy_reference
 from dspark_kernels import generate as cli
@@ -189,3 +190,23 @@ def test_decoder_counts_verified_drafts():
     st = dec.generate([[1, 2, 3], [4]], 6, scheduler=Scheduler("fixed", verify_len=2)).stats
     active_request_steps = round(st.generated_tokens / st.acceptance_length)
     assert st.drafts_verified == 2 * active_request_steps > 0
+
+
+def test_profile_draft_cost(tmp_path, monkeypatch):
+    """One drafting pass timed per request count (medians of the repeats, made monotone); the table is the
+    Scheduler's draft_cost, and a loop given it decodes as before."""
+    target = tiny_target(seed=0)
+    dec = SpeculativeDecoder(target, tiny_drafter(target, block_size=3))
+    slow = 10_000.0
+    _fake_timer(monkeypatch, [slow, 2, 3, 2] + [slow, 5, 5, 6] + [slow, 4, 4, 4])
+    table = profile_draft_cost(dec, [1, 4, 16], context_len=8, warmup=1, repeats=3, path=tmp_path / "d.json",
+                               warn=False)
+    assert table.token_counts == (1, 4, 16) and table.raw_median_ms == pytest.approx((2.0, 5.0, 4.0))
+    assert table.step_time_ms == pytest.approx((2.0, 5.0, 5.0)) and table.noisy
+    assert dk.CostTable.from_json(tmp_path / "d.json").step_time_ms == table.step_time_ms
+    monkeypatch.undo()
+    real = profile_draft_cost(dec, [1, 3], context_len=8, warmup=1, repeats=2, temperature=1.0, warn=False)
+    assert all(t > 0 for t in real.step_time_ms)
+    sched = Scheduler("exact", cost_table=dk.CostTable([1, 8], [1.0, 2.0]), draft_cost=real)
+    greedy = dec.generate([[1, 2, 3], [4]], 5).tokens
+    assert dec.generate([[1, 2, 3], [4]], 5, scheduler=sched).tokens == greedy

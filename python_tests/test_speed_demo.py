@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+import dspark_kernels as dk
+
 from dspark_kernels.decode import Scheduler, SpeculativeDecoder, TargetModel, greedy_reference
 from dspark_kernels.decode.gguf_target import find_smollm2, load_gguf_target
 from dspark_kernels.decode.model import ModelConfig
@@ -120,6 +122,18 @@ def test_target_alone_equals_greedy_reference_and_stops():
     assert got[0] == ref[0][:ref[0].index(stop) + 1]
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_baseline_sampler_follows_the_softmax(temperature):
+    from stats import chi_square, passes
+    logits = torch.tensor([[2.0, -1.0, 0.5, 0.0, -3.0, 1.5]])
+    n = 20000
+    draws = speed.sample_inverse_cdf(logits.expand(n, -1), temperature, torch.Generator().manual_seed(3))
+    counts = torch.bincount(draws, minlength=6).double()
+    want = torch.softmax(logits[0] / temperature, -1).double() * n
+    assert passes(counts, want), chi_square(counts, want)
+    assert int(draws.max()) < 6 and not passes(counts, torch.full((6,), n / 6.0, dtype=torch.float64))
+
+
 def test_distinct_4grams_by_hand():
     assert speed.distinct_4grams([[1, 2, 3, 4, 5]]) == 1.0
     assert speed.distinct_4grams([[1, 2, 3, 4, 1, 2, 3, 4]]) == pytest.approx(4 / 5)
@@ -152,7 +166,17 @@ def test_measure_side_by_side_greedy_is_lossless():
     assert r["greedy_equal"] is True and r["K"] == 4 and r["batch"] == 3
     assert r["acceptance"] > 2.0  # the oracle drafts the target's own tokens (it indexes requests by batch row)
     assert r["speedup"] == pytest.approx(r["spec_tokens_per_s"] / r["target_tokens_per_s"], rel=1e-2)
-    assert sum(r["step_split"].values()) == pytest.approx(1.0, abs=0.01)
+    assert sum(r["step_split"].values()) == pytest.approx(1.0, abs=0.01) and r["drafting_steps"] == 1.0
+    costly = Scheduler("exact", cost_table=dk.CostTable([1, 8], [1.0, 2.0]), draft_cost=dk.CostTable([1], [1e6]),
+                       plain_steps=8, draft_window=1)
+    r = speed.measure(target, SpeculativeDecoder(target, dr, kv_block_size=4), PROMPTS, batch=3, temperature=0.0,
+                      max_new=10, repeats=1, scheduler=costly, seed=0, stop=NO_STOP, always=Scheduler("fixed"))
+    assert r["greedy_equal"] is True and 0.0 < r["drafting_steps"] < 0.5
+    assert r["always_draft_speedup"] == pytest.approx(r["always_draft_tokens_per_s"] / r["target_tokens_per_s"],
+                                                      rel=1e-2)
+    assert "drafting every step: " in speed.report({"target": "t", "target_parameters": 1, "drafter_parameters": 1,
+                                           "threads": 1, "prompts": PROMPTS, "max_new_tokens": 10,
+                                           "scheduler": "exact", "draft_cost_ms": {}, "runs": [r], "seconds": 1.0})
     sampled = speed.measure(target, SpeculativeDecoder(target, dr, kv_block_size=4), PROMPTS, batch=3,
                             temperature=1.0, max_new=6, repeats=1, scheduler=Scheduler("fixed"), seed=0,
                             stop=NO_STOP)

@@ -10,10 +10,10 @@ from .decoder import GenerationResult, GenerationStats, Scheduler, SpeculativeDe
 from .drafter import DrafterConfig, DSparkDrafter
 from .hf_target import HFTarget
 from .model import ModelConfig, TargetModel, greedy_reference
-from .tools import ProfiledCostTable, calibrate, profile_cost_table
+from .tools import ProfiledCostTable, calibrate, profile_cost_table, profile_draft_cost
 
 __all__ = [
     "load_drafter", "load_target", "save_drafter", "save_target", "GenerationResult", "GenerationStats", "Scheduler",
     "SpeculativeDecoder", "DrafterConfig", "DSparkDrafter", "HFTarget", "ModelConfig", "TargetModel",
-    "greedy_reference", "calibrate", "profile_cost_table", "ProfiledCostTable",
+    "greedy_reference", "calibrate", "profile_cost_table", "profile_draft_cost", "ProfiledCostTable",
 ]

@@ -18,6 +18,7 @@ import torch
 
 import dspark_kernels as dk
 
+from .draft_gate import DraftGate
 from .drafter import DSparkDrafter, check_layer_ids
 
 SCHEDULER_MODES = ("fixed", "threshold", "exact", "argmax")
@@ -26,7 +27,11 @@ SCHEDULER_MODES = ("fixed", "threshold", "exact", "argmax")
 @dataclass
 class Scheduler:
     """How many drafts each request verifies. fixed: ``verify_len`` (default K); threshold: the leading positions
-    with survival >= ``thresholds[k]``; exact / argmax: ``dk.schedule_verify_lens`` with ``cost_table``."""
+    with survival >= ``thresholds[k]``; exact / argmax: ``dk.schedule_verify_lens`` with ``cost_table``.
+
+    Whether to draft at all (``draft_cost``, a ``dk.CostTable`` of one drafting pass against the number of
+    requests, as ``tools.profile_draft_cost`` measures it; with ``cost_table``): see ``draft_gate.DraftGate``.
+    Steps without drafting run the target alone (the bonus token only): output and losslessness are unchanged."""
     mode: str = "fixed"
     verify_len: Optional[int] = None
     thresholds: Optional[Sequence[float]] = None
@@ -34,6 +39,10 @@ class Scheduler:
     sts_temperatures: Optional[Sequence[float]] = None  # calibrates the confidence head (all modes)
     min_len: int = 0
     min_gain: float = 0.0
+    draft_cost: Optional[dk.CostTable] = None  # ms of one drafting pass by request count; None: always draft
+    draft_margin: float = 0.05                 # with draft_cost: the gain over the target alone drafting must show
+    draft_window: int = 16                     # with draft_cost: request-steps that judge drafting
+    plain_steps: int = 16                      # with draft_cost: steps without drafting after drafting lost
 
 
 @dataclass
@@ -56,6 +65,7 @@ class GenerationStats:
     warmup_steps: int = 0                    # steps left out of tokens_per_second (1, or 0 for a one-step call)
     warmup_tokens: int = 0                   # tokens those steps committed
     drafts_verified: int = 0                 # drafts sent to the target over the call (all requests, all steps)
+    draft_steps: int = 0                     # steps that drafted (the others ran the target alone: draft_cost)
 
 
 @dataclass
@@ -137,6 +147,7 @@ class _Batch:
     max_new_tokens: int
     width: int
     prev_survival: Optional[torch.Tensor] = None  # the previous step's survival (the argmax scheduler's budget)
+    gate: Optional[DraftGate] = None  # host: whether each step drafts (Scheduler.draft_cost); None: every step
 
 
 class _CallSettings(NamedTuple):
@@ -154,6 +165,7 @@ class StepResult(NamedTuple):
     num_rows: int                             # rows of the packed verify batch (host value of this step's read)
     num_active: int                           # requests still running at the start of the step
     generated_before: int                     # tokens generated before the step
+    drafted: bool = True                      # False: a plain step (placeholder drafts, every verify length 0)
     verified: Optional[dk.VerifyOutput] = None
     scan: Optional[dk.ScanOutput] = None
 
@@ -167,7 +179,7 @@ class _StatsAccumulator:
         self.accepted = torch.zeros(k, dtype=torch.long, device=device)
         self.verified = torch.zeros(k, dtype=torch.long, device=device)
         self.positions = torch.arange(k, device=device)
-        self.steps = self.rows = self.active = self.warmup_tokens = 0
+        self.steps = self.rows = self.active = self.warmup_tokens = self.draft_steps = 0
 
     def add(self, step: StepResult, was_finished: torch.Tensor) -> None:
         n_acc = step.verified.num_accepted.long().view(-1, 1)
@@ -176,6 +188,7 @@ class _StatsAccumulator:
         self.accepted += (verified & (self.positions < n_acc)).sum(0)
         self.verified += verified.sum(0)
         self.steps, self.rows, self.active = self.steps + 1, self.rows + step.num_rows, self.active + step.num_active
+        self.draft_steps += int(step.drafted)
 
     def result(self, generated: int, clock: _Clock, wall: float) -> GenerationStats:
         reached, accepted, verified = _host_read(torch.stack([self.reached, self.accepted, self.verified]))
@@ -198,7 +211,8 @@ class _StatsAccumulator:
             verified_tokens_per_step=self.rows / max(self.steps, 1), time_s=times,
             tokens_per_second=max(generated - self.warmup_tokens, 0) / timed if steady else with_warmup,
             tokens_per_second_with_warmup=with_warmup, warmup_steps=1 if steady else 0,
-            warmup_tokens=self.warmup_tokens if steady else 0, drafts_verified=int(sum(verified)))
+            warmup_tokens=self.warmup_tokens if steady else 0, drafts_verified=int(sum(verified)),
+            draft_steps=self.draft_steps)
 
 
 class SpeculativeDecoder:
@@ -251,6 +265,15 @@ class SpeculativeDecoder:
         return dk.schedule_verify_lens(drafts.survival, cost_table=s.cost_table, min_len=s.min_len, mode=s.mode,
                                        backend=self.backend, **extra).verify_lens
 
+    def _draft(self, anchors, positions, ctx_len: int, call: _CallSettings, step: int, clock=None):
+        """One drafting pass: the drafter's forward over each request's block, then ``dk.draft_block``."""
+        base, hidden = self.drafter.forward_block(anchors, positions, ctx_len)
+        if clock is not None:
+            clock.detail("draft", "drafter")
+        return dk.draft_block(base, anchors, self.head, hidden=hidden, confidence=call.confidence,
+                              temperature=call.temperature, seed=self.seed, offset=2 * step,
+                              return_logits=call.temperature > 0, top_k=self.draft_top_k, backend=self.backend)
+
     def _check(self, prompts, max_new_tokens, scheduler, k):
         if not prompts:
             raise ValueError("prompts is empty")
@@ -275,6 +298,14 @@ class SpeculativeDecoder:
             raise ValueError(f"scheduler mode {scheduler.mode!r} needs a cost_table")
         if scheduler.mode == "threshold" and (scheduler.thresholds is None or len(scheduler.thresholds) != k):
             raise ValueError(f"scheduler mode 'threshold' needs {k} thresholds")
+        if scheduler.draft_cost is not None and scheduler.mode not in ("exact", "argmax"):
+            raise ValueError(f"scheduler.draft_cost needs mode 'exact' or 'argmax' (it weighs drafting against the "
+                             f"cost table), got mode {scheduler.mode!r}")
+        for name in ("draft_window", "plain_steps"):
+            if int(getattr(scheduler, name)) < 1:
+                raise ValueError(f"scheduler.{name} must be >= 1, got {getattr(scheduler, name)}")
+        if not scheduler.draft_margin >= 0.0:
+            raise ValueError(f"scheduler.draft_margin must be >= 0, got {scheduler.draft_margin}")
         return need
 
     def _prefill(self, prompts: List[List[int]], max_new_tokens: int, capacity: int) -> _Batch:
@@ -302,6 +333,18 @@ class SpeculativeDecoder:
                       generated=torch.zeros(n, dtype=torch.long, device=dev),
                       prompt_context=context, max_new_tokens=max_new_tokens, width=width)
 
+    def _plan(self, b: _Batch, step: int, ctx_len: int, call: _CallSettings, clock: _Clock):
+        """(drafts, verify lengths int32 ``[N]``, whether the step drafts). A plain step (the gate's choice) drafts
+        nothing: placeholder drafts, every length 0, the target alone."""
+        k = self.drafter.block_size
+        if b.gate is not None and not b.gate.drafts_next():
+            drafts = dk.DraftBlockOutput(b.anchors.new_zeros(b.anchors.shape[0], k), None, None, None)
+            return drafts, torch.zeros_like(b.seq_lens), False
+        drafts = self._draft(b.anchors, b.seq_lens - 1, ctx_len, call, step, clock)
+        clock.detail("draft", "draft_block")
+        lens = self._schedule(call.scheduler, drafts, b.prev_survival, k)
+        return drafts, torch.where(b.finished, 0, lens.int()), True
+
     def _step(self, b: _Batch, step: int, call: _CallSettings, clock: _Clock) -> StepResult:
         """Draft, schedule, verify and scan one step (DESIGN "One decode step"). Stops after the designated read
         when every request has finished (then ``verified`` and ``scan`` are None)."""
@@ -309,18 +352,14 @@ class SpeculativeDecoder:
         temp, stops = call.temperature, call.stop_token_ids
         # 1-3: draft a block per request, choose verify lengths
         ctx_len = b.prompt_context + min(b.max_new_tokens, step * (k + 1))
-        base, hidden = self.drafter.forward_block(b.anchors, b.seq_lens - 1, ctx_len)
-        clock.detail("draft", "drafter")
-        drafts = dk.draft_block(base, b.anchors, self.head, hidden=hidden, confidence=call.confidence,
-                                temperature=temp, seed=self.seed, offset=2 * step, return_logits=temp > 0,
-                                top_k=self.draft_top_k, backend=self.backend)
-        clock.detail("draft", "draft_block")
-        verify_lens = torch.where(b.finished, 0, self._schedule(call.scheduler, drafts, b.prev_survival, k).int())
+        drafts, verify_lens, drafted = self._plan(b, step, ctx_len, call, clock)
         cu = torch.nn.functional.pad((verify_lens + 1).cumsum(0), (1, 0)).int()
         clock.mark("draft", "schedule_verify_lens")
         num_rows, num_active, generated = _host_read(torch.stack([cu[-1].long(), (~b.finished).sum(),
                                                                   b.generated.sum()]))
-        result = StepResult(drafts, verify_lens, num_rows, num_active, generated)
+        if b.gate is not None:
+            b.gate.observe(generated, drafted, num_rows, num_active)
+        result = StepResult(drafts, verify_lens, num_rows, num_active, generated, drafted)
         if num_active == 0:
             return result
         # 4-5: one packed ragged target forward over [anchor, d_1..d_L], then verification
@@ -372,7 +411,8 @@ class SpeculativeDecoder:
         b.anchors = torch.where(emitted > 0, scan.next_anchor, b.anchors)
         b.seq_lens = scan.new_seq_lens
         b.finished = b.finished | scan.finished
-        b.prev_survival = step.drafts.survival
+        if step.drafted:
+            b.prev_survival = step.drafts.survival
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
@@ -390,6 +430,9 @@ class SpeculativeDecoder:
         call = _CallSettings(scheduler, self._confidence(scheduler.sts_temperatures), float(temperature), stops)
         with _hidden_layers(self.target, self.drafter.config.target_layer_ids):
             b = self._prefill(prompts, max_new_tokens, capacity)
+            if scheduler.draft_cost is not None:
+                b.gate = DraftGate(scheduler.cost_table, scheduler.draft_cost, scheduler.plain_steps,
+                                   scheduler.draft_window, scheduler.draft_margin)
             stats = _StatsAccumulator(self.drafter.block_size, dev)
             bar = _progress(progress, n * max_new_tokens)
             clock = _Clock(dev, profile)
@@ -406,7 +449,7 @@ class SpeculativeDecoder:
                 was_finished = b.finished
                 self._commit(b, step)
                 stats.add(step, was_finished)
-                if log is not None:
+                if log is not None and step.drafted:
                     _log_step(log, step, was_finished)
                 clock.mark("bookkeeping", "rest")
                 if stats.steps == 1:

