@@ -71,8 +71,14 @@ def build_parser():
     p.add_argument("--no-progress", action="store_true", help="no progress bar (shown for --max-new-tokens >= 64)")
     p.add_argument("--profile-cost-table", metavar="OUT", default=None,
                    help="time the target, write a cost table to OUT and exit (default: off)")
+    p.add_argument("--draft-cost", default=None, help="the drafting pass's cost table JSON (from "
+                   "--profile-draft-cost; needs --mode exact or argmax and --cost-table): steps where drafting does "
+                   "not pay run the target alone (default: none, every step drafts)")
+    p.add_argument("--profile-draft-cost", metavar="OUT", default=None,
+                   help="time one drafting pass for 1 to 64 requests, write its cost table to OUT and exit "
+                        "(default: off)")
     p.add_argument("--profile-repeats", type=int, default=5,
-                   help="--profile-cost-table: timed repeats per token count (the median is kept)")
+                   help="--profile-cost-table / --profile-draft-cost: timed repeats per point (the median is kept)")
     p.add_argument("--calibrate", metavar="OUT", default=None,
                    help="fit STS temperatures on the prompts, write them to OUT and exit (default: off)")
     return p
@@ -105,12 +111,31 @@ def no_drafts_explanation(args, stats):
     return "fixed mode verified no drafts (--verify-len 0)"
 
 
+def profile(args, dec) -> int:
+    """--profile-cost-table / --profile-draft-cost: time, write the table(s), print them, exit 0."""
+    from .decode import profile_cost_table, profile_draft_cost
+    jobs = [(args.profile_cost_table, lambda out: profile_cost_table(
+                dec.target, [1, 2, 4, 8, 16, 32, 64, 128, 256], repeats=args.profile_repeats, warn=False, path=out)),
+            (args.profile_draft_cost, lambda out: profile_draft_cost(
+                dec, [1, 2, 4, 8, 16, 32, 64], temperature=args.temperature, repeats=args.profile_repeats,
+                warn=False, path=out))]
+    for out, run in jobs:
+        if not out:
+            continue
+        table = run(out)
+        if table.noisy:
+            print("warning: this machine was too noisy for a trustworthy cost table (the table written is the "
+                  "running maximum of the medians): " + "; ".join(table.noise), file=sys.stderr)
+        print(json.dumps(table.to_dict()))
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import dspark_kernels as dk
     from tokenizers import Tokenizer
 
-    from .decode import Scheduler, SpeculativeDecoder, calibrate, load_drafter, load_target, profile_cost_table
+    from .decode import Scheduler, SpeculativeDecoder, calibrate, load_drafter, load_target
 
     dtype = DTYPES[args.dtype]
     try:
@@ -120,15 +145,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     dec = SpeculativeDecoder(target, drafter, seed=args.seed, backend=args.backend)
-    if args.profile_cost_table:
-        counts = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-        table = profile_cost_table(target, counts, repeats=args.profile_repeats, warn=False,
-                                   path=args.profile_cost_table)
-        if table.noisy:
-            print("warning: this machine was too noisy for a trustworthy cost table (the table written is the "
-                  "running maximum of the medians): " + "; ".join(table.noise), file=sys.stderr)
-        print(json.dumps(table.to_dict()))
-        return 0
+    if args.profile_cost_table or args.profile_draft_cost:
+        return profile(args, dec)
     tok_file = os.path.join(args.target, "tokenizer.json")
     if not os.path.isfile(tok_file):
         print(f"error: {args.target!r} has no tokenizer.json", file=sys.stderr)
@@ -147,7 +165,8 @@ def main(argv=None) -> int:
         with open(args.sts) as fh:
             sts = json.load(fh)["sts_temperatures"]
     sched = Scheduler(args.mode, verify_len=args.verify_len, thresholds=args.thresholds, sts_temperatures=sts,
-                      cost_table=dk.CostTable.from_json(args.cost_table) if args.cost_table else None)
+                      cost_table=dk.CostTable.from_json(args.cost_table) if args.cost_table else None,
+                      draft_cost=dk.CostTable.from_json(args.draft_cost) if args.draft_cost else None)
     stops = args.stop_token_ids if args.stop_token_ids is not None else _stop_ids(args.target)
     try:
         res = dec.generate(prompts, args.max_new_tokens, temperature=args.temperature, stop_token_ids=stops,
@@ -165,6 +184,8 @@ def main(argv=None) -> int:
     for line in conditional_acceptance_lines(s.conditional_acceptance):
         print(line)
     print(f"verified tokens / step  {s.verified_tokens_per_step:.2f} ({s.drafts_verified} drafts verified)")
+    if args.draft_cost:
+        print(f"drafting steps          {s.draft_steps} of {s.steps} (the others ran the target alone)")
     why = no_drafts_explanation(args, s)
     if why:
         print(why)

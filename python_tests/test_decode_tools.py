@@ -1,6 +1,7 @@
 """Cost-table profiling, STS calibration and the command line."""
 
 import json
+import re
 import warnings
 
 import pytest
@@ -122,6 +123,18 @@ def test_cli_generates_and_reports(folders, capsys):
                    "--mode", "exact", "--cost-table", str(tmp_path / "cost.json"), "--sts", str(tmp_path / "sts.json"),
                    "--max-new-tokens", "5", "--no-progress"])
     assert rc == 0
+    assert cli.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+                     "--profile-draft-cost", str(tmp_path / "draft_cost.json"), "--profile-repeats", "1"]) == 0
+    assert dk.CostTable.from_json(tmp_path / "draft_cost.json").token_counts == (1, 2, 4, 8, 16, 32, 64)
+    capsys.readouterr()
+    dk.CostTable([1], [1e6]).to_json(tmp_path / "costly.json")  # drafting never pays: the target alone decodes
+    rc = cli.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompt", "the cat sat",
+                   "--mode", "exact", "--cost-table", str(tmp_path / "cost.json"), "--draft-cost",
+                   str(tmp_path / "costly.json"), "--max-new-tokens", "40", "--no-progress"])
+    out = capsys.readouterr().out
+    drafted, steps = map(int, re.search(r"drafting steps +(\d+) of (\d+)", out).groups())
+    assert rc == 0 and tok.decode(greedy_reference(target, [[1, 2, 3]], 40)[0]) in out
+    assert 17 <= drafted < steps - 15  # a window of 16 request-steps (+1 read late), then 16 plain steps
 
 
 def test_cli_bad_input(folders, capsys):
