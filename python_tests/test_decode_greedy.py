@@ -238,8 +238,8 @@ def test_tokens_per_second_excludes_the_warmup_step(target, reference, monkeypat
 @pytest.mark.parametrize("plain_steps", [1, 3])
 def test_drafting_skipped_where_it_does_not_pay(target, reference, mode, plain_steps):
     """A drafting pass that costs more than drafts can win, judged on every step (window 1): the first step's
-    loss is read at the second (which has drafted already), then ``plain_steps`` steps run the target alone, and
-    so on; the output is the target's own. A free drafting pass whose drafts get accepted: every step drafts."""
+    loss is read at the second (which has drafted already), then ``plain_steps`` steps run the target alone, then
+    a probe, twice as many plain steps, and so on; the output is the target's own. A free drafting pass whose drafts get accepted: every step drafts."""
     k = 4
     drafter = oracle_drafter(target, block_size=k)
     drafter.set_reference([p + r for p, r in zip(PROMPTS5, reference)])
@@ -248,8 +248,11 @@ def test_drafting_skipped_where_it_does_not_pay(target, reference, mode, plain_s
     res = dec.generate(PROMPTS5, MAX_NEW, scheduler=Scheduler(mode, draft_cost=dk.CostTable([1, 8], [1e6, 1e6]), **kw))
     assert res.tokens == reference
     st = res.stats
-    cycles, rest = divmod(st.steps, plain_steps + 2)
-    assert st.draft_steps == 2 * cycles + min(rest, 2) < st.steps
+    pattern, run_len = [], plain_steps  # two drafting steps (the loss is read one step late), then P, 2P, 4P ...
+    while len(pattern) < st.steps:
+        pattern += [True, True] + [False] * run_len
+        run_len = min(2 * run_len, 8 * plain_steps)
+    assert st.draft_steps == sum(pattern[:st.steps]) < st.steps
     res = dec.generate(PROMPTS5, MAX_NEW, scheduler=Scheduler(mode, draft_cost=dk.CostTable([1], [1e-6]), **kw))
     assert res.tokens == reference
     assert res.stats.draft_steps == res.stats.steps and res.stats.drafts_verified > 0

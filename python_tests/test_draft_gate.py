@@ -34,11 +34,13 @@ def test_plain_equivalent_by_hand():
 
 def test_losing_drafts_run_plain_between_probes():
     """8 requests, a window of 16 request-steps: two drafting steps fill it, the third has drafted before the
-    verdict is read (the lag), then 4 plain steps; each probe starts with an empty window."""
+    verdict is read (the lag), then 4 plain steps; each probe starts with an empty window, and each losing probe
+    doubles the next plain run, up to 8 x 4 steps."""
     g = gate()
-    assert run(g, lambda i: 8) == [D, D, D, p, p, p, p] * 3  # 8 tokens where the target alone makes 12
+    pattern = run(g, lambda i: 8, steps=3 * 5 + 4 + 8 + 16 + 32 + 32)  # 8 tokens where the target alone makes 12
+    assert pattern == sum(([D, D, D] + [p] * n for n in (4, 8, 16, 32, 32)), [])
     one = gate(window=1)
-    assert run(one, lambda i: 8, steps=12) == [D, D, p, p, p, p] * 2
+    assert run(one, lambda i: 8, steps=14) == [D, D] + [p] * 4 + [D, D] + [p] * 6
 
 
 def test_winning_drafts_run_every_step():
@@ -52,5 +54,8 @@ def test_drafting_stops_when_the_window_turns_and_resumes_when_a_probe_wins():
     # the read of step 8 sees steps 6 and 7 (4 + 4 tokens of 24): plain from step 9; the read of step 7 saw steps 5
     # and 6 (28 of 24): on
     assert turn[:13] == [D] * 9 + [p] * 4 and turn[13:16] == [D, D, D]
-    resume = run(gate(), lambda i: 4 if i < 10 else 48)
-    assert resume[:14] == [D, D, D, p, p, p, p, D, D, D, p, p, p, p] and all(resume[14:])
+    resume = run(gate(), lambda i: 4 if i < 10 else 48, steps=40)
+    assert resume[:18] == [D, D, D] + [p] * 4 + [D, D, D] + [p] * 8 and all(resume[18:])
+    # and the winning window resets the plain run: a later loss runs 4 plain steps again
+    again = run(gate(), lambda i: 4 if i < 10 or i >= 30 else 48, steps=40)
+    assert again[:30] == resume[:30] and again[30:40] == [D, D, D] + [p] * 4 + [D, D, D]

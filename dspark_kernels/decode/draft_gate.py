@@ -12,7 +12,8 @@ lag); the gate needs no synchronisation of its own.
 The window is the latest drafting steps holding at least ``window`` request-steps (16 steps at batch 1, where a
 step commits 1 to K + 1 tokens and single steps say little; 2 at batch 8). When its gain is below ``1 + margin``,
 the next ``plain_steps`` steps run the target alone; then drafting starts again with an empty window (a probe) and
-is judged once the window is full again. ``margin`` covers what the tables leave out (the verify pass's ops over
+is judged once the window is full again. Each probe that loses again doubles the plain run (up to 8
+``plain_steps``), so a batch where drafting never pays spends few steps on probes; a window that wins resets it. ``margin`` covers what the tables leave out (the verify pass's ops over
 the extra rows).
 """
 
@@ -31,6 +32,7 @@ class DraftGate:
         self.cost_table, self.draft_cost = cost_table, draft_cost
         self.plain_steps, self.window, self.threshold = int(plain_steps), int(window), 1.0 + float(margin)
         self.plain_left = 0                  # steps still to run without drafting
+        self.plain_run = self.plain_steps    # the next plain run's length (doubles while probes lose)
         self.steps: deque = deque()          # the window: (tokens, plain-equivalent tokens, requests) per step
         self._last: Optional[Tuple[int, int, int]] = None  # the last step, if it drafted: generated, rows, N
 
@@ -45,9 +47,13 @@ class DraftGate:
             self.steps.append((generated - g0, self.plain_equivalent(rows0, n0), n0))
             while sum(s[2] for s in self.steps) - self.steps[0][2] >= self.window:
                 self.steps.popleft()
-            if sum(s[2] for s in self.steps) >= self.window and self.gain() < self.threshold:
-                self.plain_left, self._last = self.plain_steps, None
-                self.steps.clear()
+            if sum(s[2] for s in self.steps) >= self.window:
+                if self.gain() >= self.threshold:
+                    self.plain_run = self.plain_steps
+                else:
+                    self.plain_left, self._last = self.plain_run, None
+                    self.plain_run = min(2 * self.plain_run, 8 * self.plain_steps)
+                    self.steps.clear()
         if not drafted and self.plain_left > 0:
             self.plain_left -= 1
         self._last = (generated, rows, active) if drafted and self.plain_left == 0 else None
