@@ -130,11 +130,11 @@ def test_cli_generates_and_reports(folders, capsys):
     dk.CostTable([1], [1e6]).to_json(tmp_path / "costly.json")  # drafting never pays: the target alone decodes
     rc = cli.main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompt", "the cat sat",
                    "--mode", "exact", "--cost-table", str(tmp_path / "cost.json"), "--draft-cost",
-                   str(tmp_path / "costly.json"), "--max-new-tokens", "40", "--no-progress"])
+                   str(tmp_path / "costly.json"), "--max-new-tokens", "64", "--no-progress"])
     out = capsys.readouterr().out
     drafted, steps = map(int, re.search(r"drafting steps +(\d+) of (\d+)", out).groups())
-    assert rc == 0 and tok.decode(greedy_reference(target, [[1, 2, 3]], 40)[0]) in out
-    assert 17 <= drafted < steps - 15  # a window of 16 request-steps (+1 read late), then 16 plain steps
+    assert rc == 0 and tok.decode(greedy_reference(target, [[1, 2, 3]], 64)[0]) in out
+    assert 33 <= drafted < steps - 15  # a window of 32 request-steps (+1 read late), then 16 plain steps
 
 
 def test_cli_bad_input(folders, capsys):

@@ -41,7 +41,7 @@ class Scheduler:
     min_gain: float = 0.0
     draft_cost: Optional[dk.CostTable] = None  # ms of one drafting pass by request count; None: always draft
     draft_margin: float = 0.05                 # with draft_cost: the gain over the target alone drafting must show
-    draft_window: int = 16                     # with draft_cost: request-steps that judge drafting
+    draft_window: int = 32                     # with draft_cost: request-steps that judge drafting
     plain_steps: int = 16                      # with draft_cost: steps without drafting after drafting lost
 
 

@@ -9,12 +9,12 @@ decide: on SmolLM2 at batch 8 the forecast saw a 5% gain where the loop lost 20%
 already carries the tokens generated so far, so the read of step s tells the tokens of step s - 1 (a one-step
 lag); the gate needs no synchronisation of its own.
 
-The window is the latest drafting steps holding at least ``window`` request-steps (16 steps at batch 1, where a
-step commits 1 to K + 1 tokens and single steps say little; 2 at batch 8). When its gain is below ``1 + margin``,
-the next ``plain_steps`` steps run the target alone; then drafting starts again with an empty window (a probe) and
-is judged once the window is full again. Each probe that loses again doubles the plain run (up to 8
-``plain_steps``), so a batch where drafting never pays spends few steps on probes; a window that wins resets it. ``margin`` covers what the tables leave out (the verify pass's ops over
-the extra rows).
+The window is the latest drafting steps holding at least ``window`` request-steps (the default 32: 32 steps at
+batch 1, where a step commits 1 to K + 1 tokens and single steps say little, 4 at batch 8). When its gain is below
+``1 + margin``, the next ``plain_steps`` steps run the target alone; then drafting starts again with an empty
+window (a probe) and is judged once the window is full again. Each probe that loses again doubles the plain run (up
+to 8 ``plain_steps``), so a batch where drafting never pays spends few steps on probes; a window that wins resets
+it. ``margin`` covers what the tables leave out (the verify pass's ops over the extra rows).
 """
 
 from __future__ import annotations
