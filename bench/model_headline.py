@@ -69,45 +69,24 @@ def verify_rows(gpu: str, n: int = 1, ks=(7, 15), access: bool = True):
     return rows
 
 
-def _draft_sweep_smem(group: int, rpad: int, nslots: int) -> int:
-    """draft_block's dynamic shared memory (set_layout, vanilla head, bf16 W2; U's slots not included) with a ring of
-    `nslots` W2 chunk slots."""
-    r8 = lambda x: -(-x // 8) * 8  # noqa: E731
-    r4 = lambda x: -(-x // 4) * 4  # noqa: E731
-    vrows = r8(group)
-    area = max(vrows * (rpad + 8), 32 * 65 + 64 * 64)  # the v rows or phase 1b's tiles
-    off_l = r8(area) + r8(nslots * 128 * 72 * 2 // 4)
-    return (off_l + vrows * 132 + 2 * r4(group)) * 4 + 32
-
-
-def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132, smem_cap: int = 227 * 1024,
-                     w2_size: int = 2) -> dict:
-    """draft_block's tensor-core sweep as make_plan and slice_bounds size it (csrc/include/dspark/draft_block.cuh;
-    the tests hold the harness's launches to it): request groups of min(N, 64, 16384 // rpad rounded down to 8).
-    Several groups and a ring that holds a tile's W2 (rpad / 64 chunk slots and 2 more) within `smem_cap` (less
-    4 KB of static reserve): tile-major (``resident``), one CTA per vocabulary slice of >= 128 rows, every group
-    passing over each tile while its W2 stays in shared memory. Otherwise one lane of CTAs per group, as many
-    slices as the resident CTAs (one per SM) leave each lane. And the m16n8k16 MMAs of one position: per slice tile
-    of 128 rows and group, 4 warps x rpad / 16 steps x 2 row blocks x ceil(group / 8) request blocks (twice that
-    when v needs its lo rows: ``mma_lo``). ``fused``: the vanilla head's per-request work runs in the sweep (no
-    phase 1a, one grid barrier a position instead of two) while the packed winners each CTA reads stay under 1/16
-    of its W2 slice's bytes (``w2_size`` bytes an element)."""
+def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
+    """draft_block's tensor-core sweep as make_plan and slice_bounds size it (csrc/include/dspark/draft_block.cuh; the tests hold the
+    harness's launches to it): request groups of min(N, 64, 16384 // rpad rounded down to 8), one lane of CTAs per
+    group, as many vocabulary slices of >= 128 rows as the resident CTAs (one per SM) leave each lane; and the
+    m16n8k16 MMAs of one position: per slice tile of 128 rows and group, 4 warps x rpad / 16 steps x 2 row blocks x
+    ceil(group / 8) request blocks (twice that when v needs its lo rows: ``mma_lo``)."""
     rpad = -(-rank // 32) * 32
     group = min(n, max(1, min(64, 16384 // rpad) // 8 * 8))
     groups = -(-n // group)
-    nchunks = -(-rpad // 64)
-    resident = groups > 1 and _draft_sweep_smem(group, rpad, nchunks + 2) + 4096 <= smem_cap
-    lanes = 1 if resident else min(groups, sms)
+    lanes = min(groups, sms)
     slices = min(max(1, vocab // 128), max(1, sms // lanes))
-    if not resident:
-        lanes = min(groups, max(1, sms // slices))
+    lanes = min(groups, max(1, sms // slices))
     units = -(-vocab // 16)
     tiles = sum(-(-(min(16 * ((b + 1) * units // slices), vocab) - 16 * (b * units // slices)) // 128)
                 for b in range(slices))
     per_tile = sum(4 * (rpad // 16) * 2 * -(-min(group, n - g0) // 8) for g0 in range(0, n, group))
-    fused = not resident and 16 * slices * group * 8 <= (vocab // slices) * rank * w2_size
-    return dict(slices=slices, lanes=lanes, group=group, ctas=slices * lanes, resident=resident, fused=fused,
-                mma=tiles * per_tile, mma_lo=2 * tiles * per_tile)
+    return dict(slices=slices, lanes=lanes, group=group, ctas=slices * lanes, mma=tiles * per_tile,
+                mma_lo=2 * tiles * per_tile)
 
 
 def _draft_case(n: int, k: int, r: int = 256, fp8: bool = False):

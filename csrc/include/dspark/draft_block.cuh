@@ -11,26 +11,23 @@
 // target id x = d2t[j] (the token written and the row of W1 the next position reads); without one, x = j, VT = V.
 //
 // Structure (a persistent kernel, G CTAs of 128 threads, every CTA resident; K grid barriers per block for the
-// vanilla head with its phase 1a fused into the sweep, 2K without, 3K for gated / rnn):
+// vanilla head, 3K for gated / rnn):
 //   for k in 0..K-1:
-//     phase 1a (one item per request, spread over the CTAs): merge request n's partials of position
+//     phase 1a (gated / rnn; one item per request, spread over the CTAs): merge request n's partials of position
 //        k-1 (one per vocabulary slice) into the token x and its log-probability and write them; gather e = W1[x]
 //        into a float32 workspace row; the confidence logit and survival of k.  grid barrier
-//        The vanilla head at a small batch (plan.fused) has no phase 1a: at the start of each group's sweep, every
-//        CTA of the group's lane takes x for the group itself (the max of the slices' packed winners, pack_winner)
-//        and reads v = W1[x] directly; the CTA whose slice is n % slices writes request n's token, log-probability,
-//        confidence and survival (vanilla_prologue). Partials are double-buffered by position, so no barrier
-//        separates them.
+//        The vanilla head has no phase 1a: at the start of each request group's sweep, every CTA of the group's
+//        lane takes x for the group itself (the max of the slices' packed winners, pack_winner) and reads v = W1[x]
+//        directly; the CTA whose slice is n % slices writes request n's token, log-probability, confidence and
+//        survival (vanilla_prologue). Partials are double-buffered by position, so no barrier separates them.
 //     phase 1b (gated / rnn only): the gate / rnn matrix-vector products for the whole batch at once (items =
 //        blocks of output rows x groups of 32 requests, weights staged in shared memory and read once per group):
 //        v (and the rnn state, ping-ponged between two rows) into the workspace.  grid barrier
 //     phase 2 (the vocabulary sweep): the grid is slices x lanes (make_plan). CTA b owns vocabulary slice b % slices
-//        (whole groups of 16 rows, slices as even as that allows: slice_bounds) and sweeps it for the request
-//        groups of its lane (groups of up to 64 requests, fewer when r is large; lane b / slices takes groups
-//        b / slices, + lanes, ...). With several groups and a ring that holds a tile's W2 the tensor-core sweep is
-//        tile-major (plan.resident, SweepSteps): one lane, every group passing over each tile while its W2 stays in
-//        shared memory, so each CTA reads its W2 slice once per position. Otherwise the lanes of a slice stream the
-//        same W2 rows side by side, so DRAM serves W2 once per position and L2 the rest.
+//        (whole groups of 16 rows, slices as even as that allows: slice_bounds) and streams its W2 slice once per
+//        position for each request group of its lane (groups of up to 64 requests, fewer when r is large; lane
+//        b / slices takes groups b / slices, + lanes, ...). One lane while N fits one group; at larger N the lanes
+//        of a slice stream the same W2 rows side by side, so DRAM serves W2 once per position and L2 the rest.
 //        * bf16 / fp16 W2 (r <= 2048), on tensor cores (dspark/mma_sync.cuh: ldmatrix + mma.sync m16n8k16; an fp8
 //          e4m3 W2 the same way, each staged chunk widened to bf16 in shared memory first: widen_chunk): the
 //          group's float32 v rows are split into hi + lo rows of W2's type after a per-request power-of-two scale
@@ -169,9 +166,6 @@ struct Plan {
   int tpr;            // threads folding each request of a group (a power of two, tpr * group <= kThreads)
   int64_t rows_item;  // phase-1b output rows per item
   int64_t rpad;       // R rounded up to kRK
-  bool fused;         // the vanilla head's per-request work at the start of each group's sweep (no phase 1a)
-  bool resident;      // the tensor-core sweep passes every request group over a tile whose W2 stays in the ring
-  int nslots;         // W2 chunk slots of the ring (kStages; nchunks + kStages - 1 when resident)
   bool stage_u;       // the tensor-core sweep stages U's tiles through its cp.async ring (stage_u_tile)
   int uslots;         // U tiles the ring holds (the fewest that no copy overwrites a tile still being folded)
   size_t smem;        // dynamic shared memory
@@ -280,9 +274,8 @@ DSPARK_DEVICE void confidence(const DraftBlockParams& p, int64_t n, int64_t k, c
 }
 
 // ------------------------------------------------------------------------------------------------ phase 1a
-// One item per request: the previous position's token and log-probability (k > 0), e = W1[x] into the workspace,
-// and the confidence logit and survival of position k (not run when the vanilla head's per-request work is fused
-// into the sweep: plan.fused).
+// Gated / rnn heads, one item per request: the previous position's token and log-probability (k > 0), e = W1[x]
+// into the workspace, and the confidence logit and survival of position k.
 DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                       float* zs, Part* part_scratch, float* sum_scratch) {
   const int64_t N = p.N, K = p.K;
@@ -626,8 +619,8 @@ DSPARK_DRAFT_PHASE void phase_sweep(const DraftBlockParams& p, const Plan& plan,
   const int tpr = plan.tpr;
   const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
   const int jf = fl.jf;  // the request this thread folds
-  const bool fused = plan.fused;
-  const VRows vr{p.head != kVanilla ? ws.v : ws.e, p.w1, p.w1_dtype, p.VT, R, sc.xs};
+  const bool fused = p.head == kVanilla;  // (the workspace then has no v rows: ws.v is null)
+  const VRows vr{ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
   for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
     __syncthreads();
@@ -865,197 +858,131 @@ DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const T
   }
 }
 
-// The steps of one CTA's tensor-core sweep at one position. A pass is one request group (the CTA's g-th: requests
-// from (lane + g * lanes) * group) over one 128-row tile of the slice, a step per W2 chunk (nchunks a pass).
-// Tile-major (resident): every group passes over tile 0, then over tile 1, ...; a tile's chunks are copied once,
-// by the first group's pass, into slots (tile * nchunks + chunk) % nslots, where they stay while the other groups
-// pass (nslots = nchunks + kStages - 1: a copy kStages - 1 steps ahead lands in a slot whose chunk's last pass
-// ended at least a step earlier). Group-major: each group passes over every tile, every step copies its chunk,
-// slot q % kStages.
-struct SweepSteps {  // (32-bit: V < 2^31, and a slice's tiles x groups x chunks is far below it)
-  bool resident;
-  int tiles, groups;  // the slice's tiles, the CTA's request groups
-  int nchunks, nslots;
-  DSPARK_DEVICE int tile(int q) const {
-    const int pass = q / nchunks;
-    return resident ? pass / groups : pass % tiles;
-  }
-  DSPARK_DEVICE int group(int q) const {
-    const int pass = q / nchunks;
-    return resident ? pass % groups : pass / tiles;
-  }
-  DSPARK_DEVICE int chunk(int q) const { return q % nchunks; }
-  DSPARK_DEVICE bool copies_w2(int q) const { return !resident || group(q) == 0; }
-  DSPARK_DEVICE int slot(int q) const { return resident ? (tile(q) * nchunks + chunk(q)) % nslots : q % nslots; }
-  // the pass of step q starts its group (v split) / ends with the group's partial stored in the workspace
-  DSPARK_DEVICE bool starts_group(int q) const { return chunk(q) == 0 && (resident || tile(q) == 0); }
-  DSPARK_DEVICE bool stores_part(int q) const {
-    return chunk(q) == nchunks - 1 && (resident || tile(q) == tiles - 1);
-  }
-};
-
-// The end of a pass that stores: request n's partial (reduced over its tpr threads) merged after the one of the
-// slice's earlier tiles that the workspace holds (tile-major, tile > 0: this thread stored it), stored; with the
-// slice's last tile its packed winner too.
-DSPARK_DEVICE void store_part(const Workspace& ws, const Plan& plan, int64_t k, int64_t N, int slice, int64_t n,
-                              bool merge_prev, bool last, const FoldLane& fl, bool mine, Part pt) {
-  pt = reduce_lanes(pt, plan.tpr);
-  if (fl.hf != 0 || !mine) return;
-  Part* dst = ws.parts + part_at(k, plan.slices, N, slice, n);
-  if (merge_prev) {
-    Part prev = ld_coherent(dst);
-    prev.merge(pt);
-    pt = prev;
-  }
-  stg(dst, pt);
-  if (last) stg(ws.keys + part_at(k, plan.slices, N, slice, n), pack_winner(pt.win));
-}
-
-// A group's setup for its passes: (vanilla, group-major) the prologue, the v rows split into vt (split_group), the
-// temperatures. Ends with a barrier; returns whether any lo row is not zero.
-template <typename TW>
-DSPARK_DEVICE bool group_setup(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
-                               const VRows& vr, bool fused, int64_t g0, int nb, int slice, TW* vt, int64_t lo_off,
-                               int ldv, float* temps, float* unscale, const SweepScratch& sc) {
-  const int t = threadIdx.x;
-  if (fused) {  // (the vt area is its scratch until the split)
-    vanilla_prologue(p, plan, ws, k, g0, nb, slice, sc.xs, reinterpret_cast<float*>(vt), sc.parts, sc.sums);
-    __syncthreads();
-  }
-  const bool lo_mine = split_group(vr, p.R, plan.rpad, g0, nb, (nb + 7) / 8 * 8, vt, lo_off, ldv, unscale, t & 31,
-                                   t >> 5);
-  for (int j = t; j < nb; j += kThreads) {
-    const float temp = p.temperature != nullptr ? ldg(p.temperature + g0 + j) : 0.0f;
-    temps[j] = temp > 0.0f ? temp : 0.0f;
-  }
-  return __syncthreads_or(lo_mine);
-}
-
-// The accumulators of a tile's last chunk to the bias tile lt ([request][kLtStrideM]: row warp * 32 + 16 mt + ...).
-template <int kFrags>
-DSPARK_DEVICE void store_acc(const float (&acc)[2][kFrags][4], float* lt, int nb, int lane, int warp) {
-  const int g = lane >> 2, tq = lane & 3;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int f = 0; f < kFrags; ++f)
-      if (f * 8 < nb)
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          lt[(f * 8 + 2 * tq + (q & 1)) * kLtStrideM + warp * 32 + mt * 16 + g + 8 * (q >> 1)] = acc[mt][f][q];
-}
-
 // The tensor-core sweep for a 16-bit W2 (bf16 / fp16; TS = TW) or an fp8 one (TS = e4m3 staged raw and widened to
-// TW = bf16 per chunk: widen_chunk), in the passes of SweepSteps (NBT a multiple of 8; a group pads to it with zero
-// rows): a group's v rows split into hi + lo rows (group_setup); W2's chunks [128 rows x kRKm columns] and U's
-// tiles stream through a cp.async ring, kStages - 1 steps ahead of the chunk multiplied (mma_chunk); after a
-// pass's last chunk the accumulators go to a shared [NB][kLtStrideM] bias tile and every thread folds its
-// request's share (fold_pieces) into its running partial, stored at the group's last pass (store_part).
+// TW = bf16 per chunk: widen_chunk), per request group (NBT a multiple of 8; the group pads to it with zero rows):
+// the group's v rows split into hi + lo rows (split_group); the CTA's W2 slice streams through
+// a kStages-deep cp.async ring of [128 rows x kRKm columns] chunks, kStages - 1 chunks in flight while one is
+// multiplied (mma_chunk); after a tile's last chunk the accumulators go to a shared [NB][kLtStrideM] bias tile and
+// every thread folds its request's share (fold_pieces) into its running partial, kept in registers across the
+// slice: one reduction per request (over its plan.tpr threads) and slice.
 template <typename TW, int NBT, typename TS>
 DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                         const rng::Philox& ph, float* smem, const SweepScratch& sc) {
   static_assert(NBT % 8 == 0, "the request group pads to the MMA's N");
   constexpr int kFrags = NBT / 8;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int64_t N = p.N, R = p.R, rpad = plan.rpad;
+  const int64_t N = p.N, V = p.V, R = p.R, rpad = plan.rpad;
   const int ldv = static_cast<int>(rpad + kVPad);
   const int64_t lo_off = plan.vrows * ldv;
   TW* vt = reinterpret_cast<TW*>(smem);                // [2][vrows][ldv]: hi rows, then lo rows
   constexpr bool kWiden = !std::is_same<TS, TW>::value;  // an fp8 W2
   constexpr int kSlotStride = kWiden ? kRawStride8 : kWtStrideM;
-  TS* ring = reinterpret_cast<TS*>(smem + plan.off_wt);  // [nslots][kThreads][kSlotStride]
-  TW* wide = reinterpret_cast<TW*>(ring + plan.nslots * kThreads * kSlotStride);  // [kThreads][kWtStrideM]
+  TS* ring = reinterpret_cast<TS*>(smem + plan.off_wt);  // [kStages][kThreads][kSlotStride]
+  TW* wide = reinterpret_cast<TW*>(ring + kStages * kThreads * kSlotStride);  // [kThreads][kWtStrideM] (kWiden)
   float* lt = smem + plan.off_l;                       // [vrows][kLtStrideM]: the tile's biases
   float* temps = smem + plan.off_temp;                 // [NB]: T, or 0 for greedy
   float* unscale = smem + plan.off_scale;              // [NB]: 1 / s
-  uint4* uring = reinterpret_cast<uint4*>(smem + plan.off_u);  // [uslots][group][128 elements of U] (stage_u)
   const int slice = static_cast<int>(blockIdx.x) % plan.slices, lane_id = static_cast<int>(blockIdx.x) / plan.slices;
   int64_t v0, v1;
-  slice_bounds(p.V, plan.slices, slice, v0, v1);
+  slice_bounds(V, plan.slices, slice, v0, v1);
   const int nchunks = static_cast<int>((rpad + kRKm - 1) / kRKm);
-  const int64_t gfirst = int64_t(lane_id) * plan.group, gstep = int64_t(plan.lanes) * plan.group;
-  const SweepSteps st{plan.resident, static_cast<int>(v1 > v0 ? (v1 - v0 + kThreads - 1) / kThreads : 0),
-                      static_cast<int>(gfirst < N ? (N - gfirst + gstep - 1) / gstep : 0), nchunks, plan.nslots};
-  const int total = st.tiles * st.groups * nchunks;
+  const int64_t total = v1 > v0 ? (v1 - v0 + kThreads - 1) / kThreads * nchunks : 0;
   const TS* w2 = static_cast<const TS*>(p.w2);
   const bool vec = (R * static_cast<int64_t>(sizeof(TS))) % 16 == 0 && is_aligned16(w2);
-  const FoldLane fl = fold_lane(t, plan.tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
+  const int tpr = plan.tpr;
+  const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
+  const int jf = fl.jf;  // the request this thread folds
   const int64_t slot_elems = int64_t(kThreads) * kSlotStride;
-  const int64_t uslot_units = int64_t(plan.group) * (kThreads * int64_t(dtype_size(p.base_dtype)) / 16);
-  const VRows vr{p.head != kVanilla ? ws.v : ws.e, p.w1, p.w1_dtype, p.VT, R, sc.xs};
-  auto tile_rows = [&](int64_t tile0) { return static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads); };
-  auto group_nb = [&](int64_t g0) { return static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group); };
-  // step s's W2 chunk (at its first pass) and, with a pass's last chunk, the pass's U tile: one commit group a step
-  auto stage = [&](int s) {
-    if (s < total) {
-      const int tile = st.tile(s);
-      const int64_t tile0 = v0 + int64_t(tile) * kThreads;
-      if (st.copies_w2(s))
-        stage_w2_chunk<TS, kSlotStride>(w2, R, rpad, v0, v1, nchunks, int64_t(tile) * nchunks + st.chunk(s), vec,
-                                        ring + st.slot(s) * slot_elems, t);
-      if (plan.stage_u && st.chunk(s) == nchunks - 1) {
-        const int64_t g0 = gfirst + st.group(s) * gstep;
-        stage_u_tile(p, g0, group_nb(g0), k, tile0, tile_rows(tile0),
-                     uring + ((s / nchunks) % plan.uslots) * uslot_units, t);
+  uint4* uring = reinterpret_cast<uint4*>(smem + plan.off_u);  // [uslots][group][128 elements of U] (stage_u)
+  const int64_t urow_units = kThreads * int64_t(dtype_size(p.base_dtype)) / 16;  // a request's row of a U tile
+  const int64_t uslot_units = int64_t(plan.group) * urow_units;
+  const bool fused = p.head == kVanilla;  // (the workspace then has no v rows: ws.v is null)
+  const VRows vr{ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
+  for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
+    const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
+    const int nbp = (nb + 7) / 8 * 8;
+    // chunk c of W2 into its ring slot, and with a tile's last chunk the tile's U (stage_u), in one commit group
+    auto stage = [&](int64_t c) {
+      if (c < total) {
+        stage_w2_chunk<TS, kSlotStride>(w2, R, rpad, v0, v1, nchunks, c, vec, ring + (c % kStages) * slot_elems, t);
+        if (plan.stage_u && c % nchunks == nchunks - 1) {
+          const int64_t tile = c / nchunks, tile0 = v0 + tile * kThreads;
+          stage_u_tile(p, g0, nb, k, tile0, static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads),
+                       uring + (tile % plan.uslots) * uslot_units, t);
+        }
       }
-    }
-    cp_async_commit();
-  };
-  for (int s = 0; s < kStages - 1; ++s) stage(s);  // (the phase before ended with a barrier)
-  Part pt = Part::empty();
-  float acc[2][kFrags][4];
-  bool lo_live = true;
-  for (int q = 0; q < total; ++q) {
-    const int tile = st.tile(q);
-    const int64_t g0 = gfirst + st.group(q) * gstep, tile0 = v0 + int64_t(tile) * kThreads;
-    const int ci = st.chunk(q), nb = group_nb(g0);
-    cp_async_wait<kStages - 2>();  // step q's copies have landed (this thread's) ...
-    __syncthreads();               // ... and everyone's; step q - 1 is done with its slot, vt, lt
-    stage(q + kStages - 1);
-    if (st.starts_group(q))
-      lo_live = group_setup(p, plan, ws, k, vr, plan.fused, g0, nb, slice, vt, lo_off, ldv, temps, unscale, sc);
-    if (ci == 0) {
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int f = 0; f < kFrags; ++f)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mt][f][e] = 0.0f;
-    }
-    const int64_t rc = int64_t(ci) * kRKm;
-    const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);
-    const TW* chunk;
-    if constexpr (kWiden) {
-      widen_chunk(ring + st.slot(q) * slot_elems, wide, width, t);
+      cp_async_commit();
+    };
+    __syncthreads();  // the previous group is done with vt, the ring, the U slots and lt
+    for (int s = 0; s < kStages - 1; ++s) stage(s);  // the ring's first chunks fly while v is split
+    if (fused) {  // (the vt area is its scratch until the split)
+      vanilla_prologue(p, plan, ws, k, g0, nb, slice, sc.xs, smem, sc.parts, sc.sums);
       __syncthreads();
-      chunk = wide;
-    } else {
-      chunk = ring + st.slot(q) * slot_elems;
     }
-    mma_chunk<TW, kFrags>(acc, chunk, vt, lo_off, ldv, rc, width, nb, lo_live, lane, warp);
-    if (ci == nchunks - 1) {
-      store_acc<kFrags>(acc, lt, nb, lane, warp);
-      __syncthreads();
-      const int jf = fl.jf;
-      if (jf < nb) {
-        const uint4* us = plan.stage_u ? uring + ((q / nchunks) % plan.uslots) * uslot_units +
-                                             jf * (kThreads * int64_t(dtype_size(p.base_dtype)) / 16)
-                                       : nullptr;
-        fold_pieces(p, ph, g0 + jf, k, tile0, tile_rows(tile0), lt + jf * kLtStrideM, unscale[jf], temps[jf], fl,
-                    plan.tpr, us, pt);
+    const bool lo_mine = split_group(vr, R, rpad, g0, nb, nbp, vt, lo_off, ldv, unscale, lane, warp);
+    bool lo_live = true;
+    for (int j = t; j < nb; j += kThreads) {
+      const float temp = p.temperature != nullptr ? ldg(p.temperature + g0 + j) : 0.0f;
+      temps[j] = temp > 0.0f ? temp : 0.0f;
+    }
+    Part pt = Part::empty();
+    float acc[2][kFrags][4];
+    for (int64_t c = 0; c < total; ++c) {
+      cp_async_wait<kStages - 2>();  // chunk c has landed (this thread's copies) ...
+      if (c == 0) {                  // ... and everyone's; slot (c - 1) % kStages is free again
+        lo_live = __syncthreads_or(lo_mine);  // (and the split is done: whether any lo row is not zero)
+      } else {
+        __syncthreads();
       }
-      if (st.stores_part(q)) {
-        store_part(ws, plan, k, N, slice, g0 + jf, plan.resident && tile > 0, tile == st.tiles - 1, fl, jf < nb, pt);
-        pt = Part::empty();
+      stage(c + kStages - 1);
+      const int ci = static_cast<int>(c % nchunks);
+      if (ci == 0) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[mt][f][q] = 0.0f;
       }
+      const int64_t rc = int64_t(ci) * kRKm;
+      const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);
+      const TW* chunk;
+      if constexpr (kWiden) {
+        widen_chunk(ring + (c % kStages) * slot_elems, wide, width, t);
+        __syncthreads();
+        chunk = wide;
+      } else {
+        chunk = ring + (c % kStages) * slot_elems;
+      }
+      mma_chunk<TW, kFrags>(acc, chunk, vt, lo_off, ldv, rc, width, nb, lo_live, lane, warp);
+      if (ci == nchunks - 1) {
+        const int64_t tile0 = v0 + (c / nchunks) * kThreads;
+        const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int f = 0; f < kFrags; ++f)
+            if (f * 8 < nb)
+#pragma unroll
+              for (int q = 0; q < 4; ++q)
+                lt[(f * 8 + 2 * tq + (q & 1)) * kLtStrideM + warp * 32 + mt * 16 + g + 8 * (q >> 1)] = acc[mt][f][q];
+        __syncthreads();
+        if (jf < nb) {
+          const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
+          const uint4* us =
+              plan.stage_u ? uring + ((c / nchunks) % plan.uslots) * uslot_units + jf * urow_units : nullptr;
+          fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], fl, tpr, us, pt);
+        }
+      }
+    }
+    pt = reduce_lanes(pt, tpr);
+    if (fl.hf == 0 && jf < nb) {
+      stg(ws.parts + part_at(k, plan.slices, N, slice, g0 + jf), pt);
+      stg(ws.keys + part_at(k, plan.slices, N, slice, g0 + jf), pack_winner(pt.win));
     }
   }
   cp_async_wait_all();
 }
-
-// The grid barrier between the kernel's phases, a call of its own on the GPU (what it keeps live across the loop,
-// the barrier's arrival value, stays out of the kernel's registers).
-DSPARK_DRAFT_PHASE void grid_barrier() { grid_sync(); }
 
 // The tensor cores' operand type for a W2 stored as TS: TS itself (bf16 / fp16), bf16 for fp8 (widened per chunk).
 template <typename TS>
@@ -1073,25 +1000,23 @@ __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockPara
   __syncthreads();
   const rng::Philox ph = ph_s;
   const SweepScratch sc{xs, part_scratch, sum_scratch};
-  for (int k = 0; k < p.K; ++k) {  // (K < 2^24: the launcher checks it)
-    if (!plan.fused) {  // (else the vanilla head's per-request work runs at the start of the sweep's groups)
+  for (int64_t k = 0; k < p.K; ++k) {
+    if (p.head != kVanilla) {  // (the vanilla head's per-request work runs at the start of the sweep)
       phase_request(p, plan, ws, k, smem, part_scratch, sum_scratch);
-      grid_barrier();
-    }
-    if (p.head != kVanilla) {
+      grid_sync();
       if (p.head == kGated) {
         phase_matvec<1>(p, plan, ws, k, smem);
       } else {
         phase_matvec<3>(p, plan, ws, k, smem);
       }
-      grid_barrier();
+      grid_sync();
     }
     if constexpr (kMma) {
       phase_sweep_mma<MmaType<TS>, NBT, TS>(p, plan, ws, k, ph, smem, sc);
     } else {
       phase_sweep<TS, NBT>(p, plan, ws, k, ph, smem, sc);
     }
-    grid_barrier();
+    grid_sync();
   }
   for (int64_t n = blockIdx.x; n < p.N; n += gridDim.x) {  // the last position's tokens
     const Part pt = merge_parts(ws, plan.slices, p.N, n, p.K - 1, part_scratch);
@@ -1105,23 +1030,6 @@ __global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockPara
 
 // ------------------------------------------------------------------------------------------------ host side
 inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
-
-// The shared-memory layout of plan `pl` (group, vrows, rpad, mma set) with a ring of `nslots` W2 chunk slots, from
-// float offset `area` on (the v rows or the phase-1b tiles before it): offsets and bytes, U's slots not included.
-inline void set_layout(Plan& pl, const DraftBlockParams& p, int64_t area, int nslots) {
-  pl.nslots = nslots;
-  pl.off_wt = round_up(area, 8);  // 32-byte aligned
-  // the tensor-core ring: nslots 16-bit slots, or (fp8) nslots raw slots and the widened chunk
-  const int64_t ring_bytes = p.w2_dtype == DType::kFloat8E4M3
-                                 ? int64_t(nslots) * kThreads * kRawStride8 + int64_t(kThreads) * kWtStrideM * 2
-                                 : int64_t(nslots) * kThreads * kWtStrideM * 2;
-  pl.off_l = pl.off_wt + (pl.mma ? round_up(ring_bytes / 4, 8) : int64_t(kThreads) * kWtStride);
-  pl.off_temp = pl.off_l + pl.vrows * kLtStrideM;
-  pl.off_scale = pl.off_temp + round_up(pl.group, 4);
-  pl.off_u = pl.off_scale + round_up(pl.group, 4);
-  // + 32 bytes: the kernel aligns the dynamic shared memory's start to 32 bytes
-  pl.smem = static_cast<size_t>(pl.off_u) * sizeof(float) + 32;
-}
 
 // The launch shape for `sms` multiprocessors holding `per_sm` CTAs each (per_sm from the occupancy of `smem`), a
 // block allowed `smem_cap` bytes of shared memory (0: size only what does not depend on it).
@@ -1145,45 +1053,41 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm, size_t sme
   pl.tpr = tpr;
   const int64_t vfloats = pl.vrows * (pl.mma ? pl.rpad + kVPad : pl.rpad);
   const int64_t area = std::max<int64_t>({vfloats, R, int64_t(kZGroup) * kZStride + m * max_rows * kCC});
-  set_layout(pl, p, area, kStages);
-  // Tile-major when the batch has several request groups and a tile's W2 (nchunks slots) fits beside kStages - 1
-  // chunks in flight: every group passes over the tile while its W2 stays in the ring, so W2 comes on chip once
-  // per position and CTA, and every CTA sweeps a slice of its own (one lane)
-  const int64_t nchunks = (pl.rpad + kRKm - 1) / kRKm;
-  const int64_t sweep_groups = (std::max<int64_t>(N, 1) + pl.group - 1) / pl.group;
-  if (pl.mma && sweep_groups > 1) {
-    Plan big = pl;
-    set_layout(big, p, area, static_cast<int>(nchunks) + kStages - 1);
-    if (big.smem + kStaticSmemReserve <= smem_cap) {
-      pl = big;
-      pl.resident = true;
-    }
-  }
+  pl.off_wt = round_up(area, 8);  // 32-byte aligned
+  // the tensor-core ring: kStages 16-bit slots, or (fp8) kStages raw slots and the widened chunk
+  const int64_t ring_bytes = p.w2_dtype == DType::kFloat8E4M3
+                                 ? int64_t(kStages) * kThreads * kRawStride8 + int64_t(kThreads) * kWtStrideM * 2
+                                 : int64_t(kStages) * kThreads * kWtStrideM * 2;
+  pl.off_l = pl.off_wt + (pl.mma ? round_up(ring_bytes / 4, 8) : int64_t(kThreads) * kWtStride);
+  pl.off_temp = pl.off_l + pl.vrows * kLtStrideM;
+  pl.off_scale = pl.off_temp + round_up(pl.group, 4);
+  pl.off_u = pl.off_scale + round_up(pl.group, 4);
+  // + 32 bytes: the kernel aligns the dynamic shared memory's start to 32 bytes
+  pl.smem = static_cast<size_t>(pl.off_u) * sizeof(float) + 32;
   // U's tiles through the ring when its rows allow 16-byte copies and the slots fit: a tile is copied with the W2
   // chunk kStages - 1 chunks before the tile's fold, so the slot of tile t is free once tile t - uslots is folded
+  const int64_t nchunks = (pl.rpad + kRKm - 1) / kRKm;
   const int64_t u_elems = 16 / int64_t(dtype_size(p.base_dtype));
   pl.uslots = static_cast<int>((kStages - 1) / nchunks + 1);
   const size_t u_bytes = size_t(pl.uslots) * size_t(pl.group) * kThreads * dtype_size(p.base_dtype);
   pl.stage_u = pl.mma && p.V % u_elems == 0 && is_aligned16(p.base) &&
                pl.smem + u_bytes + kStaticSmemReserve <= smem_cap;
   if (pl.stage_u) pl.smem += u_bytes;
-  // CTAs: the resident ones as slices x lanes, each slice at least kMinRowsPerCta rows. Tile-major: one lane.
-  // Otherwise each request group has a lane of CTAs, one per vocabulary slice; the lanes of a slice stream the same
-  // W2 rows side by side, so W2 comes from DRAM once per position and is re-read from L2 by the other lanes. One
-  // lane while N fits one group; past `resident` groups a lane takes several. The v rows a CTA reads per position
-  // (its groups', r * 4 bytes each) come from L2: the phase before wrote them.
+  // CTAs: the resident ones as slices x lanes. Each request group has a lane of CTAs, one per vocabulary slice (at
+  // least kMinRowsPerCta rows each); the lanes of a slice stream the same W2 rows side by side, so W2 comes from
+  // DRAM once per position and is re-read from L2 by the other lanes. One lane (every resident CTA a slice) while
+  // N fits one group; at N = 256 (r = 256: 4 groups of 64) 33 slices x 4 lanes on 132 SMs; past `resident` groups
+  // a lane takes several. The v rows a CTA reads per position (its groups', r * 4 bytes each) come from L2: the
+  // phase before wrote them.
   const int64_t resident = std::max<int64_t>(1, int64_t(sms) * (per_sm < kMaxCtasPerSm ? per_sm : kMaxCtasPerSm));
+  const int64_t sweep_groups = (std::max<int64_t>(N, 1) + pl.group - 1) / pl.group;
   const int64_t max_slices = std::max<int64_t>(1, V / kMinRowsPerCta);
-  int64_t lanes = pl.resident ? 1 : std::min(sweep_groups, resident);
+  int64_t lanes = std::min(sweep_groups, resident);
   const int64_t slices = std::min(max_slices, std::max<int64_t>(1, resident / lanes));
-  if (!pl.resident) lanes = std::min(sweep_groups, std::max<int64_t>(1, resident / slices));
+  lanes = std::min(sweep_groups, std::max<int64_t>(1, resident / slices));
   pl.slices = static_cast<int>(slices);
   pl.lanes = static_cast<int>(lanes);
   pl.grid = static_cast<int>(slices * lanes);
-  // The vanilla head's phase 1a (a grid barrier more a position) is fused into the sweep while the keys every CTA
-  // then reads (slices a request of its group) stay under 1/16 of its W2 slice's bytes
-  const int64_t slice_w2_bytes = (V / slices) * R * int64_t(dtype_size(p.w2_dtype));
-  pl.fused = p.head == kVanilla && !pl.resident && 16 * slices * pl.group * 8 <= slice_w2_bytes;
   // phase-1b output rows per item: as many as the register tile holds (each item re-stages its requests' inputs,
   // so fewer rows cost bytes), but few enough to give every CTA an item when the batch is small
   const int64_t groups = (N + kZGroup - 1) / kZGroup;
@@ -1197,16 +1101,12 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm, size_t sme
   return pl;
 }
 
-// The workspace's float rows before the partials: v and e (gated), v, e and the rnn state's two buffers (rnn), e
-// alone for the vanilla head with phase 1a (its v), none when that is fused into the sweep.
-inline int64_t workspace_rows(const DraftBlockParams& p, const Plan& pl) {
-  return p.head == kGated ? 2 : p.head == kRnn ? 4 : (pl.fused ? 0 : 1);
-}
-inline size_t workspace_floats_before_parts(const DraftBlockParams& p, const Plan& pl) {
-  return size_t(round_up(p.N * p.R * workspace_rows(p, pl), 8));
+inline size_t workspace_floats_before_parts(const DraftBlockParams& p) {
+  const size_t v = size_t(p.N) * size_t(p.R);
+  return size_t(round_up(int64_t(v * (p.head == kVanilla ? 0 : p.head == kGated ? 2 : 4)), 8));
 }
 inline size_t workspace_bytes_for(const DraftBlockParams& p, const Plan& pl) {
-  return workspace_floats_before_parts(p, pl) * 4 + 2 * size_t(pl.slices) * size_t(p.N) * (sizeof(Part) + 8);
+  return workspace_floats_before_parts(p) * 4 + 2 * size_t(pl.slices) * size_t(p.N) * (sizeof(Part) + 8);
 }
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
@@ -1227,11 +1127,11 @@ inline cudaError_t launch_typed(const DraftBlockParams& p, void* workspace, cuda
   Workspace ws;
   float* base = static_cast<float*>(workspace);
   const int64_t v = p.N * p.R;
-  const bool rows = p.head != kVanilla;  // the vanilla head keeps at most e (phase 1a not fused) in the workspace
+  const bool rows = p.head != kVanilla;  // the vanilla head keeps no rows in the workspace
   ws.v = rows ? base : nullptr;
-  ws.e = rows ? base + v : (pl.fused ? nullptr : base);
+  ws.e = rows ? base + v : nullptr;
   ws.state = rows ? base + 2 * v : nullptr;
-  ws.parts = reinterpret_cast<Part*>(base + workspace_floats_before_parts(p, pl));
+  ws.parts = reinterpret_cast<Part*>(base + workspace_floats_before_parts(p));
   ws.keys = reinterpret_cast<uint64_t*>(ws.parts + 2 * int64_t(pl.slices) * p.N);
   LaunchConfig cfg;
   cfg.grid = dim3(static_cast<unsigned>(pl.grid));
