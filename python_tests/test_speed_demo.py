@@ -123,7 +123,7 @@ def test_target_alone_equals_greedy_reference_and_stops():
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_baseline_sampler_follows_the_softmax(temperature):
+def test_baseline_sampler_follows_the_softmax(temperature, monkeypatch):
     from stats import chi_square, passes
     logits = torch.tensor([[2.0, -1.0, 0.5, 0.0, -3.0, 1.5]])
     n = 20000
@@ -132,6 +132,12 @@ def test_baseline_sampler_follows_the_softmax(temperature):
     want = torch.softmax(logits[0] / temperature, -1).double() * n
     assert passes(counts, want), chi_square(counts, want)
     assert int(draws.max()) < 6 and not passes(counts, torch.full((6,), n / 6.0, dtype=torch.float64))
+    # an id of zero mass is never drawn, not even the first one when the uniform is exactly 0
+    masked = torch.tensor([[-float("inf"), 0.0, -float("inf"), 1.0, -float("inf"), -float("inf")]])
+    picks = speed.sample_inverse_cdf(masked.expand(4000, -1), temperature, torch.Generator().manual_seed(4))
+    assert set(picks.tolist()) == {1, 3}
+    monkeypatch.setattr(speed.torch, "rand", lambda *shape, generator=None: torch.zeros(*shape))
+    assert speed.sample_inverse_cdf(masked, temperature, torch.Generator()).tolist() == [1]
 
 
 def test_distinct_4grams_by_hand():

@@ -51,7 +51,7 @@ class DraftGate:
                 if self.gain() >= self.threshold:
                     self.plain_run = self.plain_steps
                 else:
-                    self.plain_left, self._last = self.plain_run, None
+                    self.plain_left = self.plain_run
                     self.plain_run = min(2 * self.plain_run, 8 * self.plain_steps)
                     self.steps.clear()
         if not drafted and self.plain_left > 0:

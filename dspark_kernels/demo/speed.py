@@ -82,7 +82,8 @@ def sample_inverse_cdf(logits: torch.Tensor, temperature: float, g: torch.Genera
     ``torch.multinomial`` costs 0.9 ms a row and this 0.03-0.07 ms, about what the verifier pays to sample."""
     cdf = torch.softmax(logits.float() / temperature, -1).cumsum(-1)
     u = torch.rand(cdf.shape[0], 1, generator=g) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).clamp(max=cdf.shape[1] - 1)[:, 0]
+    # the first id whose prefix sum exceeds u: never one of zero mass, even at u = 0
+    return torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)[:, 0]
 
 
 def _cut(row: List[int], stop: int) -> List[int]:
