@@ -11,9 +11,11 @@
 # 2. runs the GPU tests (pytest -m gpu), with the ptxas register / spill table (tools/check_cuda.py --json) built
 #    alongside on the CPU,
 # 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py),
-# 4. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled)
+# 4. reads draft_block's warp instructions at N = 1, 64, 256 with Nsight Compute where ncu can read the counters
+#    (bench/ncu_draft.py: the count for bench/model.py's issue term, ncu_draft.json),
+# 5. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled)
 #    with whatever time is left,
-# 5. writes bench/model.py's modelled time beside each measured one (model_vs_measured.csv),
+# 6. writes bench/model.py's modelled time beside each measured one (model_vs_measured.csv),
 # and writes everything (logs, JUnit XML, sanitizer logs, ptxas.json, the bench JSON / CSV / PNGs, summary.txt)
 # into OUTDIR. Exit status 1 if any step failed. Nothing here installs torch or triton or assumes their versions.
 #
@@ -189,7 +191,25 @@ else
   done
 fi
 
-step "4. bench/run.py --full on the headline shapes"
+step "4. draft_block's warp instructions under ncu (the model's issue term)"
+NCU=$(command -v ncu 2>/dev/null || ls /opt/nvidia/nsight-compute/*/ncu "$CUDA_HOME/bin/ncu" 2>/dev/null | head -1)
+if [[ -z "$NCU" ]]; then
+  record ncu skip 0 "no ncu on PATH, in CUDA_HOME or /opt/nvidia/nsight-compute"
+else
+  t=$(date +%s)
+  timeout "$(cap 150)" "$NCU" --clock-control none --kernel-name regex:draft_block_kernel --csv \
+    --metrics smsp__inst_executed.sum,gpu__time_duration.sum "$PY" bench/ncu_draft.py > "$OUT/ncu_draft.csv" 2>&1 \
+    && "$PY" bench/ncu_draft.py --report "$OUT/ncu_draft.csv" --json "$OUT/ncu_draft.json"
+  rc=$?
+  tail -4 "$OUT/ncu_draft.csv"
+  if [[ $rc -ne 0 ]] && ! grep -q '^"ID"' "$OUT/ncu_draft.csv"; then  # gVisor: ncu cannot read the counters
+    record ncu skip $(( $(date +%s) - t )) "ncu read no counters (exit $rc): ncu_draft.csv"
+  else
+    record ncu "$rc" $(( $(date +%s) - t )) "ncu_draft.csv, ncu_draft.json"
+  fi
+fi
+
+step "5. bench/run.py --full on the headline shapes"
 wait "$PTXAS_PID" 2>/dev/null
 record "ptxas table" "$(cat "$OUT/check_cuda.rc" 2>/dev/null || echo 1)" - "tools/check_cuda.py --json: ptxas.json, check_cuda.log"
 "$PY" -c "import matplotlib" 2>/dev/null || pip_offline matplotlib || echo "gpu_check: no matplotlib: no plots"

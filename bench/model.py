@@ -7,7 +7,7 @@ time when a GPU is lent, so that the model can be checked and its constants corr
     model_recording(rec.launches, "h200")  # -> {"modelled_us": ..., "launches": [per-launch breakdown]}
 
 Per launch (``model_launch``), with the launch's counters (``simt.record(access=True)``) and optional SASS facts:
-  t = launch + grid_barriers * grid_barrier + max(t_dram, t_l2, t_smem, t_latency, t_tensor)
+  t = launch + grid_barriers * grid_barrier + max(t_dram, t_l2, t_smem, t_latency, t_tensor, t_issue)
 where
   t_dram    = DRAM bytes / DRAM copy bandwidth: the harness's L2 estimate when the record has it (``dram_bytes_read``,
               csrc/simt/runtime.cpp's estimate_dram_reads: a re-read hits L2 when the CTA's own traffic since fits its
@@ -19,10 +19,14 @@ where
   t_latency = DRAM bytes / (bytes in flight / DRAM latency): Little's law, bytes in flight = SMs in use * resident CTAs
               per SM * threads * (bytes per load, 16 for a 16-byte load) * loads in flight per thread,
   t_tensor  = tensor-core FLOPs (the launch's m16n8k16 MMAs x 4096, when the caller knows them: ``mma``) / the
-              dense 16-bit tensor peak scaled to the SMs in use (a lower bound: mma.sync is not wgmma).
+              dense 16-bit tensor peak scaled to the SMs in use (a lower bound: mma.sync is not wgmma),
+  t_issue   = warp instructions executed (``warp_instructions``: Nsight Compute's smsp__inst_executed.sum, which
+              bench/ncu_draft.py reads on a lent GPU; 0 when not given) / (SMs in use * 4 schedulers * clock): each
+              of an SM's four sub-partitions issues at most one warp instruction per clock (a lower bound on the
+              time those instructions take; a warp alone on its scheduler issues less often, stalled on latency).
 Waves = CTAs / (resident CTAs per SM * SMs), rounded up; the SMs in use are min(CTAs, SMs), each holding
 min(resident, CTAs / SMs in use) CTAs at once.
-What it leaves out (only a GPU shows it): instruction issue and arithmetic other than the MMAs it is given, L1
+What it leaves out (only a GPU shows it): instruction issue unless its count is given, L1
 hits, DRAM page and channel effects, clock changes, overlap between launches, and any latency but DRAM's.
 """
 
@@ -49,6 +53,7 @@ class Gpu:
     blocks_per_sm: int = 32
     registers_per_sm: int = 65536
     smem_per_sm: int = 228 * 1024
+    schedulers_per_sm: int = 4  # warp schedulers (sub-partitions), one warp instruction per clock each
 
 
 # Constants and where they come from (leads to be replaced by this repository's own measurements in
@@ -71,6 +76,8 @@ class Gpu:
 # - L2 capacity 50 MB on both (the H100 whitepaper's SXM5 figure; the H200 is the same die). A launch whose distinct
 #   bytes exceed it and that re-reads them (draft_block's W2 once per position) misses L2 on every pass: DRAM moves
 #   the bytes requested (LRU on a cyclic sweep keeps nothing), else the distinct bytes.
+# - Four warp schedulers per SM, each dispatching one warp instruction per clock (the H100 whitepaper's SM diagram:
+#   four processing blocks, each with its warp scheduler and dispatch unit, 32 threads per clock).
 # - One shared-memory wavefront per SM clock (128 bytes per clock per SM: the whitepaper's shared-memory bandwidth).
 # - Dense BF16 / FP16 tensor peak 989.4 TFLOPS on the H100 SXM5 (the whitepaper's table; the H200 datasheet gives
 #   the same 989 TFLOPS): a bound that wgmma can approach; draft_block's mma.sync m16n8k16 has not been measured
@@ -94,12 +101,14 @@ def resident_ctas(gpu: Gpu, threads: int, smem_bytes: int, registers: Optional[i
 
 
 def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[int] = None,
-                 load_bytes: int = 16, loads_in_flight: int = 1, mma: Optional[int] = None) -> Dict[str, float]:
+                 load_bytes: int = 16, loads_in_flight: int = 1, mma: Optional[int] = None,
+                 warp_instructions: int = 0) -> Dict[str, float]:
     """Modelled time of one launch record (a dict of ``simt.record().launches``), in microseconds, with its terms.
 
     registers: per thread, from the SASS report (None: not a limit); load_bytes: bytes per thread per load (16 for
     LDG.E.128); loads_in_flight: independent loads a thread has in flight (from the SASS of the innermost loop);
-    mma: the launch's m16n8k16 tensor-core MMAs (None: the record's ``mma``, the harness's count; 0 when absent)."""
+    mma: the launch's m16n8k16 tensor-core MMAs (None: the record's ``mma``, the harness's count; 0 when absent);
+    warp_instructions: the launch's warp instructions executed, measured (0: the issue term is off)."""
     g = GPUS[gpu]
     threads, ctas = int(rec["threads"]), int(rec["ctas"])
     smem = int(rec.get("static_smem", 0)) + int(rec.get("dynamic_smem", 0))
@@ -124,16 +133,27 @@ def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[
     t_latency = dram * g.dram_latency_s / in_flight if in_flight else 0.0
     mma = (rec.get("mma") or 0) if mma is None else mma
     t_tensor = mma * 4096 / (g.tensor_flops_per_s * sms_used / g.sms)
-    body = max(t_dram, t_l2, t_smem, t_latency, t_tensor)
+    t_issue = issue_us(warp_instructions, ctas, gpu) / 1e6
+    body = max(t_dram, t_l2, t_smem, t_latency, t_tensor, t_issue)
     grid = int(rec.get("grid_barriers", 0)) * g.grid_barrier_s
     total = g.launch_s + body + grid
     us = 1e6
     return dict(modelled_us=total * us, launch_us=g.launch_s * us, dram_us=t_dram * us, l2_us=t_l2 * us,
-                smem_us=t_smem * us, latency_us=t_latency * us, tensor_us=t_tensor * us, grid_barrier_us=grid * us,
+                smem_us=t_smem * us, latency_us=t_latency * us, tensor_us=t_tensor * us, issue_us=t_issue * us,
+                grid_barrier_us=grid * us,
                 waves=waves,
                 ctas_per_sm=per_sm, sms_used=sms_used, bytes_in_flight=in_flight,
                 bound=max(("dram", t_dram), ("l2", t_l2), ("smem", t_smem), ("latency", t_latency),
-                          ("tensor", t_tensor), key=lambda kv: kv[1])[0])
+                          ("tensor", t_tensor), ("issue", t_issue), key=lambda kv: kv[1])[0])
+
+
+def issue_us(warp_instructions: int, ctas: int, gpu: str = "h200") -> float:
+    """The issue term alone: ``warp_instructions`` over the SMs the launch's ``ctas`` occupy, each issuing one warp
+    instruction per scheduler per clock, in microseconds."""
+    if warp_instructions < 0:
+        raise ValueError(f"warp_instructions must be >= 0, got {warp_instructions}")
+    g = GPUS[gpu]
+    return 1e6 * warp_instructions / (min(g.sms, max(int(ctas), 1)) * g.schedulers_per_sm * g.clock_hz)
 
 
 def model_recording(launches: Iterable[Dict[str, Any]], gpu: str = "h200", **kw) -> Dict[str, Any]:

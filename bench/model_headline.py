@@ -104,6 +104,14 @@ def _draft_case(n: int, k: int, r: int = 256, fp8: bool = False):
     return base, head, anchors
 
 
+def draft_floor_bytes(n: int, k: int, r: int = 256, fp8: bool = False, out_bytes: int = 12) -> int:
+    """draft_block's bytes floor at V: U once, W2 once per position (an fp8 W2: a byte an element and a float32
+    scale a row), the W1 rows gathered, and ``out_bytes`` per request and position (an int64 token and a float32
+    log-probability)."""
+    w2_bytes = V * (r + 4) if fp8 else V * r * 2
+    return n * k * V * 2 + k * w2_bytes + n * k * r * 2 + n * k * out_bytes
+
+
 def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = False):
     """draft_block (vanilla, r = 256, bf16 U / W1 / W2, or an fp8 W2 with its row scales, greedy) at N = `n`,
     K = `k`. With ``run_k`` < k the harness
@@ -121,9 +129,7 @@ def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = Fal
         ln = dict(ln, **{key: int(round(ln[key] * scale)) for key in
                          ("bytes_read", "bytes_written", "unique_bytes_read", "unique_bytes_written",
                           "dram_bytes_read", "mma", "grid_barriers")})
-    per_pos_out = out.tokens.element_size() + out.draft_logprobs.element_size()
-    w2_bytes = V * (r + 4) if fp8 else V * r * 2  # an fp8 W2: a byte an element and a float32 scale a row
-    floor = n * k * V * 2 + k * w2_bytes + n * k * r * 2 + n * k * per_pos_out
+    floor = draft_floor_bytes(n, k, r, fp8, out.tokens.element_size() + out.draft_logprobs.element_size())
     plan = draft_sweep_plan(n, V, r)
     params = dict(N=n, K=k, V=V, r=r, mode="greedy", w2="fp8" if fp8 else "bf16", ctas=ln["ctas"],
                   lanes=plan["lanes"])
@@ -162,12 +168,17 @@ def main() -> int:
         rows = verify_rows(args.gpu) + draft_rows(args.gpu)
     else:
         rows = verify_rows(args.gpu, args.batch, ks=(7,), access=not args.no_access)
+    emit_rows(rows, args.json)
+    return 0
+
+
+def emit_rows(rows, json_path=None) -> None:
+    """Print each row as a JSON line; also write them all to ``json_path`` when given."""
     for r in rows:
         print(json.dumps(r))
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(rows, f, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

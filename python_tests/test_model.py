@@ -82,6 +82,21 @@ def test_tensor_core_work_bounds_a_launch():
     assert half["tensor_us"] == pytest.approx(2 * 4.096e11 / 989.4e12 * 1e6)
 
 
+def test_instruction_issue_bounds_a_launch_when_its_count_is_given():
+    """1e9 bytes (232.56 us of DRAM) and 3e9 warp instructions measured: 132 SMs x 4 schedulers x 1.98 GHz issue
+    1.04544e12 a second, so 2869.61 us, the bound; 66 CTAs issue on half the SMs (twice the time); without the count
+    the term is 0 and DRAM bounds the launch again; a negative count is refused by name."""
+    m = model.model_launch(_launch(), "h200", loads_in_flight=4, warp_instructions=3 * 10**9)
+    assert m["bound"] == "issue" and m["issue_us"] == pytest.approx(3e9 / (132 * 4 * 1.98e9) * 1e6)
+    assert m["modelled_us"] == pytest.approx(2.5 + 2869.605, abs=1e-2)
+    half = model.model_launch(_launch(ctas=66), "h200", loads_in_flight=4, warp_instructions=3 * 10**9)
+    assert half["issue_us"] == pytest.approx(2 * m["issue_us"])
+    off = model.model_launch(_launch(), "h200", loads_in_flight=4)
+    assert off["issue_us"] == 0.0 and off["bound"] == "dram"
+    with pytest.raises(ValueError, match="warp_instructions"):
+        model.model_launch(_launch(), "h200", warp_instructions=-1)
+
+
 def test_shared_memory_and_registers_limit_residency():
     assert model.resident_ctas(model.GPUS["h200"], 256, 100 * 1024) == 2          # 228 KB / 101 KB
     assert model.resident_ctas(model.GPUS["h200"], 256, 0, registers=128) == 2    # 65536 / (128 * 256)
@@ -133,3 +148,38 @@ def test_bench_rows_get_the_floor_model_beside_them():
     (r,) = model.compare(rows, "h200")
     assert r["modelled_us"] == pytest.approx(2.5 + 100.0) and r["measured_us"] == pytest.approx(100.0)
     assert r["measured_over_model"] == pytest.approx(100.0 / 102.5) and r["N"] == 64
+
+
+NCU_CSV = '''ncu_draft: launched N = 1, K = 7
+==PROF== Disconnected from process 1
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","210.50"
+"0","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed.sum","inst","1,045,440"
+"1","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(66, 2, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","msecond","0.3"
+"1","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(66, 2, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed.sum","inst","2090880"
+"2","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(66, 1, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed.sum","inst","1045440"
+"2","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(66, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","900000"
+'''
+
+
+def test_ncu_counts_turn_on_the_issue_term():
+    """bench/ncu_draft.py pairs ncu's CSV rows (the program's own lines before the header skipped, thousands
+    separators and units read) with its shapes: 1045440 warp instructions on 132 SMs x 4 schedulers at 1.98 GHz
+    take 1 us; 2090880 on a 66 x 2 grid (132 SMs) 2 us; 1045440 on 66 CTAs 2 us. A CSV from another launch count
+    or without a header is refused."""
+    ncu = _load("dspark_bench_ncu_draft", "bench/ncu_draft.py")
+    launches = ncu.parse_ncu_csv(NCU_CSV)
+    assert [ln["ctas"] for ln in launches] == [132, 132, 66]
+    assert [ln["measured_us"] for ln in launches] == pytest.approx([210.5, 300.0, 900.0])
+    rows = ncu.report(launches)
+    assert [(r["N"], r["K"]) for r in rows] == list(ncu.SHAPES)
+    assert [r["issue_us"] for r in rows] == pytest.approx([1.0, 2.0, 2.0])
+    assert rows[0]["warp_instructions"] == 1045440
+    n, k = ncu.SHAPES[2]
+    floor = n * k * 151936 * 2 + k * 151936 * 256 * 2 + n * k * 256 * 2 + n * k * 12
+    assert rows[2]["floor_bytes"] == floor
+    assert rows[2]["floor_model_us"] == pytest.approx(2.5 + floor / 4.3e12 * 1e6, abs=0.01)
+    with pytest.raises(ValueError, match="3 shapes"):
+        ncu.report(launches[:2])
+    with pytest.raises(ValueError, match="header"):
+        ncu.parse_ncu_csv("no profile here\n")

@@ -538,7 +538,6 @@ DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph,
                                int rows, const float* bias, float bscale, float temp, const FoldLane& fl, int tpr,
                                const uint4* us, Part& pt) {
   const bool sampled = temp > 0.0f;
-  const float tdiv = sampled ? temp : 1.0f;
   const int64_t row0 = (n * p.K + k) * p.V;
   const int E = p.base_dtype == DType::kFloat32 ? 4 : 8;
   const bool vec = (row0 + tile0) % E == 0 && is_aligned16(p.base);
@@ -586,8 +585,12 @@ DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph,
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if (e < cnt) {
-          const float xs = lq[e] / tdiv;
-          pt.add(xs, sampled ? gumbel_score(xs, u[e]) : nan_to_neg_inf(lq[e]), v + e);
+          if (sampled) {  // greedy: the scaled logit is the logit (x / 1 = x), no division
+            const float xs = lq[e] / temp;
+            pt.add(xs, gumbel_score(xs, u[e]), v + e);
+          } else {
+            pt.add(lq[e], nan_to_neg_inf(lq[e]), v + e);
+          }
         }
       }
     }

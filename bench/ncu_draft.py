@@ -1,0 +1,106 @@
+#!/usr/bin/env python
+"""draft_block's warp instructions at the serving shapes, read by Nsight Compute on a lent GPU: the count that turns
+on bench/model.py's issue term (``model_launch(..., warp_instructions=...)``). bench/gpu_check.sh runs both steps:
+
+    ncu --clock-control none --kernel-name regex:draft_block_kernel --csv \\
+        --metrics smsp__inst_executed.sum,gpu__time_duration.sum python bench/ncu_draft.py > ncu_draft.csv
+    python bench/ncu_draft.py --report ncu_draft.csv --json ncu_draft.json
+
+The first launches draft_block (vanilla, r = 256, bf16, greedy, V = 151936) once per shape of :data:`SHAPES`, in
+that order, on the GPU; the second pairs ncu's rows with the shapes and writes, per shape, the warp instructions
+executed, the measured duration (under ncu, clocks left alone), the issue time those instructions need at one warp
+instruction per scheduler per clock (the model's term, a lower bound) and the floor model's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import re
+import sys
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model import GPUS, floor_model_us, issue_us  # noqa: E402
+from model_headline import V, _draft_case, draft_floor_bytes, emit_rows  # noqa: E402
+
+SHAPES = ((1, 7), (64, 7), (256, 15))  # (N, K): DESIGN's decode shapes and the serving batch of issue #35
+RANK = 256
+_UNITS_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+
+
+def launch_shapes() -> None:
+    import torch
+    import dspark_kernels as dk
+    for n, k in SHAPES:
+        base, head, anchors = _draft_case(n, k, RANK)
+        head = dk.MarkovHead("vanilla", w1=head.w1.cuda(), w2=head.w2.cuda())
+        dk.draft_block(base.cuda(), anchors.cuda(), head, temperature=0.0, seed=1, backend="cuda")
+        torch.cuda.synchronize()
+        print(f"ncu_draft: launched N = {n}, K = {k}", flush=True)
+
+
+def parse_ncu_csv(text: str) -> List[Dict[str, object]]:
+    """ncu's --csv details page -> one dict per profiled launch, in launch order: kernel, ctas,
+    warp_instructions, measured_us. Lines before the header (the program's own output, ncu's notes) are skipped."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if start is None:
+        raise ValueError("no ncu CSV header (a line starting with \"ID\") in the input")
+    launches: Dict[str, Dict[str, object]] = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        if not row.get("Metric Name"):
+            continue
+        rec = launches.setdefault(row["ID"], {"kernel": row["Kernel Name"],
+                                              "ctas": _grid_ctas(row.get("Grid Size", ""))})
+        value = float(row["Metric Value"].replace(",", ""))
+        if row["Metric Name"] == "smsp__inst_executed.sum":
+            rec["warp_instructions"] = int(value)
+        elif row["Metric Name"] == "gpu__time_duration.sum":
+            unit = row.get("Metric Unit", "usecond")
+            if unit not in _UNITS_US:
+                raise ValueError(f"gpu__time_duration.sum in an unknown unit {unit!r}")
+            rec["measured_us"] = value * _UNITS_US[unit]
+    return [launches[i] for i in sorted(launches, key=int)]
+
+
+def _grid_ctas(grid: str) -> int:
+    dims = [int(x) for x in re.findall(r"\d+", grid)]
+    ctas = 1
+    for d in dims:
+        ctas *= d
+    return ctas if dims else 0
+
+
+def report(launches: List[Dict[str, object]], gpu: str = "h200") -> List[Dict[str, object]]:
+    if len(launches) != len(SHAPES):
+        raise ValueError(f"{len(launches)} profiled launches for {len(SHAPES)} shapes: profile only draft_block_kernel")
+    rows = []
+    for (n, k), ln in zip(SHAPES, launches):
+        floor = draft_floor_bytes(n, k, RANK)
+        rows.append(dict(op="draft_block", N=n, K=k, V=V, r=RANK, kernel=ln["kernel"], ctas=ln["ctas"],
+                         warp_instructions=ln.get("warp_instructions"), measured_us=ln.get("measured_us"),
+                         issue_us=round(issue_us(ln.get("warp_instructions", 0), ln["ctas"], gpu), 2),
+                         floor_bytes=floor, floor_model_us=round(floor_model_us(floor, 1, gpu), 2),
+                         note=f"measured under ncu on {gpu}; issue_us is bench/model.py's issue term (a model)"))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--report", metavar="CSV", help="pair ncu's CSV with the shapes instead of launching them")
+    ap.add_argument("--json", help="with --report: write the rows here")
+    ap.add_argument("--gpu", default="h200", choices=sorted(GPUS))
+    args = ap.parse_args(argv)
+    if not args.report:
+        launch_shapes()
+        return 0
+    with open(args.report) as f:
+        emit_rows(report(parse_ncu_csv(f.read()), args.gpu), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
