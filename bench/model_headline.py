@@ -112,11 +112,12 @@ def draft_floor_bytes(n: int, k: int, r: int = 256, fp8: bool = False, out_bytes
     return n * k * V * 2 + k * w2_bytes + n * k * r * 2 + n * k * out_bytes
 
 
-def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = False):
+def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = False, warp_instructions: int = 0):
     """draft_block (vanilla, r = 256, bf16 U / W1 / W2, or an fp8 W2 with its row scales, greedy) at N = `n`,
     K = `k`. With ``run_k`` < k the harness
     runs ``run_k`` positions and the launch's per-position counters (bytes, DRAM estimate, MMAs, grid barriers) are
-    scaled to k positions (every position does the same work), said in the row."""
+    scaled to k positions (every position does the same work), said in the row. ``warp_instructions``: the whole
+    launch's count measured on a GPU (bench/ncu_draft.py), which turns the model's issue term on (0: off)."""
     import dspark_kernels as dk
     from dspark_kernels import simt
     r, run_k = 256, run_k or k
@@ -124,6 +125,7 @@ def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = Fal
     with simt.record(dram=True) as rec:
         out = dk.draft_block(base, anchors, head, temperature=0.0, seed=1, backend="cuda")
     (ln,) = rec.launches
+    ln = dict(ln, warp_instructions=int(warp_instructions))
     if run_k != k:
         scale = k / run_k
         ln = dict(ln, **{key: int(round(ln[key] * scale)) for key in
@@ -140,9 +142,11 @@ def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = Fal
 
 
 def _row(op, params, launches, floor, gpu, access):
-    per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1))
-           for ln in launches]
+    per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1),
+                        warp_instructions=ln.get("warp_instructions", 0)) for ln in launches]
+    issue = sum(ln.get("warp_instructions", 0) for ln in launches)
     return dict(op=op, **params, launches=len(launches), access_model=access, floor_bytes=floor,
+                issue_term=f"on ({issue} warp instructions, measured)" if issue else "off",
                 modelled_us=round(sum(p["modelled_us"] for p in per), 2),
                 floor_model_us=round(floor_model_us(floor, len(launches), gpu), 2),
                 per_launch_us={ln["kernel"]: round(p["modelled_us"], 2) for ln, p in zip(launches, per)},
@@ -157,13 +161,17 @@ def main() -> int:
     ap.add_argument("--draft", type=int, nargs=2, metavar=("N", "K"),
                     help="draft_block only, at this N and K (the harness runs one position, scaled to K)")
     ap.add_argument("--w2", default="bf16", choices=("bf16", "fp8"), help="with --draft: W2's dtype")
+    ap.add_argument("--warp-instructions", type=int, default=0, metavar="COUNT",
+                    help="with --draft: the launch's warp instructions from bench/ncu_draft.py (turns the issue "
+                         "term on)")
     ap.add_argument("--no-access", action="store_true",
                     help="with --batch: without the access model (its shared-memory term is then absent and its L2 "
                          "term the bytes requested)")
     args = ap.parse_args()
     os.environ.setdefault("DSPARK_SIMT", "1")
     if args.draft:
-        rows = draft_rows(args.gpu, args.draft[0], args.draft[1], run_k=1, fp8=args.w2 == "fp8")
+        rows = draft_rows(args.gpu, args.draft[0], args.draft[1], run_k=1, fp8=args.w2 == "fp8",
+                          warp_instructions=args.warp_instructions)
     elif args.batch == 1:
         rows = verify_rows(args.gpu) + draft_rows(args.gpu)
     else:

@@ -9,7 +9,8 @@ on bench/model.py's issue term (``model_launch(..., warp_instructions=...)``). b
 The first launches draft_block (vanilla, r = 256, bf16, greedy, V = 151936) once per shape of :data:`SHAPES`, in
 that order, on the GPU; the second pairs ncu's rows with the shapes and writes, per shape, the warp instructions
 executed, the measured duration (under ncu, clocks left alone), the issue time those instructions need at one warp
-instruction per scheduler per clock (the model's term, a lower bound) and the floor model's time.
+instruction per scheduler per clock (the model's term, a lower bound) and the floor model's time. The modelled
+time with the issue term on: ``python bench/model_headline.py --draft N K --warp-instructions COUNT`` (on the CPU).
 """
 
 from __future__ import annotations

@@ -183,3 +183,17 @@ def test_ncu_counts_turn_on_the_issue_term():
         ncu.report(launches[:2])
     with pytest.raises(ValueError, match="header"):
         ncu.parse_ncu_csv("no profile here\n")
+
+
+def test_headline_rows_carry_the_issue_term_when_a_count_is_given():
+    """bench/model_headline.py's row for one launch: without a count its issue term is off and DRAM bounds it; with
+    3e9 warp instructions (2869.6 us on 132 SMs) the row says the count and is issue-bound."""
+    headline = _load("dspark_bench_model_headline", "bench/model_headline.py")
+    launch = dict(kernel="draft_block_kernel[mma]", threads=128, ctas=132, static_smem=0, dynamic_smem=0,
+                  bytes_read=10**9, bytes_written=0, unique_bytes_read=10**9, unique_bytes_written=0,
+                  dram_bytes_read=10**9, grid_barriers=0)
+    off = headline._row("draft_block", {}, [launch], 10**9, "h200", False)
+    assert off["issue_term"] == "off" and off["bound"] == ["dram"]
+    on = headline._row("draft_block", {}, [dict(launch, warp_instructions=3 * 10**9)], 10**9, "h200", False)
+    assert on["issue_term"].startswith("on (3000000000") and on["bound"] == ["issue"]
+    assert on["modelled_us"] == pytest.approx(2.5 + 2869.605, abs=0.01)
