@@ -94,15 +94,14 @@ def smollm2_rows(preset: str) -> List[dict]:
     except (FileNotFoundError, ImportError) as e:
         return [dict(name="SmolLM2-135M bf16", tokens=0, tokens_per_second=0.0, acceptance_length=0.0, speedup=0.0,
                      status=f"not run: {e} ({SMOLLM2_INSTALL})")]
-    from dspark_kernels.decode import Scheduler, SpeculativeDecoder, profile_cost_table, profile_draft_cost
+    from dspark_kernels.decode import SpeculativeDecoder, profile_cost_table
     n, max_new = (2, 32) if preset == "quick" else (8, 128)
     prompts = speed.encode(tok, speed.test_prompts(n))
     dec = SpeculativeDecoder(target, drafter)
     dec.generate(prompts[:1], 4)  # warm-up
     # the demo's scheduler: exact, with this machine's target and drafting cost tables (the drafting gate)
     table = profile_cost_table(target, [1, 2, 4, 8], repeats=3, warn=False)
-    draft = profile_draft_cost(dec, [1, 2], context_len=128, repeats=5, warn=False)
-    sched = Scheduler("exact", cost_table=table, sts_temperatures=sts["greedy"], draft_cost=draft)
+    sched = speed.gated_scheduler(dec, table, sts["greedy"], 0.0, (1,))
     r = speed.measure(target, dec, prompts, batch=1, temperature=0.0, max_new=max_new, repeats=1,
                       scheduler=sched, seed=0)
     common = dict(device="cpu", models="SmolLM2-135M-Instruct bf16 target, DSpark vanilla drafter", requests=1,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import math
 import os
 import re
 import sys
@@ -68,11 +69,9 @@ def parse_ncu_csv(text: str) -> List[Dict[str, object]]:
 
 
 def _grid_ctas(grid: str) -> int:
+    """ncu's "(x, y, z)" grid size -> CTAs; 0 when it names none."""
     dims = [int(x) for x in re.findall(r"\d+", grid)]
-    ctas = 1
-    for d in dims:
-        ctas *= d
-    return ctas if dims else 0
+    return math.prod(dims) if dims else 0
 
 
 def report(launches: List[Dict[str, object]], gpu: str = "h200") -> List[Dict[str, object]]:
@@ -80,10 +79,14 @@ def report(launches: List[Dict[str, object]], gpu: str = "h200") -> List[Dict[st
         raise ValueError(f"{len(launches)} profiled launches for {len(SHAPES)} shapes: profile only draft_block_kernel")
     rows = []
     for (n, k), ln in zip(SHAPES, launches):
+        for key, metric in (("warp_instructions", "smsp__inst_executed.sum"),
+                            ("measured_us", "gpu__time_duration.sum")):
+            if key not in ln:
+                raise ValueError(f"launch N = {n}, K = {k} has no {metric} in ncu's CSV")
         floor = draft_floor_bytes(n, k, RANK)
         rows.append(dict(op="draft_block", N=n, K=k, V=V, r=RANK, kernel=ln["kernel"], ctas=ln["ctas"],
-                         warp_instructions=ln.get("warp_instructions"), measured_us=ln.get("measured_us"),
-                         issue_us=round(issue_us(ln.get("warp_instructions", 0), ln["ctas"], gpu), 2),
+                         warp_instructions=ln["warp_instructions"], measured_us=ln["measured_us"],
+                         issue_us=round(issue_us(ln["warp_instructions"], ln["ctas"], gpu), 2),
                          floor_bytes=floor, floor_model_us=round(floor_model_us(floor, 1, gpu), 2),
                          note=f"measured under ncu on {gpu}; issue_us is bench/model.py's issue term (a model)"))
     return rows

@@ -183,6 +183,10 @@ def test_ncu_counts_turn_on_the_issue_term():
         ncu.report(launches[:2])
     with pytest.raises(ValueError, match="header"):
         ncu.parse_ncu_csv("no profile here\n")
+    no_time = [dict(ln) for ln in launches]
+    del no_time[1]["measured_us"]
+    with pytest.raises(ValueError, match="N = 64, K = 7 has no gpu__time_duration.sum"):
+        ncu.report(no_time)
 
 
 def test_headline_rows_carry_the_issue_term_when_a_count_is_given():

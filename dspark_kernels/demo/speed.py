@@ -154,6 +154,16 @@ def measure(target, dec: SpeculativeDecoder, prompts, *, batch: int, temperature
                                          "always_draft_speedup": round(a_tok / a_sec / target_tps, 3)})}
 
 
+def gated_scheduler(dec: SpeculativeDecoder, table, sts_temperatures, temperature: float, batches,
+                    mode: str = "exact") -> Scheduler:
+    """The speed runs' scheduler: ``mode`` with the target's cost table ``table`` and the drafting pass's, measured
+    here at ``temperature`` for 1, 2, 4 and each of ``batches`` requests (``Scheduler.draft_cost``: the gate that
+    runs the target alone where drafting does not pay)."""
+    draft = profile_draft_cost(dec, sorted({1, 2, 4, *batches}), context_len=128, temperature=temperature, repeats=5,
+                               warn=False)
+    return Scheduler(mode, cost_table=table, sts_temperatures=sts_temperatures, draft_cost=draft)
+
+
 def run(*, prompts_file: Optional[str] = None, n_prompts: int = 8, max_new: int = 128, batches=(1, 8),
         temperatures=(0.0, 1.0), repeats: int = 1, seed: int = 0, scheduler_mode: str = "exact",
         backend: str = "auto", always_draft: bool = False, log=print) -> dict:
@@ -169,16 +179,14 @@ def run(*, prompts_file: Optional[str] = None, n_prompts: int = 8, max_new: int 
     runs, draft_tables = [], {}
     for temp in temperatures:
         name = "greedy" if temp == 0 else "t1"
-        draft = None
+        sched = Scheduler(scheduler_mode, cost_table=table, sts_temperatures=sts[name])
         if table is not None and not always_draft:
-            draft = profile_draft_cost(dec, sorted({1, 2, 4, *batches}), context_len=128, temperature=temp,
-                                       repeats=5, warn=False)
-            draft_tables[name] = draft.to_dict()
-        sched = Scheduler(scheduler_mode, cost_table=table, sts_temperatures=sts[name], draft_cost=draft)
+            sched = gated_scheduler(dec, table, sts[name], temp, batches, scheduler_mode)
+            draft_tables[name] = sched.draft_cost.to_dict()
         for batch in batches:
             r = measure(target, dec, prompts, batch=batch, temperature=temp, max_new=max_new, repeats=repeats,
                         scheduler=sched, seed=seed,
-                        always=None if draft is None else dataclasses.replace(sched, draft_cost=None))
+                        always=None if sched.draft_cost is None else dataclasses.replace(sched, draft_cost=None))
             r["example"] = {k: tok.decode(v) for k, v in r["example"].items()}
             log(f"T = {temp}, batch {batch}: target {r['target_tokens_per_s']} tok/s, speculative "
                 f"{r['spec_tokens_per_s']} tok/s, {r['speedup']}x, acceptance {r['acceptance']}")
