@@ -112,12 +112,14 @@ def draft_floor_bytes(n: int, k: int, r: int = 256, fp8: bool = False, out_bytes
     return n * k * V * 2 + k * w2_bytes + n * k * r * 2 + n * k * out_bytes
 
 
-def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = False, warp_instructions: int = 0):
+def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = False, warp_instructions: int = 0,
+               issue_source: str = "measured"):
     """draft_block (vanilla, r = 256, bf16 U / W1 / W2, or an fp8 W2 with its row scales, greedy) at N = `n`,
     K = `k`. With ``run_k`` < k the harness
     runs ``run_k`` positions and the launch's per-position counters (bytes, DRAM estimate, MMAs, grid barriers) are
     scaled to k positions (every position does the same work), said in the row. ``warp_instructions``: the whole
-    launch's count measured on a GPU (bench/ncu_draft.py), which turns the model's issue term on (0: off)."""
+    launch's count, measured on a GPU (bench/ncu_draft.py) or estimated from the SASS (bench/sass_draft.py: say so
+    in ``issue_source``), which turns the model's issue term on (0: off)."""
     import dspark_kernels as dk
     from dspark_kernels import simt
     r, run_k = 256, run_k or k
@@ -125,7 +127,7 @@ def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = Fal
     with simt.record(dram=True) as rec:
         out = dk.draft_block(base, anchors, head, temperature=0.0, seed=1, backend="cuda")
     (ln,) = rec.launches
-    ln = dict(ln, warp_instructions=int(warp_instructions))
+    ln = dict(ln, warp_instructions=int(warp_instructions), issue_source=issue_source)
     if run_k != k:
         scale = k / run_k
         ln = dict(ln, **{key: int(round(ln[key] * scale)) for key in
@@ -146,7 +148,8 @@ def _row(op, params, launches, floor, gpu, access):
                         warp_instructions=ln.get("warp_instructions", 0)) for ln in launches]
     issue = sum(ln.get("warp_instructions", 0) for ln in launches)
     return dict(op=op, **params, launches=len(launches), access_model=access, floor_bytes=floor,
-                issue_term=f"on ({issue} warp instructions, measured)" if issue else "off",
+                issue_term=(f"on ({issue} warp instructions, {launches[0].get('issue_source', 'measured')})"
+                            if issue else "off"),
                 modelled_us=round(sum(p["modelled_us"] for p in per), 2),
                 floor_model_us=round(floor_model_us(floor, len(launches), gpu), 2),
                 per_launch_us={ln["kernel"]: round(p["modelled_us"], 2) for ln, p in zip(launches, per)},

@@ -5,7 +5,8 @@ key per sm_90a kernel of its ``--json`` report; ``python_tests/sass_facts.py`` r
 
 Per kernel: instruction count, counts of the opcodes that matter for a memory-bound kernel as SASS spells them
 (``LDG.E.128`` = 16-byte global loads, ``LDGSTS`` = cp.async, ``LDSM`` = ldmatrix, ``HMMA`` = tensor-core MMA,
-``LDS`` / ``STS`` shared loads / stores, ``BAR`` barriers, ``MUFU`` special-function ops, ...), and ``loops``: one
+``LDS`` / ``STS`` shared loads / stores, ``BAR`` barriers, ``MUFU`` special-function ops, ``LDL`` / ``STL`` local
+memory, ...), and ``loops``: one
 entry per innermost loop (a backward branch whose body holds no other backward branch), with its instruction
 count and the same opcode counts, i.e. what one iteration issues.
 
@@ -39,6 +40,8 @@ COUNTED = {
     "SHFL": lambda op: op.startswith("SHFL"),
     "ATOM": lambda op: op.startswith(("ATOM", "RED")),
     "FFMA": lambda op: op.startswith("FFMA"),
+    "LDL": lambda op: op.startswith("LDL"),  # local memory: the stack, spills, arrays indexed at run time
+    "STL": lambda op: op.startswith("STL"),
 }
 
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
@@ -46,26 +49,32 @@ _FUNC = re.compile(r"^\s*Function\s*:\s*(\S+)")
 _ARCH = re.compile(r"^\s*arch\s*=\s*(sm_\w+)")
 
 
-def cuobjdump(cuda_home: Optional[str] = None) -> Optional[str]:
-    """Path of a cuobjdump executable (toolkit, Triton wheel, nvidia-cuda-cuobjdump wheel), or None."""
+def toolkit_tool(name: str, cuda_home: Optional[str] = None) -> Optional[str]:
+    """Path of a CUDA binary utility (``cuobjdump``, ``nvdisasm``) from, in order: the toolkit, the Triton wheel's
+    ``backends/nvidia/bin``, the ``nvidia-cuda-<name>`` wheel, PATH; or None."""
     cands = []
     if cuda_home:
-        cands.append(os.path.join(cuda_home, "bin", "cuobjdump"))
+        cands.append(os.path.join(cuda_home, "bin", name))
     try:
         import triton
-        cands.append(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))
+        cands.append(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name))
     except ImportError:
         pass
     try:
         import nvidia
         for root in getattr(nvidia, "__path__", []):
-            cands += sorted(glob.glob(os.path.join(root, "*", "bin", "cuobjdump")))
+            cands += sorted(glob.glob(os.path.join(root, "*", "bin", name)))
     except ImportError:
         pass
-    which = shutil.which("cuobjdump")
+    which = shutil.which(name)
     if which:
         cands.append(which)
     return next((c for c in cands if os.path.isfile(c) and os.access(c, os.X_OK)), None)
+
+
+def cuobjdump(cuda_home: Optional[str] = None) -> Optional[str]:
+    """Path of a cuobjdump executable (:func:`toolkit_tool`), or None."""
+    return toolkit_tool("cuobjdump", cuda_home)
 
 
 def binary_archs(path: str, tool: str) -> Dict[str, List[str]]:

@@ -53,7 +53,8 @@
 //        the logits when asked, and fold the argmax or the Gumbel race winner (one Philox evaluation per quad: its
 //        four words are the quad's uniforms) and the softmax statistics of logits / T into a running partial kept
 //        in registers across the whole slice; one shuffle reduction per request and slice. The bias never reaches
-//        global memory. Partials go to a workspace [2 positions, slices, N] with their packed winners.
+//        global memory. Greedy rows of a staged 16-bit U with no logits or row scales take fold_pieces_greedy, a
+//        loop with none of the other paths' tests (the sweep's time at large N is its instruction count). Partials go to a workspace [2 positions, slices, N] with their packed winners.
 //        CTAs: every resident one (one per SM) while slices x lanes can fill the GPU and each slice keeps >= 128
 //        vocabulary rows (132 CTAs for V >= 16896 on a 132-SM GPU up to 4 groups; 128 = 8 x 16 at 16 groups); each
 //        reads the v rows of its groups per position (gated / rnn: r * 4 bytes a request, written by the phase
@@ -176,6 +177,12 @@ struct Plan {
 
 DSPARK_HOST_DEVICE_FN size_t dtype_size(DType t) {
   return t == DType::kFloat32 ? 4 : (t == DType::kFloat8E4M3 ? 1 : 2);
+}
+
+// The DType of a tensor-core operand type (bf16 or fp16).
+template <typename TW>
+DSPARK_HOST_DEVICE_FN constexpr DType mma_dtype() {
+  return std::is_same<TW, __half>::value ? DType::kFloat16 : DType::kBFloat16;
 }
 
 // CTA b's vocabulary slice [v0, v1) of G slices: whole groups of 16 tokens (four Philox calls' words; one 32-byte
@@ -312,6 +319,7 @@ DSPARK_DEVICE void vanilla_prologue(const DraftBlockParams& p, const Plan& plan,
   for (int j = warp; j < nb; j += kWarps) {
     uint64_t key = 0;
     if (k > 0) {
+#pragma unroll 1
       for (int s = lane; s < plan.slices; s += 32) {
         const uint64_t o = ld_coherent(ws.keys + part_at(k - 1, plan.slices, N, s, g0 + j));
         key = o > key ? o : key;
@@ -528,12 +536,26 @@ DSPARK_DEVICE FoldLane fold_lane(int t, int tpr, int E) {
 // row) are conflict-free too.
 DSPARK_HOST_DEVICE_FN int u_swizzle(int j, int E) { return E == 4 ? (j & 7) : ((j & 1) << 2) | ((j >> 1) & 3); }
 
+// The Gumbel race of a quad of logits l of tokens v..v+3 (cnt of them in the row) at temperature temp > 0: the
+// scaled logits x = l / temp and their race scores, from one Philox evaluation (its four words are the quad's
+// uniforms); -inf past the row's end.
+DSPARK_DEVICE void race_quad(const rng::Philox& ph, int64_t n, int64_t k, int64_t v, const float* l, float temp,
+                             int cnt, float (&x)[4], float (&sc)[4]) {
+  const rng::F32x4 u4 = ph.uniform4(n, k, rng::kStreamDraft, v >> 2);
+  const float u[4] = {u4.x, u4.y, u4.z, u4.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    x[e] = e < cnt ? l[e] / temp : neg_inf();
+    sc[e] = e < cnt ? gumbel_score(x[e], u[e]) : neg_inf();
+  }
+}
+
 // Thread `fl` of the tpr threads of request n folds its pieces of a tile into its running partial (fold_lane):
 // bias[i] * bscale is the bias of vocabulary row tile0 + i (tile0 a multiple of 16; times w2_scale[row] for an fp8
 // W2). It adds U (from the staged
 // tile `us` when not null: request fl.jf's row of stage_u_tile; else from global memory), writes the logits when
-// asked, and takes the argmax (greedy, temp == 0) or the Gumbel race winner of logits / temp (one Philox
-// evaluation per quad of 4 rows: its four words are the quad's uniforms), with the softmax statistics.
+// asked, and folds each quad of 4 rows (Part::add_n) into the argmax (greedy, temp == 0) or the Gumbel race
+// winner of logits / temp (race_quad), with the softmax statistics.
 DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph, int64_t n, int64_t k, int64_t tile0,
                                int rows, const float* bias, float bscale, float temp, const FoldLane& fl, int tpr,
                                const uint4* us, Part& pt) {
@@ -546,7 +568,7 @@ DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph,
   for (int i = E * fl.rank; i < rows; i += E * tpr) {
     float l[8];
     if (us != nullptr) {
-      const uint4 raw = us[(i / E) ^ swz];
+      const uint4 raw = us[(i >> (E == 4 ? 2 : 3)) ^ swz];  // piece i / E
       unpack_piece(raw, p.base_dtype, l);
     } else {
       load_piece(p.base, p.base_dtype, row0 + tile0 + i, rows - i < E ? rows - i : E, vec, l);
@@ -579,20 +601,45 @@ DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph,
       } else if (p.logits != nullptr) {
         for (int e = 0; e < cnt; ++e) stg(p.logits + row0 + v + e, lq[e]);
       }
-      rng::F32x4 u4{0.5f, 0.5f, 0.5f, 0.5f};
-      if (sampled) u4 = ph.uniform4(n, k, rng::kStreamDraft, v >> 2);
-      const float u[4] = {u4.x, u4.y, u4.z, u4.w};
+      float x[4], sc[4];  // the scaled logits and scores; -inf past the row's end
+      if (sampled) {
+        race_quad(ph, n, k, v, lq, temp, cnt, x, sc);
+      } else {  // greedy: the scaled logit is the logit (x / 1 = x), its score the logit with NaN as -inf
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (e < cnt) {
-          if (sampled) {  // greedy: the scaled logit is the logit (x / 1 = x), no division
-            const float xs = lq[e] / temp;
-            pt.add(xs, gumbel_score(xs, u[e]), v + e);
-          } else {
-            pt.add(lq[e], nan_to_neg_inf(lq[e]), v + e);
-          }
+        for (int e = 0; e < 4; ++e) {
+          x[e] = e < cnt ? lq[e] : neg_inf();
+          sc[e] = fmaxf(x[e], neg_inf());
         }
       }
+      pt.add_n<4>(x, sc, v);
+    }
+  }
+}
+
+// fold_pieces for the common case, with nothing tested per quad but the row's end: greedy, U of 16-bit type TU
+// staged in shared memory (us), a 16-bit W2 (no row scales), no logits written. Each quad folds at once
+// (Part::add_n<4, true>: one winner test, and the softmax statistics' maximum from it), in fold_lane's half order.
+template <typename TU>
+DSPARK_DEVICE void fold_pieces_greedy(int64_t tile0, int rows, const float* bias, float bscale, const FoldLane& fl,
+                                      int tpr, const uint4* us, Part& pt) {
+  const int swz = u_swizzle(fl.jf, 8);
+  for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {
+    const uint4 raw = us[(i >> 3) ^ swz];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int h = q ^ fl.flip, i4 = i + 4 * h;
+      const uint32_t w[2] = {h ? raw.z : raw.x, h ? raw.w : raw.y};  // the half's 4 elements of U
+      TU u[4];
+      memcpy(u, w, 8);
+      const float4 b4 = *reinterpret_cast<const float4*>(bias + i4);
+      const float b[4] = {b4.x, b4.y, b4.z, b4.w};
+      float x[4], sc[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        x[e] = i4 + e < rows ? to_float(u[e]) + b[e] * bscale : neg_inf();
+        sc[e] = fmaxf(x[e], neg_inf());  // NaN as -inf
+      }
+      pt.add_n<4, true>(x, sc, tile0 + i4);
     }
   }
 }
@@ -715,6 +762,90 @@ DSPARK_DEVICE bool split_store(float x, TW* hi, TW* lo) {
   return to_float(l) != 0.0f;
 }
 
+// The power of two 2^e that brings max |v| = amax to [2^13, 2^14) (e = 0 for 0, inf or NaN), e within [-100, 100].
+DSPARK_DEVICE int split_exponent(float amax) {
+  int e = 0;
+  if (amax > 0.0f && amax < INFINITY) {
+    frexpf(amax, &e);
+    e = kSplitExp - e;
+    e = e < -100 ? -100 : (e > 100 ? 100 : e);
+  }
+  return e;
+}
+
+// split_group's row for the vanilla head with W1 of W2's type (v = W1[x], a zero row for x outside [0, VT)) and
+// 16-byte rows, R <= 512: lane l holds elements 8 l and 8 l + 256 from one 16-byte load each, and stores its hi and
+// lo units with one 16-byte store each (consecutive lanes, consecutive units: conflict-free); the values of the
+// element path exactly (the same split of the same floats).
+template <typename TW>
+DSPARK_DEVICE bool split_row_w1(const TW* w1, int64_t x, int64_t VT, int64_t R, int64_t rpad, TW* hi, TW* lo,
+                                float* unscale_j, int lane) {
+  constexpr int kUnits = 2, kE = 8;
+  const bool in = x >= 0 && x < VT;
+  Vec16<TW> w[kUnits];
+  float amax = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kUnits; ++q) {
+    const int64_t c = kE * lane + 256 * q;
+    const uint4 raw = in && c < R ? ldg(reinterpret_cast<const uint4*>(w1 + x * R + c)) : make_uint4(0, 0, 0, 0);
+    memcpy(&w[q], &raw, 16);
+#pragma unroll
+    for (int e = 0; e < kE; ++e) amax = fmaxf(amax, fabsf(to_float(w[q].v[e])));
+  }
+  amax = warp_max(amax);
+  const int e = split_exponent(amax);
+  const float sc = ldexpf(1.0f, e);
+  if (lane == 0) *unscale_j = ldexpf(1.0f, -e);
+  bool lo_live = false;
+#pragma unroll
+  for (int q = 0; q < kUnits; ++q) {
+    const int64_t c = kE * lane + 256 * q;
+    if (c >= rpad) continue;
+    Vec16<TW> h, l;
+#pragma unroll
+    for (int i = 0; i < kE; ++i) lo_live |= split_store(to_float(w[q].v[i]) * sc, &h.v[i], &l.v[i]);
+    *reinterpret_cast<Vec16<TW>*>(hi + c) = h;
+    *reinterpret_cast<Vec16<TW>*>(lo + c) = l;
+  }
+  return lo_live;
+}
+
+// split_group's row j of any v (the workspace's float32 rows, or W1's rows of any type), element by element: lane l
+// takes elements l + 32 q (held in registers for R <= 512).
+template <typename TW>
+DSPARK_DEVICE bool split_row_elements(const VRows& vr, int64_t R, int64_t rpad, int64_t g0, int j, TW* hi, TW* lo,
+                                      float* unscale_j, int lane) {
+  bool lo_live = false;
+  constexpr int kHold = 16;  // R <= 512: the row stays in registers between the max and the split
+  float held[kHold];
+  float amax = 0.0f;
+  if (R <= 32 * kHold) {
+#pragma unroll
+    for (int q = 0; q < kHold; ++q) {
+      const int64_t c = lane + 32 * q;
+      held[q] = c < R ? vr.at(g0, j, c) : 0.0f;
+      amax = fmaxf(amax, fabsf(held[q]));
+    }
+  } else {
+    for (int64_t c = lane; c < R; c += 32) amax = fmaxf(amax, fabsf(vr.at(g0, j, c)));
+  }
+  amax = warp_max(amax);
+  const int e = split_exponent(amax);
+  const float sc = ldexpf(1.0f, e);
+  if (lane == 0) *unscale_j = ldexpf(1.0f, -e);
+  if (R <= 32 * kHold) {
+#pragma unroll
+    for (int q = 0; q < kHold; ++q) {
+      const int64_t c = lane + 32 * q;
+      if (c < rpad) lo_live |= split_store(held[q] * sc, hi + c, lo + c);
+    }
+  } else {
+    for (int64_t c = lane; c < rpad; c += 32)
+      lo_live |= split_store(c < R ? vr.at(g0, j, c) * sc : 0.0f, hi + c, lo + c);
+  }
+  return lo_live;
+}
+
 // The group's v rows as hi + lo rows of W2's type (one warp per request; rows nb..nbp-1 are zero): hi = T(v s),
 // lo = T(v s - hi), with s a power of two per request that brings max |v| to [2^13, 2^14) (fp16's range; exact,
 // undone on the bias through unscale[j] = 1 / s). vt holds all hi rows, then all lo rows, `ldv` apart. Returns
@@ -724,6 +855,8 @@ template <typename TW>
 DSPARK_DEVICE bool split_group(const VRows& vr, int64_t R, int64_t rpad, int64_t g0, int nb, int nbp, TW* vt,
                                int64_t lo_off, int ldv, float* unscale, int lane, int warp) {
   bool lo_live = false;
+  const bool w1_rows = vr.v == nullptr && vr.w1_dtype == mma_dtype<TW>() && R % 8 == 0 && R <= 512 &&
+                       is_aligned16(vr.w1);  // split_row_w1's case
   for (int j = warp; j < nbp; j += kWarps) {
     TW* hi = vt + static_cast<int64_t>(j) * ldv;
     TW* lo = hi + lo_off;
@@ -731,61 +864,59 @@ DSPARK_DEVICE bool split_group(const VRows& vr, int64_t R, int64_t rpad, int64_t
       for (int64_t c = lane; c < rpad; c += 32) hi[c] = lo[c] = from_float<TW>(0.0f);
       continue;
     }
-    constexpr int kHold = 16;  // R <= 512: the row stays in registers between the max and the split
-    float held[kHold];
-    float amax = 0.0f;
-    if (R <= 32 * kHold) {
-#pragma unroll
-      for (int q = 0; q < kHold; ++q) {
-        const int64_t c = lane + 32 * q;
-        held[q] = c < R ? vr.at(g0, j, c) : 0.0f;
-        amax = fmaxf(amax, fabsf(held[q]));
-      }
-    } else {
-      for (int64_t c = lane; c < R; c += 32) amax = fmaxf(amax, fabsf(vr.at(g0, j, c)));
-    }
-    amax = warp_max(amax);
-    int e = 0;
-    if (amax > 0.0f && amax < INFINITY) {
-      frexpf(amax, &e);
-      e = kSplitExp - e;
-      e = e < -100 ? -100 : (e > 100 ? 100 : e);
-    }
-    const float sc = ldexpf(1.0f, e);
-    if (lane == 0) unscale[j] = ldexpf(1.0f, -e);
-    if (R <= 32 * kHold) {
-#pragma unroll
-      for (int q = 0; q < kHold; ++q) {
-        const int64_t c = lane + 32 * q;
-        if (c < rpad) lo_live |= split_store(held[q] * sc, hi + c, lo + c);
-      }
-    } else {
-      for (int64_t c = lane; c < rpad; c += 32)
-        lo_live |= split_store(c < R ? vr.at(g0, j, c) * sc : 0.0f, hi + c, lo + c);
-    }
+    lo_live |= w1_rows ? split_row_w1(static_cast<const TW*>(vr.w1), vr.xs[j], vr.VT, R, rpad, hi, lo, unscale + j,
+                                      lane)
+                       : split_row_elements(vr, R, rpad, g0, j, hi, lo, unscale + j, lane);
   }
   return lo_live;
 }
 
-// Chunk c of the CTA's W2 stream (tile c / nchunks of 128 vocabulary rows, columns kRKm * (c % nchunks) on) into
-// a ring slot [kThreads][kStride]: 16-byte cp.async copies (zero-filled past the slice or the rank) when W2's rows
-// are 16-byte aligned, else element copies.
-template <typename TW, int kStride>
-DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t v0, int64_t v1, int nchunks,
-                                  int64_t c, bool vec, TW* slot, int t) {
-  constexpr int kEpv = static_cast<int>(16 / sizeof(TW));
-  const int64_t tile0 = v0 + (c / nchunks) * kThreads;
-  const int64_t rc = (c % nchunks) * kRKm;
-  const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);  // a multiple of 32
-  const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
-  if (vec) {
-    const int vpr = width / kEpv;  // vectors per staged row
-    for (int i = t; i < kThreads * vpr; i += kThreads) {
-      const int row = i / vpr, q = i - row * vpr;
-      const int64_t col = rc + q * kEpv;
-      const bool in = row < rows && col < R;  // R is a multiple of kEpv here
-      cp_async_zfill<16>(slot + row * kStride + q * kEpv, in ? w2 + (tile0 + row) * R + col : w2, in ? 16 : 0);
+// A place in a CTA's chunk stream: chunk c = tile * nchunks + ci, in ring slot c % kStages, its tile's U in slot
+// tile % uslots; moved on by counters, so the sweep's loop divides nothing.
+struct ChunkCursor {
+  int c, tile;  // (a slice's chunks number at most V / 16 * 32: well within int)
+  int ci, slot, uslot;
+  DSPARK_DEVICE void next(int nchunks, int uslots) {
+    ++c;
+    if (++slot == kStages) slot = 0;
+    if (++ci == nchunks) {
+      ci = 0;
+      ++tile;
+      if (++uslot == uslots) uslot = 0;
     }
+  }
+};
+
+// kVpr 16-byte vectors of each of the 128 rows from src (rows R elements apart; `rows` of them in the slice, `cols`
+// elements left in each) into a ring slot [kThreads][kStride] by cp.async, zero-filled past either end (a zero-size
+// copy reads nothing; `any` is a valid address to name). Thread t takes vector t % kVpr of rows t / kVpr + j *
+// (kThreads / kVpr): no division, one predicate and one copy per vector.
+template <int kVpr, typename TW, int kStride>
+DSPARK_DEVICE void stage_rows_vec(const TW* src, const TW* any, int64_t R, int rows, int64_t cols, TW* slot, int t) {
+  constexpr int kEpv = static_cast<int>(16 / sizeof(TW)), kStep = kThreads / kVpr;
+  const int q = t % kVpr, row0 = t / kVpr;
+  const bool col_in = q * kEpv < cols;  // R is a multiple of kEpv here
+  const TW* s = src + row0 * R + q * kEpv;
+  const int64_t step = kStep * R;
+  TW* d = slot + row0 * kStride + q * kEpv;
+#pragma unroll
+  for (int j = 0; j < kVpr; ++j, s += step, d += kStep * kStride) {
+    const bool in = col_in && row0 + j * kStep < rows;
+    cp_async_zfill<16>(d, in ? s : any, in ? 16 : 0);
+  }
+}
+
+// Chunk ci of W2's tile from row tile0 (`rows` of its 128 rows in the slice; columns kRKm * ci on) into a ring slot
+// [kThreads][kStride]: 16-byte cp.async copies (zero-filled past the slice or the rank) when W2's rows are 16-byte
+// aligned, else element copies.
+template <typename TW, int kStride>
+DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t tile0, int rows, int ci, bool vec,
+                                  TW* slot, int t) {
+  constexpr int kEpv = static_cast<int>(16 / sizeof(TW));
+  const int64_t rc = int64_t(ci) * kRKm;
+  const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);  // a multiple of 32
+  if (vec) {  // (a 32-column last chunk: its other 32 columns are zero-filled, and no MMA reads them)
+    stage_rows_vec<kRKm / kEpv, TW, kStride>(w2 + tile0 * R + rc, w2, R, rows, R - rc, slot, t);
   } else {
     for (int i = t; i < kThreads * width; i += kThreads) {
       const int row = i / width, q = i - row * width;
@@ -804,15 +935,15 @@ DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t
 // plan has checked that U's rows allow them (V a multiple of 16 bytes of U, U 16-byte aligned).
 DSPARK_DEVICE void stage_u_tile(const DraftBlockParams& p, int64_t g0, int nb, int64_t k, int64_t tile0, int rows,
                                 uint4* slot, int t) {
-  const int E = p.base_dtype == DType::kFloat32 ? 4 : 8, upr = kThreads / E;  // units per request
+  const int E = p.base_dtype == DType::kFloat32 ? 4 : 8, log_upr = E == 4 ? 5 : 4, upr = 1 << log_upr;
   const char* base = static_cast<const char*>(p.base);
   const int64_t esz = static_cast<int64_t>(dtype_size(p.base_dtype));
-  for (int i = t; i < nb * upr; i += kThreads) {
-    const int j = i / upr, u = i - j * upr;
-    const bool in = u * E < rows;
-    const char* src = base + (((g0 + j) * p.K + k) * p.V + tile0 + int64_t(u) * E) * esz;
+  const int u = t & (upr - 1);  // the unit this thread copies of each of its requests' rows: no division
+  const bool in = u * E < rows;
+  const char* src = base + (((g0 + (t >> log_upr)) * p.K + k) * p.V + tile0 + int64_t(u) * E) * esz;
+  const int64_t step = int64_t(kThreads >> log_upr) * p.K * p.V * esz;  // kThreads / upr requests on
+  for (int j = t >> log_upr; j < nb; j += kThreads >> log_upr, src += step)
     cp_async_zfill<16>(slot + j * upr + (u ^ u_swizzle(j, E)), in ? src : base, in ? 16 : 0);
-  }
 }
 
 // A staged fp8 chunk (rows of kRawStride8 bytes, `width` of them used) widened to bf16 rows of kWtStrideM elements:
@@ -834,13 +965,14 @@ DSPARK_DEVICE void widen_chunk(const __nv_fp8_e4m3* raw, __nv_bfloat16* out, int
 
 // One staged chunk on tensor cores: warp w owns rows 32w..32w+31 of the tile (two m16 blocks, A from the ring slot
 // through ldmatrix x4), and for each 8 requests one ldmatrix x4 gives the hi and lo B fragments; two MMAs (hi, lo)
-// per block and 8 requests, one when the group's lo rows are all zero (`lo_live` false).
-template <typename TW, int kFrags>
+// per block and 8 requests (kLo), one when the group's lo rows are all zero.
+template <typename TW, int kFrags, bool kLo>
 DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const TW* vt, int64_t lo_off, int ldv,
-                             int64_t rc, int width, int nb, bool lo_live, int lane, int warp) {
+                             int64_t rc, int width, int nb, int lane, int warp) {
   const int j = lane & 7, m = lane >> 3;  // lane supplies row j of matrix m
   const TW* arow = slot + (warp * 32 + (m & 1) * 8 + j) * kWtStrideM + (m >> 1) * 8;
   const TW* brow = vt + (m >> 1) * lo_off + static_cast<int64_t>(j) * ldv + rc + (m & 1) * 8;
+#pragma unroll 1  // one k-step per SASS iteration (bench/sass_draft.py counts them)
   for (int kk = 0; kk < width; kk += 16) {
     uint32_t a[2][4];
     warp::ldmatrix<4>(a[0], arow + kk);
@@ -854,7 +986,7 @@ DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const T
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], bhi);
-          if (lo_live) warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], blo);
+          if (kLo) warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], blo);
         }
       }
     }
@@ -889,7 +1021,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   int64_t v0, v1;
   slice_bounds(V, plan.slices, slice, v0, v1);
   const int nchunks = static_cast<int>((rpad + kRKm - 1) / kRKm);
-  const int64_t total = v1 > v0 ? (v1 - v0 + kThreads - 1) / kThreads * nchunks : 0;
+  const int total = v1 > v0 ? static_cast<int>((v1 - v0 + kThreads - 1) / kThreads) * nchunks : 0;
   const TS* w2 = static_cast<const TS*>(p.w2);
   const bool vec = (R * static_cast<int64_t>(sizeof(TS))) % 16 == 0 && is_aligned16(w2);
   const int tpr = plan.tpr;
@@ -901,23 +1033,28 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   const int64_t uslot_units = int64_t(plan.group) * urow_units;
   const bool fused = p.head == kVanilla;  // (the workspace then has no v rows: ws.v is null)
   const VRows vr{ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
+  // fold_pieces_greedy's case, but for the temperature: U staged and of W2's 16-bit type, no row scales, no logits
+  const bool fast_fold = plan.stage_u && p.base_dtype == mma_dtype<TW>() && p.w2_scale == nullptr &&
+                         p.logits == nullptr;
   for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
     const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
     const int nbp = (nb + 7) / 8 * 8;
-    // chunk c of W2 into its ring slot, and with a tile's last chunk the tile's U (stage_u), in one commit group
-    auto stage = [&](int64_t c) {
-      if (c < total) {
-        stage_w2_chunk<TS, kSlotStride>(w2, R, rpad, v0, v1, nchunks, c, vec, ring + (c % kStages) * slot_elems, t);
-        if (plan.stage_u && c % nchunks == nchunks - 1) {
-          const int64_t tile = c / nchunks, tile0 = v0 + tile * kThreads;
-          stage_u_tile(p, g0, nb, k, tile0, static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads),
-                       uring + (tile % plan.uslots) * uslot_units, t);
-        }
+    // the chunk at `at` into its ring slot, and with a tile's last chunk the tile's U (stage_u), in one commit
+    // group; then `at` moves on
+    ChunkCursor at{};
+    auto stage = [&]() {
+      if (at.c < total) {
+        const int64_t tile0 = v0 + at.tile * kThreads;
+        const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
+        stage_w2_chunk<TS, kSlotStride>(w2, R, rpad, tile0, rows, at.ci, vec, ring + at.slot * slot_elems, t);
+        if (plan.stage_u && at.ci == nchunks - 1)
+          stage_u_tile(p, g0, nb, k, tile0, rows, uring + at.uslot * uslot_units, t);
       }
       cp_async_commit();
+      at.next(nchunks, plan.uslots);
     };
     __syncthreads();  // the previous group is done with vt, the ring, the U slots and lt
-    for (int s = 0; s < kStages - 1; ++s) stage(s);  // the ring's first chunks fly while v is split
+    for (int s = 0; s < kStages - 1; ++s) stage();  // the ring's first chunks fly while v is split
     if (fused) {  // (the vt area is its scratch until the split)
       vanilla_prologue(p, plan, ws, k, g0, nb, slice, sc.xs, smem, sc.parts, sc.sums);
       __syncthreads();
@@ -930,15 +1067,15 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
     }
     Part pt = Part::empty();
     float acc[2][kFrags][4];
-    for (int64_t c = 0; c < total; ++c) {
-      cp_async_wait<kStages - 2>();  // chunk c has landed (this thread's copies) ...
-      if (c == 0) {                  // ... and everyone's; slot (c - 1) % kStages is free again
+    for (ChunkCursor cu{}; cu.c < total; cu.next(nchunks, plan.uslots)) {
+      cp_async_wait<kStages - 2>();  // chunk cu has landed (this thread's copies) ...
+      if (cu.c == 0) {               // ... and everyone's; the slot before cu's is free again
         lo_live = __syncthreads_or(lo_mine);  // (and the split is done: whether any lo row is not zero)
       } else {
         __syncthreads();
       }
-      stage(c + kStages - 1);
-      const int ci = static_cast<int>(c % nchunks);
+      stage();  // chunk cu + kStages - 1
+      const int ci = cu.ci;
       if (ci == 0) {
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
@@ -951,15 +1088,19 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);
       const TW* chunk;
       if constexpr (kWiden) {
-        widen_chunk(ring + (c % kStages) * slot_elems, wide, width, t);
+        widen_chunk(ring + cu.slot * slot_elems, wide, width, t);
         __syncthreads();
         chunk = wide;
       } else {
-        chunk = ring + (c % kStages) * slot_elems;
+        chunk = ring + cu.slot * slot_elems;
       }
-      mma_chunk<TW, kFrags>(acc, chunk, vt, lo_off, ldv, rc, width, nb, lo_live, lane, warp);
+      if (lo_live) {  // block-uniform: a loop without the lo products' predicates when every lo row is zero
+        mma_chunk<TW, kFrags, true>(acc, chunk, vt, lo_off, ldv, rc, width, nb, lane, warp);
+      } else {
+        mma_chunk<TW, kFrags, false>(acc, chunk, vt, lo_off, ldv, rc, width, nb, lane, warp);
+      }
       if (ci == nchunks - 1) {
-        const int64_t tile0 = v0 + (c / nchunks) * kThreads;
+        const int64_t tile0 = v0 + cu.tile * kThreads;
         const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
@@ -972,9 +1113,12 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
         __syncthreads();
         if (jf < nb) {
           const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
-          const uint4* us =
-              plan.stage_u ? uring + ((c / nchunks) % plan.uslots) * uslot_units + jf * urow_units : nullptr;
-          fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], fl, tpr, us, pt);
+          const uint4* us = plan.stage_u ? uring + cu.uslot * uslot_units + jf * urow_units : nullptr;
+          if (fast_fold && temps[jf] == 0.0f) {
+            fold_pieces_greedy<TW>(tile0, rows, lt + jf * kLtStrideM, unscale[jf], fl, tpr, us, pt);
+          } else {
+            fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], fl, tpr, us, pt);
+          }
         }
       }
     }

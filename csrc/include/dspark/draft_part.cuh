@@ -30,6 +30,48 @@ struct Part {
     if (x != x) bad = 1;
     stats.update(x);
   }
+#if defined(__CUDACC__) || defined(DSPARK_SIMT)
+  // add() of kN tokens i..i+kN-1 in turn (x: scaled logits, sc: their NaN-free scores; a token past the row's end
+  // has -inf in both), at the cost of one winner test per call and a softmax rescale only when the call raises the
+  // maximum: s gains 2^((x - m) log2 e) per token (sum_exp2), and turns NaN once a NaN or a +inf enters with m
+  // finite (the row's log-probability is then NaN, as logprob() says of bad rows); a NaN met while m is still -inf
+  // sets bad. kScoreIsLogit: sc is x with NaN as -inf (greedy), so the highest score is also the maximum of x.
+  template <int kN, bool kScoreIsLogit = false>
+  DSPARK_DEVICE void add_n(const float (&x)[kN], const float (&sc)[kN], int64_t i) {
+    // the first highest score, by selects (an index into x or sc would put them in local memory)
+    float top = sc[0], top_x = x[0];
+    int best = 0;
+#pragma unroll
+    for (int e = 1; e < kN; ++e) {
+      const bool higher = sc[e] > top;
+      top = higher ? sc[e] : top;
+      top_x = higher ? x[e] : top_x;
+      best = higher ? e : best;
+    }
+    if (win.beaten_by(top, i + best)) {
+      win = ArgMax{top, i + best};
+      scaled = top_x;
+    }
+    float qm = top;
+    if (!kScoreIsLogit) {
+      qm = x[0];
+#pragma unroll
+      for (int e = 1; e < kN; ++e) qm = fmaxf(qm, x[e]);  // NaN ignored
+    }
+    constexpr float kLog2e = 1.4426950408889634f;
+    if (qm > stats.m) {  // rare once a thread has seen a few calls; from m = -inf, s stays 0
+      stats.s *= sum_exp2((stats.m - qm) * kLog2e);
+      stats.m = qm;
+    }
+    if (stats.m > neg_inf()) {
+#pragma unroll
+      for (int e = 0; e < kN; ++e) stats.s += sum_exp2((x[e] - stats.m) * kLog2e);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kN; ++e) bad |= x[e] != x[e] ? 1 : 0;
+    }
+  }
+#endif
   DSPARK_HOST_DEVICE_FN void merge(const Part& o) {
     if (win.beaten_by(o.win.value, o.win.index)) {
       win = o.win;

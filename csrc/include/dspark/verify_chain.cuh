@@ -542,18 +542,6 @@ DSPARK_DEVICE void emit_sampled(const VerifyChainParams& p, const Workspace& w, 
 }
 
 // ------------------------------------------------------------------------------------------------ 1. stats
-// 2^x for the softmax sums: one MUFU.EX2 on the GPU (relative error about 2^-22; results below 2^-126 flush to 0,
-// which no sum of terms <= 1 notices); exp2f in the SIMT build.
-DSPARK_DEVICE float sum_exp2(float x) {
-#if defined(__CUDA_ARCH__)
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return exp2f(x);
-#endif
-}
-
 // One thread's scan of the elements it visits of one (row, chunk), in increasing index order: the raw maximum (NaN
 // ignored, as fmaxf does) and the lowest index holding it (ties inside a thread need no rule: a later equal value
 // never replaces; a thread that saw only -inf / NaN takes the first index it visited), and, for sampled rows,

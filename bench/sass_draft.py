@@ -1,0 +1,201 @@
+#!/usr/bin/env python
+"""draft_block's warp instructions at a shape, estimated from its sm_90a SASS (a MODEL, not a measurement): the
+shipped kernel's line-annotated disassembly charged with how often each source block runs at that shape
+(tools/sass_regions.py), for the case bench/model_headline.py models (vanilla head, bf16 U / W1 / W2, greedy, U
+staged, no logits written, no confidence head). Nsight Compute measures the same count on a GPU
+(bench/ncu_draft.py); this estimate stands in for it where none is lent, and feeds the model's issue term.
+
+    python bench/sass_draft.py [--object OBJ] [--json PATH] [--model] N K [N K ...]
+
+Without ``--object`` it compiles csrc/torch/draft_block.cu for sm_90a (about a minute; needs nvcc). ``--model``
+also prints bench/model_headline.py's draft_block row with the issue term on from this count.
+
+Counts are per CTA, summed over its 4 warps, for the busiest CTA (lane 0 and the widest slice), times the CTAs: an
+upper bound for the path wherever a branch's two sides share a source block (the rare winner and rescale branches of
+Part::add_n are charged on every piece), for finite logits (add_n's NaN branch, taken while every logit so far is
+-inf, once a group sweep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sass_regions as sr  # noqa: E402
+from model_headline import V, draft_sweep_plan  # noqa: E402
+
+HEADERS = os.path.join(ROOT, "csrc", "include", "dspark")
+PROJECT = sorted(f for f in os.listdir(HEADERS) if f.endswith(".cuh"))  # the files whose lines regions name
+WARPS = 4
+
+
+def shape(n: int, k: int, vocab: int = V, rank: int = 256) -> dict:
+    """The busiest CTA's trip counts at (N, K, V, r), from the launch plan (bench/model_headline.draft_sweep_plan)."""
+    plan = draft_sweep_plan(n, vocab, rank)
+    rpad = -(-rank // 32) * 32
+    groups = -(-n // plan["group"])
+    units = -(-vocab // 16)
+    rows = 16 * -(-units // plan["slices"])  # the widest slice
+    tiles = -(-rows // 128)
+    nchunks = -(-rpad // 64)
+    nb = min(n, plan["group"])
+    nbp = -(-nb // 8) * 8
+    tpr = 32
+    while tpr > 1 and tpr * plan["group"] > 128:
+        tpr //= 2
+    return dict(plan, K=k, N=n, rpad=rpad, G=-(-groups // plan["lanes"]), tiles=tiles, nchunks=nchunks,
+                chunks=tiles * nchunks, nb=nb, nbp=nbp, tpr=tpr, fold_warps=-(-nb * tpr // 32), pieces=max(1, 128 // (8 * tpr)))
+
+
+def regions(s: dict) -> list:
+    """The source blocks of the path and their executions per CTA (summed over warps) at shape `s`."""
+    db, rd, rng, part = (os.path.join(HEADERS, f) for f in ("draft_block.cuh", "reduce.cuh", "rng.cuh",
+                                                             "draft_part.cuh"))
+    K, G, W, nb = s["K"], s["G"], WARPS, s["nb"]
+    groups = K * G  # group sweeps per CTA
+    chunks, tiles = groups * s["chunks"], groups * s["tiles"]
+    fold = tiles * s["fold_warps"] * s["pieces"]
+    merges = math.ceil(s["N"] / s["ctas"]) + (K - 1) * G * math.ceil(nb / s["slices"])
+    table = [
+        # the kernel: K positions, the last position's merges; the gated / rnn phases are off the path
+        (db, "for (int64_t k = 0; k < p.K; ++k) {", K * W, "draft_block_kernel(DraftBlockParams p"),
+        (db, "if (p.head != kVanilla) {", 0, "draft_block_kernel(DraftBlockParams p"),
+        (db, "for (int64_t n = blockIdx.x; n < p.N; n += gridDim.x) {", math.ceil(s["N"] / s["ctas"]) * W,
+         "draft_block_kernel(DraftBlockParams p"),
+        (db, "for (int i = threadIdx.x; i < G; i += blockDim.x) acc.merge", merges * W * math.ceil(s["slices"] / 128),
+         None),
+        (rd, "for (int w = 1; w < nwarps; ++w) r.merge(scratch[w]);", merges * W * (W - 1), None),
+        # the phases are functions of their own on the GPU (their code's chains stop at them): the sweep runs once
+        # a position, the gated / rnn phases not at all
+        (db, "DSPARK_DRAFT_PHASE void phase_sweep_mma(", K * W, None),
+        (db, "DSPARK_DRAFT_PHASE void phase_request(", 0, None),
+        (db, "DSPARK_DRAFT_PHASE void phase_matvec(", 0, None),
+        # the vanilla prologue, once per group sweep
+        (db, "for (int j = warp; j < nb; j += kWarps) {", groups * nb, "void vanilla_prologue"),
+        (db, "for (int s = lane; s < plan.slices; s += 32) {", groups * nb * math.ceil(s["slices"] / 32),
+         "void vanilla_prologue"),
+        (db, "for (int o = 16; o > 0; o >>= 1) {", groups * nb * 5, "void vanilla_prologue"),
+        (db, "for (int j = first; j < nb; j += plan.slices) {", groups * math.ceil(nb / s["slices"]) * W,
+         "void vanilla_prologue"),
+        (db, "if (p.conf_w != nullptr) {", 0, "void vanilla_prologue"),
+        # (and the functions only the confidence head and the gated / rnn phases call: the compiler's inline line
+        # info does not always place their code inside the blocks that call them)
+        (db, "DSPARK_DEVICE void gather_e(", 0, None),
+        (db, "DSPARK_DEVICE void confidence(", 0, None),
+        # the split of v into hi / lo rows
+        (db, "for (int j = warp; j < nbp; j += kWarps) {", groups * s["nbp"], "bool split_group"),
+        (db, "if (j >= nb) {", groups * (s["nbp"] - nb), "bool split_group"),
+        (db, "for (int64_t c = lane; c < rpad; c += 32) hi[c] = lo[c]", groups * (s["nbp"] - nb) * s["rpad"] // 32,
+         "bool split_group"),
+        (db, "DSPARK_DEVICE bool split_row_w1(", groups * nb, None),  # the vanilla head's W1 rows of W2's type
+        (db, "DSPARK_DEVICE bool split_row_elements(", 0, None),
+        (db, "DSPARK_DEVICE float at(int64_t g0, int j, int64_t c) const {", 0, None),  # (only that path's)
+        # the sweep: group loop, temperatures, the staging lambda (2 + chunks calls a group), the chunk loop
+        (db, "for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N;", groups * W, "void phase_sweep_mma"),
+        (db, "for (int j = t; j < nb; j += kThreads) {", groups * math.ceil(nb / 32), "void phase_sweep_mma"),
+        (db, "auto stage = [&]() {", (chunks + 2 * groups) * W, "void phase_sweep_mma"),
+        (db, "for (int s = 0; s < kStages - 1; ++s) stage();", 2 * groups * W, "void phase_sweep_mma"),
+        (db, "stage_u_tile(p, g0, nb, k, tile0, rows, uring", tiles * W, "void phase_sweep_mma"),
+        (db, "for (int j = t >> log_upr; j < nb;", tiles * W * math.ceil(nb / 8), "void stage_u_tile"),
+        (db, "DSPARK_DEVICE void stage_u_tile(", tiles * W, None),
+        (db, "for (int i = t; i < kThreads * width; i += kThreads) {", 0, "void stage_w2_chunk"),
+        (db, "for (ChunkCursor cu{}; cu.c < total;", chunks * W, "void phase_sweep_mma"),
+        (db, "if (ci == 0) {", tiles * W, "void phase_sweep_mma"),
+        (db, "mma_chunk<TW, kFrags, true>", 0, "void phase_sweep_mma"),  # the vanilla head's v has no lo rows
+        (db, "mma_chunk<TW, kFrags, false>", chunks * W, "void phase_sweep_mma"),
+        (db, "for (int kk = 0; kk < width; kk += 16) {", chunks * W * 4, "void mma_chunk"),
+        (db, "if (ci == nchunks - 1) {", tiles * W, "void phase_sweep_mma"),
+        (db, "if (jf < nb) {", tiles * s["fold_warps"], "void phase_sweep_mma"),
+        # the fold (greedy, U staged: fold_pieces_greedy), once a tile for each folding warp, a piece of 8 rows of U
+        # an iteration; add_n's NaN branch is taken while every logit so far is -inf: once a group sweep. Off the
+        # path: the general fold_pieces and what only it calls (U from global memory, fp32 U, an fp8 W2, logits
+        # written, flipped pieces, the sampled race)
+        (db, "DSPARK_DEVICE void fold_pieces_greedy(", tiles * s["fold_warps"], None),
+        (db, "for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {", fold, "void fold_pieces_greedy("),
+        (part, "else {", groups * s["fold_warps"], "void add_n("),
+        (db, "DSPARK_DEVICE void fold_pieces(", 0, None),
+        (db, "DSPARK_DEVICE void load_piece(", 0, None),
+        (db, "DSPARK_DEVICE void unpack_piece(", 0, None),
+        (db, "DSPARK_DEVICE void race_quad(", 0, None),
+        (rd, "DSPARK_HOST_DEVICE_FN float gumbel_score(", 0, None),
+        (rng, "DSPARK_HOST_DEVICE void mulhilo32(", 0, None),
+        (rng, "DSPARK_HOST_DEVICE U32x4 philox4x32_10(", 0, None),
+        (rng, "DSPARK_HOST_DEVICE float bits_to_uniform(", 0, None),
+        (rng, "DSPARK_HOST_DEVICE U32x4 block(", 0, None),
+        (rng, "DSPARK_HOST_DEVICE F32x4 uniform4(", 0, None),
+        (db, "for (int o = 32 / tpr; o < 32; o <<= 1)", groups * W * int(math.log2(s["tpr"])), None),
+    ]
+    return [sr.find_region(path, marker, count, after=after, name=marker) for path, marker, count, after in table]
+
+
+def kernel_name(s: dict) -> str:
+    return f"draft_block_kernelI13__nv_bfloat16Li{64 if s['group'] > 8 else 8}ELb1E"
+
+
+def compile_object(tmp: str) -> str:
+    """csrc/torch/draft_block.cu compiled for sm_90a with the extension's flags (tools/check_cuda.py --keep)."""
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "check_cuda.py"), "--archs", "9.0a", "--keep", tmp,
+                    os.path.join(ROOT, "csrc", "torch", "draft_block.cu")], check=True, capture_output=True)
+    return os.path.join(tmp, "csrc_torch_draft_block.cu.o")
+
+
+def estimate(funcs: dict, n: int, k: int) -> dict:
+    """The launch's estimated warp instructions at (n, k) and the busiest CTA's share by source block."""
+    s = shape(n, k)
+    name = next(f for f in funcs if kernel_name(s) in f)
+    frags = (64 if s["group"] > 8 else 8) // 8
+    # mma_chunk's instance with the lo products (two HMMA a block and fragment, not one) is off the path: the
+    # vanilla head's v rows have no lo part
+    lo_loop = lambda body: sum(" HMMA." in f" {i.text}" for i in body) == 4 * frags  # noqa: E731
+    per_cta = sr.estimate(funcs[name], regions(s), PROJECT, off_path=lo_loop)
+    top = sorted(per_cta["by_region"].items(), key=lambda kv: -kv[1])[:8]
+    return dict(N=n, K=k, V=V, r=256, ctas=s["ctas"], kernel=name,
+                warp_instructions=int(round(per_cta["warp_instructions"] * s["ctas"])),
+                per_cta=int(round(per_cta["warp_instructions"])), per_cta_by_block={b: int(c) for b, c in top},
+                note="estimated from the sm_90a SASS (bench/sass_draft.py), not measured")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("shapes", type=int, nargs="+", help="N K pairs")
+    ap.add_argument("--object", help="an object or library holding draft_block's sm_90a SASS (-lineinfo)")
+    ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--model", action="store_true", help="also model each shape with the issue term on")
+    args = ap.parse_args()
+    if len(args.shapes) % 2:
+        ap.error("shapes come in N K pairs")
+    import sass
+    home = os.environ.get("CUDA_HOME")
+    cuobjdump, nvdisasm = sass.toolkit_tool("cuobjdump", home), sass.toolkit_tool("nvdisasm", home)
+    if not cuobjdump or not nvdisasm:
+        print("sass_draft: needs cuobjdump and nvdisasm (the CUDA toolkit or the Triton wheel)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        funcs = sr.lined_functions(args.object or compile_object(tmp), cuobjdump, nvdisasm)
+    rows = []
+    for n, k in zip(args.shapes[::2], args.shapes[1::2]):
+        row = estimate(funcs, n, k)
+        if args.model:
+            from model_headline import draft_rows
+            os.environ.setdefault("DSPARK_SIMT", "1")
+            (m,) = draft_rows("h200", n, k, run_k=1, warp_instructions=row["warp_instructions"],
+                              issue_source="SASS estimate")
+            row["model"] = m
+        rows.append(row)
+        print(json.dumps(row))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""tools/sass_regions.py: line-annotated SASS parsed, source blocks found, and instructions charged by hand-counted
+cases (no nvcc: the disassembly is written out here in nvdisasm -gi's form)."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+import sass_regions as sr  # noqa: E402
+
+HEADER = """\
+void kernel(int n) {
+  for (int k = 0; k < n; ++k) {
+    body(k);
+    if (rare) {
+      slow();
+    }
+  }
+  finish();
+}
+int helper(int x) { return x + 1; }
+void other() {
+  if (a) {
+    x();
+  } else {  // the cold side
+    y();
+  }
+  for (int i = 0; i < 4; ++i)
+    z(i);
+}
+"""
+
+
+def _sass(h):
+    """A two-function listing: `kern` with a loop over lines 2-6 of `h` (a cold block at line 5, an inlined helper
+    at line 10 called from line 3, a shuffle retry loop at line 3 of a toolkit header; the exit at line 8), and
+    `tail`."""
+    return f"""\
+.text._Z4kern:
+	//## File "{h}", line 1
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+	//## File "{h}", line 3
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+	//## File "{h}", line 10 inlined at "{h}", line 3
+	//## File "{h}", line 3
+        /*0020*/                   IADD3 R3, R2, 0x1, RZ ;
+.L_x_9:
+	//## File "/cuda/include/sm_30_intrinsics.hpp", line 409 inlined at "{h}", line 3
+	//## File "{h}", line 3
+        /*0030*/                   SHFL.BFLY PT, R4, R3, 0x1, 0x1f ;
+        /*0040*/               @P1 BRA `(.L_x_9) ;
+	//## File "{h}", line 5
+        /*0050*/                   CALL.REL.NOINC `($_Z4kern$_Z4cold) ;
+	//## File "{h}", line 2
+        /*0060*/               @P0 BRA `(.L_x_1) ;
+	//## File "{h}", line 8
+        /*0070*/                   EXIT ;
+$_Z4kern$_Z4cold:
+	//## File "{h}", line 14
+        /*0080*/                   MOV R5, RZ ;
+	//## File "{h}", line 13
+        /*0090*/                   RET.REL.NODEC R20 ;
+.text._Z4tail:
+	//## File "{h}", line 13
+        /*0000*/                   EXIT ;
+"""
+
+
+@pytest.fixture
+def header(tmp_path):
+    p = tmp_path / "k.cuh"
+    p.write_text(HEADER)
+    return str(p)
+
+
+def test_parse_lined_keeps_chains_labels_and_targets(header):
+    funcs = sr.parse_lined(_sass(header))
+    assert sorted(funcs) == ["_Z4kern", "_Z4tail"]
+    kern = funcs["_Z4kern"]
+    assert kern[0].text == "MOV R1, c[0x0][0x28]" and kern[4].text == "@P1 BRA `(.L_x_9)"
+    assert len(kern) == 10 and len(funcs["_Z4tail"]) == 1
+    assert kern[0].chain == (("k.cuh", 1),)
+    assert kern[2].chain == (("k.cuh", 10), ("k.cuh", 3))  # innermost frame first
+    assert kern[3].chain[0] == ("sm_30_intrinsics.hpp", 409)
+    assert kern[4].target == 3 and kern[6].target == 1  # labels -> instruction indices
+    assert kern[1].target is None and kern[5].target is None  # a call is not a branch
+    # the subroutine: line info afresh from its symbol; its instructions carry its first one's chain as the entry
+    assert kern[8].chain == (("k.cuh", 14),) and kern[9].chain == (("k.cuh", 13),)
+    assert kern[9].entry == kern[8].entry == (("k.cuh", 14),) and kern[7].entry == ()
+
+
+def test_find_region_blocks_statements_and_else(header):
+    r = sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7)
+    assert (r.file, r.first, r.last, r.count) == ("k.cuh", 2, 7, 7)
+    assert (sr.find_region(header, "if (rare) {", 0).first, sr.find_region(header, "if (rare) {", 0).last) == (4, 6)
+    els = sr.find_region(header, "else {  // the cold side", 0)
+    assert (els.first, els.last) == (14, 16)  # the "}" before the marker closes nothing
+    stmt = sr.find_region(header, "for (int i = 0; i < 4; ++i)", 4)
+    assert (stmt.first, stmt.last) == (17, 18)  # a braceless loop: through its statement's ";"
+    assert sr.find_region(header, "x();", 1, after="void other").first == 13
+    with pytest.raises(ValueError, match="nope"):
+        sr.find_region(header, "nope", 1)
+    with pytest.raises(ValueError, match="void kernel"):
+        sr.find_region(header, "x();", 1, after="void kernel(int n) {\n")
+
+
+def test_estimate_by_hand(header):
+    """The loop runs 7 times: its 4 body instructions (two at line 3, the shuffle and its retry branch, by their own
+    line; the inlined helper's at line 10, by the SASS loop it sits in) and the loop branch at line 2 are charged 7
+    each, the cold call 0, the 2 outside once: 5 * 7 + 2 = 37; the subroutine's two instructions are off the path
+    (the second through its entry). The retry branch closes inside a toolkit header: no region of its own."""
+    kern = sr.parse_lined(_sass(header))["_Z4kern"]
+    regions = [sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7),
+               sr.find_region(header, "if (rare) {", 0),
+               sr.find_region(header, "else {  // the cold side", 0)]  # the subroutine's body, its line 13 too
+    est = sr.estimate(kern, regions, ["k.cuh"])
+    loop = "for (int k = 0; k < n; ++k) {"
+    assert est["warp_instructions"] == 37
+    assert est["by_region"] == {"(once)": 2, loop: 28, f"loop {loop}": 7, "if (rare) {": 0,
+                                "else {  // the cold side": 0, "(entry) else {  // the cold side": 0}
+    # the smallest region wins: a count on line 3 alone overrides the loop's for the 3 instructions of that line
+    inner = regions + [sr.find_region(header, "body(k);", 2)]
+    assert sr.estimate(kern, inner, ["k.cuh"])["warp_instructions"] == 3 * 2 + 2 * 7 + 2
+    # a zero region on an instruction's own line takes it off the path, inside the loop too
+    off = regions + [sr.find_region(header, "int helper(int x)", 0)]
+    assert sr.estimate(kern, off, ["k.cuh"])["warp_instructions"] == 37 - 7
+
+
+def test_estimate_refuses_a_loop_no_region_counts(header):
+    kern = sr.parse_lined(_sass(header))["_Z4kern"]
+    with pytest.raises(ValueError, match=r"closes at k.cuh:2, which no region opens"):
+        sr.estimate(kern, [sr.find_region(header, "if (rare) {", 0)], ["k.cuh"])
+    # a region that merely holds the loop's line (one that opens elsewhere) does not count it either
+    outer = sr.find_region(header, "void kernel(int n) {", 1)
+    with pytest.raises(ValueError, match="no region opens"):
+        sr.estimate(kern, [outer], ["k.cuh"])
+    # a loop inside a block off the path needs none, and is off the path with all it holds (the helper's
+    # instruction at line 10 too); what is left: the subroutine's two, once each
+    off = [sr.find_region(header, "void kernel(int n) {", 0)]
+    assert sr.estimate(kern, off, ["k.cuh"])["warp_instructions"] == 2
+    # so is a loop the caller's test rules off (here: the one holding a shuffle), with all it holds; left: the 2
+    # outside it and the subroutine's 2 (no region of count 0 now), once each
+    shfl = lambda body: any("SHFL" in i.text for i in body)  # noqa: E731
+    loop = [sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7)]
+    assert sr.estimate(kern, loop, ["k.cuh"], off_path=shfl)["warp_instructions"] == 2 + 2
+
+
+def test_a_loop_count_holds_only_inside_its_sass_loop(header):
+    """An instruction whose line lies in a loop's region but which sits outside the SASS loop closing at that line
+    (the loop's setup, an unrolled copy, or line info naming the loop wrongly) takes the next region's count: the
+    function's 1 here, not the loop's 7: 1 + 7 + 7."""
+    sass = f""".text._Z1f:
+	//## File "{header}", line 2
+        /*0000*/                   MOV R2, RZ ;
+.L_x_1:
+	//## File "{header}", line 3
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+	//## File "{header}", line 2
+        /*0020*/               @P0 BRA `(.L_x_1) ;
+"""
+    f = sr.parse_lined(sass)["_Z1f"]
+    regions = [sr.find_region(header, "void kernel(int n) {", 1), sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7)]
+    assert regions[1].loop and not regions[0].loop
+    assert [n for n, _ in sr.charges(f, regions, ["k.cuh"])] == [1, 7, 7]
+
+
+def test_sass_draft_table_matches_the_plan_and_the_source():
+    """bench/sass_draft.py's trip counts at N = 256, K = 15, V = 151936, r = 256 by hand (33 slices x 4 lanes of
+    64 requests; the widest slice 16 * ceil(9496 / 33) = 4608 rows: 36 tiles of 4 chunks; 2 threads a request, so
+    4 warps fold 8 pieces a tile), and every block its table names still found in the headers at N = 1, 64, 256."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import sass_draft as sd
+    s = sd.shape(256, 15)
+    assert (s["slices"], s["lanes"], s["group"], s["G"]) == (33, 4, 64, 1)
+    assert (s["tiles"], s["nchunks"], s["chunks"], s["tpr"], s["fold_warps"], s["pieces"]) == (36, 4, 144, 2, 4, 8)
+    regions = {r.name: r for r in sd.regions(s)}
+    assert regions["for (int kk = 0; kk < width; kk += 16) {"].count == 15 * 144 * 4 * 4  # K x chunks x warps x steps
+    assert regions["for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {"].count == 15 * 36 * 4 * 8
+    assert regions["for (int kk = 0; kk < width; kk += 16) {"].loop
+    for n, k in ((1, 7), (64, 7)):
+        assert all(r.count >= 0 and r.first <= r.last for r in sd.regions(sd.shape(n, k)))
+    assert sd.shape(1, 7)["tpr"] == 32 and sd.shape(1, 7)["slices"] == 132
