@@ -52,7 +52,8 @@ def shape(n: int, k: int, vocab: int = V, rank: int = 256) -> dict:
     while tpr > 1 and tpr * plan["group"] > 128:
         tpr //= 2
     return dict(plan, K=k, N=n, rpad=rpad, G=-(-groups // plan["lanes"]), tiles=tiles, nchunks=nchunks,
-                chunks=tiles * nchunks, nb=nb, nbp=nbp, tpr=tpr, fold_warps=-(-nb * tpr // 32), pieces=max(1, 128 // (8 * tpr)))
+                chunks=tiles * nchunks, nb=nb, nbp=nbp, tpr=tpr, fold_warps=-(-nb * tpr // 32),
+                pieces=max(1, 128 // (8 * tpr)))
 
 
 def regions(s: dict) -> list:

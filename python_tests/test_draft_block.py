@@ -718,7 +718,8 @@ def test_cuda_fold_reads_bias_without_bank_conflicts(cuda_device, u_dtype, n):
     greedy16 = u_dtype == torch.bfloat16 and bool((~(temperature > 0)).any())
     for general, greedy in (("const float4 b = *reinterpret_cast<const float4*>(bias",
                              "const float4 b4 = *reinterpret_cast<const float4*>(bias + i4)"),
-                            ("const uint4 raw = us[(i >> (E == 4 ? 2 : 3)) ^ swz]", "const uint4 raw = us[(i >> 3) ^ swz]")):
+                            ("const uint4 raw = us[(i >> (E == 4 ? 2 : 3)) ^ swz]",
+                             "const uint4 raw = us[(i >> 3) ^ swz]")):
         lines = [_source_line("draft_block.cuh", m) for m in (general, greedy)]
         assert (lines[1] in launch["by_line"]) == greedy16, (lines, greedy16)
         reads = [launch["by_line"][line] for line in lines if line in launch["by_line"]]

@@ -161,7 +161,8 @@ def test_a_loop_count_holds_only_inside_its_sass_loop(header):
         /*0020*/               @P0 BRA `(.L_x_1) ;
 """
     f = sr.parse_lined(sass)["_Z1f"]
-    regions = [sr.find_region(header, "void kernel(int n) {", 1), sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7)]
+    regions = [sr.find_region(header, "void kernel(int n) {", 1),
+               sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7)]
     assert regions[1].loop and not regions[0].loop
     assert [n for n, _ in sr.charges(f, regions, ["k.cuh"])] == [1, 7, 7]
 

@@ -5,9 +5,10 @@ the measurement, bench/ncu_draft.py).
 The disassembly is nvdisasm's with inline line info (``nvdisasm -gi`` of a cubin built with ``-lineinfo``): each
 instruction carries its source chain, the innermost inlined frame first; its *own* line is the first frame in the
 project's headers (past inlined toolkit code). The outer "inlined at" frames of optimized code are not always where
-the call stands, so the rules below trust the innermost frame that a region names. A *region* is a block of a header's source (the
-braces that open on the line holding a marker, or that line alone when it opens none) with the number of times its
-body runs per CTA, summed over the CTA's warps (0: off the path being counted). An instruction is charged:
+the call stands, so the rules below prefer the own line and the SASS loop structure to them. A *region* is a block
+of a header's source (the braces that open on the line holding a marker, or that line alone when it opens none)
+with the number of times its body runs per CTA, summed over the CTA's warps (0: off the path being counted). An
+instruction is charged:
   - the count of the smallest region holding its own line (0: off the path); a loop's region counts only if the
     instruction lies inside the SASS loop that closes at that line (a loop the compiler unrolled, a loop's setup
     hoisted before it, code whose line info names the loop wrongly: the rules below);

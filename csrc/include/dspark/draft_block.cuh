@@ -54,7 +54,8 @@
 //        four words are the quad's uniforms) and the softmax statistics of logits / T into a running partial kept
 //        in registers across the whole slice; one shuffle reduction per request and slice. The bias never reaches
 //        global memory. Greedy rows of a staged 16-bit U with no logits or row scales take fold_pieces_greedy, a
-//        loop with none of the other paths' tests (the sweep's time at large N is its instruction count). Partials go to a workspace [2 positions, slices, N] with their packed winners.
+//        loop with none of the other paths' tests (the sweep's time at large N is its instruction count). Partials
+//        go to a workspace [2 positions, slices, N] with their packed winners.
 //        CTAs: every resident one (one per SM) while slices x lanes can fill the GPU and each slice keeps >= 128
 //        vocabulary rows (132 CTAs for V >= 16896 on a 132-SM GPU up to 4 groups; 128 = 8 x 16 at 16 groups); each
 //        reads the v rows of its groups per position (gated / rnn: r * 4 bytes a request, written by the phase
