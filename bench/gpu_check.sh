@@ -12,7 +12,8 @@
 #    alongside on the CPU,
 # 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py),
 # 4. reads draft_block's warp instructions at N = 1, 64, 256 with Nsight Compute where ncu can read the counters
-#    (bench/ncu_draft.py: the count for bench/model.py's issue term, ncu_draft.json),
+#    (bench/ncu_draft.py: the count for bench/model.py's issue term, ncu_draft.json), and the same counts estimated
+#    from the installed library's SASS (bench/sass_draft.py, sass_draft.json), to check the estimate,
 # 5. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled)
 #    with whatever time is left,
 # 6. writes bench/model.py's modelled time beside each measured one (model_vs_measured.csv),
@@ -208,6 +209,14 @@ else
     record ncu "$rc" $(( $(date +%s) - t )) "ncu_draft.csv, ncu_draft.json"
   fi
 fi
+# the same counts estimated from the installed library's sm_90a SASS (what the model uses without a GPU), to set
+# beside ncu's: how far the estimate is from the count
+t=$(date +%s)
+SO=$("$PY" -c "import glob, os, dspark_kernels as dk
+print((glob.glob(os.path.join(os.path.dirname(dk.__file__), '_C*.so')) or [''])[0])" 2>/dev/null)
+timeout "$(cap 150)" "$PY" bench/sass_draft.py ${SO:+--object "$SO"} --json "$OUT/sass_draft.json" 1 7 64 7 256 15 \
+  > "$OUT/sass_draft.log" 2>&1
+record "sass estimate" $? $(( $(date +%s) - t )) "sass_draft.json (beside ncu_draft.json)"
 
 step "5. bench/run.py --full on the headline shapes"
 wait "$PTXAS_PID" 2>/dev/null

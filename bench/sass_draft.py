@@ -7,8 +7,10 @@ staged, no logits written, no confidence head). Nsight Compute measures the same
 
     python bench/sass_draft.py [--object OBJ] [--json PATH] [--model] N K [N K ...]
 
-Without ``--object`` it compiles csrc/torch/draft_block.cu for sm_90a (about a minute; needs nvcc). ``--model``
-also prints bench/model_headline.py's draft_block row with the issue term on from this count.
+Without ``--object`` it compiles csrc/torch/draft_block.cu for sm_90a (about a minute; needs nvcc); an object given
+must be built from this checkout's headers (its line info names their lines: a stale one mostly fails loudly, a
+SASS loop at a line no block opens). ``--model`` also prints bench/model_headline.py's draft_block row with the
+issue term on from this count.
 
 Counts are per CTA, summed over its 4 warps, for the busiest CTA (lane 0 and the widest slice), times the CTAs: an
 upper bound for the path wherever a branch's two sides share a source block (the rare winner and rescale branches of
@@ -151,7 +153,9 @@ def compile_object(tmp: str) -> str:
 def estimate(funcs: dict, n: int, k: int) -> dict:
     """The launch's estimated warp instructions at (n, k) and the busiest CTA's share by source block."""
     s = shape(n, k)
-    name = next(f for f in funcs if kernel_name(s) in f)
+    name = next((f for f in funcs if kernel_name(s) in f), None)
+    if name is None:
+        raise SystemExit(f"sass_draft: no {kernel_name(s)} in the object's sm_90a SASS")
     frags = (64 if s["group"] > 8 else 8) // 8
     # mma_chunk's instance with the lo products (two HMMA a block and fragment, not one) is off the path: the
     # vanilla head's v rows have no lo part
