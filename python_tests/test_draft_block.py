@@ -853,6 +853,37 @@ def test_sass_tensor_core_sweep_uses_cp_async_ldmatrix_and_mma():
         assert k["sass"]["LDSM"] == 0 and k["sass"]["HMMA"] == 0 and k["sass"]["LDGSTS"] == 0, k["demangled"]
 
 
+@pytest.mark.sass
+def test_sass_estimate_of_the_shipped_sweep_stays_within_its_instruction_budget():
+    """bench/sass_draft.py on the report's binary (CI: the wheel's library, built from this checkout with line
+    info): draft_block's estimated warp instructions per CTA at N = 64, K = 7 and N = 256, K = 15 (V = 151936,
+    r = 256, greedy) stay within 6% of what the common-case code issues now (1.29 M and 8.04 M; the model's issue
+    term is its largest at N = 256), so a change that bloats the hot loops fails here, and every SASS loop of the
+    path is one the estimator's table counts."""
+    import os
+    import sys
+    from sass_facts import ROOT, report, report_path
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import sass
+    import sass_draft
+    import sass_regions
+    paths = [b for b, archs in report().get("binaries", {}).items() if "sm_90a" in archs.get("sass", [])]
+    paths = [b for b in paths if os.path.isfile(b)]
+    assert paths, f"no sm_90a binary of {report_path()} on disk (a local report needs tools/check_cuda.py --keep)"
+    home = os.environ.get("CUDA_HOME")
+    tools = sass.toolkit_tool("cuobjdump", home), sass.toolkit_tool("nvdisasm", home)
+    assert all(tools), "no cuobjdump / nvdisasm (the Triton wheel ships both)"
+    funcs = {}
+    for b in sorted(paths, key=lambda b: "capi" in b):  # the torch extension's library first
+        funcs = sass_regions.lined_functions(b, *tools)
+        if any("draft_block_kernel" in f for f in funcs):
+            break
+    for (n, k), budget in (((64, 7), 1.29e6 * 1.06), ((256, 15), 8.04e6 * 1.06)):
+        est = sass_draft.estimate(funcs, n, k)
+        assert 0 < est["per_cta"] <= budget, (n, k, est["per_cta"], est["per_cta_by_block"])
+
+
 # ---------------------------------------------------------------- a reduced draft vocabulary (draft_to_target)
 
 def reduced_case(kind, n, k, vd, vt, rank, d, dtype, temps, conf, seed):
