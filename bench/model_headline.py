@@ -74,7 +74,8 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
     harness's launches to it): request groups of min(N, 64, 16384 // rpad rounded down to 8), one lane of CTAs per
     group, as many vocabulary slices of >= 128 rows as the resident CTAs (one per SM) leave each lane; and the
     m16n8k16 MMAs of one position: per slice tile of 128 rows and group, 4 warps x rpad / 16 steps x 2 row blocks x
-    ceil(group / 8) request blocks (twice that when v needs its lo rows: ``mma_lo``)."""
+    ceil(group / 8) request blocks (twice that when v needs its lo rows: ``mma_lo``); rpad, and tpr: the fold's
+    threads per request (32 halved while tpr x group > 128)."""
     rpad = -(-rank // 32) * 32
     group = min(n, max(1, min(64, 16384 // rpad) // 8 * 8))
     groups = -(-n // group)
@@ -85,8 +86,11 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
     tiles = sum(-(-(min(16 * ((b + 1) * units // slices), vocab) - 16 * (b * units // slices)) // 128)
                 for b in range(slices))
     per_tile = sum(4 * (rpad // 16) * 2 * -(-min(group, n - g0) // 8) for g0 in range(0, n, group))
+    tpr = 32
+    while tpr > 1 and tpr * group > 128:
+        tpr //= 2
     return dict(slices=slices, lanes=lanes, group=group, ctas=slices * lanes, mma=tiles * per_tile,
-                mma_lo=2 * tiles * per_tile)
+                mma_lo=2 * tiles * per_tile, rpad=rpad, tpr=tpr)
 
 
 def _draft_case(n: int, k: int, r: int = 256, fp8: bool = False):

@@ -42,7 +42,7 @@ WARPS = 4
 def shape(n: int, k: int, vocab: int = V, rank: int = 256) -> dict:
     """The busiest CTA's trip counts at (N, K, V, r), from the launch plan (bench/model_headline.draft_sweep_plan)."""
     plan = draft_sweep_plan(n, vocab, rank)
-    rpad = -(-rank // 32) * 32
+    rpad, tpr = plan["rpad"], plan["tpr"]
     groups = -(-n // plan["group"])
     units = -(-vocab // 16)
     rows = 16 * -(-units // plan["slices"])  # the widest slice
@@ -50,10 +50,7 @@ def shape(n: int, k: int, vocab: int = V, rank: int = 256) -> dict:
     nchunks = -(-rpad // 64)
     nb = min(n, plan["group"])
     nbp = -(-nb // 8) * 8
-    tpr = 32
-    while tpr > 1 and tpr * plan["group"] > 128:
-        tpr //= 2
-    return dict(plan, K=k, N=n, rpad=rpad, G=-(-groups // plan["lanes"]), tiles=tiles, nchunks=nchunks,
+    return dict(plan, K=k, N=n, G=-(-groups // plan["lanes"]), tiles=tiles, nchunks=nchunks,
                 chunks=tiles * nchunks, nb=nb, nbp=nbp, tpr=tpr, fold_warps=-(-nb * tpr // 32),
                 pieces=max(1, 128 // (8 * tpr)))
 

@@ -987,7 +987,7 @@ DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const T
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], bhi);
-          if (kLo) warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], blo);
+          if constexpr (kLo) warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], blo);
         }
       }
     }
