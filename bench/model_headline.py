@@ -74,8 +74,9 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
     harness's launches to it): request groups of min(N, 64, 16384 // rpad rounded down to 8), one lane of CTAs per
     group, as many vocabulary slices of >= 128 rows as the resident CTAs (one per SM) leave each lane; and the
     m16n8k16 MMAs of one position: per slice tile of 128 rows and group, 4 warps x rpad / 16 steps x 2 row blocks x
-    ceil(group / 8) request blocks (twice that when v needs its lo rows: ``mma_lo``); rpad, and tpr: the fold's
-    threads per request (32 halved while tpr x group > 128)."""
+    the register tile's request blocks (1 when the group is <= 8 requests, else 8, whatever a group's own count: the
+    k-step multiplies them all) (twice that when v needs its lo rows: ``mma_lo``); rpad, and tpr: the fold's threads
+    per request (32 halved while tpr x group > 128)."""
     rpad = -(-rank // 32) * 32
     group = min(n, max(1, min(64, 16384 // rpad) // 8 * 8))
     groups = -(-n // group)
@@ -85,7 +86,7 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
     units = -(-vocab // 16)
     tiles = sum(-(-(min(16 * ((b + 1) * units // slices), vocab) - 16 * (b * units // slices)) // 128)
                 for b in range(slices))
-    per_tile = sum(4 * (rpad // 16) * 2 * -(-min(group, n - g0) // 8) for g0 in range(0, n, group))
+    per_tile = groups * 4 * (rpad // 16) * 2 * (1 if group <= 8 else 8)
     tpr = 32
     while tpr > 1 and tpr * group > 128:
         tpr //= 2

@@ -13,9 +13,12 @@ SASS loop at a line no block opens). ``--model`` also prints bench/model_headlin
 issue term on from this count.
 
 Counts are per CTA, summed over its 4 warps, for the busiest CTA (lane 0 and the widest slice), times the CTAs: an
-upper bound for the path wherever a branch's two sides share a source block (the rare winner and rescale branches of
-Part::add_n are charged on every piece), for finite logits (add_n's NaN branch, taken while every logit so far is
--inf, once a group sweep).
+upper bound for the path wherever a branch's two sides share a source block, for finite logits (add_exp's NaN
+branch, taken while every logit so far is -inf, once a group sweep), and with the greedy fold's rare branch
+(Part::add_greedy: a new running maximum) entered as often as logits in random order make some lane of a warp meet
+one (record_pieces, a model of the data: about 30% of a warp's pieces at N = 256, K = 15). The ring's staging
+lambda is inlined twice (the prologue's kStages - 1 calls a group and the chunk loop's): both copies share its
+blocks, so both are charged the per-chunk counts, an overcount of the prologue's.
 """
 
 from __future__ import annotations
@@ -55,6 +58,13 @@ def shape(n: int, k: int, vocab: int = V, rank: int = 256) -> dict:
                 pieces=max(1, 128 // (8 * tpr)))
 
 
+def record_pieces(pieces: int, lanes: int = 32) -> float:
+    """Of a warp's `pieces` greedy fold calls in a group sweep, how many some lane enters Part::add_greedy's rare
+    branch in (a new running maximum), for logits in random order (a MODEL of the data): a lane's j-th piece of 8
+    holds the maximum of its first 8 j logits with probability 1 / j, independently across the warp's lanes."""
+    return sum(1.0 - (1.0 - 1.0 / j) ** lanes for j in range(1, pieces + 1))
+
+
 def regions(s: dict) -> list:
     """The source blocks of the path and their executions per CTA (summed over warps) at shape `s`."""
     db, rd, rng, part = (os.path.join(HEADERS, f) for f in ("draft_block.cuh", "reduce.cuh", "rng.cuh",
@@ -91,11 +101,11 @@ def regions(s: dict) -> list:
         (db, "DSPARK_DEVICE void gather_e(", 0, None),
         (db, "DSPARK_DEVICE void confidence(", 0, None),
         # the split of v into hi / lo rows
-        (db, "for (int j = warp; j < nbp; j += kWarps) {", groups * s["nbp"], "bool split_group"),
-        (db, "if (j >= nb) {", groups * (s["nbp"] - nb), "bool split_group"),
-        (db, "for (int64_t c = lane; c < rpad; c += 32) hi[c] = lo[c]", groups * (s["nbp"] - nb) * s["rpad"] // 32,
-         "bool split_group"),
-        (db, "DSPARK_DEVICE bool split_row_w1(", groups * nb, None),  # the vanilla head's W1 rows of W2's type
+        (db, "for (int j = warp; j < nbp; j += kWarps) {  // W1's rows", groups * s["nbp"], "bool split_group"),
+        (db, "for (int j = warp; j < nbp; j += kWarps) {  // split rows", 0, "bool split_group"),
+        (db, "DSPARK_DEVICE void copy_row_w1(", groups * s["nbp"], None),  # the vanilla head's W1 rows of W2's type
+        (db, "for (int64_t c = 8 * lane; c < rpad; c += 8 * 32) {", groups * s["nbp"] * math.ceil(s["rpad"] / 256),
+         "void copy_row_w1("),
         (db, "DSPARK_DEVICE bool split_row_elements(", 0, None),
         (db, "DSPARK_DEVICE float at(int64_t g0, int j, int64_t c) const {", 0, None),  # (only that path's)
         # the sweep: group loop, temperatures, the staging lambda (2 + chunks calls a group), the chunk loop
@@ -103,15 +113,17 @@ def regions(s: dict) -> list:
         (db, "for (int j = t; j < nb; j += kThreads) {", groups * math.ceil(nb / 32), "void phase_sweep_mma"),
         (db, "auto stage = [&]() {", (chunks + 2 * groups) * W, "void phase_sweep_mma"),
         (db, "for (int s = 0; s < kStages - 1; ++s) stage();", 2 * groups * W, "void phase_sweep_mma"),
-        (db, "stage_u_tile(p, g0, nb, k, tile0, rows, uring", tiles * W, "void phase_sweep_mma"),
-        (db, "for (int j = t >> log_upr; j < nb;", tiles * W * math.ceil(nb / 8), "void stage_u_tile"),
-        (db, "DSPARK_DEVICE void stage_u_tile(", tiles * W, None),
+        (db, "ust.tile(tile0 - v0, rows, nb, uring", tiles * W, "void phase_sweep_mma"),
+        (db, "DSPARK_DEVICE UStage(const DraftBlockParams& p", groups * W, "struct UStage"),
+        (db, "DSPARK_DEVICE void tile(int64_t off", tiles * W, "struct UStage"),
+        (db, "for (int j = j0; j < nb; j += jstep, s += st, d +=", tiles * W * math.ceil(nb / 8), "struct UStage"),
+        (db, "for (int j = j0; j < nb; j += jstep, s += st) {", 0, "struct UStage"),  # fp32 U
         (db, "for (int i = t; i < kThreads * width; i += kThreads) {", 0, "void stage_w2_chunk"),
         (db, "for (ChunkCursor cu{}; cu.c < total;", chunks * W, "void phase_sweep_mma"),
         (db, "if (ci == 0) {", tiles * W, "void phase_sweep_mma"),
         (db, "mma_chunk<TW, kFrags, true>", 0, "void phase_sweep_mma"),  # the vanilla head's v has no lo rows
         (db, "mma_chunk<TW, kFrags, false>", chunks * W, "void phase_sweep_mma"),
-        (db, "for (int kk = 0; kk < width; kk += 16) {", chunks * W * 4, "void mma_chunk"),
+        (db, "for (int kk = 0; kk < width; kk += 16, brow += vl.kbs) {", chunks * W * 4, "void mma_chunk"),
         (db, "if (ci == nchunks - 1) {", tiles * W, "void phase_sweep_mma"),
         (db, "if (jf < nb) {", tiles * s["fold_warps"], "void phase_sweep_mma"),
         # the fold (greedy, U staged: fold_pieces_greedy), once a tile for each folding warp, a piece of 8 rows of U
@@ -120,7 +132,10 @@ def regions(s: dict) -> list:
         # written, flipped pieces, the sampled race)
         (db, "DSPARK_DEVICE void fold_pieces_greedy(", tiles * s["fold_warps"], None),
         (db, "for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {", fold, "void fold_pieces_greedy("),
-        (part, "else {", groups * s["fold_warps"], "void add_n("),
+        (part, "if (pm >= stats.m) {", groups * s["fold_warps"] * record_pieces(s["tiles"] * s["pieces"]),
+         "void add_greedy("),
+        (part, "DSPARK_DEVICE void add_exp(", fold, None),  # (its inline info can name the rare branch as caller)
+        (part, "else {", groups * s["fold_warps"], "void add_exp("),
         (db, "DSPARK_DEVICE void fold_pieces(", 0, None),
         (db, "DSPARK_DEVICE void load_piece(", 0, None),
         (db, "DSPARK_DEVICE void unpack_piece(", 0, None),

@@ -121,8 +121,9 @@ def test_estimate_by_hand(header):
     assert est["by_region"] == {"(once)": 2, loop: 28, f"loop {loop}": 7, "if (rare) {": 0,
                                 "else {  // the cold side": 0, "(entry) else {  // the cold side": 0}
     # the smallest region wins: a count on line 3 alone overrides the loop's for the 3 instructions of that line
+    # and for the helper inlined there; the loop's branch keeps 7
     inner = regions + [sr.find_region(header, "body(k);", 2)]
-    assert sr.estimate(kern, inner, ["k.cuh"])["warp_instructions"] == 3 * 2 + 2 * 7 + 2
+    assert sr.estimate(kern, inner, ["k.cuh"])["warp_instructions"] == 4 * 2 + 7 + 2
     # a zero region on an instruction's own line takes it off the path, inside the loop too
     off = regions + [sr.find_region(header, "int helper(int x)", 0)]
     assert sr.estimate(kern, off, ["k.cuh"])["warp_instructions"] == 37 - 7
@@ -167,6 +168,42 @@ def test_a_loop_count_holds_only_inside_its_sass_loop(header):
     assert [n for n, _ in sr.charges(f, regions, ["k.cuh"])] == [1, 7, 7]
 
 
+def test_an_inlined_frame_counts_only_before_the_chain_reaches_the_loop(header):
+    """Code inlined into the SASS loop closing at line 2 takes the count of the first region its chain meets before
+    the loop's own source: the helper (line 10) called from a cold block (line 15) that was inlined at the loop's
+    line 3 is off the path (0); called from the rare branch (line 5, count 2), 2; called at line 3 with a chain that
+    then names the cold block as where the loop's own code was inlined (line info naming the wrong call site: the
+    loop is on the path, so that frame cannot take it off), the loop's 7; the loop's two branches 7. Without the
+    forward branch (a straight-line body) every instruction would take the loop's 7."""
+    sass = f""".text._Z1g:
+.L_x_1:
+	//## File "{header}", line 2
+        /*0000*/               @P1 BRA `(.L_x_2) ;
+	//## File "{header}", line 10 inlined at "{header}", line 15
+	//## File "{header}", line 15 inlined at "{header}", line 3
+	//## File "{header}", line 3
+        /*0000*/                   IADD3 R2, R2, 0x1, RZ ;
+	//## File "{header}", line 10 inlined at "{header}", line 5
+	//## File "{header}", line 5
+        /*0010*/                   IADD3 R4, R4, 0x1, RZ ;
+	//## File "{header}", line 10 inlined at "{header}", line 3
+	//## File "{header}", line 3 inlined at "{header}", line 15
+	//## File "{header}", line 15
+        /*0020*/                   IADD3 R3, R3, 0x1, RZ ;
+.L_x_2:
+	//## File "{header}", line 2
+        /*0030*/               @P0 BRA `(.L_x_1) ;
+"""
+    f = sr.parse_lined(sass)["_Z1g"]
+    assert f[1].chain == (("k.cuh", 10), ("k.cuh", 15), ("k.cuh", 3))
+    regions = [sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7),
+               sr.find_region(header, "if (rare) {", 2),
+               sr.find_region(header, "else {  // the cold side", 0)]
+    assert [n for n, _ in sr.charges(f, regions, ["k.cuh"])] == [7, 0, 2, 7, 7]
+    straight = sass.replace("               @P1 BRA `(.L_x_2) ;", "                   NOP ;")
+    assert [n for n, _ in sr.charges(sr.parse_lined(straight)["_Z1g"], regions, ["k.cuh"])] == [7] * 5
+
+
 def test_sass_draft_table_matches_the_plan_and_the_source():
     """bench/sass_draft.py's trip counts at N = 256, K = 15, V = 151936, r = 256 by hand (33 slices x 4 lanes of
     64 requests; the widest slice 16 * ceil(9496 / 33) = 4608 rows: 36 tiles of 4 chunks; 2 threads a request, so
@@ -177,9 +214,14 @@ def test_sass_draft_table_matches_the_plan_and_the_source():
     assert (s["slices"], s["lanes"], s["group"], s["G"]) == (33, 4, 64, 1)
     assert (s["tiles"], s["nchunks"], s["chunks"], s["tpr"], s["fold_warps"], s["pieces"]) == (36, 4, 144, 2, 4, 8)
     regions = {r.name: r for r in sd.regions(s)}
-    assert regions["for (int kk = 0; kk < width; kk += 16) {"].count == 15 * 144 * 4 * 4  # K x chunks x warps x steps
+    kstep = "for (int kk = 0; kk < width; kk += 16, brow += vl.kbs) {"
+    assert regions[kstep].count == 15 * 144 * 4 * 4  # K x chunks x warps x steps
     assert regions["for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {"].count == 15 * 36 * 4 * 8
-    assert regions["for (int kk = 0; kk < width; kk += 16) {"].loop
+    assert regions[kstep].loop
+    # the greedy fold's rare branch: a warp enters it at a piece where some lane meets a new maximum (logits in
+    # random order: lane probability 1 / j at its j-th piece); 2 lanes over 2 pieces: 1 + (1 - 1/4)
+    assert sd.record_pieces(2, lanes=2) == 1.75
+    assert regions["if (pm >= stats.m) {"].count == 15 * 4 * sd.record_pieces(36 * 8)
     for n, k in ((1, 7), (64, 7)):
         assert all(r.count >= 0 and r.first <= r.last for r in sd.regions(sd.shape(n, k)))
     assert sd.shape(1, 7)["tpr"] == 32 and sd.shape(1, 7)["slices"] == 132

@@ -9,14 +9,16 @@ the call stands, so the rules below prefer the own line and the SASS loop struct
 of a header's source (the braces that open on the line holding a marker, or that line alone when it opens none)
 with the number of times its body runs per CTA, summed over the CTA's warps (0: off the path being counted). An
 instruction is charged:
-  - the count of the smallest region holding its own line (0: off the path); a loop's region counts only if the
+  - inside a SASS loop on the path whose body has no branch but its back edge (straight-line code: every
+    instruction runs every iteration), that loop's count, whatever the line info says;
+  - else the count of the smallest region holding its own line (0: off the path); a loop's region counts only if the
     instruction lies inside the SASS loop that closes at that line (a loop the compiler unrolled, a loop's setup
     hoisted before it, code whose line info names the loop wrongly: the rules below);
   - else, inside a SASS loop (the innermost backward branch around it, exact from the addresses), that loop's
     count (the region that opens at the loop's line): code inlined from elsewhere runs as often as the loop it
-    sits in; but nothing when a line it was inlined at lies in a region of count 0 that does not hold the loop (a
-    helper inlined into a function off the path), or when the loop is off the path (it closes in a region of
-    count 0);
+    sits in; but when a line it was inlined at, before the chain reaches the loop's own source, lies in a region
+    that does not hold the loop, that region's count (a helper inlined into a rare branch of the loop body, or
+    into a function off the path: 0); nothing when the loop is off the path (it closes in a region of count 0);
   - else the count of the smallest region holding a line it was inlined at (innermost first); else, in a
     subroutine (a ``__noinline__`` function), of the smallest region holding a frame of its first instruction's
     chain; else once.
@@ -47,6 +49,7 @@ _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _INSN = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _TARGET = re.compile(r"BRA(?:\.\S+)?\s+(?:\S+\s*,\s*)?`\((\.L_x_\d+)\)")
 _SUB = re.compile(r"^\$\S+:\s*$")  # a subroutine's symbol (a noinline function, a toolkit helper)
+_BRANCHY = re.compile(r"^(@!?U?P\w+\s+)?(BRA|BRX|JMP|JMX|CALL|RET|EXIT|BSSY|BSYNC|BREAK)\b")
 
 
 @dataclass(frozen=True)
@@ -205,24 +208,42 @@ def charges(insns: Sequence[Insn], regions: Sequence[Region], files: Sequence[st
         for i in range(first, last + 1):
             home[i] = r  # inner loops, visited later, overwrite (but an instruction off the path stays off)
             inside[i].add((file, line))
+    # a SASS loop with no branch but its own back edge runs its whole body every iteration, whatever its line info
+    straight = [False] * len(insns)
+    for first, last, _ in loops(insns, files):
+        if not any(_BRANCHY.match(insns[i].text) for i in range(first, last)):
+            straight[first:last + 1] = [True] * (last + 1 - first)
     out = []
-    for ins, loop, skip, around in zip(insns, home, off, inside):
+    for ins, loop, skip, around, flat in zip(insns, home, off, inside, straight):
         frames = [f for f in ins.chain if f[0] in files]  # its own line first, then where it was inlined
 
+        def region_holding(f):
+            return [r for r in _holding(regions, f) if not r.loop or r.count == 0 or (r.file, r.first) in around]
+
         def region_of(f):
-            return _smallest([r for r in _holding(regions, f)
-                              if not r.loop or r.count == 0 or (r.file, r.first) in around])
+            return _smallest(region_holding(f))
 
         own = region_of(frames[0]) if frames else None
         if skip:
             out.append((0.0, "(loop off the path)"))
+        elif flat and loop is not None:
+            out.append((loop.count, f"loop {loop.name}"))
         elif own is not None:
             out.append((own.count, own.name))
         elif loop is not None:
-            # inlined into a block of count 0 that the loop does not sit in (a function off the path): off
-            cold = next((r for f in frames[1:] for r in _holding(regions, f) if r.count == 0 and
-                         not (r.file == loop.file and r.first <= loop.first <= r.last)), None)
-            out.append((0.0, cold.name) if cold is not None else (loop.count, f"loop {loop.name}"))
+            # inlined into a block that the loop does not sit in (a rare branch inside it; a function off the
+            # path, count 0): that block's count; but only a block met before the chain reaches the loop's own
+            # source (frames past it are where the loop's function was inlined, which the loop overrules)
+            inner = None
+            for f in frames[1:]:
+                inner = _smallest(region_holding(f))
+                if inner is loop:
+                    inner = None
+                    break
+                if inner is not None and not (inner.file == loop.file and inner.first <= loop.first <= inner.last):
+                    break
+                inner = None
+            out.append((inner.count, inner.name) if inner is not None else (loop.count, f"loop {loop.name}"))
         else:
             outer = next((r for r in map(region_of, frames[1:]) if r is not None), None)
             entry = _smallest([r for f in ins.entry for r in _holding(regions, f)])

@@ -32,18 +32,20 @@
 //          e4m3 W2 the same way, each staged chunk widened to bf16 in shared memory first: widen_chunk): the
 //          group's float32 v rows are split into hi + lo rows of W2's type after a per-request power-of-two scale
 //          (max |v| -> [2^13, 2^14): 16 significant bits of v with bf16, 22 with fp16), the group padded to a
-//          multiple of 8 with zero rows; when every lo row is zero (v already of W2's type: the vanilla head with
-//          such a W1) the lo products are skipped. The slice streams as chunks of 128 rows x 64 columns through a
-//          3-stage cp.async ring (two 16 KB chunks in flight while one is multiplied; padded strides, so every
-//          ldmatrix phase is conflict-free); warp w multiplies rows 32w..32w+31 (two m16 blocks, A by ldmatrix x4)
-//          by 8 requests at a time (one ldmatrix x4 for the hi and lo B fragments, two MMAs per block, or one) into
-//          float32 accumulators (64 floats per lane for 64 requests). After a tile's last chunk they go to a shared
+//          multiple of 8 with zero rows (VTile's k-block layout); when every lo row is zero the lo products are
+//          skipped (the vanilla head with W1 of W2's type copies its v rows as they are, scale 1 and no lo rows).
+//          The slice streams as chunks of 128 rows x 64 columns through a 3-stage cp.async ring (two 16 KB chunks
+//          in flight while one is multiplied; padded strides, so every ldmatrix phase is conflict-free); warp w
+//          multiplies rows 32w..32w+31 (two m16 blocks, A by ldmatrix x4) by all 8-request blocks of its register
+//          tile (B by one ldmatrix x2 of the hi fragments, x4 with the lo ones; two MMAs per block, four with lo)
+//          into float32 accumulators (64 floats per lane for 64 requests; a group's blocks past its requests are
+//          multiplied too and never stored: no test in the k-step). After a tile's last chunk they go to a shared
 //          [NB, 128] bias tile, unscaled when folded.
 //        * fp32 W2 (and 16-bit W2 with r > 2048): the FMA sweep: a tile of 128 rows x 32 columns is staged as
 //          float32, thread t owns row t and accumulates W2[row] . v_n for every request of the group in
 //          registers, then writes the bias tile.
 //        U's tile (the group's 128 rows of U) rides the ring too: it is copied with the tile's last W2 chunk into
-//        one of plan.uslots slots (stage_u_tile; units swizzled so the fold's reads are conflict-free: u_swizzle)
+//        one of plan.uslots slots (UStage; units swizzled so the fold's reads are conflict-free: u_swizzle)
 //        when U's rows allow 16-byte copies (V a multiple of 8 16-bit or 4 fp32 elements, U 16-byte aligned) and
 //        the slots fit the device's shared memory (make_plan; else the fold loads U from global memory).
 //        The fold: tpr threads per request (tpr * group <= 128) take the tile's 16-byte pieces of U round-robin
@@ -95,9 +97,8 @@ constexpr int kMaxCtasPerSm = 1;
 constexpr int64_t kMinRowsPerCta = 128;
 // The tensor-core sweep (16-bit W2): W2 columns per staged chunk and a staged row's stride (elements: 144 bytes,
 // an odd number of 16-byte units, so the 8 rows of every ldmatrix phase hit distinct banks), the cp.async ring's
-// depth (kStages - 1 chunks of 16 KB in flight while one is multiplied), the pad of a hi / lo row of v (elements:
-// its stride is then an odd number of 16-byte units too), the bias tile's stride (floats: 33 units, so the
-// accumulator stores are conflict-free), the widest rank it takes, and the exponent the split scales every
+// depth (kStages - 1 chunks of 16 KB in flight while one is multiplied), the bias tile's stride (floats: 33 units,
+// so the accumulator stores are conflict-free), the widest rank it takes, and the exponent the split scales every
 // request's largest |v| to (hi / lo stay normal numbers in fp16).
 constexpr int kRKm = 64;
 constexpr int kWtStrideM = kRKm + 8;
@@ -106,7 +107,6 @@ constexpr int kWtStrideM = kRKm + 8;
 // bf16) into one [kThreads][kWtStrideM] buffer the MMAs read (widen_chunk).
 constexpr int kRawStride8 = kRKm;
 constexpr int kStages = 3;
-constexpr int kVPad = 8;
 constexpr int kLtStrideM = kThreads + 4;
 constexpr int64_t kMaxMmaRank = 2048;
 constexpr int kSplitExp = 14;
@@ -168,13 +168,36 @@ struct Plan {
   int tpr;            // threads folding each request of a group (a power of two, tpr * group <= kThreads)
   int64_t rows_item;  // phase-1b output rows per item
   int64_t rpad;       // R rounded up to kRK
-  bool stage_u;       // the tensor-core sweep stages U's tiles through its cp.async ring (stage_u_tile)
+  bool stage_u;       // the tensor-core sweep stages U's tiles through its cp.async ring (UStage)
   int uslots;         // U tiles the ring holds (the fewest that no copy overwrites a tile still being folded)
   size_t smem;        // dynamic shared memory
   // dynamic shared memory layout (float offsets)
   int64_t off_wt, off_l, off_temp, off_scale, off_u;
 };
 
+
+// A request group's v rows in shared memory as the tensor-core sweep's B operand (split_group writes them,
+// mma_chunk reads them): the hi rows, then the lo rows lo_off elements on, each stored as k-blocks of 16 columns,
+// kbs = 16 vrows + 16 elements apart. Row n's 16 columns of a block are 32 contiguous bytes, their 16-byte halves
+// swapped when n & 4, so the 8 rows of an ldmatrix matrix (32 bytes apart) hit 8 different 16-byte bank groups; the
+// blocks start 32 bytes apart mod 128, so do a warp's 16-byte stores of one row's consecutive units. The 8 requests
+// of MMA block f sit at a constant offset (128 f elements) from block 0's, and a k-step moves on by kbs: the k-step
+// loop's addresses are immediates. vt_elements leaves room for a block read past vrows (up to kMaxGroup rows: the
+// sweep multiplies all of its register tile's blocks and keeps the first vrows / 8).
+struct VTile {
+  int kbs;         // elements per k-block
+  int64_t lo_off;  // elements from the hi rows to the lo rows
+  DSPARK_HOST_DEVICE_FN int64_t at(int n, int64_t c) const {
+    return (c >> 4) * kbs + 16 * n + ((((c >> 3) ^ (n >> 2)) & 1) << 3) + (c & 7);
+  }
+};
+DSPARK_HOST_DEVICE_FN VTile vtile(int64_t vrows, int64_t rpad) {
+  const int kbs = static_cast<int>(16 * vrows + 16);
+  return VTile{kbs, rpad / 16 * kbs};
+}
+DSPARK_HOST_DEVICE_FN int64_t vt_elements(int64_t vrows, int64_t rpad) {
+  return 2 * vtile(vrows, rpad).lo_off + 16 * (vrows < kMaxGroup ? kMaxGroup - vrows : 0);
+}
 
 DSPARK_HOST_DEVICE_FN size_t dtype_size(DType t) {
   return t == DType::kFloat32 ? 4 : (t == DType::kFloat8E4M3 ? 1 : 2);
@@ -527,7 +550,7 @@ DSPARK_DEVICE FoldLane fold_lane(int t, int tpr, int E) {
   return f;
 }
 
-// A tile of U in shared memory (the tensor-core sweep's ring, stage_u_tile): request j's 128 elements are a row of
+// A tile of U in shared memory (the tensor-core sweep's ring, UStage): request j's 128 elements are a row of
 // 16-byte units whose unit u is stored at u ^ u_swizzle(j, E), so that the fold's reads of a quarter-warp (the
 // lanes and pieces of fold_lane) hit 8 different 16-byte bank groups at every tpr: with tpr <= 4 a quarter-warp
 // reads one unit of 8 requests j..j+7 (the swizzle is a permutation of j & 7); with fp32 U (E = 4) tpr = 8 pairs
@@ -554,7 +577,7 @@ DSPARK_DEVICE void race_quad(const rng::Philox& ph, int64_t n, int64_t k, int64_
 // Thread `fl` of the tpr threads of request n folds its pieces of a tile into its running partial (fold_lane):
 // bias[i] * bscale is the bias of vocabulary row tile0 + i (tile0 a multiple of 16; times w2_scale[row] for an fp8
 // W2). It adds U (from the staged
-// tile `us` when not null: request fl.jf's row of stage_u_tile; else from global memory), writes the logits when
+// tile `us` when not null: request fl.jf's row of UStage's tile; else from global memory), writes the logits when
 // asked, and folds each quad of 4 rows (Part::add_n) into the argmax (greedy, temp == 0) or the Gumbel race
 // winner of logits / temp (race_quad), with the softmax statistics.
 DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph, int64_t n, int64_t k, int64_t tile0,
@@ -617,31 +640,30 @@ DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph,
   }
 }
 
-// fold_pieces for the common case, with nothing tested per quad but the row's end: greedy, U of 16-bit type TU
-// staged in shared memory (us), a 16-bit W2 (no row scales), no logits written. Each quad folds at once
-// (Part::add_n<4, true>: one winner test, and the softmax statistics' maximum from it), in fold_lane's half order.
+// fold_pieces for the common case: greedy, U of 16-bit type TU staged in shared memory (us), a 16-bit W2 (no row
+// scales), no logits written. A staged 16-bit U has V % 8 == 0 (make_plan) and slices start at multiples of 16, so
+// `rows` is a multiple of 8: whole pieces, nothing masked. A piece of 8 logits at a time, its halves in fold_lane's
+// order, through Part::add_greedy: its maximum, one test, and one FFMA and one MUFU.EX2 a logit.
 template <typename TU>
 DSPARK_DEVICE void fold_pieces_greedy(int64_t tile0, int rows, const float* bias, float bscale, const FoldLane& fl,
                                       int tpr, const uint4* us, Part& pt) {
-  const int swz = u_swizzle(fl.jf, 8);
+  const int swz = u_swizzle(fl.jf, 8), f4 = 4 * fl.flip;
   for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {
     const uint4 raw = us[(i >> 3) ^ swz];
+    const float4 b0 = *reinterpret_cast<const float4*>(bias + (i + f4));
+    const float4 b1 = *reinterpret_cast<const float4*>(bias + (i + (f4 ^ 4)));
+    const uint32_t w[4] = {fl.flip ? raw.z : raw.x, fl.flip ? raw.w : raw.y, fl.flip ? raw.x : raw.z,
+                           fl.flip ? raw.y : raw.w};  // U's elements in the same half order
+    TU u[8];
+    memcpy(u, w, 16);
+    const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+    float x[8], pm = neg_inf();
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int h = q ^ fl.flip, i4 = i + 4 * h;
-      const uint32_t w[2] = {h ? raw.z : raw.x, h ? raw.w : raw.y};  // the half's 4 elements of U
-      TU u[4];
-      memcpy(u, w, 8);
-      const float4 b4 = *reinterpret_cast<const float4*>(bias + i4);
-      const float b[4] = {b4.x, b4.y, b4.z, b4.w};
-      float x[4], sc[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        x[e] = i4 + e < rows ? to_float(u[e]) + b[e] * bscale : neg_inf();
-        sc[e] = fmaxf(x[e], neg_inf());  // NaN as -inf
-      }
-      pt.add_n<4, true>(x, sc, tile0 + i4);
+    for (int e = 0; e < 8; ++e) {
+      x[e] = to_float(u[e]) + b[e] * bscale;
+      pm = fmaxf(pm, x[e]);  // NaN as -inf
     }
+    pt.add_greedy<8>(x, pm, tile0 + i, f4);
   }
 }
 
@@ -774,48 +796,24 @@ DSPARK_DEVICE int split_exponent(float amax) {
   return e;
 }
 
-// split_group's row for the vanilla head with W1 of W2's type (v = W1[x], a zero row for x outside [0, VT)) and
-// 16-byte rows, R <= 512: lane l holds elements 8 l and 8 l + 256 from one 16-byte load each, and stores its hi and
-// lo units with one 16-byte store each (consecutive lanes, consecutive units: conflict-free); the values of the
-// element path exactly (the same split of the same floats).
+// split_group's row j for the vanilla head with W1 of W2's type (v = W1[x], a zero row for x outside [0, VT)) and
+// 16-byte rows: v is already of W2's type, so its hi row is W1's row itself (scale 1) and it has no lo row. Lane l
+// copies units l, l + 32, ... with one 16-byte load and store each (consecutive lanes, consecutive units: VTile).
 template <typename TW>
-DSPARK_DEVICE bool split_row_w1(const TW* w1, int64_t x, int64_t VT, int64_t R, int64_t rpad, TW* hi, TW* lo,
-                                float* unscale_j, int lane) {
-  constexpr int kUnits = 2, kE = 8;
+DSPARK_DEVICE void copy_row_w1(const TW* w1, int64_t x, int64_t VT, int64_t R, int64_t rpad, TW* vt, const VTile& vl,
+                               int j, int lane) {
   const bool in = x >= 0 && x < VT;
-  Vec16<TW> w[kUnits];
-  float amax = 0.0f;
-#pragma unroll
-  for (int q = 0; q < kUnits; ++q) {
-    const int64_t c = kE * lane + 256 * q;
+  for (int64_t c = 8 * lane; c < rpad; c += 8 * 32) {
     const uint4 raw = in && c < R ? ldg(reinterpret_cast<const uint4*>(w1 + x * R + c)) : make_uint4(0, 0, 0, 0);
-    memcpy(&w[q], &raw, 16);
-#pragma unroll
-    for (int e = 0; e < kE; ++e) amax = fmaxf(amax, fabsf(to_float(w[q].v[e])));
+    *reinterpret_cast<uint4*>(vt + vl.at(j, c)) = raw;
   }
-  amax = warp_max(amax);
-  const int e = split_exponent(amax);
-  const float sc = ldexpf(1.0f, e);
-  if (lane == 0) *unscale_j = ldexpf(1.0f, -e);
-  bool lo_live = false;
-#pragma unroll
-  for (int q = 0; q < kUnits; ++q) {
-    const int64_t c = kE * lane + 256 * q;
-    if (c >= rpad) continue;
-    Vec16<TW> h, l;
-#pragma unroll
-    for (int i = 0; i < kE; ++i) lo_live |= split_store(to_float(w[q].v[i]) * sc, &h.v[i], &l.v[i]);
-    *reinterpret_cast<Vec16<TW>*>(hi + c) = h;
-    *reinterpret_cast<Vec16<TW>*>(lo + c) = l;
-  }
-  return lo_live;
 }
 
 // split_group's row j of any v (the workspace's float32 rows, or W1's rows of any type), element by element: lane l
 // takes elements l + 32 q (held in registers for R <= 512).
 template <typename TW>
-DSPARK_DEVICE bool split_row_elements(const VRows& vr, int64_t R, int64_t rpad, int64_t g0, int j, TW* hi, TW* lo,
-                                      float* unscale_j, int lane) {
+DSPARK_DEVICE bool split_row_elements(const VRows& vr, int64_t R, int64_t rpad, int64_t g0, int j, TW* vt,
+                                      const VTile& vl, float* unscale_j, int lane) {
   bool lo_live = false;
   constexpr int kHold = 16;  // R <= 512: the row stays in registers between the max and the split
   float held[kHold];
@@ -838,36 +836,39 @@ DSPARK_DEVICE bool split_row_elements(const VRows& vr, int64_t R, int64_t rpad, 
 #pragma unroll
     for (int q = 0; q < kHold; ++q) {
       const int64_t c = lane + 32 * q;
-      if (c < rpad) lo_live |= split_store(held[q] * sc, hi + c, lo + c);
+      if (c < rpad) lo_live |= split_store(held[q] * sc, vt + vl.at(j, c), vt + vl.lo_off + vl.at(j, c));
     }
   } else {
-    for (int64_t c = lane; c < rpad; c += 32)
-      lo_live |= split_store(c < R ? vr.at(g0, j, c) * sc : 0.0f, hi + c, lo + c);
+    for (int64_t c = lane; c < rpad; c += 32) {
+      const float x = c < R ? vr.at(g0, j, c) * sc : 0.0f;
+      lo_live |= split_store(x, vt + vl.at(j, c), vt + vl.lo_off + vl.at(j, c));
+    }
   }
   return lo_live;
 }
 
-// The group's v rows as hi + lo rows of W2's type (one warp per request; rows nb..nbp-1 are zero): hi = T(v s),
-// lo = T(v s - hi), with s a power of two per request that brings max |v| to [2^13, 2^14) (fp16's range; exact,
-// undone on the bias through unscale[j] = 1 / s). vt holds all hi rows, then all lo rows, `ldv` apart. Returns
-// whether this thread stored a lo that is not zero (a v row of 16-bit values, such as the vanilla head's W1 row of
-// W2's type, has none: the sweep then skips the lo products, which would add exact zeros).
+// The group's v rows as hi + lo rows of W2's type in vt (VTile's layout; one warp per request; rows nb..nbp-1 are
+// zero): hi = T(v s), lo = T(v s - hi), with s a power of two per request that brings max |v| to [2^13, 2^14)
+// (fp16's range; exact, undone on the bias through unscale[j] = 1 / s). Returns whether this thread stored a lo that
+// is not zero. The vanilla head's W1 rows of W2's type are v exactly: they are copied as hi rows with s = 1 and no lo
+// rows (copy_row_w1), and the sweep skips the lo products.
 template <typename TW>
 DSPARK_DEVICE bool split_group(const VRows& vr, int64_t R, int64_t rpad, int64_t g0, int nb, int nbp, TW* vt,
-                               int64_t lo_off, int ldv, float* unscale, int lane, int warp) {
+                               const VTile& vl, float* unscale, int lane, int warp) {
+  if (vr.v == nullptr && vr.w1_dtype == mma_dtype<TW>() && R % 8 == 0 && is_aligned16(vr.w1)) {
+    for (int j = warp; j < nbp; j += kWarps) {  // W1's rows as they are
+      copy_row_w1(static_cast<const TW*>(vr.w1), j < nb ? vr.xs[j] : -1, vr.VT, R, rpad, vt, vl, j, lane);
+      if (lane == 0 && j < nb) unscale[j] = 1.0f;
+    }
+    return false;
+  }
   bool lo_live = false;
-  const bool w1_rows = vr.v == nullptr && vr.w1_dtype == mma_dtype<TW>() && R % 8 == 0 && R <= 512 &&
-                       is_aligned16(vr.w1);  // split_row_w1's case
-  for (int j = warp; j < nbp; j += kWarps) {
-    TW* hi = vt + static_cast<int64_t>(j) * ldv;
-    TW* lo = hi + lo_off;
+  for (int j = warp; j < nbp; j += kWarps) {  // split rows
     if (j >= nb) {
-      for (int64_t c = lane; c < rpad; c += 32) hi[c] = lo[c] = from_float<TW>(0.0f);
+      for (int64_t c = lane; c < rpad; c += 32) vt[vl.at(j, c)] = vt[vl.lo_off + vl.at(j, c)] = from_float<TW>(0.0f);
       continue;
     }
-    lo_live |= w1_rows ? split_row_w1(static_cast<const TW*>(vr.w1), vr.xs[j], vr.VT, R, rpad, hi, lo, unscale + j,
-                                      lane)
-                       : split_row_elements(vr, R, rpad, g0, j, hi, lo, unscale + j, lane);
+    lo_live |= split_row_elements(vr, R, rpad, g0, j, vt, vl, unscale + j, lane);
   }
   return lo_live;
 }
@@ -931,21 +932,41 @@ DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t
   }
 }
 
-// U's tile of `rows` vocabulary rows from tile0 for the nb requests of the group from g0 at position k, into a ring
-// slot [nb][128 elements] (u_swizzle's unit order; units past `rows` zero-filled): 16-byte cp.async copies, the
-// plan has checked that U's rows allow them (V a multiple of 16 bytes of U, U 16-byte aligned).
-DSPARK_DEVICE void stage_u_tile(const DraftBlockParams& p, int64_t g0, int nb, int64_t k, int64_t tile0, int rows,
-                                uint4* slot, int t) {
-  const int E = p.base_dtype == DType::kFloat32 ? 4 : 8, log_upr = E == 4 ? 5 : 4, upr = 1 << log_upr;
-  const char* base = static_cast<const char*>(p.base);
-  const int64_t esz = static_cast<int64_t>(dtype_size(p.base_dtype));
-  const int u = t & (upr - 1);  // the unit this thread copies of each of its requests' rows: no division
-  const bool in = u * E < rows;
-  const char* src = base + (((g0 + (t >> log_upr)) * p.K + k) * p.V + tile0 + int64_t(u) * E) * esz;
-  const int64_t step = int64_t(kThreads >> log_upr) * p.K * p.V * esz;  // kThreads / upr requests on
-  for (int j = t >> log_upr; j < nb; j += kThreads >> log_upr, src += step)
-    cp_async_zfill<16>(slot + j * upr + (u ^ u_swizzle(j, E)), in ? src : base, in ? 16 : 0);
-}
+// U's tiles for the nb requests of the group from g0 at position k, into ring slots [nb][128 elements]
+// (u_swizzle's unit order; units past a tile's `rows` zero-filled): 16-byte cp.async copies, the plan has checked
+// that U's rows allow them (V a multiple of 16 bytes of U, U 16-byte aligned). Thread t copies unit t % upr of the
+// rows of requests t / upr, + kThreads / upr, ...: set up once a group sweep (UStage), so a tile's copies cost no
+// division and a predicate, an address and a cp.async each.
+struct UStage {
+  const char* src;  // this thread's first copy at the slice's first row v0
+  int64_t step;     // bytes between this thread's requests' rows of U
+  int lg;           // log2 of U's element size (1: 16-bit, 2: fp32); a row of a tile is 1 << (lg + 3) units
+  DSPARK_DEVICE UStage(const DraftBlockParams& p, int64_t g0, int64_t k, int64_t v0, int t) {
+    lg = p.base_dtype == DType::kFloat32 ? 2 : 1;
+    const int log_upr = lg + 3, E = 16 >> lg;
+    const int u = t & ((1 << log_upr) - 1), j0 = t >> log_upr;
+    src = static_cast<const char*>(p.base) + ((((g0 + j0) * p.K + k) * p.V + v0 + int64_t(u) * E) << lg);
+    step = (int64_t(kThreads >> log_upr) * p.K * p.V) << lg;
+  }
+  // The tile `rows` rows from v0 + off into `slot` (`any`: a valid address to name in a zero-size copy). Request j's
+  // unit u lands at unit u ^ u_swizzle(j, E) of its row: the same for all of a thread's requests (j + 8) with
+  // 16-bit U, so its copies then move on by constant strides.
+  DSPARK_DEVICE void tile(int64_t off, int rows, int nb, uint4* slot, const void* any, int t) const {
+    const int log_upr = lg + 3, E = 16 >> lg, jstep = kThreads >> log_upr;
+    const int u = t & ((1 << log_upr) - 1), j0 = t >> log_upr;
+    const bool in = u * E < rows;
+    const char* s = in ? src + (off << lg) : static_cast<const char*>(any);
+    const int64_t st = in ? step : 0;
+    if (lg == 1) {
+      uint4* d = slot + (j0 << log_upr) + (u ^ u_swizzle(j0, E));
+      for (int j = j0; j < nb; j += jstep, s += st, d += jstep << log_upr) cp_async_zfill<16>(d, s, in ? 16 : 0);
+    } else {
+      for (int j = j0; j < nb; j += jstep, s += st) {
+        cp_async_zfill<16>(slot + (j << log_upr) + (u ^ u_swizzle(j, E)), s, in ? 16 : 0);
+      }
+    }
+  }
+};
 
 // A staged fp8 chunk (rows of kRawStride8 bytes, `width` of them used) widened to bf16 rows of kWtStrideM elements:
 // 16-byte unit idx = t + 128 j (row idx / upr, unit idx % upr) by thread t. With full 64-byte rows a quarter-warp
@@ -965,30 +986,34 @@ DSPARK_DEVICE void widen_chunk(const __nv_fp8_e4m3* raw, __nv_bfloat16* out, int
 }
 
 // One staged chunk on tensor cores: warp w owns rows 32w..32w+31 of the tile (two m16 blocks, A from the ring slot
-// through ldmatrix x4), and for each 8 requests one ldmatrix x4 gives the hi and lo B fragments; two MMAs (hi, lo)
-// per block and 8 requests (kLo), one when the group's lo rows are all zero.
+// through ldmatrix x4) and multiplies them by every 8-request block of its register tile (B from vt, VTile's layout,
+// each block at an immediate offset: one ldmatrix x4 gives the hi fragments of two blocks, or with kLo the hi and lo
+// fragments of one). The blocks past the group's are multiplied too (by whatever vt holds there) and never stored:
+// no test in the loop.
 template <typename TW, int kFrags, bool kLo>
-DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const TW* vt, int64_t lo_off, int ldv,
-                             int64_t rc, int width, int nb, int lane, int warp) {
-  const int j = lane & 7, m = lane >> 3;  // lane supplies row j of matrix m
+DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const TW* vt, const VTile& vl, int64_t rc,
+                             int width, int lane, int warp) {
+  constexpr bool kPairs = !kLo && kFrags % 2 == 0;  // x4 loads of two blocks' hi fragments
+  constexpr int kB = kPairs ? 2 : 1;                // blocks per B load
+  const int j = lane & 7, m = lane >> 3;            // lane supplies row j of matrix m
   const TW* arow = slot + (warp * 32 + (m & 1) * 8 + j) * kWtStrideM + (m >> 1) * 8;
-  const TW* brow = vt + (m >> 1) * lo_off + static_cast<int64_t>(j) * ldv + rc + (m & 1) * 8;
+  // B's matrices: columns 0-7 and 8-15 of the k-step's hi rows (m = 0, 1), then (m = 2, 3) of its lo rows (kLo) or
+  // of the next block's hi rows (kPairs)
+  const TW* brow = vt + vl.at(kPairs ? j + 8 * (m >> 1) : j, rc + (m & 1) * 8) + (kLo ? (m >> 1) * vl.lo_off : 0);
 #pragma unroll 1  // one k-step per SASS iteration (bench/sass_draft.py counts them)
-  for (int kk = 0; kk < width; kk += 16) {
+  for (int kk = 0; kk < width; kk += 16, brow += vl.kbs) {
     uint32_t a[2][4];
     warp::ldmatrix<4>(a[0], arow + kk);
     warp::ldmatrix<4>(a[1], arow + 16 * kWtStrideM + kk);
 #pragma unroll
-    for (int f = 0; f < kFrags; ++f) {
-      if (f * 8 < nb) {  // warp-uniform
-        uint32_t b[4];
-        warp::ldmatrix<4>(b, brow + static_cast<int64_t>(f) * 8 * ldv + kk);
-        const uint32_t bhi[2] = {b[0], b[1]}, blo[2] = {b[2], b[3]};
+    for (int f = 0; f < kFrags; f += kB) {
+      uint32_t b[kLo || kPairs ? 4 : 2];
+      warp::ldmatrix<kLo || kPairs ? 4 : 2>(b, brow + 128 * f);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], bhi);
-          if constexpr (kLo) warp::mma_m16n8k16<TW>(acc[mt][f], a[mt], blo);
-        }
+      for (int h = 0; h < (kLo || kPairs ? 2 : 1); ++h) {
+        const uint32_t bh[2] = {b[2 * h], b[2 * h + 1]};
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) warp::mma_m16n8k16<TW>(acc[mt][kPairs ? f + h : f], a[mt], bh);
       }
     }
   }
@@ -1008,9 +1033,8 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   constexpr int kFrags = NBT / 8;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int64_t N = p.N, V = p.V, R = p.R, rpad = plan.rpad;
-  const int ldv = static_cast<int>(rpad + kVPad);
-  const int64_t lo_off = plan.vrows * ldv;
-  TW* vt = reinterpret_cast<TW*>(smem);                // [2][vrows][ldv]: hi rows, then lo rows
+  const VTile vl = vtile(plan.vrows, rpad);
+  TW* vt = reinterpret_cast<TW*>(smem);                // hi rows, then lo rows (VTile)
   constexpr bool kWiden = !std::is_same<TS, TW>::value;  // an fp8 W2
   constexpr int kSlotStride = kWiden ? kRawStride8 : kWtStrideM;
   TS* ring = reinterpret_cast<TS*>(smem + plan.off_wt);  // [kStages][kThreads][kSlotStride]
@@ -1043,13 +1067,14 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
     // the chunk at `at` into its ring slot, and with a tile's last chunk the tile's U (stage_u), in one commit
     // group; then `at` moves on
     ChunkCursor at{};
+    const UStage ust(p, g0, k, v0, t);
     auto stage = [&]() {
       if (at.c < total) {
         const int64_t tile0 = v0 + at.tile * kThreads;
         const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
         stage_w2_chunk<TS, kSlotStride>(w2, R, rpad, tile0, rows, at.ci, vec, ring + at.slot * slot_elems, t);
         if (plan.stage_u && at.ci == nchunks - 1)
-          stage_u_tile(p, g0, nb, k, tile0, rows, uring + at.uslot * uslot_units, t);
+          ust.tile(tile0 - v0, rows, nb, uring + at.uslot * uslot_units, p.base, t);
       }
       cp_async_commit();
       at.next(nchunks, plan.uslots);
@@ -1060,7 +1085,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       vanilla_prologue(p, plan, ws, k, g0, nb, slice, sc.xs, smem, sc.parts, sc.sums);
       __syncthreads();
     }
-    const bool lo_mine = split_group(vr, R, rpad, g0, nb, nbp, vt, lo_off, ldv, unscale, lane, warp);
+    const bool lo_mine = split_group(vr, R, rpad, g0, nb, nbp, vt, vl, unscale, lane, warp);
     bool lo_live = true;
     for (int j = t; j < nb; j += kThreads) {
       const float temp = p.temperature != nullptr ? ldg(p.temperature + g0 + j) : 0.0f;
@@ -1096,12 +1121,13 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
         chunk = ring + cu.slot * slot_elems;
       }
       if (lo_live) {  // block-uniform: a loop without the lo products' predicates when every lo row is zero
-        mma_chunk<TW, kFrags, true>(acc, chunk, vt, lo_off, ldv, rc, width, nb, lane, warp);
+        mma_chunk<TW, kFrags, true>(acc, chunk, vt, vl, rc, width, lane, warp);
       } else {
-        mma_chunk<TW, kFrags, false>(acc, chunk, vt, lo_off, ldv, rc, width, nb, lane, warp);
+        mma_chunk<TW, kFrags, false>(acc, chunk, vt, vl, rc, width, lane, warp);
       }
       if (ci == nchunks - 1) {
         const int64_t tile0 = v0 + cu.tile * kThreads;
+        const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
         const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
@@ -1113,7 +1139,6 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
                 lt[(f * 8 + 2 * tq + (q & 1)) * kLtStrideM + warp * 32 + mt * 16 + g + 8 * (q >> 1)] = acc[mt][f][q];
         __syncthreads();
         if (jf < nb) {
-          const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
           const uint4* us = plan.stage_u ? uring + cu.uslot * uslot_units + jf * urow_units : nullptr;
           if (fast_fold && temps[jf] == 0.0f) {
             fold_pieces_greedy<TW>(tile0, rows, lt + jf * kLtStrideM, unscale[jf], fl, tpr, us, pt);
@@ -1193,13 +1218,12 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm, size_t sme
   pl.group = static_cast<int>(N < group ? (N > 0 ? N : 1) : group);
   const int m = p.head == kRnn ? 3 : 1;
   const int64_t max_rows = int64_t(kWarps) * (kPerWarp / m);
-  // the v rows of a group: float32 (FMA sweep) or hi + lo 16-bit rows padded to 8 requests, each row kVPad
-  // elements longer than rpad (one float per element and request either way)
+  // the v rows of a group: float32 (FMA sweep) or hi + lo 16-bit rows padded to 8 requests (VTile)
   pl.vrows = pl.mma ? round_up(pl.group, 8) : pl.group;
   int tpr = 32;
   while (tpr > 1 && int64_t(tpr) * pl.group > kThreads) tpr >>= 1;
   pl.tpr = tpr;
-  const int64_t vfloats = pl.vrows * (pl.mma ? pl.rpad + kVPad : pl.rpad);
+  const int64_t vfloats = pl.mma ? vt_elements(pl.vrows, pl.rpad) / 2 : pl.vrows * pl.rpad;
   const int64_t area = std::max<int64_t>({vfloats, R, int64_t(kZGroup) * kZStride + m * max_rows * kCC});
   pl.off_wt = round_up(area, 8);  // 32-byte aligned
   // the tensor-core ring: kStages 16-bit slots, or (fp8) kStages raw slots and the widened chunk

@@ -35,8 +35,8 @@ struct Part {
   // has -inf in both), at the cost of one winner test per call and a softmax rescale only when the call raises the
   // maximum: s gains 2^((x - m) log2 e) per token (sum_exp2), and turns NaN once a NaN or a +inf enters with m
   // finite (the row's log-probability is then NaN, as logprob() says of bad rows); a NaN met while m is still -inf
-  // sets bad. kScoreIsLogit: sc is x with NaN as -inf (greedy), so the highest score is also the maximum of x.
-  template <int kN, bool kScoreIsLogit = false>
+  // sets bad.
+  template <int kN>
   DSPARK_DEVICE void add_n(const float (&x)[kN], const float (&sc)[kN], int64_t i) {
     // the first highest score, by selects (an index into x or sc would put them in local memory)
     float top = sc[0], top_x = x[0];
@@ -52,20 +52,48 @@ struct Part {
       win = ArgMax{top, i + best};
       scaled = top_x;
     }
-    float qm = top;
-    if (!kScoreIsLogit) {
-      qm = x[0];
+    float qm = x[0];
 #pragma unroll
-      for (int e = 1; e < kN; ++e) qm = fmaxf(qm, x[e]);  // NaN ignored
-    }
-    constexpr float kLog2e = 1.4426950408889634f;
+    for (int e = 1; e < kN; ++e) qm = fmaxf(qm, x[e]);  // NaN ignored
     if (qm > stats.m) {  // rare once a thread has seen a few calls; from m = -inf, s stays 0
       stats.s *= sum_exp2((stats.m - qm) * kLog2e);
       stats.m = qm;
     }
-    if (stats.m > neg_inf()) {
+    add_exp(x);
+  }
+  // add() of kN greedy logits x (the score is the logit, NaN as -inf) of tokens i + (e ^ perm) (perm 0, or kN / 2
+  // when x holds its halves swapped; -inf past the row's end), whose highest score is pm. A partial that only
+  // this takes keeps win.value == stats.m, so one test (pm >= m) finds the rare calls that move the winner or the
+  // maximum (a new maximum, a tie, or nothing above -inf yet); the others only add 2^(x log2 e - m log2 e) per token.
+  template <int kN>
+  DSPARK_DEVICE void add_greedy(const float (&x)[kN], float pm, int64_t i, int perm) {
+    if (pm >= stats.m) {
+      // the lowest offset holding pm (offset 0 when pm is -inf: every token then ties, NaN counting as -inf)
+      uint32_t at = 0;
 #pragma unroll
-      for (int e = 0; e < kN; ++e) stats.s += sum_exp2((x[e] - stats.m) * kLog2e);
+      for (int e = 0; e < kN; ++e) at |= x[e] == pm ? 1u << (e ^ perm) : 0u;
+      const int first = pm > neg_inf() ? __ffs(static_cast<int>(at)) - 1 : 0;
+      if (win.beaten_by(pm, i + first)) {
+        win = ArgMax{pm, i + first};
+        scaled = pm;
+      }
+      if (pm > stats.m) {
+        stats.s *= sum_exp2((stats.m - pm) * kLog2e);
+        stats.m = pm;
+      }
+    }
+    add_exp(x);
+  }
+
+  static constexpr float kLog2e = 1.4426950408889634f;
+  // The softmax sum's terms of x at the current maximum m (one FFMA and one MUFU.EX2 a token), or, while m is
+  // still -inf (nothing to sum), whether a NaN came.
+  template <int kN>
+  DSPARK_DEVICE void add_exp(const float (&x)[kN]) {
+    if (stats.m > neg_inf()) {
+      const float ml = stats.m * kLog2e;
+#pragma unroll
+      for (int e = 0; e < kN; ++e) stats.s += sum_exp2(fmaf(x[e], kLog2e, -ml));
     } else {
 #pragma unroll
       for (int e = 0; e < kN; ++e) bad |= x[e] != x[e] ? 1 : 0;
