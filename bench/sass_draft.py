@@ -17,8 +17,8 @@ upper bound for the path wherever a branch's two sides share a source block, for
 branch, taken while every logit so far is -inf, once a group sweep), and with the greedy fold's rare branch
 (Part::add_greedy: a new running maximum) entered as often as logits in random order make some lane of a warp meet
 one (record_pieces, a model of the data: about 30% of a warp's pieces at N = 256, K = 15). The ring's staging
-lambda is inlined twice (the prologue's kStages - 1 calls a group and the chunk loop's): both copies share its
-blocks, so both are charged the per-chunk counts, an overcount of the prologue's.
+lambda is inlined twice (the prologue's kStages - 1 calls a group and the chunk loop's): its blocks are named once
+for each copy, within that copy's SASS loop, each with its own count.
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ def shape(n: int, k: int, vocab: int = V, rank: int = 256) -> dict:
     return dict(plan, K=k, N=n, G=-(-groups // plan["lanes"]), tiles=tiles, nchunks=nchunks,
                 chunks=tiles * nchunks, nb=nb, nbp=nbp, tpr=tpr, fold_warps=-(-nb * tpr // 32),
                 pieces=max(1, 128 // (8 * tpr)))
+
+
+CHUNK_LOOP = "for (ChunkCursor cu{}; cu.c < total;"
+PROLOGUE = "for (int s = 0; s < kStages - 1; ++s) stage();"
 
 
 def record_pieces(pieces: int, lanes: int = 32) -> float:
@@ -111,15 +115,11 @@ def regions(s: dict) -> list:
         # the sweep: group loop, temperatures, the staging lambda (2 + chunks calls a group), the chunk loop
         (db, "for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N;", groups * W, "void phase_sweep_mma"),
         (db, "for (int j = t; j < nb; j += kThreads) {", groups * math.ceil(nb / 32), "void phase_sweep_mma"),
-        (db, "auto stage = [&]() {", (chunks + 2 * groups) * W, "void phase_sweep_mma"),
-        (db, "for (int s = 0; s < kStages - 1; ++s) stage();", 2 * groups * W, "void phase_sweep_mma"),
-        (db, "ust.tile(tile0 - v0, rows, nb, uring", tiles * W, "void phase_sweep_mma"),
+        (db, PROLOGUE, 2 * groups * W, "void phase_sweep_mma"),
         (db, "DSPARK_DEVICE UStage(const DraftBlockParams& p", groups * W, "struct UStage"),
-        (db, "DSPARK_DEVICE void tile(int64_t off", tiles * W, "struct UStage"),
-        (db, "for (int j = j0; j < nb; j += jstep, s += st, d +=", tiles * W * math.ceil(nb / 8), "struct UStage"),
         (db, "for (int j = j0; j < nb; j += jstep, s += st) {", 0, "struct UStage"),  # fp32 U
         (db, "for (int i = t; i < kThreads * width; i += kThreads) {", 0, "void stage_w2_chunk"),
-        (db, "for (ChunkCursor cu{}; cu.c < total;", chunks * W, "void phase_sweep_mma"),
+        (db, CHUNK_LOOP, chunks * W, "void phase_sweep_mma"),
         (db, "if (ci == 0) {", tiles * W, "void phase_sweep_mma"),
         (db, "mma_chunk<TW, kFrags, true>", 0, "void phase_sweep_mma"),  # the vanilla head's v has no lo rows
         (db, "mma_chunk<TW, kFrags, false>", chunks * W, "void phase_sweep_mma"),
@@ -148,7 +148,20 @@ def regions(s: dict) -> list:
         (rng, "DSPARK_HOST_DEVICE F32x4 uniform4(", 0, None),
         (db, "for (int o = 32 / tpr; o < 32; o <<= 1)", groups * W * int(math.log2(s["tpr"])), None),
     ]
-    return [sr.find_region(path, marker, count, after=after, name=marker) for path, marker, count, after in table]
+    out = [sr.find_region(path, marker, count, after=after, name=marker) for path, marker, count, after in table]
+    # the staging lambda is inlined twice: before the chunk loop (kStages - 1 = 2 calls a group, staging U's tile
+    # when the call's chunk is a tile's last) and in it (a call a chunk); each copy takes its own count
+    loops = {r.name: r for r in out}
+    pro_u = groups * sum(1 for c in range(2) if c < s["chunks"] and c % s["nchunks"] == s["nchunks"] - 1)
+    for loop, calls, u_tiles in ((CHUNK_LOOP, chunks, tiles - pro_u), (PROLOGUE, 2 * groups, pro_u)):
+        for marker, count, after in (("auto stage = [&]() {", calls * W, "void phase_sweep_mma"),
+                                     ("ust.tile(tile0 - v0, rows, nb, uring", u_tiles * W, "void phase_sweep_mma"),
+                                     ("DSPARK_DEVICE void tile(int64_t off", u_tiles * W, "struct UStage"),
+                                     ("for (int j = j0; j < nb; j += jstep, s += st, d +=",
+                                      u_tiles * W * math.ceil(nb / 8), "struct UStage")):
+            name = f"{marker} ({'chunk loop' if loop == CHUNK_LOOP else 'prologue'})"
+            out.append(sr.find_region(db, marker, count, after=after, name=name, within=loops[loop]))
+    return out
 
 
 def kernel_name(s: dict) -> str:

@@ -870,7 +870,7 @@ def test_sass_tensor_core_sweep_uses_cp_async_ldmatrix_and_mma():
 def test_sass_estimate_of_the_shipped_sweep_stays_within_its_instruction_budget():
     """bench/sass_draft.py on the report's binary (CI: the wheel's library, built from this checkout with line
     info): draft_block's estimated warp instructions per CTA at N = 64, K = 7 and N = 256, K = 15 (V = 151936,
-    r = 256, greedy) stay within 6% of what the common-case code issues now (0.833 M and 5.15 M; the model's issue
+    r = 256, greedy) stay within 6% of what the common-case code issues now (0.776 M and 4.66 M; the model's issue
     term is its largest at N = 256), so a change that bloats the hot loops fails here, and every SASS loop of the
     path is one the estimator's table counts."""
     import os
@@ -892,7 +892,7 @@ def test_sass_estimate_of_the_shipped_sweep_stays_within_its_instruction_budget(
         funcs = sass_regions.lined_functions(b, *tools)
         if any("draft_block_kernel" in f for f in funcs):
             break
-    for (n, k), budget in (((64, 7), 0.833e6 * 1.06), ((256, 15), 5.15e6 * 1.06)):
+    for (n, k), budget in (((64, 7), 0.776e6 * 1.06), ((256, 15), 4.66e6 * 1.06)):
         est = sass_draft.estimate(funcs, n, k)
         assert 0 < est["per_cta"] <= budget, (n, k, est["per_cta"], est["per_cta_by_block"])
 

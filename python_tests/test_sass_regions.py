@@ -204,6 +204,43 @@ def test_an_inlined_frame_counts_only_before_the_chain_reaches_the_loop(header):
     assert [n for n, _ in sr.charges(sr.parse_lined(straight)["_Z1g"], regions, ["k.cuh"])] == [7] * 5
 
 
+def test_a_region_within_a_loop_counts_only_its_own_copy(header):
+    """The helper's block (line 10) inlined twice: a copy inside the SASS loop closing at line 2 (the loop's body
+    runs 7 times) and a copy inside the one closing at line 17 (4 times). Named once for each loop with `within`,
+    each copy takes its own count: 7 and 4 (without `within`, one count for both); the loops' own instructions 7
+    and 4 (each body has a forward branch, so the straight-loop rule does not decide)."""
+    sass = f""".text._Z1h:
+.L_x_1:
+	//## File "{header}", line 2
+        /*0000*/               @P2 BRA `(.L_x_3) ;
+	//## File "{header}", line 10 inlined at "{header}", line 3
+	//## File "{header}", line 3
+        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+.L_x_3:
+	//## File "{header}", line 2
+        /*0020*/               @P0 BRA `(.L_x_1) ;
+.L_x_2:
+	//## File "{header}", line 17
+        /*0030*/               @P2 BRA `(.L_x_4) ;
+	//## File "{header}", line 10 inlined at "{header}", line 18
+	//## File "{header}", line 18
+        /*0040*/                   IADD3 R3, R3, 0x1, RZ ;
+.L_x_4:
+	//## File "{header}", line 17
+        /*0050*/               @P1 BRA `(.L_x_2) ;
+"""
+    f = sr.parse_lined(sass)["_Z1h"]
+    loop_k = sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7)
+    loop_i = sr.find_region(header, "for (int i = 0; i < 4; ++i)", 4)
+    helper = "int helper(int x)"
+    regions = [loop_k, loop_i, sr.find_region(header, helper, 7, within=loop_k),
+               sr.find_region(header, helper, 4, within=loop_i)]
+    assert regions[2].within == ("k.cuh", 2) and regions[3].within == ("k.cuh", 17)
+    assert [n for n, _ in sr.charges(f, regions, ["k.cuh"])] == [7, 7, 7, 4, 4, 4]
+    one = [loop_k, loop_i, sr.find_region(header, helper, 5)]
+    assert [n for n, _ in sr.charges(f, one, ["k.cuh"])] == [7, 5, 7, 4, 5, 4]
+
+
 def test_sass_draft_table_matches_the_plan_and_the_source():
     """bench/sass_draft.py's trip counts at N = 256, K = 15, V = 151936, r = 256 by hand (33 slices x 4 lanes of
     64 requests; the widest slice 16 * ceil(9496 / 33) = 4608 rows: 36 tiles of 4 chunks; 2 threads a request, so

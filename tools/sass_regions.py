@@ -22,7 +22,9 @@ instruction is charged:
   - else the count of the smallest region holding a line it was inlined at (innermost first); else, in a
     subroutine (a ``__noinline__`` function), of the smallest region holding a frame of its first instruction's
     chain; else once.
-A branch's two sides are charged alike where no region tells them apart, so the estimate is an upper bound for the
+A region given ``within`` a loop counts only for instructions inside that loop's SASS loop: the copies of code
+inlined at two call sites (a lambda called before a loop and in it) then take a count each. A branch's two sides
+are charged alike where no region tells them apart, so the estimate is an upper bound for the
 path wherever each count is one, and a loop the compiler unrolled must be kept from it (``#pragma unroll 1``) or
 the count is charged to each copy.
 
@@ -135,11 +137,15 @@ class Region:
     count: float  # body executions per CTA, summed over its warps
     name: str
     loop: bool = False  # it opens at a `for` / `while`: its count holds only inside the SASS loop closing there
+    within: Optional[Frame] = None  # its count holds only inside a SASS loop closing at this line (one inlined copy)
 
 
-def find_region(path: str, marker: str, count: float, after: Optional[str] = None, name: str = "") -> Region:
+def find_region(path: str, marker: str, count: float, after: Optional[str] = None, name: str = "",
+                within: Optional[Region] = None) -> Region:
     """The block opening on the first line of `path` holding `marker` (past the first line holding `after`, when
-    given): that line through the line of the brace that closes it, or the line alone when it opens no block."""
+    given): that line through the line of the brace that closes it, or the line alone when it opens no block.
+    ``within``: a loop's region; this one then counts only for the copy of its code inside that loop's SASS loop
+    (code inlined at two call sites, each copy with its own count)."""
     lines = open(path).read().splitlines()
     start = 0
     if after is not None:
@@ -162,7 +168,8 @@ def find_region(path: str, marker: str, count: float, after: Optional[str] = Non
         if (opened and depth <= 0) or (not opened and code.rstrip().endswith(";")):
             break
     is_loop = bool(re.search(r"\b(for|while)\s*\(", lines[at][lines[at].index(marker):]))
-    return Region(os.path.basename(path), at + 1, end + 1, count, name or marker, is_loop)
+    return Region(os.path.basename(path), at + 1, end + 1, count, name or marker, is_loop,
+                  None if within is None else (within.file, within.first))
 
 
 def _holding(regions: Sequence[Region], frame: Optional[Frame]) -> List[Region]:
@@ -198,11 +205,12 @@ def charges(insns: Sequence[Insn], regions: Sequence[Region], files: Sequence[st
     for first, last, (file, line) in sorted(loops(insns, files), key=lambda lp: lp[0] - lp[1]):  # outer first
         if off[first]:
             continue  # inside a loop off the path
-        where = _smallest(_holding(regions, (file, line)))
+        where = _smallest([r for r in _holding(regions, (file, line)) if r.within is None or r.within in inside[first]])
         if (where is not None and where.count == 0) or (off_path is not None and off_path(insns[first:last + 1])):
             off[first:last + 1] = [True] * (last + 1 - first)
             continue
-        r = next((r for r in regions if r.file == file and r.first == line), None)
+        r = next((r for r in regions if r.file == file and r.first == line and
+                  (r.within is None or r.within in inside[first])), None)
         if r is None:
             raise ValueError(f"the SASS loop {first}..{last} closes at {file}:{line}, which no region opens")
         for i in range(first, last + 1):
@@ -218,7 +226,8 @@ def charges(insns: Sequence[Insn], regions: Sequence[Region], files: Sequence[st
         frames = [f for f in ins.chain if f[0] in files]  # its own line first, then where it was inlined
 
         def region_holding(f):
-            return [r for r in _holding(regions, f) if not r.loop or r.count == 0 or (r.file, r.first) in around]
+            return [r for r in _holding(regions, f) if (not r.loop or r.count == 0 or (r.file, r.first) in around)
+                    and (r.within is None or r.within in around)]
 
         def region_of(f):
             return _smallest(region_holding(f))
