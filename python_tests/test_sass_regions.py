@@ -68,6 +68,20 @@ $_Z4kern$_Z4cold:
 """
 
 
+def _listing(func, h, rows):
+    """nvdisasm -gi text of function `func` from rows: a label name, or (chain, instruction) with the chain's lines
+    of `h` innermost first, each inlined at the next."""
+    out = [f".text.{func}:"]
+    for row in rows:
+        if isinstance(row, str):
+            out.append(f"{row}:")
+            continue
+        chain, text = row
+        out += [f'\t//## File "{h}", line {a} inlined at "{h}", line {b}' for a, b in zip(chain, chain[1:])]
+        out += [f'\t//## File "{h}", line {chain[-1]}', f"        /*{16 * len(out):04x}*/   {text} ;"]
+    return "\n".join(out) + "\n"
+
+
 @pytest.fixture
 def header(tmp_path):
     p = tmp_path / "k.cuh"
@@ -175,32 +189,16 @@ def test_an_inlined_frame_counts_only_before_the_chain_reaches_the_loop(header):
     then names the cold block as where the loop's own code was inlined (line info naming the wrong call site: the
     loop is on the path, so that frame cannot take it off), the loop's 7; the loop's two branches 7. Without the
     forward branch (a straight-line body) every instruction would take the loop's 7."""
-    sass = f""".text._Z1g:
-.L_x_1:
-	//## File "{header}", line 2
-        /*0000*/               @P1 BRA `(.L_x_2) ;
-	//## File "{header}", line 10 inlined at "{header}", line 15
-	//## File "{header}", line 15 inlined at "{header}", line 3
-	//## File "{header}", line 3
-        /*0000*/                   IADD3 R2, R2, 0x1, RZ ;
-	//## File "{header}", line 10 inlined at "{header}", line 5
-	//## File "{header}", line 5
-        /*0010*/                   IADD3 R4, R4, 0x1, RZ ;
-	//## File "{header}", line 10 inlined at "{header}", line 3
-	//## File "{header}", line 3 inlined at "{header}", line 15
-	//## File "{header}", line 15
-        /*0020*/                   IADD3 R3, R3, 0x1, RZ ;
-.L_x_2:
-	//## File "{header}", line 2
-        /*0030*/               @P0 BRA `(.L_x_1) ;
-"""
+    sass = _listing("_Z1g", header, [".L_x_1", ((2,), "@P2 BRA `(.L_x_3)"),
+                                     ((10, 15, 3), "IADD3 R2, R2, 0x1, RZ"), ((10, 5), "IADD3 R4, R4, 0x1, RZ"),
+                                     ((10, 3, 15), "IADD3 R3, R3, 0x1, RZ"), ".L_x_3", ((2,), "@P0 BRA `(.L_x_1)")])
     f = sr.parse_lined(sass)["_Z1g"]
     assert f[1].chain == (("k.cuh", 10), ("k.cuh", 15), ("k.cuh", 3))
     regions = [sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7),
                sr.find_region(header, "if (rare) {", 2),
                sr.find_region(header, "else {  // the cold side", 0)]
     assert [n for n, _ in sr.charges(f, regions, ["k.cuh"])] == [7, 0, 2, 7, 7]
-    straight = sass.replace("               @P1 BRA `(.L_x_2) ;", "                   NOP ;")
+    straight = sass.replace("@P2 BRA `(.L_x_3)", "NOP")
     assert [n for n, _ in sr.charges(sr.parse_lined(straight)["_Z1g"], regions, ["k.cuh"])] == [7] * 5
 
 
@@ -209,26 +207,10 @@ def test_a_region_within_a_loop_counts_only_its_own_copy(header):
     runs 7 times) and a copy inside the one closing at line 17 (4 times). Named once for each loop with `within`,
     each copy takes its own count: 7 and 4 (without `within`, one count for both); the loops' own instructions 7
     and 4 (each body has a forward branch, so the straight-loop rule does not decide)."""
-    sass = f""".text._Z1h:
-.L_x_1:
-	//## File "{header}", line 2
-        /*0000*/               @P2 BRA `(.L_x_3) ;
-	//## File "{header}", line 10 inlined at "{header}", line 3
-	//## File "{header}", line 3
-        /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
-.L_x_3:
-	//## File "{header}", line 2
-        /*0020*/               @P0 BRA `(.L_x_1) ;
-.L_x_2:
-	//## File "{header}", line 17
-        /*0030*/               @P2 BRA `(.L_x_4) ;
-	//## File "{header}", line 10 inlined at "{header}", line 18
-	//## File "{header}", line 18
-        /*0040*/                   IADD3 R3, R3, 0x1, RZ ;
-.L_x_4:
-	//## File "{header}", line 17
-        /*0050*/               @P1 BRA `(.L_x_2) ;
-"""
+    sass = _listing("_Z1h", header, [".L_x_1", ((2,), "@P2 BRA `(.L_x_3)"), ((10, 3), "IADD3 R2, R2, 0x1, RZ"),
+                                     ".L_x_3", ((2,), "@P0 BRA `(.L_x_1)"),
+                                     ".L_x_2", ((17,), "@P2 BRA `(.L_x_4)"), ((10, 18), "IADD3 R3, R3, 0x1, RZ"),
+                                     ".L_x_4", ((17,), "@P1 BRA `(.L_x_2)")])
     f = sr.parse_lined(sass)["_Z1h"]
     loop_k = sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7)
     loop_i = sr.find_region(header, "for (int i = 0; i < 4; ++i)", 4)
