@@ -461,6 +461,45 @@ def test_cuda_nan_and_inf_logits(cuda_device, simt_check):
     check_nan_and_inf_logits(cuda_device, "cuda", simt_check)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("n,first", [(4, 0), (4, 3), (64, 0)])
+def test_cuda_greedy_fold_specials_and_ties(cuda_device, simt_check, n, first):
+    """The greedy fold of a staged bf16 U (fold_pieces_greedy, Part::add_greedy: one test a piece of 8, the winner
+    and the rescale only where a piece reaches the maximum) on rows the reference decides by its rules: ties of the
+    maximum within a piece and across pieces (lowest index), NaN mixed with -inf and finite values, +inf entries, all
+    NaN, all -inf. W2 = 0, so the logits are U's values exactly. N = 4: 32 threads a request (their pieces read with
+    halves swapped); N = 64: 2. The tokens and log-probabilities equal the reference's."""
+    V, K, r = 64, 2, 32
+    g = torch.Generator().manual_seed(n + first)
+    base = torch.randn(n, K, V, generator=g)
+    patterns = [lambda u: (u.__setitem__(13, 5.0), u.__setitem__(50, 5.0)),   # tie across pieces: 13
+                lambda u: (u.__setitem__(42, 6.0), u.__setitem__(41, 6.0)),   # tie within a piece: 41
+                lambda u: (u.__setitem__(slice(0, None, 2), float("nan")), u.__setitem__(1, float("-inf"))),
+                lambda u: (u.__setitem__(38, float("inf")), u.__setitem__(6, float("inf"))),
+                lambda u: u.fill_(float("nan")),
+                lambda u: u.fill_(float("-inf"))]
+    for i in range(n):
+        for k in range(K):
+            patterns[(i + first + k) % len(patterns)](base[i, k])
+    base = base.bfloat16()
+    head = dk.MarkovHead("vanilla", torch.randn(V, r, generator=g).bfloat16(), torch.zeros(V, r).bfloat16())
+    anchors = torch.randint(0, V, (n,), generator=g)
+    ref, out = run_both(cuda_device, base, anchors, head, None, None, 0.0, False, backend="cuda", wrap=simt_check)
+    assert torch.equal(out.tokens, ref.tokens)
+    torch.testing.assert_close(out.draft_logprobs, ref.draft_logprobs, equal_nan=True)
+    want = base.float().nan_to_num(nan=float("-inf")).argmax(-1)  # (NaN as -inf, the first maximum)
+    assert torch.equal(ref.tokens, want)
+    if cuda_device.type == "cpu":  # the fast fold is what ran (its bias reads, by source line)
+        from dspark_kernels import simt
+        with simt.record(access=True) as rec:
+            dk.draft_block(base, anchors, head, temperature=0.0, seed=7, backend="cuda")
+        by_line = rec.launches[0].get("by_line")
+        if by_line is not None:
+            assert _source_line("draft_block.cuh", "const float4 b0 = *reinterpret_cast<const float4*>(bias") in by_line
+            assert _source_line("draft_block.cuh", "const float4 b = *reinterpret_cast<const float4*>(bias") \
+                not in by_line
+
+
 @pytest.mark.harness_slow  # a statistical test through the SIMT harness: CI's slow leg (quick on a GPU)
 @pytest.mark.parametrize("temp", [0.6, 1.3])
 def test_cuda_sampled_tokens_follow_corrected_softmax(cuda_device, simt_check, temp):
