@@ -13,7 +13,9 @@
 # 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py),
 # 4. reads draft_block's warp instructions at N = 1, 64, 256 with Nsight Compute where ncu can read the counters
 #    (bench/ncu_draft.py: the count for bench/model.py's issue term, ncu_draft.json), and the same counts estimated
-#    from the installed library's SASS (bench/sass_draft.py, sass_draft.json), to check the estimate,
+#    from the installed library's SASS (bench/sass_draft.py, sass_draft.json), to check the estimate, and one
+#    cooperative grid barrier's cost across one CTA per SM (bench/grid_barrier.py, grid_barrier.json: the constant
+#    bench/model.py charges each of draft_block's K barriers),
 # 5. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled)
 #    with whatever time is left,
 # 6. writes bench/model.py's modelled time beside each measured one (model_vs_measured.csv),
@@ -217,6 +219,11 @@ print((glob.glob(os.path.join(os.path.dirname(dk.__file__), '_C*.so')) or [''])[
 timeout "$(cap 150)" "$PY" bench/sass_draft.py ${SO:+--object "$SO"} --json "$OUT/sass_draft.json" 1 7 64 7 256 15 \
   > "$OUT/sass_draft.log" 2>&1
 record "sass estimate" $? $(( $(date +%s) - t )) "sass_draft.json (beside ncu_draft.json)"
+t=$(date +%s)
+timeout "$(cap 60)" "$PY" bench/grid_barrier.py --json "$OUT/grid_barrier.json" > "$OUT/grid_barrier.log" 2>&1
+rc=$?
+tail -2 "$OUT/grid_barrier.log"
+record "grid barrier" "$rc" $(( $(date +%s) - t )) "grid_barrier.json (bench/model.py's grid_barrier_s)"
 
 step "5. bench/run.py --full on the headline shapes"
 wait "$PTXAS_PID" 2>/dev/null

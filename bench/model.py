@@ -72,7 +72,9 @@ class Gpu:
 # - Launch 2.5 us back to back: the order of the per-kernel launch cost of the NVIDIA developer blog "Getting
 #   Started with CUDA Graphs" (2019) without graphs; grid barrier 1.5 us across a resident grid: the order of the
 #   cooperative grid sync cost in Zhang et al., "A Study of Single and Multi-device Synchronization Methods in Nvidia
-#   GPUs" (IPDPS 2020, V100); neither yet measured on Hopper here.
+#   GPUs" (IPDPS 2020, V100); neither yet measured on Hopper here. No Hopper figure for the barrier was found to
+#   cite: bench/grid_barrier.py measures it (step 4 of bench/gpu_check.sh), and bench/model_headline.py's rows keep
+#   the barrier term apart (grid_barriers, barrier_us) so that a row holds at any other cost.
 # - L2 capacity 50 MB on both (the H100 whitepaper's SXM5 figure; the H200 is the same die). A launch whose distinct
 #   bytes exceed it and that re-reads them (draft_block's W2 once per position) misses L2 on every pass: DRAM moves
 #   the bytes requested (LRU on a cyclic sweep keeps nothing), else the distinct bytes.
@@ -102,13 +104,14 @@ def resident_ctas(gpu: Gpu, threads: int, smem_bytes: int, registers: Optional[i
 
 def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[int] = None,
                  load_bytes: int = 16, loads_in_flight: int = 1, mma: Optional[int] = None,
-                 warp_instructions: int = 0) -> Dict[str, float]:
+                 warp_instructions: int = 0, grid_barrier_s: Optional[float] = None) -> Dict[str, float]:
     """Modelled time of one launch record (a dict of ``simt.record().launches``), in microseconds, with its terms.
 
     registers: per thread, from the SASS report (None: not a limit); load_bytes: bytes per thread per load (16 for
     LDG.E.128); loads_in_flight: independent loads a thread has in flight (from the SASS of the innermost loop);
     mma: the launch's m16n8k16 tensor-core MMAs (None: the record's ``mma``, the harness's count; 0 when absent);
-    warp_instructions: the launch's warp instructions executed, measured (0: the issue term is off)."""
+    warp_instructions: the launch's warp instructions executed, measured (0: the issue term is off);
+    grid_barrier_s: one grid barrier's cost (None: the GPU's constant; bench/grid_barrier.py measures it)."""
     g = GPUS[gpu]
     threads, ctas = int(rec["threads"]), int(rec["ctas"])
     smem = int(rec.get("static_smem", 0)) + int(rec.get("dynamic_smem", 0))
@@ -135,12 +138,13 @@ def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[
     t_tensor = mma * 4096 / (g.tensor_flops_per_s * sms_used / g.sms)
     t_issue = issue_us(warp_instructions, ctas, gpu) / 1e6
     body = max(t_dram, t_l2, t_smem, t_latency, t_tensor, t_issue)
-    grid = int(rec.get("grid_barriers", 0)) * g.grid_barrier_s
+    barriers = int(rec.get("grid_barriers", 0))
+    grid = barriers * (g.grid_barrier_s if grid_barrier_s is None else grid_barrier_s)
     total = g.launch_s + body + grid
     us = 1e6
     return dict(modelled_us=total * us, launch_us=g.launch_s * us, dram_us=t_dram * us, l2_us=t_l2 * us,
                 smem_us=t_smem * us, latency_us=t_latency * us, tensor_us=t_tensor * us, issue_us=t_issue * us,
-                grid_barrier_us=grid * us,
+                grid_barrier_us=grid * us, grid_barriers=barriers,
                 waves=waves,
                 ctas_per_sm=per_sm, sms_used=sms_used, bytes_in_flight=in_flight,
                 bound=max(("dram", t_dram), ("l2", t_l2), ("smem", t_smem), ("latency", t_latency),

@@ -25,7 +25,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import floor_model_us, model_launch  # noqa: E402
+from model import GPUS, floor_model_us, model_launch  # noqa: E402
 
 # 16-byte loads each thread has in flight, by kernel, from the kernels' designs (DESIGN.md) and their SASS tests:
 # verify_chain's stats and qstats sweeps issue four LDG.E.128 per iteration (test_verify_chain's SASS tests);
@@ -118,13 +118,14 @@ def draft_floor_bytes(n: int, k: int, r: int = 256, fp8: bool = False, out_bytes
 
 
 def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = False, warp_instructions: int = 0,
-               issue_source: str = "measured"):
+               issue_source: str = "measured", grid_barrier_us=None):
     """draft_block (vanilla, r = 256, bf16 U / W1 / W2, or an fp8 W2 with its row scales, greedy) at N = `n`,
     K = `k`. With ``run_k`` < k the harness
     runs ``run_k`` positions and the launch's per-position counters (bytes, DRAM estimate, MMAs, grid barriers) are
     scaled to k positions (every position does the same work), said in the row. ``warp_instructions``: the whole
     launch's count, measured on a GPU (bench/ncu_draft.py) or estimated from the SASS (bench/sass_draft.py: say so
-    in ``issue_source``), which turns the model's issue term on (0: off)."""
+    in ``issue_source``), which turns the model's issue term on (0: off). ``grid_barrier_us``: one grid barrier's
+    cost (None: bench/model.py's constant; bench/grid_barrier.py measures it on a GPU)."""
     import dspark_kernels as dk
     from dspark_kernels import simt
     r, run_k = 256, run_k or k
@@ -142,20 +143,27 @@ def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = Fal
     plan = draft_sweep_plan(n, V, r)
     params = dict(N=n, K=k, V=V, r=r, mode="greedy", w2="fp8" if fp8 else "bf16", ctas=ln["ctas"],
                   lanes=plan["lanes"])
-    row = _row("draft_block", params, [ln], floor, gpu, False)
+    row = _row("draft_block", params, [ln], floor, gpu, False, grid_barrier_us)
     if run_k != k:
         row["note"] += f"; the harness ran {run_k} of the {k} positions, its counters scaled to {k}"
     return [row]
 
 
-def _row(op, params, launches, floor, gpu, access):
+def _row(op, params, launches, floor, gpu, access, grid_barrier_us=None):
+    """One op's modelled row. Its grid barriers are counted and their term kept apart (``barrier_us``, at
+    ``grid_barrier_us`` each: bench/model.py's constant unless given), so that the time at any other barrier cost is
+    ``modelled_us - barrier_us + grid_barriers * cost``."""
+    each = None if grid_barrier_us is None else grid_barrier_us * 1e-6
     per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1),
-                        warp_instructions=ln.get("warp_instructions", 0)) for ln in launches]
+                        warp_instructions=ln.get("warp_instructions", 0), grid_barrier_s=each) for ln in launches]
     issue = sum(ln.get("warp_instructions", 0) for ln in launches)
+    barriers = sum(p["grid_barriers"] for p in per)
     return dict(op=op, **params, launches=len(launches), access_model=access, floor_bytes=floor,
                 issue_term=(f"on ({issue} warp instructions, {launches[0].get('issue_source', 'measured')})"
                             if issue else "off"),
                 modelled_us=round(sum(p["modelled_us"] for p in per), 2),
+                grid_barriers=barriers, barrier_us=round(sum(p["grid_barrier_us"] for p in per), 2),
+                grid_barrier_us_each=round((GPUS[gpu].grid_barrier_s if each is None else each) * 1e6, 3),
                 floor_model_us=round(floor_model_us(floor, len(launches), gpu), 2),
                 per_launch_us={ln["kernel"]: round(p["modelled_us"], 2) for ln, p in zip(launches, per)},
                 bound=[p["bound"] for p in per], note="modelled (bench/model.py), not measured")
@@ -172,6 +180,9 @@ def main() -> int:
     ap.add_argument("--warp-instructions", type=int, default=0, metavar="COUNT",
                     help="with --draft: the launch's warp instructions from bench/ncu_draft.py (turns the issue "
                          "term on)")
+    ap.add_argument("--grid-barrier-us", type=float, metavar="US",
+                    help="with --draft: one grid barrier's cost (default: bench/model.py's constant; "
+                         "bench/grid_barrier.py measures it on a GPU)")
     ap.add_argument("--no-access", action="store_true",
                     help="with --batch: without the access model (its shared-memory term is then absent and its L2 "
                          "term the bytes requested)")
@@ -179,7 +190,7 @@ def main() -> int:
     os.environ.setdefault("DSPARK_SIMT", "1")
     if args.draft:
         rows = draft_rows(args.gpu, args.draft[0], args.draft[1], run_k=1, fp8=args.w2 == "fp8",
-                          warp_instructions=args.warp_instructions)
+                          warp_instructions=args.warp_instructions, grid_barrier_us=args.grid_barrier_us)
     elif args.batch == 1:
         rows = verify_rows(args.gpu) + draft_rows(args.gpu)
     else:

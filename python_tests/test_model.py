@@ -51,6 +51,9 @@ def test_one_cta_is_latency_bound_and_pays_its_grid_barriers():
     assert m["bound"] == "latency" and m["bytes_in_flight"] == 2048
     assert m["modelled_us"] == pytest.approx(2.5 + 307.2 + 4.5, abs=1e-6)
     assert m["smem_us"] == pytest.approx(1000 / 1.98e9 * 1e6)
+    assert m["grid_barriers"] == 3 and m["grid_barrier_us"] == pytest.approx(4.5)
+    measured = model.model_launch(rec, "h200", grid_barrier_s=0.8e-6)  # a measured cost replaces the constant
+    assert measured["modelled_us"] == pytest.approx(2.5 + 307.2 + 2.4, abs=1e-6)
 
 
 def test_a_working_set_larger_than_l2_is_reread_from_dram():
@@ -201,3 +204,41 @@ def test_headline_rows_carry_the_issue_term_when_a_count_is_given():
     on = headline._row("draft_block", {}, [dict(launch, warp_instructions=3 * 10**9)], 10**9, "h200", False)
     assert on["issue_term"].startswith("on (3000000000") and on["bound"] == ["issue"]
     assert on["modelled_us"] == pytest.approx(2.5 + 2869.605, abs=0.01)
+
+
+def test_headline_rows_keep_the_barrier_term_apart():
+    """A row with 15 grid barriers: 22.5 us at the 1.5 us constant, 60 us at 4 us each; the time without them is the
+    same either way, so any other cost can be read off the row."""
+    headline = _load("dspark_bench_model_headline", "bench/model_headline.py")
+    launch = dict(kernel="draft_block_kernel[mma]", threads=128, ctas=132, static_smem=0, dynamic_smem=0,
+                  bytes_read=10**9, bytes_written=0, unique_bytes_read=10**9, unique_bytes_written=0,
+                  dram_bytes_read=10**9, grid_barriers=15)
+    const = headline._row("draft_block", {}, [launch], 10**9, "h200", False)
+    four = headline._row("draft_block", {}, [launch], 10**9, "h200", False, grid_barrier_us=4.0)
+    assert const["grid_barriers"] == four["grid_barriers"] == 15
+    assert const["barrier_us"] == pytest.approx(22.5) and const["grid_barrier_us_each"] == pytest.approx(1.5)
+    assert four["barrier_us"] == pytest.approx(60.0) and four["grid_barrier_us_each"] == pytest.approx(4.0)
+    assert const["modelled_us"] - const["barrier_us"] == pytest.approx(four["modelled_us"] - four["barrier_us"])
+    assert const["modelled_us"] == pytest.approx(2.5 + 10**9 / 4.3e12 * 1e6 + 22.5, abs=0.01)
+
+
+def test_grid_barrier_cost_from_timed_launches(monkeypatch):
+    """bench/grid_barrier.py's arithmetic on a fake GPU whose launch takes 5 us plus 0.75 us a barrier (with one
+    slow outlier of each kind, which the medians ignore); a bad round count is refused; without CuPy the script says
+    so and exits 2."""
+    gb = _load("dspark_bench_grid_barrier", "bench/grid_barrier.py")
+    calls = []
+
+    def time_launch(rounds):
+        calls.append(rounds)
+        slow = 40.0 if len(calls) in (3, 10) else 0.0
+        return 5.0 + 0.75 * rounds + slow
+
+    r = gb.per_barrier_us(time_launch, rounds=1000, repeats=7)
+    assert calls[0] == 1000 and calls[1:8] == [0] * 7 and calls[8:] == [1000] * 7  # warm-up, empty, full
+    assert r["barrier_us"] == pytest.approx(0.75) and r["empty_launch_us"] == pytest.approx(5.0)
+    assert r["spread_us"] == pytest.approx(40.0)
+    with pytest.raises(ValueError, match="rounds and repeats"):
+        gb.per_barrier_us(time_launch, rounds=0)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    assert gb.main(["--rounds", "10"]) == 2
