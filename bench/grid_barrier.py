@@ -51,7 +51,7 @@ def cupy_launcher(ctas: int, threads: int) -> Callable[[int], float]:
     """A ``time_launch(rounds)`` running the barrier kernel as one cooperative launch through CuPy, timed with CUDA
     events (microseconds)."""
     import cupy as cp
-    kernel = cp.RawKernel(SOURCE, "grid_barriers", options=("-std=c++17",), enable_cooperative_groups=True)
+    kernel = cp.RawKernel(SOURCE, "grid_barriers", enable_cooperative_groups=True)
     sink = cp.zeros(1, dtype=cp.int32)
     start, stop = cp.cuda.Event(), cp.cuda.Event()
 
