@@ -11,8 +11,8 @@ CTAs arrive apart waits for the last one as well, which the model's body term al
 SM's work).
 
 The kernel is compiled at run time by CuPy (NVRTC), which the GPU machine's image carries; without CuPy or a GPU the
-script says so and exits 2. ``bench/gpu_check.sh`` runs it and keeps ``grid_barrier.json``; bench/model.py's
-constant is then replaced by that number.
+script says so and exits 2. ``bench/gpu_check.sh`` runs it and keeps ``grid_barrier.json``; its ``barrier_us``
+replaces bench/model.py's constant through ``bench/model_headline.py --grid-barrier-us``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import json
 import pathlib
 import statistics
 import sys
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 SOURCE = r"""
 #include <cooperative_groups.h>
@@ -65,13 +65,13 @@ def cupy_launcher(ctas: int, threads: int) -> Callable[[int], float]:
     return time_launch
 
 
-def main(argv: Sequence[str] = ()) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ctas", type=int, default=0, help="CTAs (default: the GPU's SM count)")
     ap.add_argument("--threads", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--json", help="also write the result here")
-    args = ap.parse_args(list(argv) or None)
+    args = ap.parse_args(argv)
     try:
         import cupy as cp
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
@@ -90,4 +90,4 @@ def main(argv: Sequence[str] = ()) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -153,7 +153,7 @@ def _row(op, params, launches, floor, gpu, access, grid_barrier_us=None):
     """One op's modelled row. Its grid barriers are counted and their term kept apart (``barrier_us``, at
     ``grid_barrier_us`` each: bench/model.py's constant unless given), so that the time at any other barrier cost is
     ``modelled_us - barrier_us + grid_barriers * cost``."""
-    each = None if grid_barrier_us is None else grid_barrier_us * 1e-6
+    each = GPUS[gpu].grid_barrier_s if grid_barrier_us is None else grid_barrier_us * 1e-6
     per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1),
                         warp_instructions=ln.get("warp_instructions", 0), grid_barrier_s=each) for ln in launches]
     issue = sum(ln.get("warp_instructions", 0) for ln in launches)
@@ -163,7 +163,7 @@ def _row(op, params, launches, floor, gpu, access, grid_barrier_us=None):
                             if issue else "off"),
                 modelled_us=round(sum(p["modelled_us"] for p in per), 2),
                 grid_barriers=barriers, barrier_us=round(sum(p["grid_barrier_us"] for p in per), 2),
-                grid_barrier_us_each=round((GPUS[gpu].grid_barrier_s if each is None else each) * 1e6, 3),
+                grid_barrier_us_each=round(each * 1e6, 3),
                 floor_model_us=round(floor_model_us(floor, len(launches), gpu), 2),
                 per_launch_us={ln["kernel"]: round(p["modelled_us"], 2) for ln, p in zip(launches, per)},
                 bound=[p["bound"] for p in per], note="modelled (bench/model.py), not measured")
