@@ -70,11 +70,15 @@ class Gpu:
 # - DRAM latency 600 ns: the order of the load-to-use latency past L2 that the same article measured by pointer
 #   chasing on an H100; to be measured.
 # - Launch 2.5 us back to back: the order of the per-kernel launch cost of the NVIDIA developer blog "Getting
-#   Started with CUDA Graphs" (2019) without graphs; grid barrier 1.5 us across a resident grid: the order of the
-#   cooperative grid sync cost in Zhang et al., "A Study of Single and Multi-device Synchronization Methods in Nvidia
-#   GPUs" (IPDPS 2020, V100); neither yet measured on Hopper here. No Hopper figure for the barrier was found to
-#   cite: bench/grid_barrier.py measures it (step 4 of bench/gpu_check.sh), and bench/model_headline.py's rows keep
-#   the barrier term apart (grid_barriers, barrier_us) so that a row holds at any other cost.
+#   Started with CUDA Graphs" (2019) without graphs; not yet measured on Hopper here.
+# - Grid barrier 1.3 us across a resident grid: the dead time of one kernel boundary inside a CUDA graph that Hazy
+#   Research measured on an H100 (Spector, Juravsky et al., "Look Ma, No Bubbles! Designing a Low-Latency Megakernel
+#   for Llama-1B", 2025-05-27). A boundary is the grid-wide wait for the last CTA plus CTA retirement and launch; a
+#   cooperative grid.sync() is the wait alone (arrivals on one L2 counter, a poll), so the figure is more likely high
+#   than low for it. No Hopper grid.sync() figure was found to cite; on a V100 it was of the order of 1.5 us
+#   (Zhang et al., "A Study of Single and Multi-device Synchronization Methods in Nvidia GPUs", IPDPS 2020).
+#   bench/grid_barrier.py measures it (step 4 of bench/gpu_check.sh), and bench/model_headline.py's rows keep the
+#   barrier term apart (grid_barriers, barrier_us) so that a row holds at any other cost.
 # - L2 capacity 50 MB on both (the H100 whitepaper's SXM5 figure; the H200 is the same die). A launch whose distinct
 #   bytes exceed it and that re-reads them (draft_block's W2 once per position) misses L2 on every pass: DRAM moves
 #   the bytes requested (LRU on a cyclic sweep keeps nothing), else the distinct bytes.
@@ -86,9 +90,9 @@ class Gpu:
 #   here and may reach less.
 GPUS = {
     "h200": Gpu("h200", sms=132, dram_bytes_per_s=4.3e12, l2_bytes_per_s=2.5 * 4.3e12, clock_hz=1.98e9,
-                tensor_flops_per_s=989.4e12, dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.5e-6),
+                tensor_flops_per_s=989.4e12, dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.3e-6),
     "h100": Gpu("h100", sms=132, dram_bytes_per_s=3.0e12, l2_bytes_per_s=2.5 * 3.0e12, clock_hz=1.98e9,
-                tensor_flops_per_s=989.4e12, dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.5e-6),
+                tensor_flops_per_s=989.4e12, dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.3e-6),
 }
 
 
