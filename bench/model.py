@@ -7,7 +7,7 @@ time when a GPU is lent, so that the model can be checked and its constants corr
     model_recording(rec.launches, "h200")  # -> {"modelled_us": ..., "launches": [per-launch breakdown]}
 
 Per launch (``model_launch``), with the launch's counters (``simt.record(access=True)``) and optional SASS facts:
-  t = launch + grid_barriers * grid_barrier + max(t_dram, t_l2, t_smem, t_latency, t_tensor, t_issue)
+  t = launch + grid_barriers * grid_barrier + serial + max(t_dram, t_l2, t_smem, t_latency, t_tensor, t_issue)
 where
   t_dram    = DRAM bytes / DRAM copy bandwidth: the harness's L2 estimate when the record has it (``dram_bytes_read``,
               csrc/simt/runtime.cpp's estimate_dram_reads: a re-read hits L2 when the CTA's own traffic since fits its
@@ -24,6 +24,8 @@ where
               bench/ncu_draft.py reads on a lent GPU; 0 when not given) / (SMs in use * 4 schedulers * clock): each
               of an SM's four sub-partitions issues at most one warp instruction per clock (a lower bound on the
               time those instructions take; a warp alone on its scheduler issues less often, stalled on latency).
+and serial is latency on the launch's critical path that nothing overlaps, when the caller knows it (``serial_s``:
+draft_block's per-position chain of dependent reads past its ring's fill, bench/model_headline.prologue_chain).
 Waves = CTAs / (resident CTAs per SM * SMs), rounded up; the SMs in use are min(CTAs, SMs), each holding
 min(resident, CTAs / SMs in use) CTAs at once.
 What it leaves out (only a GPU shows it): instruction issue unless its count is given, L1
@@ -108,14 +110,16 @@ def resident_ctas(gpu: Gpu, threads: int, smem_bytes: int, registers: Optional[i
 
 def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[int] = None,
                  load_bytes: int = 16, loads_in_flight: int = 1, mma: Optional[int] = None,
-                 warp_instructions: int = 0, grid_barrier_s: Optional[float] = None) -> Dict[str, float]:
+                 warp_instructions: int = 0, grid_barrier_s: Optional[float] = None,
+                 serial_s: float = 0.0) -> Dict[str, float]:
     """Modelled time of one launch record (a dict of ``simt.record().launches``), in microseconds, with its terms.
 
     registers: per thread, from the SASS report (None: not a limit); load_bytes: bytes per thread per load (16 for
     LDG.E.128); loads_in_flight: independent loads a thread has in flight (from the SASS of the innermost loop);
     mma: the launch's m16n8k16 tensor-core MMAs (None: the record's ``mma``, the harness's count; 0 when absent);
     warp_instructions: the launch's warp instructions executed, measured (0: the issue term is off);
-    grid_barrier_s: one grid barrier's cost (None: the GPU's constant; bench/grid_barrier.py measures it)."""
+    grid_barrier_s: one grid barrier's cost (None: the GPU's constant; bench/grid_barrier.py measures it);
+    serial_s: latency on the critical path that no other term overlaps, in seconds (added as it is)."""
     g = GPUS[gpu]
     threads, ctas = int(rec["threads"]), int(rec["ctas"])
     smem = int(rec.get("static_smem", 0)) + int(rec.get("dynamic_smem", 0))
@@ -144,11 +148,11 @@ def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[
     body = max(t_dram, t_l2, t_smem, t_latency, t_tensor, t_issue)
     barriers = int(rec.get("grid_barriers", 0))
     grid = barriers * (g.grid_barrier_s if grid_barrier_s is None else grid_barrier_s)
-    total = g.launch_s + body + grid
+    total = g.launch_s + body + grid + serial_s
     us = 1e6
     return dict(modelled_us=total * us, launch_us=g.launch_s * us, dram_us=t_dram * us, l2_us=t_l2 * us,
                 smem_us=t_smem * us, latency_us=t_latency * us, tensor_us=t_tensor * us, issue_us=t_issue * us,
-                grid_barrier_us=grid * us, grid_barriers=barriers,
+                grid_barrier_us=grid * us, grid_barriers=barriers, serial_us=serial_s * us,
                 waves=waves,
                 ctas_per_sm=per_sm, sms_used=sms_used, bytes_in_flight=in_flight,
                 bound=max(("dram", t_dram), ("l2", t_l2), ("smem", t_smem), ("latency", t_latency),

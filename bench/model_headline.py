@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -32,6 +33,10 @@ from model import GPUS, floor_model_us, model_launch  # noqa: E402
 # draft_block's tensor-core sweep keeps two 16 KB stages of its cp.async ring in flight per 128-thread CTA (16 per
 # thread).
 LOADS_IN_FLIGHT = {"verify_chain_stats": 4, "verify_chain_qstats": 4, "draft_block_kernel[mma]": 16}
+# draft_block.cuh's vanilla prologue: the slices' keys a lane loads a round (kMergeLoads), W1's rows a warp loads a
+# batch (kRowBatch), the W2 chunk bytes and ring stages the sweep fills before it (kThreads x kRKm x 2, kStages)
+MERGE_LOADS, ROW_BATCH, CHUNK_BYTES, STAGES = 10, 4, 128 * 64 * 2, 3
+WARPS = 4
 
 V = 151936
 
@@ -94,6 +99,62 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
                 mma_lo=2 * tiles * per_tile, rpad=rpad, tpr=tpr)
 
 
+def warp_batches(rows: int, batch: int) -> dict:
+    """A group's rows dealt to the warps (row j to warp j % WARPS), `batch` a warp at a time: the batches summed
+    over the warps (``total``) and the most any warp runs (``most``)."""
+    per = [-(-len(range(w, rows, WARPS)) // batch) for w in range(WARPS)]
+    return dict(total=sum(per), most=max(per))
+
+
+def merge_rounds(nb: int, slices: int) -> dict:
+    """vanilla_prologue's merge of a group's keys (the max over the slices, per request): warp w takes the
+    consecutive requests [w per, (w + 1) per) below nb (per = ceil(nb / 4); nw of them) with kl = merge_lanes(nw)
+    lanes each (the largest power of two <= 32 / nw), each lane MERGE_LOADS loads a round. Summed over warps:
+    merge_lanes' halvings, the rounds and the shuffles; and the most rounds any warp runs (``most_rounds``: the warps
+    run side by side)."""
+    out = dict(halvings=0, rounds=0, shuffles=0, most_rounds=0)
+    per = -(-nb // WARPS)
+    for w in range(WARPS):
+        nw = max(0, min(nb - w * per, per))
+        if nw == 0:
+            continue
+        kl = 32
+        while kl > 1 and kl * nw > 32:
+            kl //= 2
+        rounds = -(-slices // (kl * MERGE_LOADS))
+        out["halvings"] += 5 - int(math.log2(kl))
+        out["rounds"] += rounds
+        out["shuffles"] += int(math.log2(kl))
+        out["most_rounds"] = max(out["most_rounds"], rounds)
+    return out
+
+
+def prologue_chain(n: int, k: int, rank: int = 256, gpu: str = "h200") -> dict:
+    """draft_block's per-position chain of dependent reads (the vanilla head, the busiest CTA), a MODEL: after the
+    grid barrier each group sweep issues its ring's first STAGES - 1 W2 chunks, then merges the slices' keys (the
+    most rounds a warp runs), merges the Part of each request it reports (one round each) and copies W1's rows of
+    the tokens (the most batches a warp runs, a round each per 256 columns); the ring's fill (a DRAM round trip
+    plus the chunks of every CTA at the copy bandwidth) overlaps that chain, and what is left of it nothing
+    overlaps: the SM issues nothing and DRAM serves it nothing. A round costs the model's DRAM latency; the keys and
+    Parts come from L2, whose hit latency (not found to cite for Hopper) is below it, so that part is an upper
+    bound. Position 0 has no merge (its tokens are the anchors). Times in microseconds; ``serial_us``: the launch's."""
+    g = GPUS[gpu]
+    plan = draft_sweep_plan(n, V, rank)
+    nb = min(n, plan["group"])
+    nbp = -(-nb // 8) * 8
+    groups = -(-n // plan["group"])
+    groups_per_cta = -(-groups // plan["lanes"])
+    keys = merge_rounds(nb, plan["slices"])["most_rounds"]
+    report = -(-nb // plan["slices"]) * -(-plan["slices"] // 256)  # merge_parts: 2 x 128 slices a round
+    rows = warp_batches(nbp, ROW_BATCH)["most"] * -(-plan["rpad"] // 256)
+    lam = g.dram_latency_s
+    fill = lam + (STAGES - 1) * CHUNK_BYTES * plan["ctas"] / g.dram_bytes_per_s
+    chain, first = (keys + report + rows) * lam, rows * lam
+    serial = groups_per_cta * (max(0.0, first - fill) + (k - 1) * max(0.0, chain - fill))
+    return dict(chain_rounds=keys + report + rows, chain_us=chain * 1e6, fill_us=fill * 1e6,
+                serial_us=serial * 1e6)
+
+
 def _draft_case(n: int, k: int, r: int = 256, fp8: bool = False):
     gen = torch.Generator().manual_seed(0)
     import dspark_kernels as dk
@@ -141,8 +202,11 @@ def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = Fal
                           "dram_bytes_read", "mma", "grid_barriers")})
     floor = draft_floor_bytes(n, k, r, fp8, out.tokens.element_size() + out.draft_logprobs.element_size())
     plan = draft_sweep_plan(n, V, r)
+    chain = prologue_chain(n, k, r, gpu)
+    ln["serial_s"] = chain["serial_us"] * 1e-6
     params = dict(N=n, K=k, V=V, r=r, mode="greedy", w2="fp8" if fp8 else "bf16", ctas=ln["ctas"],
-                  lanes=plan["lanes"])
+                  lanes=plan["lanes"], chain_rounds=chain["chain_rounds"], chain_us=round(chain["chain_us"], 3),
+                  fill_us=round(chain["fill_us"], 3))
     row = _row("draft_block", params, [ln], floor, gpu, False, grid_barrier_us)
     if run_k != k:
         row["note"] += f"; the harness ran {run_k} of the {k} positions, its counters scaled to {k}"
@@ -155,7 +219,8 @@ def _row(op, params, launches, floor, gpu, access, grid_barrier_us=None):
     ``modelled_us - barrier_us + grid_barriers * cost``."""
     each = GPUS[gpu].grid_barrier_s if grid_barrier_us is None else grid_barrier_us * 1e-6
     per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1),
-                        warp_instructions=ln.get("warp_instructions", 0), grid_barrier_s=each) for ln in launches]
+                        warp_instructions=ln.get("warp_instructions", 0), grid_barrier_s=each,
+                        serial_s=ln.get("serial_s", 0.0)) for ln in launches]
     issue = sum(ln.get("warp_instructions", 0) for ln in launches)
     barriers = sum(p["grid_barriers"] for p in per)
     return dict(op=op, **params, launches=len(launches), access_model=access, floor_bytes=floor,
@@ -163,7 +228,7 @@ def _row(op, params, launches, floor, gpu, access, grid_barrier_us=None):
                             if issue else "off"),
                 modelled_us=round(sum(p["modelled_us"] for p in per), 2),
                 grid_barriers=barriers, barrier_us=round(sum(p["grid_barrier_us"] for p in per), 2),
-                grid_barrier_us_each=round(each * 1e6, 3),
+                grid_barrier_us_each=round(each * 1e6, 3), serial_us=round(sum(p["serial_us"] for p in per), 2),
                 floor_model_us=round(floor_model_us(floor, len(launches), gpu), 2),
                 per_launch_us={ln["kernel"]: round(p["modelled_us"], 2) for ln, p in zip(launches, per)},
                 bound=[p["bound"] for p in per], note="modelled (bench/model.py), not measured")

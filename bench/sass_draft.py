@@ -35,11 +35,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_regions as sr  # noqa: E402
-from model_headline import V, draft_sweep_plan  # noqa: E402
+from model_headline import ROW_BATCH, V, WARPS, draft_sweep_plan, merge_rounds, warp_batches  # noqa: E402
 
 HEADERS = os.path.join(ROOT, "csrc", "include", "dspark")
 PROJECT = sorted(f for f in os.listdir(HEADERS) if f.endswith(".cuh"))  # the files whose lines regions name
-WARPS = 4
 
 
 def shape(n: int, k: int, vocab: int = V, rank: int = 256) -> dict:
@@ -78,14 +77,15 @@ def regions(s: dict) -> list:
     chunks, tiles = groups * s["chunks"], groups * s["tiles"]
     fold = tiles * s["fold_warps"] * s["pieces"]
     merges = math.ceil(s["N"] / s["ctas"]) + (K - 1) * G * math.ceil(nb / s["slices"])
+    merge = merge_rounds(nb, s["slices"])  # the prologue's merge of the slices' keys, summed over warps
+    row_batches = warp_batches(s["nbp"], ROW_BATCH)["total"]  # and its batches of W1's rows
     table = [
         # the kernel: K positions, the last position's merges; the gated / rnn phases are off the path
         (db, "for (int64_t k = 0; k < p.K; ++k) {", K * W, "draft_block_kernel(DraftBlockParams p"),
         (db, "if (p.head != kVanilla) {", 0, "draft_block_kernel(DraftBlockParams p"),
         (db, "for (int64_t n = blockIdx.x; n < p.N; n += gridDim.x) {", math.ceil(s["N"] / s["ctas"]) * W,
          "draft_block_kernel(DraftBlockParams p"),
-        (db, "for (int i = threadIdx.x; i < G; i += blockDim.x) acc.merge", merges * W * math.ceil(s["slices"] / 128),
-         None),
+        (db, "for (int i = threadIdx.x; i < G; i += 2 * step) {", merges * W * math.ceil(s["slices"] / 256), None),
         (rd, "for (int w = 1; w < nwarps; ++w) r.merge(scratch[w]);", merges * W * (W - 1), None),
         # the phases are functions of their own on the GPU (their code's chains stop at them): the sweep runs once
         # a position, the gated / rnn phases not at all
@@ -93,10 +93,10 @@ def regions(s: dict) -> list:
         (db, "DSPARK_DRAFT_PHASE void phase_request(", 0, None),
         (db, "DSPARK_DRAFT_PHASE void phase_matvec(", 0, None),
         # the vanilla prologue, once per group sweep
-        (db, "for (int j = warp; j < nb; j += kWarps) {", groups * nb, "void vanilla_prologue"),
-        (db, "for (int s = lane; s < plan.slices; s += 32) {", groups * nb * math.ceil(s["slices"] / 32),
+        (db, "while (kl > 1 && kl * nw > 32) kl >>= 1;", groups * merge["halvings"], "int merge_lanes("),
+        (db, "for (int s0 = sub; s0 < plan.slices; s0 += kl * kMergeLoads) {", groups * merge["rounds"],
          "void vanilla_prologue"),
-        (db, "for (int o = 16; o > 0; o >>= 1) {", groups * nb * 5, "void vanilla_prologue"),
+        (db, "for (int o = 1; o < kl; o <<= 1) {", groups * merge["shuffles"], "void vanilla_prologue"),
         (db, "for (int j = first; j < nb; j += plan.slices) {", groups * math.ceil(nb / s["slices"]) * W,
          "void vanilla_prologue"),
         (db, "if (p.conf_w != nullptr) {", 0, "void vanilla_prologue"),
@@ -105,11 +105,12 @@ def regions(s: dict) -> list:
         (db, "DSPARK_DEVICE void gather_e(", 0, None),
         (db, "DSPARK_DEVICE void confidence(", 0, None),
         # the split of v into hi / lo rows
-        (db, "for (int j = warp; j < nbp; j += kWarps) {  // W1's rows", groups * s["nbp"], "bool split_group"),
+        (db, "for (int j0 = warp; j0 < nbp; j0 += kWarps * kRowBatch) {  // W1's rows", groups * row_batches,
+         "bool split_group"),
         (db, "for (int j = warp; j < nbp; j += kWarps) {  // split rows", 0, "bool split_group"),
-        (db, "DSPARK_DEVICE void copy_row_w1(", groups * s["nbp"], None),  # the vanilla head's W1 rows of W2's type
-        (db, "for (int64_t c = 8 * lane; c < rpad; c += 8 * 32) {", groups * s["nbp"] * math.ceil(s["rpad"] / 256),
-         "void copy_row_w1("),
+        (db, "DSPARK_DEVICE void copy_rows_w1(", groups * row_batches, None),  # the vanilla head's W1 rows
+        (db, "for (int64_t c = 8 * lane; c < rpad; c += 8 * 32) {", groups * row_batches * math.ceil(s["rpad"] / 256),
+         "void copy_rows_w1("),
         (db, "DSPARK_DEVICE bool split_row_elements(", 0, None),
         (db, "DSPARK_DEVICE float at(int64_t g0, int j, int64_t c) const {", 0, None),  # (only that path's)
         # the sweep: group loop, temperatures, the staging lambda (2 + chunks calls a group), the chunk loop

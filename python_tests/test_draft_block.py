@@ -900,6 +900,12 @@ def test_sass_tensor_core_sweep_uses_cp_async_ldmatrix_and_mma():
         # the rare branch
         assert any(lp["LDS"] == 3 and lp["MUFU"] >= 8 and lp["LDL"] == 0 and lp["STL"] == 0 and
                    lp["instructions"] <= 180 for lp in loops), k["demangled"]
+        # the vanilla prologue's dependent reads in batches (a warp waits one round trip a batch): a round of the
+        # merge issues 10 coherent key loads a lane, a W1 batch the 16-byte loads of 4 rows before their stores
+        # (kMergeLoads, kRowBatch; bench/sass_draft.py counts them)
+        assert any(lp["LD.STRONG"] == 10 and lp["instructions"] <= 240 for lp in loops), k["demangled"]
+        assert any(lp["LDG.E.128"] == 4 and lp["STS"] == 4 and lp["instructions"] <= 160 for lp in loops), \
+            k["demangled"]
     for k in fma:
         assert k["sass"]["LDSM"] == 0 and k["sass"]["HMMA"] == 0 and k["sass"]["LDGSTS"] == 0, k["demangled"]
 
@@ -908,7 +914,7 @@ def test_sass_tensor_core_sweep_uses_cp_async_ldmatrix_and_mma():
 def test_sass_estimate_of_the_shipped_sweep_stays_within_its_instruction_budget():
     """bench/sass_draft.py on the report's binary (CI: the wheel's library, built from this checkout with line
     info): draft_block's estimated warp instructions per CTA at N = 64, K = 7 and N = 256, K = 15 (V = 151936,
-    r = 256, greedy) stay within 6% of what the common-case code issues now (0.776 M and 4.66 M; the model's issue
+    r = 256, greedy) stay within 6% of what the common-case code issues now (0.669 M and 4.44 M; the model's issue
     term is its largest at N = 256), so a change that bloats the hot loops fails here, and every SASS loop of the
     path is one the estimator's table counts."""
     import os
@@ -930,7 +936,7 @@ def test_sass_estimate_of_the_shipped_sweep_stays_within_its_instruction_budget(
         funcs = sass_regions.lined_functions(b, *tools)
         if any("draft_block_kernel" in f for f in funcs):
             break
-    for (n, k), budget in (((64, 7), 0.776e6 * 1.06), ((256, 15), 4.66e6 * 1.06)):
+    for (n, k), budget in (((64, 7), 0.669e6 * 1.06), ((256, 15), 4.44e6 * 1.06)):
         est = sass_draft.estimate(funcs, n, k)
         assert 0 < est["per_cta"] <= budget, (n, k, est["per_cta"], est["per_cta_by_block"])
 

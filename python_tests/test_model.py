@@ -54,6 +54,9 @@ def test_one_cta_is_latency_bound_and_pays_its_grid_barriers():
     assert m["grid_barriers"] == 3 and m["grid_barrier_us"] == pytest.approx(3.9)
     measured = model.model_launch(rec, "h200", grid_barrier_s=0.8e-6)  # a measured cost replaces the constant
     assert measured["modelled_us"] == pytest.approx(2.5 + 307.2 + 2.4, abs=1e-6)
+    chained = model.model_launch(rec, "h200", serial_s=5e-6)  # latency nothing overlaps adds as it is
+    assert chained["modelled_us"] == pytest.approx(2.5 + 307.2 + 3.9 + 5.0, abs=1e-6)
+    assert chained["serial_us"] == pytest.approx(5.0) and m["serial_us"] == 0.0
 
 
 def test_a_working_set_larger_than_l2_is_reread_from_dram():
@@ -220,6 +223,26 @@ def test_headline_rows_keep_the_barrier_term_apart():
     assert four["barrier_us"] == pytest.approx(60.0) and four["grid_barrier_us_each"] == pytest.approx(4.0)
     assert const["modelled_us"] - const["barrier_us"] == pytest.approx(four["modelled_us"] - four["barrier_us"])
     assert const["modelled_us"] == pytest.approx(2.5 + 10**9 / 4.3e12 * 1e6 + 19.5, abs=0.01)
+
+
+def test_draft_prologue_chain_by_hand():
+    """draft_block's per-position chain at N = 64, r = 256, V = 151936 (132 slices, one lane, a group of 64): each
+    warp merges 16 requests' keys with 2 lanes each, 10 loads a lane a round, so 132 slices take 7 rounds; the
+    CTA reports one request (its Part over 132 slices: one round, 2 loads a thread); each warp copies 16 W1 rows,
+    4 a batch: 4 rounds. 12 rounds of 600 ns = 7.2 us, against the ring's fill of 600 ns + 2 x 16 KB x 132 CTAs at
+    4.3 TB/s; position 0 has only the W1 rows (2.4 us)."""
+    headline = _load("dspark_bench_model_headline", "bench/model_headline.py")
+    assert headline.merge_rounds(64, 132) == dict(halvings=16, rounds=28, shuffles=4, most_rounds=7)
+    assert headline.merge_rounds(1, 132) == dict(halvings=0, rounds=1, shuffles=5, most_rounds=1)  # 32 lanes
+    assert headline.merge_rounds(64, 33)["most_rounds"] == 2  # N = 256: 4 lanes of 33 slices
+    assert headline.warp_batches(64, 4) == dict(total=16, most=4)
+    c = headline.prologue_chain(64, 7)
+    fill = 0.6 + 2 * 16384 * 132 / 4.3e12 * 1e6
+    assert c["chain_rounds"] == 12 and c["chain_us"] == pytest.approx(7.2)
+    assert c["fill_us"] == pytest.approx(fill)
+    assert c["serial_us"] == pytest.approx((2.4 - fill) + 6 * (7.2 - fill))
+    one = headline.prologue_chain(1, 7)  # 3 rounds (1 + 1 + 1) = 1.8 us; position 0's W1 row (0.6 us) is hidden
+    assert one["chain_rounds"] == 3 and one["serial_us"] == pytest.approx(6 * (1.8 - fill))
 
 
 def test_grid_barrier_cost_from_timed_launches(monkeypatch):

@@ -27,6 +27,7 @@ from typing import Dict, List, Optional
 COUNTED = {
     "LDG.E.128": lambda op: op.startswith("LDG.") and ".128" in op,
     "LDG": lambda op: op.startswith("LDG.") or op == "LDG",
+    "LD.STRONG": lambda op: op.startswith("LD.") and ".STRONG" in op,  # coherent loads through a generic address
     "STG": lambda op: op.startswith("STG"),
     "LDGSTS": lambda op: op.startswith("LDGSTS"),
     "LDGDEPBAR": lambda op: op.startswith("LDGDEPBAR"),

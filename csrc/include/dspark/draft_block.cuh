@@ -107,6 +107,11 @@ constexpr int kWtStrideM = kRKm + 8;
 // bf16) into one [kThreads][kWtStrideM] buffer the MMAs read (widen_chunk).
 constexpr int kRawStride8 = kRKm;
 constexpr int kStages = 3;
+// The vanilla prologue's dependent reads, in batches a lane issues before it uses the first, so that a warp waits
+// one round trip per batch, not one per read: kMergeLoads of the slices' keys, kRowBatch of W1's rows.
+constexpr int kMergeLoads = 10;
+constexpr int kRowBatch = 4;
+static_assert(kMaxGroup <= 32 * kWarps, "the merge gives each of a warp's requests at least one lane");
 constexpr int kLtStrideM = kThreads + 4;
 constexpr int64_t kMaxMmaRank = 2048;
 constexpr int kSplitExp = 14;
@@ -268,9 +273,17 @@ DSPARK_DEVICE int64_t target_id(const DraftBlockParams& p, int64_t j) {
 }
 
 // Request n's partials of position k over the G slices, merged by the whole block (every thread gets the result).
+// A thread's two partials a round are both loaded before the first merge (one round trip for up to 2 x blockDim
+// slices), and merged in slice order.
 DSPARK_DEVICE Part merge_parts(const Workspace& ws, int G, int64_t N, int64_t n, int64_t k, Part* scratch) {
   Part acc = Part::empty();
-  for (int i = threadIdx.x; i < G; i += blockDim.x) acc.merge(ld_coherent(ws.parts + part_at(k, G, N, i, n)));
+  const int step = static_cast<int>(blockDim.x);
+  for (int i = threadIdx.x; i < G; i += 2 * step) {
+    const Part a = ld_coherent(ws.parts + part_at(k, G, N, i, n));
+    const Part b = i + step < G ? ld_coherent(ws.parts + part_at(k, G, N, i + step, n)) : Part::empty();
+    acc.merge(a);
+    if (i + step < G) acc.merge(b);
+  }
   return block_allreduce(acc, scratch);
 }
 
@@ -329,6 +342,13 @@ DSPARK_DRAFT_PHASE void phase_request(const DraftBlockParams& p, const Plan& pla
   }
 }
 
+// Lanes a request gets when a warp merges nw requests' keys: the largest power of two <= 32 / nw (nw <= 32).
+DSPARK_DEVICE int merge_lanes(int nw) {
+  int kl = 32;
+  while (kl > 1 && kl * nw > 32) kl >>= 1;
+  return kl;
+}
+
 // The vanilla head's per-position work, done by the CTAs of each lane for its request group [g0, g0 + nb) at the
 // start of the group's sweep instead of in a phase of its own (one grid barrier per position instead of two):
 // xs[j] = the token before position k of request g0 + j (the anchor, or the winner of position k - 1 over all
@@ -340,21 +360,34 @@ DSPARK_DEVICE void vanilla_prologue(const DraftBlockParams& p, const Plan& plan,
                                     float* sum_scratch) {
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int64_t N = p.N, K = p.K;
-  for (int j = warp; j < nb; j += kWarps) {
-    uint64_t key = 0;
-    if (k > 0) {
+  // the warp's requests j = jw + r (r < nw: consecutive requests, so a load instruction reads whole sectors of a
+  // slice's keys), kl = 32 / nw lanes each (a power of two): lane sub of request r reads slices sub, sub + kl, ...,
+  // kMergeLoads of them a round, all issued before the first is used
+  const int per = (nb + kWarps - 1) / kWarps, jw = warp * per;
+  const int nw = nb - jw < per ? (nb > jw ? nb - jw : 0) : per;
+  const int kl = nw > 0 ? merge_lanes(nw) : 32;
+  const int r = lane / kl, sub = lane % kl, j = jw + r;
+  const bool mine = r < nw;  // (lanes past the warp's requests read nothing)
+  uint64_t key = 0;
+  if (k > 0 && nw > 0) {
+    const uint64_t* keys = ws.keys + part_at(k - 1, plan.slices, N, 0, g0 + (mine ? j : 0));  // slice s: keys[s N]
 #pragma unroll 1
-      for (int s = lane; s < plan.slices; s += 32) {
-        const uint64_t o = ld_coherent(ws.keys + part_at(k - 1, plan.slices, N, s, g0 + j));
-        key = o > key ? o : key;
+    for (int s0 = sub; s0 < plan.slices; s0 += kl * kMergeLoads) {
+      uint64_t o[kMergeLoads];
+#pragma unroll
+      for (int u = 0; u < kMergeLoads; ++u) {
+        const int s = s0 + kl * u;
+        o[u] = mine && s < plan.slices ? ld_coherent(keys + s * N) : uint64_t(0);
       }
-      for (int o = 16; o > 0; o >>= 1) {
-        const uint64_t other = shfl_xor(key, o);
-        key = other > key ? other : key;
-      }
+#pragma unroll
+      for (int u = 0; u < kMergeLoads; ++u) key = o[u] > key ? o[u] : key;
     }
-    if (lane == 0) xs[j] = k == 0 ? anchor_of(p, g0 + j) : target_id(p, winner_index(key));
+    for (int o = 1; o < kl; o <<= 1) {  // over the request's kl lanes (aligned groups of kl)
+      const uint64_t other = shfl_xor(key, o);
+      key = other > key ? other : key;
+    }
   }
+  if (mine && sub == 0) xs[j] = k == 0 ? anchor_of(p, g0 + j) : target_id(p, winner_index(key));
   __syncthreads();
   const int first = static_cast<int>((slice - g0 % plan.slices + plan.slices) % plan.slices);
   for (int j = first; j < nb; j += plan.slices) {
@@ -796,16 +829,28 @@ DSPARK_DEVICE int split_exponent(float amax) {
   return e;
 }
 
-// split_group's row j for the vanilla head with W1 of W2's type (v = W1[x], a zero row for x outside [0, VT)) and
-// 16-byte rows: v is already of W2's type, so its hi row is W1's row itself (scale 1) and it has no lo row. Lane l
-// copies units l, l + 32, ... with one 16-byte load and store each (consecutive lanes, consecutive units: VTile).
+// split_group's rows j0 + kWarps q (q < kRowBatch, rows below nbp) for the vanilla head with W1 of W2's type
+// (v = W1[xs[j]], a zero row for j >= nb or a token outside [0, VT)) and 16-byte rows: v is already of W2's type, so
+// its hi row is W1's row itself (scale 1) and it has no lo row. Lane l copies units l, l + 32, ... of each row with
+// one 16-byte load and store each (consecutive lanes, consecutive units: VTile); the batch's loads are all issued
+// before its first store, so the warp waits one round trip for the batch, not one for each row.
 template <typename TW>
-DSPARK_DEVICE void copy_row_w1(const TW* w1, int64_t x, int64_t VT, int64_t R, int64_t rpad, TW* vt, const VTile& vl,
-                               int j, int lane) {
-  const bool in = x >= 0 && x < VT;
+DSPARK_DEVICE void copy_rows_w1(const TW* w1, const int64_t* xs, int nb, int nbp, int j0, int64_t VT, int64_t R,
+                                int64_t rpad, TW* vt, const VTile& vl, int lane) {
   for (int64_t c = 8 * lane; c < rpad; c += 8 * 32) {
-    const uint4 raw = in && c < R ? ldg(reinterpret_cast<const uint4*>(w1 + x * R + c)) : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(vt + vl.at(j, c)) = raw;
+    uint4 raw[kRowBatch];
+#pragma unroll
+    for (int q = 0; q < kRowBatch; ++q) {
+      const int j = j0 + kWarps * q;
+      const int64_t x = j < nb ? xs[j] : -1;
+      raw[q] = x >= 0 && x < VT && c < R ? ldg(reinterpret_cast<const uint4*>(w1 + x * R + c))
+                                         : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int q = 0; q < kRowBatch; ++q) {
+      const int j = j0 + kWarps * q;
+      if (j < nbp) *reinterpret_cast<uint4*>(vt + vl.at(j, c)) = raw[q];
+    }
   }
 }
 
@@ -851,14 +896,14 @@ DSPARK_DEVICE bool split_row_elements(const VRows& vr, int64_t R, int64_t rpad, 
 // zero): hi = T(v s), lo = T(v s - hi), with s a power of two per request that brings max |v| to [2^13, 2^14)
 // (fp16's range; exact, undone on the bias through unscale[j] = 1 / s). Returns whether this thread stored a lo that
 // is not zero. The vanilla head's W1 rows of W2's type are v exactly: they are copied as hi rows with s = 1 and no lo
-// rows (copy_row_w1), and the sweep skips the lo products.
+// rows (copy_rows_w1), and the sweep skips the lo products.
 template <typename TW>
 DSPARK_DEVICE bool split_group(const VRows& vr, int64_t R, int64_t rpad, int64_t g0, int nb, int nbp, TW* vt,
                                const VTile& vl, float* unscale, int lane, int warp) {
   if (vr.v == nullptr && vr.w1_dtype == mma_dtype<TW>() && R % 8 == 0 && is_aligned16(vr.w1)) {
-    for (int j = warp; j < nbp; j += kWarps) {  // W1's rows as they are
-      copy_row_w1(static_cast<const TW*>(vr.w1), j < nb ? vr.xs[j] : -1, vr.VT, R, rpad, vt, vl, j, lane);
-      if (lane == 0 && j < nb) unscale[j] = 1.0f;
+    for (int j0 = warp; j0 < nbp; j0 += kWarps * kRowBatch) {  // W1's rows as they are
+      copy_rows_w1(static_cast<const TW*>(vr.w1), vr.xs, nb, nbp, j0, vr.VT, R, rpad, vt, vl, lane);
+      if (lane < kRowBatch && j0 + kWarps * lane < nb) unscale[j0 + kWarps * lane] = 1.0f;
     }
     return false;
   }
