@@ -34,8 +34,8 @@ from model import GPUS, floor_model_us, model_launch  # noqa: E402
 # thread).
 LOADS_IN_FLIGHT = {"verify_chain_stats": 4, "verify_chain_qstats": 4, "draft_block_kernel[mma]": 16}
 # draft_block.cuh's vanilla prologue: the slices' keys a lane loads a round (kMergeLoads), W1's rows a warp loads a
-# batch (kRowBatch), the W2 chunk bytes and ring stages the sweep fills before it (kThreads x kRKm x 2, kStages)
-MERGE_LOADS, ROW_BATCH, CHUNK_BYTES, STAGES = 10, 4, 128 * 64 * 2, 3
+# batch (kRowBatch), a W2 chunk's elements and the ring stages the sweep fills before it (kThreads x kRKm, kStages)
+MERGE_LOADS, ROW_BATCH, CHUNK_ELEMENTS, STAGES = 10, 4, 128 * 64, 3
 WARPS = 4
 
 V = 151936
@@ -129,7 +129,7 @@ def merge_rounds(nb: int, slices: int) -> dict:
     return out
 
 
-def prologue_chain(n: int, k: int, rank: int = 256, gpu: str = "h200") -> dict:
+def prologue_chain(n: int, k: int, rank: int = 256, gpu: str = "h200", fp8: bool = False) -> dict:
     """draft_block's per-position chain of dependent reads (the vanilla head, the busiest CTA), a MODEL: after the
     grid barrier each group sweep issues its ring's first STAGES - 1 W2 chunks, then merges the slices' keys (the
     most rounds a warp runs), merges the Part of each request it reports (one round each) and copies W1's rows of
@@ -137,7 +137,8 @@ def prologue_chain(n: int, k: int, rank: int = 256, gpu: str = "h200") -> dict:
     plus the chunks of every CTA at the copy bandwidth) overlaps that chain, and what is left of it nothing
     overlaps: the SM issues nothing and DRAM serves it nothing. A round costs the model's DRAM latency; the keys and
     Parts come from L2, whose hit latency (not found to cite for Hopper) is below it, so that part is an upper
-    bound. Position 0 has no merge (its tokens are the anchors). Times in microseconds; ``serial_us``: the launch's."""
+    bound. Position 0 has no merge (its tokens are the anchors). An fp8 W2's chunks are a byte an element (its raw
+    ring), so its fill is shorter. Times in microseconds; ``serial_us``: the launch's."""
     g = GPUS[gpu]
     plan = draft_sweep_plan(n, V, rank)
     nb = min(n, plan["group"])
@@ -148,7 +149,8 @@ def prologue_chain(n: int, k: int, rank: int = 256, gpu: str = "h200") -> dict:
     report = -(-nb // plan["slices"]) * -(-plan["slices"] // 256)  # merge_parts: 2 x 128 slices a round
     rows = warp_batches(nbp, ROW_BATCH)["most"] * -(-plan["rpad"] // 256)
     lam = g.dram_latency_s
-    fill = lam + (STAGES - 1) * CHUNK_BYTES * plan["ctas"] / g.dram_bytes_per_s
+    chunk_bytes = CHUNK_ELEMENTS * (1 if fp8 else 2)
+    fill = lam + (STAGES - 1) * chunk_bytes * plan["ctas"] / g.dram_bytes_per_s
     chain, first = (keys + report + rows) * lam, rows * lam
     serial = groups_per_cta * (max(0.0, first - fill) + (k - 1) * max(0.0, chain - fill))
     return dict(chain_rounds=keys + report + rows, chain_us=chain * 1e6, fill_us=fill * 1e6,
@@ -202,7 +204,7 @@ def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = Fal
                           "dram_bytes_read", "mma", "grid_barriers")})
     floor = draft_floor_bytes(n, k, r, fp8, out.tokens.element_size() + out.draft_logprobs.element_size())
     plan = draft_sweep_plan(n, V, r)
-    chain = prologue_chain(n, k, r, gpu)
+    chain = prologue_chain(n, k, r, gpu, fp8)
     ln["serial_s"] = chain["serial_us"] * 1e-6
     params = dict(N=n, K=k, V=V, r=r, mode="greedy", w2="fp8" if fp8 else "bf16", ctas=ln["ctas"],
                   lanes=plan["lanes"], chain_rounds=chain["chain_rounds"], chain_us=round(chain["chain_us"], 3),

@@ -243,6 +243,9 @@ def test_draft_prologue_chain_by_hand():
     assert c["serial_us"] == pytest.approx((2.4 - fill) + 6 * (7.2 - fill))
     one = headline.prologue_chain(1, 7)  # 3 rounds (1 + 1 + 1) = 1.8 us; position 0's W1 row (0.6 us) is hidden
     assert one["chain_rounds"] == 3 and one["serial_us"] == pytest.approx(6 * (1.8 - fill))
+    fp8 = headline.prologue_chain(64, 7, fp8=True)  # its raw chunks are half the bytes: a shorter fill
+    assert fp8["fill_us"] == pytest.approx(0.6 + 2 * 8192 * 132 / 4.3e12 * 1e6)
+    assert fp8["serial_us"] == pytest.approx((2.4 - fp8["fill_us"]) + 6 * (7.2 - fp8["fill_us"]))
 
 
 def test_grid_barrier_cost_from_timed_launches(monkeypatch):
