@@ -30,7 +30,8 @@ from model_headline import V, _draft_case, draft_floor_bytes, emit_rows  # noqa:
 
 SHAPES = ((1, 7), (64, 7), (256, 15))  # (N, K): DESIGN's decode shapes and the serving batch of issue #35
 RANK = 256
-_UNITS_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+_UNITS_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,  # ncu 2025.3 writes ns, us, ms, s
+             "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
 def launch_shapes() -> None:
@@ -57,10 +58,13 @@ def parse_ncu_csv(text: str) -> List[Dict[str, object]]:
             continue
         rec = launches.setdefault(row["ID"], {"kernel": row["Kernel Name"],
                                               "ctas": _grid_ctas(row.get("Grid Size", ""))})
+        name = row["Metric Name"]
+        if name not in ("smsp__inst_executed.sum", "gpu__time_duration.sum"):
+            continue  # a section's metric (gpu_check.sh asks for some to read beside these; "no data" among them)
         value = float(row["Metric Value"].replace(",", ""))
-        if row["Metric Name"] == "smsp__inst_executed.sum":
+        if name == "smsp__inst_executed.sum":
             rec["warp_instructions"] = int(value)
-        elif row["Metric Name"] == "gpu__time_duration.sum":
+        else:
             unit = row.get("Metric Unit", "usecond")
             if unit not in _UNITS_US:
                 raise ValueError(f"gpu__time_duration.sum in an unknown unit {unit!r}")

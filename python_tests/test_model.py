@@ -159,8 +159,9 @@ def test_bench_rows_get_the_floor_model_beside_them():
 NCU_CSV = '''ncu_draft: launched N = 1, K = 7
 ==PROF== Disconnected from process 1
 "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
-"0","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","210.50"
+"0","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","210,500"
 "0","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed.sum","inst","1,045,440"
+"0","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(132, 1, 1)","0","9.0","Memory Workload Analysis","Local Memory Spilling Request Overhead","%","no data"
 "1","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(66, 2, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","msecond","0.3"
 "1","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(66, 2, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed.sum","inst","2090880"
 "2","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(66, 1, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed.sum","inst","1045440"
@@ -170,7 +171,8 @@ NCU_CSV = '''ncu_draft: launched N = 1, K = 7
 
 def test_ncu_counts_turn_on_the_issue_term():
     """bench/ncu_draft.py pairs ncu's CSV rows (the program's own lines before the header skipped, thousands
-    separators and units read) with its shapes: 1045440 warp instructions on 132 SMs x 4 schedulers at 1.98 GHz
+    separators and units read, ncu 2025.3's short "ns" among them; a section's other metrics, "no data" too,
+    passed over) with its shapes: 1045440 warp instructions on 132 SMs x 4 schedulers at 1.98 GHz
     take 1 us; 2090880 on a 66 x 2 grid (132 SMs) 2 us; 1045440 on 66 CTAs 2 us. A CSV from another launch count
     or without a header is refused."""
     ncu = _load("dspark_bench_ncu_draft", "bench/ncu_draft.py")

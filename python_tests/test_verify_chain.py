@@ -948,9 +948,11 @@ def test_cuda_certificate_fallback(monkeypatch, simt_check, method, draft_mode):
 
 
 # ---------------------------------------------------------------- CUDA: losslessness on the joint law
-def simulate_joint(method, backend, trials, seed, use_logprobs, k=3, length=2, vocab=4, p_scale=2.5, q_scale=3.0):
+def simulate_joint(method, backend, trials, seed, use_logprobs, k=3, length=2, vocab=4, p_scale=2.5, q_scale=3.0,
+                   device="cpu"):
     """``length`` tokens per request from repeated draft + verify (target/draft laws depend on the absolute
-    position only); returns the tokens [trials, length] and the target's per-position distributions."""
+    position only; verify_chain's inputs on ``device``); returns the tokens [trials, length] and the target's
+    per-position distributions, on the CPU."""
     gen = torch.Generator().manual_seed(seed)
     table = length + k + 1
     p_logits = torch.randn(table, vocab, generator=gen) * p_scale
@@ -962,14 +964,15 @@ def simulate_joint(method, backend, trials, seed, use_logprobs, k=3, length=2, v
         pos = (made.unsqueeze(1) + torch.arange(k + 1)).clamp(max=table - 1)
         draft_l = q_logits[pos[:, :k]]
         drafts = torch.multinomial(torch.softmax(draft_l, -1).view(-1, vocab), 1, generator=gen).view(trials, k)
-        kw = dict(draft_logits=draft_l, temperature=1.0, seed=seed + 1, offset=step, method=method, backend=backend)
+        kw = dict(draft_logits=draft_l.to(device), temperature=1.0, seed=seed + 1, offset=step, method=method,
+                  backend=backend)
         if use_logprobs:
-            kw["draft_logprobs"] = draft_logprobs_of(draft_l, drafts, 1.0)
-        res = dk.verify_chain(p_logits[pos], drafts, **kw)
-        emitted = res.tokens >= 0
+            kw["draft_logprobs"] = draft_logprobs_of(draft_l, drafts, 1.0).to(device)
+        res_tokens = dk.verify_chain(p_logits[pos].to(device), drafts.to(device), **kw).tokens.cpu()
+        emitted = res_tokens >= 0
         slot = made.unsqueeze(1) + torch.cumsum(emitted.long(), 1) - 1
         keep = emitted & (slot < length)
-        out[torch.nonzero(keep, as_tuple=True)[0], slot[keep]] = res.tokens[keep]
+        out[torch.nonzero(keep, as_tuple=True)[0], slot[keep]] = res_tokens[keep]
         made += emitted.long().sum(1)
         step += 1
     return out, torch.softmax(p_logits[:length], -1)
@@ -1015,7 +1018,7 @@ def test_cpu_lossless_joint_law(method, use_logprobs):
 @pytest.mark.harness_slow  # thousands of verifications through the SIMT harness: CI's slow leg runs it (quick on a GPU)
 @pytest.mark.parametrize("method,use_logprobs", [("block", False), ("token", True)])
 def test_cuda_lossless_joint_law(cuda_device, method, use_logprobs):
-    tokens, p = simulate_joint(method, "cuda", JOINT_TRIALS, JOINT_SEED, use_logprobs)
+    tokens, p = simulate_joint(method, "cuda", JOINT_TRIALS, JOINT_SEED, use_logprobs, device=cuda_device)
     if cuda_device.type == "cpu":
         ref, _ = simulate_joint(method, "reference", JOINT_TRIALS, JOINT_SEED, use_logprobs)
         assert torch.equal(tokens, ref)
