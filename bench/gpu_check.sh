@@ -227,7 +227,7 @@ record "grid barrier" "$rc" $(( $(date +%s) - t )) "grid_barrier.json (bench/mod
 
 step "5. bench/run.py --full on the headline shapes"
 # the kernels this project is judged by first; the time budget leaves out the tail. The SIMT structural report and
-# the tiny-model end-to-end rows run on a CPU machine (the same SASS, no GPU needed)
+# the tiny-model end-to-end rows need no GPU: a CPU machine runs them
 BENCH_OPS=${GPU_CHECK_OPS:-"draft_block verify_chain accept_prefix_scan schedule_verify_lens rng_uniform \
 dist_verify_stats dist_verify_decide dist_verify_residual dist_draft_step"}
 RESERVE=0

@@ -111,8 +111,6 @@ constexpr int kStages = 3;
 // one round trip per batch, not one per read: kMergeLoads of the slices' keys, kRowBatch of W1's rows.
 constexpr int kMergeLoads = 10;
 constexpr int kRowBatch = 4;
-// The confidence head's dot product w . [h_k; e]: elements a thread loads before it uses the first.
-constexpr int kConfLoads = 8;
 static_assert(kMaxGroup <= 32 * kWarps, "the merge gives each of a warp's requests at least one lane");
 constexpr int kLtStrideM = kThreads + 4;
 constexpr int64_t kMaxMmaRank = 2048;
@@ -301,30 +299,15 @@ DSPARK_DEVICE void gather_e(const DraftBlockParams& p, int64_t x, float* zs, flo
 }
 
 // The confidence logit and survival of request n at position k from e in zs (written before a barrier): z =
-// w . [h_k; e] + b, survival *= sigmoid(z / T_k). The whole block; no-op without a confidence head. Thread t takes
-// elements t, t + blockDim, ... in that order, kConfLoads of them a round, all loaded before the first is used: the
-// dot product waits ceil((D + R) / (blockDim kConfLoads)) round trips (5 at D = 4096, R = 256), not one per element.
+// w . [h_k; e] + b, survival *= sigmoid(z / T_k). The whole block; no-op without a confidence head.
 DSPARK_DEVICE void confidence(const DraftBlockParams& p, int64_t n, int64_t k, const float* zs, float* sum_scratch) {
   if (p.conf_w == nullptr) return;
   const int t = threadIdx.x;
-  const int64_t K = p.K, D = p.D, len = D + p.R, step = blockDim.x;
+  const int64_t K = p.K, D = p.D;
   const void* hrow = offset_row(p.hidden, p.hidden_dtype, (n * K + k) * D);
   float acc = 0.0f;
-#pragma unroll 1
-  for (int64_t i0 = t; i0 < len; i0 += step * kConfLoads) {
-    float w[kConfLoads], h[kConfLoads];
-#pragma unroll
-    for (int u = 0; u < kConfLoads; ++u) {
-      const int64_t i = i0 + u * step;
-      w[u] = i < len ? load_float(p.conf_w, p.conf_w_dtype, i) : 0.0f;
-      h[u] = i < D ? load_float(hrow, p.hidden_dtype, i) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < kConfLoads; ++u) {
-      const int64_t i = i0 + u * step;
-      if (i < len) acc = fmaf(w[u], i < D ? h[u] : zs[i - D], acc);  // conflict-free reads of zs
-    }
-  }
+  for (int64_t i = t; i < D + p.R; i += blockDim.x)  // element by element: conflict-free reads of zs
+    acc = fmaf(load_float(p.conf_w, p.conf_w_dtype, i), i < D ? load_float(hrow, p.hidden_dtype, i) : zs[i - D], acc);
   const float z = block_sum(acc, sum_scratch) + load_float(p.conf_b, p.conf_b_dtype, 0);
   if (t == 0) {
     const float temp = p.sts != nullptr ? load_float(p.sts, p.sts_dtype, k) : 1.0f;
