@@ -21,9 +21,14 @@ where
   t_tensor  = tensor-core FLOPs (the launch's m16n8k16 MMAs x 4096, when the caller knows them: ``mma``) / the
               dense 16-bit tensor peak scaled to the SMs in use (a lower bound: mma.sync is not wgmma),
   t_issue   = warp instructions executed (``warp_instructions``: Nsight Compute's smsp__inst_executed.sum, which
-              bench/ncu_draft.py reads on a lent GPU; 0 when not given) / (SMs in use * 4 schedulers * clock): each
-              of an SM's four sub-partitions issues at most one warp instruction per clock (a lower bound on the
-              time those instructions take; a warp alone on its scheduler issues less often, stalled on latency).
+              bench/ncu_draft.py reads on a lent GPU; 0 when not given) / (SMs in use * 4 schedulers * clock * rate):
+              each of an SM's four sub-partitions issues at most one warp instruction per clock, and with w warps
+              resident on it, each waiting ``cycles_per_issue`` clocks between two of its own instructions, at
+              rate = min(1, w / cycles_per_issue) a clock. cycles_per_issue is the code's, measured: ncu's Warp
+              Cycles Per Issued Instruction of a launch whose schedulers held one warp each (4.4-6.9 for draft_block
+              on the H200, bench/records/h200_ncu_draft_sections.csv); 1 (the default) leaves the throughput bound.
+              The rule assumes the warps' stalls overlap (latency, not a shared pipe: the H200's draft_block had its
+              memory pipes 7-8 % busy), which holds while w <= cycles_per_issue.
 and serial is latency on the launch's critical path that nothing overlaps, when the caller knows it (``serial_s``:
 draft_block's per-position chain of dependent reads past its ring's fill, bench/model_headline.prologue_chain).
 Waves = CTAs / (resident CTAs per SM * SMs), rounded up; the SMs in use are min(CTAs, SMs), each holding
@@ -68,19 +73,19 @@ class Gpu:
 #   3.0 TB/s, scaled, not measured here.
 # - L2 bandwidth: 2.5x DRAM on both, an assumption of the order Chips and Cheese reported for an H100's L2 against
 #   its DRAM ("Nvidia's H100: Funny L2, and Tons of Bandwidth", 2023); to be measured.
-# - Clock 1.98 GHz: the SM clock nvidia-smi read under load on this workplace's H200 (KINDS.md, 2026-10-28).
+# - Clock: the H200's 1.81 GHz is the SM frequency Nsight Compute read while draft_block ran on this workplace's
+#   H200 (1.796-1.823 GHz over its three launches, clocks not locked: bench/records/h200_ncu_draft_sections.csv);
+#   nvidia-smi had read 1.98 GHz under another load (KINDS.md, 2026-10-28), which the H100 keeps.
 # - DRAM latency 600 ns: the order of the load-to-use latency past L2 that the same article measured by pointer
 #   chasing on an H100; to be measured.
 # - Launch 2.5 us back to back: the order of the per-kernel launch cost of the NVIDIA developer blog "Getting
 #   Started with CUDA Graphs" (2019) without graphs; not yet measured on Hopper here.
-# - Grid barrier 1.3 us across a resident grid: the dead time of one kernel boundary inside a CUDA graph that Hazy
-#   Research measured on an H100 (Spector, Juravsky et al., "Look Ma, No Bubbles! Designing a Low-Latency Megakernel
-#   for Llama-1B", 2025-05-27). A boundary is the grid-wide wait for the last CTA plus CTA retirement and launch; a
-#   cooperative grid.sync() is the wait alone (arrivals on one L2 counter, a poll), so the figure is more likely high
-#   than low for it. No Hopper grid.sync() figure was found to cite; on a V100 it was of the order of 1.5 us
-#   (Zhang et al., "A Study of Single and Multi-device Synchronization Methods in Nvidia GPUs", IPDPS 2020).
-#   bench/grid_barrier.py measures it (step 4 of bench/gpu_check.sh), and bench/model_headline.py's rows keep the
-#   barrier term apart (grid_barriers, barrier_us) so that a row holds at any other cost.
+# - Grid barrier: 0.97 us on the H200, measured here (bench/grid_barrier.py, step 4 of bench/gpu_check.sh: 132 CTAs
+#   of 128 threads, bench/records/h200_grid_barrier.json, 2026-12-04). The H100 keeps 1.3 us, the dead time of one
+#   kernel boundary inside a CUDA graph that Hazy Research measured on an H100 (Spector, Juravsky et al., "Look Ma,
+#   No Bubbles! Designing a Low-Latency Megakernel for Llama-1B", 2025-05-27): a boundary is the grid-wide wait plus
+#   CTA retirement and launch, a grid.sync() the wait alone. bench/model_headline.py's rows keep the barrier term
+#   apart (grid_barriers, barrier_us) so that a row holds at any other cost.
 # - L2 capacity 50 MB on both (the H100 whitepaper's SXM5 figure; the H200 is the same die). A launch whose distinct
 #   bytes exceed it and that re-reads them (draft_block's W2 once per position) misses L2 on every pass: DRAM moves
 #   the bytes requested (LRU on a cyclic sweep keeps nothing), else the distinct bytes.
@@ -91,8 +96,8 @@ class Gpu:
 #   the same 989 TFLOPS): a bound that wgmma can approach; draft_block's mma.sync m16n8k16 has not been measured
 #   here and may reach less.
 GPUS = {
-    "h200": Gpu("h200", sms=132, dram_bytes_per_s=4.3e12, l2_bytes_per_s=2.5 * 4.3e12, clock_hz=1.98e9,
-                tensor_flops_per_s=989.4e12, dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.3e-6),
+    "h200": Gpu("h200", sms=132, dram_bytes_per_s=4.3e12, l2_bytes_per_s=2.5 * 4.3e12, clock_hz=1.81e9,
+                tensor_flops_per_s=989.4e12, dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=0.97e-6),
     "h100": Gpu("h100", sms=132, dram_bytes_per_s=3.0e12, l2_bytes_per_s=2.5 * 3.0e12, clock_hz=1.98e9,
                 tensor_flops_per_s=989.4e12, dram_latency_s=600e-9, launch_s=2.5e-6, grid_barrier_s=1.3e-6),
 }
@@ -110,7 +115,7 @@ def resident_ctas(gpu: Gpu, threads: int, smem_bytes: int, registers: Optional[i
 
 def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[int] = None,
                  load_bytes: int = 16, loads_in_flight: int = 1, mma: Optional[int] = None,
-                 warp_instructions: int = 0, grid_barrier_s: Optional[float] = None,
+                 warp_instructions: int = 0, cycles_per_issue: float = 1.0, grid_barrier_s: Optional[float] = None,
                  serial_s: float = 0.0) -> Dict[str, float]:
     """Modelled time of one launch record (a dict of ``simt.record().launches``), in microseconds, with its terms.
 
@@ -118,6 +123,7 @@ def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[
     LDG.E.128); loads_in_flight: independent loads a thread has in flight (from the SASS of the innermost loop);
     mma: the launch's m16n8k16 tensor-core MMAs (None: the record's ``mma``, the harness's count; 0 when absent);
     warp_instructions: the launch's warp instructions executed, measured (0: the issue term is off);
+    cycles_per_issue: clocks between two instructions of one warp alone on its scheduler, measured (1: none);
     grid_barrier_s: one grid barrier's cost (None: the GPU's constant; bench/grid_barrier.py measures it);
     serial_s: latency on the critical path that no other term overlaps, in seconds (added as it is)."""
     g = GPUS[gpu]
@@ -137,14 +143,16 @@ def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[
     sectors = rec.get("global_sectors")
     l2_bytes = 32 * sectors if sectors is not None else requested
     wavefronts = rec.get("shared_wavefronts") or 0
-    in_flight = sms_used * min(per_sm, math.ceil(ctas / sms_used)) * threads * load_bytes * loads_in_flight
+    resident = min(per_sm, math.ceil(ctas / sms_used))  # CTAs an SM in use holds at once
+    in_flight = sms_used * resident * threads * load_bytes * loads_in_flight
+    warps = resident * math.ceil(threads / 32) / g.schedulers_per_sm  # warps a scheduler holds
     t_dram = dram / g.dram_bytes_per_s
     t_l2 = l2_bytes / g.l2_bytes_per_s
     t_smem = wavefronts / (sms_used * g.clock_hz)
     t_latency = dram * g.dram_latency_s / in_flight if in_flight else 0.0
     mma = (rec.get("mma") or 0) if mma is None else mma
     t_tensor = mma * 4096 / (g.tensor_flops_per_s * sms_used / g.sms)
-    t_issue = issue_us(warp_instructions, ctas, gpu) / 1e6
+    t_issue = issue_us(warp_instructions, ctas, gpu, cycles_per_issue, warps) / 1e6
     body = max(t_dram, t_l2, t_smem, t_latency, t_tensor, t_issue)
     barriers = int(rec.get("grid_barriers", 0))
     grid = barriers * (g.grid_barrier_s if grid_barrier_s is None else grid_barrier_s)
@@ -153,19 +161,24 @@ def model_launch(rec: Dict[str, Any], gpu: str = "h200", *, registers: Optional[
     return dict(modelled_us=total * us, launch_us=g.launch_s * us, dram_us=t_dram * us, l2_us=t_l2 * us,
                 smem_us=t_smem * us, latency_us=t_latency * us, tensor_us=t_tensor * us, issue_us=t_issue * us,
                 grid_barrier_us=grid * us, grid_barriers=barriers, serial_us=serial_s * us,
-                waves=waves,
+                waves=waves, warps_per_scheduler=warps,
                 ctas_per_sm=per_sm, sms_used=sms_used, bytes_in_flight=in_flight,
                 bound=max(("dram", t_dram), ("l2", t_l2), ("smem", t_smem), ("latency", t_latency),
                           ("tensor", t_tensor), ("issue", t_issue), key=lambda kv: kv[1])[0])
 
 
-def issue_us(warp_instructions: int, ctas: int, gpu: str = "h200") -> float:
-    """The issue term alone: ``warp_instructions`` over the SMs the launch's ``ctas`` occupy, each issuing one warp
-    instruction per scheduler per clock, in microseconds."""
+def issue_us(warp_instructions: int, ctas: int, gpu: str = "h200", cycles_per_issue: float = 1.0,
+             warps_per_scheduler: float = 1.0) -> float:
+    """The issue term alone: ``warp_instructions`` over the SMs the launch's ``ctas`` occupy, each scheduler issuing
+    min(1, warps_per_scheduler / cycles_per_issue) warp instructions a clock, in microseconds."""
     if warp_instructions < 0:
         raise ValueError(f"warp_instructions must be >= 0, got {warp_instructions}")
+    if cycles_per_issue < 1.0 or warps_per_scheduler <= 0:
+        raise ValueError(f"cycles_per_issue must be >= 1 and warps_per_scheduler > 0, got {cycles_per_issue}, "
+                         f"{warps_per_scheduler}")
     g = GPUS[gpu]
-    return 1e6 * warp_instructions / (min(g.sms, max(int(ctas), 1)) * g.schedulers_per_sm * g.clock_hz)
+    rate = min(1.0, warps_per_scheduler / cycles_per_issue)
+    return 1e6 * warp_instructions / (min(g.sms, max(int(ctas), 1)) * g.schedulers_per_sm * g.clock_hz * rate)
 
 
 def model_recording(launches: Iterable[Dict[str, Any]], gpu: str = "h200", **kw) -> Dict[str, Any]:

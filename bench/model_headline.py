@@ -74,20 +74,64 @@ def verify_rows(gpu: str, n: int = 1, ks=(7, 15), access: bool = True):
     return rows
 
 
-def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
-    """draft_block's tensor-core sweep as make_plan and slice_bounds size it (csrc/include/dspark/draft_block.cuh; the tests hold the
-    harness's launches to it): request groups of min(N, 64, 16384 // rpad rounded down to 8), one lane of CTAs per
-    group, as many vocabulary slices of >= 128 rows as the resident CTAs (one per SM) leave each lane; and the
-    m16n8k16 MMAs of one position: per slice tile of 128 rows and group, 4 warps x rpad / 16 steps x 2 row blocks x
-    the register tile's request blocks (1 when the group is <= 8 requests, else 8, whatever a group's own count: the
-    k-step multiplies them all) (twice that when v needs its lo rows: ``mma_lo``); rpad, and tpr: the fold's threads
-    per request (32 halved while tpr x group > 128)."""
+# draft_block.cuh's launch constants: CTAs an SM at most (kMaxCtasPerSm), threads a CTA, its static shared memory
+# (the harness's record and the SASS report: 1676 bytes), and the 1 KB the driver reserves a block
+MAX_CTAS_PER_SM, THREADS, STATIC_SMEM, RESERVED_SMEM = 2, 128, 1676, 1024
+EXTRA_SHARE = 16  # kExtraShare: a stacked CTA's reads besides its W2 slice (v rows, the slices' keys) within 1 / 16
+
+
+def draft_smem_bytes(n: int, rank: int, fp8: bool = False) -> int:
+    """draft_block's dynamic shared memory for the vanilla head's tensor-core sweep with a staged bf16 U, as make_plan
+    sizes it (the tests hold it to the harness's launches): the v tile's hi + lo k-blocks (or the prologue's scratch),
+    the cp.async ring (an fp8 W2: raw chunks and the widened one), the bias tile, temperatures and scales, 32 bytes
+    of alignment, and U's slots."""
+    ru = lambda a, b: -(-a // b) * b  # noqa: E731
+    rpad = ru(rank, 32)
+    group = min(n, max(1, min(64, 16384 // rpad) // 8 * 8))
+    vrows = ru(group, 8)
+    lo_off = rpad // 16 * (16 * vrows + 16)
+    vfloats = (2 * lo_off + 16 * max(0, 64 - vrows)) // 2
+    area = max(vfloats, rank, 32 * 65 + 64 * 64)
+    ring = 3 * 128 * 64 + 128 * 72 * 2 if fp8 else 3 * 128 * 72 * 2
+    off_u = ru(area, 8) + ru(ring // 4, 8) + vrows * 132 + 2 * ru(group, 4)
+    uslots = 2 // -(-rpad // 64) + 1
+    return off_u * 4 + 32 + uslots * group * 128 * 2
+
+
+def draft_ctas_per_sm(n: int, rank: int, fp8: bool = False, registers: int = 255, smem_per_sm: int = 228 * 1024,
+                      registers_per_sm: int = 65536) -> int:
+    """draft_block's resident CTAs an SM on a GPU: its occupancy query (shared memory, registers: 255 a thread, what
+    its launch bounds allow, unless a SASS report says otherwise) capped at MAX_CTAS_PER_SM."""
+    by_smem = smem_per_sm // (draft_smem_bytes(n, rank, fp8) + STATIC_SMEM + RESERVED_SMEM)
+    by_regs = registers_per_sm // (-(-registers * 32 // 256) * 256 * (THREADS // 32))
+    return max(1, min(MAX_CTAS_PER_SM, by_smem, by_regs))
+
+
+def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132, per_sm: int = 0, fp8: bool = False) -> dict:
+    """draft_block's tensor-core sweep as make_plan and slice_bounds size it (csrc/include/dspark/draft_block.cuh; the
+    tests hold the harness's launches to it): request groups of min(N, 64, 16384 // rpad rounded down to 8), one lane
+    of CTAs per group, as many vocabulary slices of >= 128 rows as the resident CTAs (``per_sm`` an SM, 0: a GPU's,
+    draft_ctas_per_sm; more than one only while a CTA's reads of its group's bf16 v rows and of the slices' 8-byte
+    keys stay within 1 / EXTRA_SHARE of its W2 slice: bf16, or fp8 with a 4-byte scale a row) leave each lane; and
+    the m16n8k16 MMAs of one position: per slice tile of 128 rows and group, 4 warps x rpad / 16 steps x 2 row
+    blocks x the register tile's request blocks (1 when the group is <= 8 requests, else 8, whatever a group's own
+    count: the k-step multiplies them all) (twice that when v needs its lo rows: ``mma_lo``); rpad, and tpr: the
+    fold's threads per request (32 halved while tpr x group > 128)."""
     rpad = -(-rank // 32) * 32
     group = min(n, max(1, min(64, 16384 // rpad) // 8 * 8))
     groups = -(-n // group)
-    lanes = min(groups, sms)
-    slices = min(max(1, vocab // 128), max(1, sms // lanes))
-    lanes = min(groups, max(1, sms // slices))
+
+    def grid(resident):
+        lanes = min(groups, resident)
+        slices = min(max(1, vocab // 128), max(1, resident // lanes))
+        return slices, min(groups, max(1, resident // slices))
+
+    per_sm = min(per_sm or draft_ctas_per_sm(n, rank, fp8), MAX_CTAS_PER_SM)
+    slices, lanes = grid(sms * per_sm)
+    w2_row = rank + 4 if fp8 else 2 * rank
+    if per_sm > 1 and EXTRA_SHARE * group * (2 * rank + 8 * slices) * slices > vocab * w2_row:
+        per_sm = 1
+        slices, lanes = grid(sms)
     units = -(-vocab // 16)
     tiles = sum(-(-(min(16 * ((b + 1) * units // slices), vocab) - 16 * (b * units // slices)) // 128)
                 for b in range(slices))
@@ -95,7 +139,7 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132) -> dict:
     tpr = 32
     while tpr > 1 and tpr * group > 128:
         tpr //= 2
-    return dict(slices=slices, lanes=lanes, group=group, ctas=slices * lanes, mma=tiles * per_tile,
+    return dict(slices=slices, lanes=lanes, group=group, ctas=slices * lanes, per_sm=per_sm, mma=tiles * per_tile,
                 mma_lo=2 * tiles * per_tile, rpad=rpad, tpr=tpr)
 
 
@@ -140,7 +184,7 @@ def prologue_chain(n: int, k: int, rank: int = 256, gpu: str = "h200", fp8: bool
     bound. Position 0 has no merge (its tokens are the anchors). An fp8 W2's chunks are a byte an element (its raw
     ring), so its fill is shorter. Times in microseconds; ``serial_us``: the launch's."""
     g = GPUS[gpu]
-    plan = draft_sweep_plan(n, V, rank)
+    plan = draft_sweep_plan(n, V, rank, fp8=fp8)
     nb = min(n, plan["group"])
     nbp = -(-nb // 8) * 8
     groups = -(-n // plan["group"])
@@ -157,18 +201,18 @@ def prologue_chain(n: int, k: int, rank: int = 256, gpu: str = "h200", fp8: bool
                 serial_us=serial * 1e6)
 
 
-def _draft_case(n: int, k: int, r: int = 256, fp8: bool = False):
+def _draft_case(n: int, k: int, r: int = 256, fp8: bool = False, vocab: int = V):
     gen = torch.Generator().manual_seed(0)
     import dspark_kernels as dk
-    base = (torch.randn(n, k, V, generator=gen) * 2).to(torch.bfloat16)
-    w1 = (torch.randn(V, r, generator=gen) * 0.05).to(torch.bfloat16)
-    w2 = (torch.randn(V, r, generator=gen) * 0.05).to(torch.bfloat16)
+    base = (torch.randn(n, k, vocab, generator=gen) * 2).to(torch.bfloat16)
+    w1 = (torch.randn(vocab, r, generator=gen) * 0.05).to(torch.bfloat16)
+    w2 = (torch.randn(vocab, r, generator=gen) * 0.05).to(torch.bfloat16)
     if fp8:
         q, scale = dk.quantize_w2(w2)
         head = dk.MarkovHead("vanilla", w1=w1, w2=q, w2_scale=scale)
     else:
         head = dk.MarkovHead("vanilla", w1=w1, w2=w2)
-    anchors = torch.randint(0, V, (n,), generator=gen)
+    anchors = torch.randint(0, vocab, (n,), generator=gen)
     return base, head, anchors
 
 
@@ -181,14 +225,16 @@ def draft_floor_bytes(n: int, k: int, r: int = 256, fp8: bool = False, out_bytes
 
 
 def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = False, warp_instructions: int = 0,
-               issue_source: str = "measured", grid_barrier_us=None):
+               issue_source: str = "measured", grid_barrier_us=None, cycles_per_issue: float = 1.0):
     """draft_block (vanilla, r = 256, bf16 U / W1 / W2, or an fp8 W2 with its row scales, greedy) at N = `n`,
     K = `k`. With ``run_k`` < k the harness
     runs ``run_k`` positions and the launch's per-position counters (bytes, DRAM estimate, MMAs, grid barriers) are
     scaled to k positions (every position does the same work), said in the row. ``warp_instructions``: the whole
     launch's count, measured on a GPU (bench/ncu_draft.py) or estimated from the SASS (bench/sass_draft.py: say so
-    in ``issue_source``), which turns the model's issue term on (0: off). ``grid_barrier_us``: one grid barrier's
-    cost (None: bench/model.py's constant; bench/grid_barrier.py measures it on a GPU)."""
+    in ``issue_source``), which turns the model's issue term on (0: off); ``cycles_per_issue``: a warp's clocks
+    between two of its instructions, alone on its scheduler (ncu's Warp Cycles Per Issued Instruction at one warp a
+    scheduler; 1: the throughput bound). ``grid_barrier_us``: one grid barrier's cost (None: bench/model.py's
+    constant; bench/grid_barrier.py measures it on a GPU)."""
     import dspark_kernels as dk
     from dspark_kernels import simt
     r, run_k = 256, run_k or k
@@ -196,14 +242,15 @@ def draft_rows(gpu: str, n: int = 1, k: int = 7, run_k: int = 0, fp8: bool = Fal
     with simt.record(dram=True) as rec:
         out = dk.draft_block(base, anchors, head, temperature=0.0, seed=1, backend="cuda")
     (ln,) = rec.launches
-    ln = dict(ln, warp_instructions=int(warp_instructions), issue_source=issue_source)
+    ln = dict(ln, warp_instructions=int(warp_instructions), issue_source=issue_source,
+              cycles_per_issue=float(cycles_per_issue))
     if run_k != k:
         scale = k / run_k
         ln = dict(ln, **{key: int(round(ln[key] * scale)) for key in
                          ("bytes_read", "bytes_written", "unique_bytes_read", "unique_bytes_written",
                           "dram_bytes_read", "mma", "grid_barriers")})
     floor = draft_floor_bytes(n, k, r, fp8, out.tokens.element_size() + out.draft_logprobs.element_size())
-    plan = draft_sweep_plan(n, V, r)
+    plan = draft_sweep_plan(n, V, r, fp8=fp8)
     chain = prologue_chain(n, k, r, gpu, fp8)
     ln["serial_s"] = chain["serial_us"] * 1e-6
     params = dict(N=n, K=k, V=V, r=r, mode="greedy", w2="fp8" if fp8 else "bf16", ctas=ln["ctas"],
@@ -221,13 +268,15 @@ def _row(op, params, launches, floor, gpu, access, grid_barrier_us=None):
     ``modelled_us - barrier_us + grid_barriers * cost``."""
     each = GPUS[gpu].grid_barrier_s if grid_barrier_us is None else grid_barrier_us * 1e-6
     per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1),
-                        warp_instructions=ln.get("warp_instructions", 0), grid_barrier_s=each,
+                        warp_instructions=ln.get("warp_instructions", 0),
+                        cycles_per_issue=ln.get("cycles_per_issue", 1.0), grid_barrier_s=each,
                         serial_s=ln.get("serial_s", 0.0)) for ln in launches]
     issue = sum(ln.get("warp_instructions", 0) for ln in launches)
     barriers = sum(p["grid_barriers"] for p in per)
     return dict(op=op, **params, launches=len(launches), access_model=access, floor_bytes=floor,
-                issue_term=(f"on ({issue} warp instructions, {launches[0].get('issue_source', 'measured')})"
-                            if issue else "off"),
+                issue_term=(f"on ({issue} warp instructions, {launches[0].get('issue_source', 'measured')}; "
+                            f"{launches[0].get('cycles_per_issue', 1.0):g} cycles a warp's issue)" if issue else "off"),
+                warps_per_scheduler=[p["warps_per_scheduler"] for p in per],
                 modelled_us=round(sum(p["modelled_us"] for p in per), 2),
                 grid_barriers=barriers, barrier_us=round(sum(p["grid_barrier_us"] for p in per), 2),
                 grid_barrier_us_each=round(each * 1e6, 3), serial_us=round(sum(p["serial_us"] for p in per), 2),
@@ -247,6 +296,9 @@ def main() -> int:
     ap.add_argument("--warp-instructions", type=int, default=0, metavar="COUNT",
                     help="with --draft: the launch's warp instructions from bench/ncu_draft.py (turns the issue "
                          "term on)")
+    ap.add_argument("--cycles-per-issue", type=float, default=1.0, metavar="CPI",
+                    help="with --warp-instructions: a warp's clocks between two of its instructions alone on its "
+                         "scheduler (ncu's Warp Cycles Per Issued Instruction at one warp a scheduler)")
     ap.add_argument("--grid-barrier-us", type=float, metavar="US",
                     help="with --draft: one grid barrier's cost (default: bench/model.py's constant; "
                          "bench/grid_barrier.py measures it on a GPU)")
@@ -257,7 +309,8 @@ def main() -> int:
     os.environ.setdefault("DSPARK_SIMT", "1")
     if args.draft:
         rows = draft_rows(args.gpu, args.draft[0], args.draft[1], run_k=1, fp8=args.w2 == "fp8",
-                          warp_instructions=args.warp_instructions, grid_barrier_us=args.grid_barrier_us)
+                          warp_instructions=args.warp_instructions, grid_barrier_us=args.grid_barrier_us,
+                          cycles_per_issue=args.cycles_per_issue)
     elif args.batch == 1:
         rows = verify_rows(args.gpu) + draft_rows(args.gpu)
     else:

@@ -3,14 +3,17 @@
 on bench/model.py's issue term (``model_launch(..., warp_instructions=...)``). bench/gpu_check.sh runs both steps:
 
     ncu --clock-control none --kernel-name regex:draft_block_kernel --csv \\
+        --section SchedulerStats --section WarpStateStats --section SpeedOfLight \\
         --metrics smsp__inst_executed.sum,gpu__time_duration.sum python bench/ncu_draft.py > ncu_draft.csv
     python bench/ncu_draft.py --report ncu_draft.csv --json ncu_draft.json
 
 The first launches draft_block (vanilla, r = 256, bf16, greedy, V = 151936) once per shape of :data:`SHAPES`, in
 that order, on the GPU; the second pairs ncu's rows with the shapes and writes, per shape, the warp instructions
-executed, the measured duration (under ncu, clocks left alone), the issue time those instructions need at one warp
-instruction per scheduler per clock (the model's term, a lower bound) and the floor model's time. The modelled
-time with the issue term on: ``python bench/model_headline.py --draft N K --warp-instructions COUNT`` (on the CPU).
+executed, the measured duration (under ncu, clocks left alone), the issue time those instructions need (the
+model's term: at one warp instruction per scheduler per clock, a lower bound; with the sections' Warp Cycles Per
+Issued Instruction and Active Warps Per Scheduler, at the rate those allow) and the floor model's time. The
+modelled time with the issue term on: ``python bench/model_headline.py --draft N K --warp-instructions COUNT
+--cycles-per-issue CPI`` (on the CPU).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from model_headline import V, _draft_case, draft_floor_bytes, emit_rows  # noqa:
 
 SHAPES = ((1, 7), (64, 7), (256, 15))  # (N, K): DESIGN's decode shapes and the serving batch of issue #35
 RANK = 256
+# the sections' metrics a launch's row keeps, when ncu wrote them
+SECTION_METRICS = {"Warp Cycles Per Issued Instruction": "cycles_per_issue",
+                   "Active Warps Per Scheduler": "warps_per_scheduler", "SM Frequency": "sm_hz"}
 _UNITS_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,  # ncu 2025.3 writes ns, us, ms, s
              "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
@@ -47,7 +53,8 @@ def launch_shapes() -> None:
 
 def parse_ncu_csv(text: str) -> List[Dict[str, object]]:
     """ncu's --csv details page -> one dict per profiled launch, in launch order: kernel, ctas,
-    warp_instructions, measured_us. Lines before the header (the program's own output, ncu's notes) are skipped."""
+    warp_instructions, measured_us, and the :data:`SECTION_METRICS` present. Lines before the header (the program's
+    own output, ncu's notes) are skipped."""
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
     if start is None:
@@ -59,6 +66,9 @@ def parse_ncu_csv(text: str) -> List[Dict[str, object]]:
         rec = launches.setdefault(row["ID"], {"kernel": row["Kernel Name"],
                                               "ctas": _grid_ctas(row.get("Grid Size", ""))})
         name = row["Metric Name"]
+        if name in SECTION_METRICS and row["Metric Value"] not in ("", "no data"):
+            rec[SECTION_METRICS[name]] = float(row["Metric Value"].replace(",", ""))
+            continue
         if name not in ("smsp__inst_executed.sum", "gpu__time_duration.sum"):
             continue  # a section's metric (gpu_check.sh asks for some to read beside these; "no data" among them)
         value = float(row["Metric Value"].replace(",", ""))
@@ -90,7 +100,10 @@ def report(launches: List[Dict[str, object]], gpu: str = "h200") -> List[Dict[st
         floor = draft_floor_bytes(n, k, RANK)
         rows.append(dict(op="draft_block", N=n, K=k, V=V, r=RANK, kernel=ln["kernel"], ctas=ln["ctas"],
                          warp_instructions=ln["warp_instructions"], measured_us=ln["measured_us"],
-                         issue_us=round(issue_us(ln["warp_instructions"], ln["ctas"], gpu), 2),
+                         issue_us=round(issue_us(ln["warp_instructions"], ln["ctas"], gpu,
+                                                 ln.get("cycles_per_issue", 1.0),
+                                                 ln.get("warps_per_scheduler", 1.0)), 2),
+                         **{key: ln[key] for key in SECTION_METRICS.values() if key in ln},
                          floor_bytes=floor, floor_model_us=round(floor_model_us(floor, 1, gpu), 2),
                          note=f"measured under ncu on {gpu}; issue_us is bench/model.py's issue term (a model)"))
     return rows

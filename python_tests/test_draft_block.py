@@ -561,16 +561,52 @@ def test_cuda_bytes_ctas_and_one_launch(cuda_device, kind, n, k, vocab, rank, d,
     assert _nbytes(base, head.w2) <= rec.bytes_read  # the counters see the streams
 
 
-def sweep_plan(n, vocab, rank):
-    """bench/model_headline.py's mirror of draft_block's sweep plan (grid, MMAs): the model uses it, the tests hold
-    the harness's launches to it."""
+def headline():
+    """bench/model_headline.py, whose mirror of draft_block's plan (shared memory, CTAs an SM, grid, MMAs) the model
+    and the SASS estimate use; the tests hold the harness's launches to it."""
     import importlib.util
     import pathlib
     path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "model_headline.py"
     spec = importlib.util.spec_from_file_location("dspark_bench_model_headline", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.draft_sweep_plan(n, vocab, rank)
+    return mod
+
+
+def sweep_plan(n, vocab, rank):
+    return headline().draft_sweep_plan(n, vocab, rank)
+
+
+@pytest.mark.parametrize("n,rank,fp8,vocab,ctas", [
+    (1, 256, False, 2048, 16), (25, 256, False, 2048, 16), (32, 256, False, 2048, 16), (64, 256, False, 2048, 16),
+    (8, 256, True, 2048, 16), (64, 32, False, 2048, 16),
+    (1, 256, False, 34000, 264),  # 265 slices of 128 rows: two CTAs on each of the 132 SMs
+    (64, 32, False, 34000, 132),  # a 64-request group's 160 KB: one an SM
+    (2, 256, False, 34000, 132),  # two fit, but 2 x (512 + 8 x 264) bytes x 264 slices x 16 > 34000 x 512
+    (1, 32, False, 34000, 132),   # two fit, but (64 + 8 x 264) x 264 x 16 > 34000 x 64
+])
+def test_cuda_two_ctas_an_sm_where_shared_memory_allows(cuda_device, n, rank, fp8, vocab, ctas):
+    """make_plan's shared memory (the vanilla head's tensor-core sweep, U staged) equals the mirror's
+    (draft_smem_bytes), and the grid takes two CTAs an SM exactly where the occupancy query allows them (at r = 256
+    a group of up to 25 requests, 84.5-111 KB; not 32: 113 KB + the static 1.6 KB and the reserved 1 KB, twice, is
+    over 228 KB; nor 64: 169 KB) and a CTA's reads besides its W2 slice (its group's v rows, every slice's 8-byte
+    key for each of its requests) stay within 1/16 of the slice (kExtraShare). At V = 34000, r = 256, N = 1 runs on
+    264 CTAs (132 at one an SM), N = 2 on 132; tokens equal the reference's."""
+    if cuda_device.type != "cpu":
+        pytest.skip("launch records come from the SIMT harness")
+    from dspark_kernels import simt
+    mirror = headline()
+    base, head, anchors = mirror._draft_case(n, 1, rank, fp8, vocab)  # the model's own case at this V
+    with simt.record() as rec:
+        out = dk.draft_block(base, anchors, head, temperature=0.0, seed=1, backend="cuda")
+    ref = dk.draft_block(base, anchors, head, temperature=0.0, seed=1, backend="reference")
+    assert torch.equal(out.tokens, ref.tokens)
+    (launch,) = rec.launches
+    assert launch["dynamic_smem"] == mirror.draft_smem_bytes(n, rank, fp8)
+    assert launch["static_smem"] == mirror.STATIC_SMEM
+    per_sm = mirror.draft_ctas_per_sm(n, rank, fp8)
+    assert per_sm == (2 if n <= 25 else 1) and min(launch["ctas_per_sm"], 2) == per_sm
+    assert launch["ctas"] == ctas == mirror.draft_sweep_plan(n, vocab, rank, fp8=fp8)["ctas"]
 
 
 @pytest.mark.parametrize("n,k,dtype", [(1, 1, torch.bfloat16), (64, 1, torch.bfloat16), (256, 1, torch.float16),

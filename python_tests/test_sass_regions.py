@@ -243,4 +243,5 @@ def test_sass_draft_table_matches_the_plan_and_the_source():
     assert regions["if (pm >= stats.m) {"].count == 15 * 4 * sd.record_pieces(36 * 8)
     for n, k in ((1, 7), (64, 7)):
         assert all(r.count >= 0 and r.first <= r.last for r in sd.regions(sd.shape(n, k)))
-    assert sd.shape(1, 7)["tpr"] == 32 and sd.shape(1, 7)["slices"] == 132
+    assert sd.shape(1, 7)["tpr"] == 32 and sd.shape(1, 7)["slices"] == 264  # two CTAs an SM at N = 1
+    assert sd.shape(64, 7)["slices"] == 132  # a 64-request group fits once

@@ -58,8 +58,9 @@
 //        global memory. Greedy rows of a staged 16-bit U with no logits or row scales take fold_pieces_greedy, a
 //        loop with none of the other paths' tests (the sweep's time at large N is its instruction count). Partials
 //        go to a workspace [2 positions, slices, N] with their packed winners.
-//        CTAs: every resident one (one per SM) while slices x lanes can fill the GPU and each slice keeps >= 128
-//        vocabulary rows (132 CTAs for V >= 16896 on a 132-SM GPU up to 4 groups; 128 = 8 x 16 at 16 groups); each
+//        CTAs: every resident one (up to kMaxCtasPerSm an SM) while slices x lanes can fill the GPU and each slice
+//        keeps >= 128 vocabulary rows (on a 132-SM GPU at r = 256: 264 CTAs at N = 1, 132 up to 4 groups of 64,
+//        128 = 8 x 16 at 16 groups); each
 //        reads the v rows of its groups per position (gated / rnn: r * 4 bytes a request, written by the phase
 //        before, so from L2; vanilla: W1's rows of the group's tokens).
 //     grid barrier
@@ -86,15 +87,24 @@
 namespace dspark {
 namespace draft {
 
-// 128 threads and one CTA per SM (every CTA resident for the cooperative launch).
+// 128 threads a CTA, every CTA resident (the cooperative launch), up to kMaxCtasPerSm of them an SM where shared
+// memory and registers allow (the occupancy query decides) and the slices stay long (kExtraShare): one CTA
+// leaves each warp scheduler a single warp, which waits out every latency alone (measured on an H200: a warp issued
+// once every 4.4-6.9 clocks); a second CTA gives the scheduler another warp to issue from. Two is what <= 255
+// registers a thread allow at 128 threads; small groups fit twice in shared memory (up to 25 requests at r = 256),
+// a 64-request group once; kExtraShare keeps the extra slices' traffic small (N <= 7 at V = 151936, r = 256).
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRK = 32;                  // W2 columns per staged chunk
 constexpr int kWtStride = kRK + 4;       // floats per staged row: the pad makes float4 reads conflict-free
 constexpr int64_t kGroupFloats = 16384;  // shared floats for the v rows of one request group (64 KB)
 constexpr int kMaxGroup = 64;            // requests per group (the register tile of the sweep)
-constexpr int kMaxCtasPerSm = 1;
+constexpr int kMaxCtasPerSm = 2;
 constexpr int64_t kMinRowsPerCta = 128;
+// More CTAs an SM mean more slices, and besides its W2 slice every CTA reads, each position, its group's v rows and
+// every slice's packed winner for each request of its group (L2 hits, but bytes): stacked CTAs are taken only
+// while those stay within 1 / kExtraShare of the CTA's W2 slice.
+constexpr int64_t kExtraShare = 16;
 // The tensor-core sweep (16-bit W2): W2 columns per staged chunk and a staged row's stride (elements: 144 bytes,
 // an odd number of 16-byte units, so the 8 rows of every ldmatrix phase hit distinct banks), the cp.async ring's
 // depth (kStages - 1 chunks of 16 KB in flight while one is multiplied), the bias tile's stride (floats: 33 units,
@@ -1296,12 +1306,21 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm, size_t sme
   // N fits one group; at N = 256 (r = 256: 4 groups of 64) 33 slices x 4 lanes on 132 SMs; past `resident` groups
   // a lane takes several. The v rows a CTA reads per position (its groups', r * 4 bytes each) come from L2: the
   // phase before wrote them.
-  const int64_t resident = std::max<int64_t>(1, int64_t(sms) * (per_sm < kMaxCtasPerSm ? per_sm : kMaxCtasPerSm));
   const int64_t sweep_groups = (std::max<int64_t>(N, 1) + pl.group - 1) / pl.group;
   const int64_t max_slices = std::max<int64_t>(1, V / kMinRowsPerCta);
-  int64_t lanes = std::min(sweep_groups, resident);
-  const int64_t slices = std::min(max_slices, std::max<int64_t>(1, resident / lanes));
-  lanes = std::min(sweep_groups, std::max<int64_t>(1, resident / slices));
+  int64_t lanes = 1, slices = 1;
+  auto grid_of = [&](int64_t resident) {
+    lanes = std::min(sweep_groups, resident);
+    slices = std::min(max_slices, std::max<int64_t>(1, resident / lanes));
+    lanes = std::min(sweep_groups, std::max<int64_t>(1, resident / slices));
+  };
+  const int64_t per = std::max(1, per_sm < kMaxCtasPerSm ? per_sm : kMaxCtasPerSm);
+  grid_of(int64_t(sms) * per);
+  if (per > 1) {  // stacked: the reads besides the W2 slice, against it
+    const int64_t w2_row = R * int64_t(dtype_size(p.w2_dtype)) + (p.w2_scale != nullptr ? 4 : 0);
+    const int64_t v_row = R * (p.head == kVanilla ? int64_t(dtype_size(p.w1_dtype)) : 4);
+    if (kExtraShare * pl.group * (v_row + 8 * slices) * slices > V * w2_row) grid_of(sms);
+  }
   pl.slices = static_cast<int>(slices);
   pl.lanes = static_cast<int>(lanes);
   pl.grid = static_cast<int>(slices * lanes);
