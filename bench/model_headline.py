@@ -26,7 +26,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import GPUS, floor_model_us, model_launch  # noqa: E402
+from model import GPUS, floor_model_us, model_launch, resident_ctas  # noqa: E402
 
 # 16-byte loads each thread has in flight, by kernel, from the kernels' designs (DESIGN.md) and their SASS tests:
 # verify_chain's stats and qstats sweeps issue four LDG.E.128 per iteration (test_verify_chain's SASS tests);
@@ -74,9 +74,9 @@ def verify_rows(gpu: str, n: int = 1, ks=(7, 15), access: bool = True):
     return rows
 
 
-# draft_block.cuh's launch constants: CTAs an SM at most (kMaxCtasPerSm), threads a CTA, its static shared memory
-# (the harness's record and the SASS report: 1676 bytes), and the 1 KB the driver reserves a block
-MAX_CTAS_PER_SM, THREADS, STATIC_SMEM, RESERVED_SMEM = 2, 128, 1676, 1024
+# draft_block.cuh's launch constants: CTAs an SM at most (kMaxCtasPerSm) and its static shared memory (the
+# harness's record and the SASS report: 1676 bytes)
+MAX_CTAS_PER_SM, STATIC_SMEM = 2, 1676
 EXTRA_SHARE = 16  # kExtraShare: a stacked CTA's reads besides its W2 slice (v rows, the slices' keys) within 1 / 16
 
 
@@ -98,13 +98,11 @@ def draft_smem_bytes(n: int, rank: int, fp8: bool = False) -> int:
     return off_u * 4 + 32 + uslots * group * 128 * 2
 
 
-def draft_ctas_per_sm(n: int, rank: int, fp8: bool = False, registers: int = 255, smem_per_sm: int = 228 * 1024,
-                      registers_per_sm: int = 65536) -> int:
-    """draft_block's resident CTAs an SM on a GPU: its occupancy query (shared memory, registers: 255 a thread, what
-    its launch bounds allow, unless a SASS report says otherwise) capped at MAX_CTAS_PER_SM."""
-    by_smem = smem_per_sm // (draft_smem_bytes(n, rank, fp8) + STATIC_SMEM + RESERVED_SMEM)
-    by_regs = registers_per_sm // (-(-registers * 32 // 256) * 256 * (THREADS // 32))
-    return max(1, min(MAX_CTAS_PER_SM, by_smem, by_regs))
+def draft_ctas_per_sm(n: int, rank: int, fp8: bool = False, registers: int = 255, gpu: str = "h200") -> int:
+    """draft_block's resident CTAs an SM on a GPU: bench/model.py's occupancy rule (shared memory, registers: 255 a
+    thread, what its launch bounds allow, unless a SASS report says otherwise) capped at MAX_CTAS_PER_SM."""
+    smem = draft_smem_bytes(n, rank, fp8) + STATIC_SMEM
+    return max(1, min(MAX_CTAS_PER_SM, resident_ctas(GPUS[gpu], 32 * WARPS, smem, registers)))
 
 
 def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132, per_sm: int = 0, fp8: bool = False) -> dict:
