@@ -18,6 +18,10 @@
 # 5. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled),
 #    draft_block and verify_chain first (GPU_CHECK_OPS: which ops, in order), with whatever time is left,
 # 6. writes bench/model.py's modelled time beside each measured one (model_vs_measured.csv),
+# 7. with GPU_CHECK_VARIANTS="NAME:CONSTANT=VALUE ...": an A/B of tuning constants on the same GPU. Each variant is
+#    a copy of the checkout with one `constexpr` of csrc/include/dspark changed, built just in time while the tests
+#    run; draft_block's CUDA rows (bf16, greedy; GPU_CHECK_VARIANT_N: which N) run on each after the main build's,
+#    then its GPU tests of draft_block with what time is left (variant_NAME.{json,csv}, variant_NAME_tests.log),
 # and writes everything (logs, JUnit XML, sanitizer logs, ptxas.json, the bench JSON / CSV / PNGs, summary.txt)
 # into OUTDIR. Exit status 1 if any step failed. Nothing here installs torch or triton or assumes their versions.
 #
@@ -135,6 +139,30 @@ fi
 tail -3 "$OUT/build.log"
 record build "$rc" $(( $(date +%s) - t )) "$how; log build.log, build_info.json"
 
+# the variants build in the background while the tests run (each in its own copy and extension folder)
+VARIANTS=(${GPU_CHECK_VARIANTS:-})
+VARIANT_PIDS=()
+VARIANT_SECONDS=${GPU_CHECK_VARIANT_SECONDS:-50}  # each variant's benchmark; the main one leaves them this much
+variant_build() {  # NAME CONSTANT VALUE: copy, change the one constexpr, build just in time
+  local dir="/tmp/dspark_variant_$1" hdr
+  rm -rf "$dir" && mkdir -p "$dir" &&
+    tar -C "$REPO" --exclude=./.git --exclude=./.whl --exclude=./build -cf - . | tar -C "$dir" -xf -
+  hdr=$(grep -l -E "^constexpr [A-Za-z0-9_]+ $2 = " "$dir"/csrc/include/dspark/*.cuh)
+  [[ $(echo "$hdr" | grep -c .) == 1 ]] ||
+    { echo "variant $1: $2 is not one constexpr of csrc/include/dspark"; return 1; }
+  sed -i -E "s/^(constexpr [A-Za-z0-9_]+ $2 = )[^;]+;/\\1$3;/" "$hdr"
+  grep -E "^constexpr [A-Za-z0-9_]+ $2 = " "$hdr"
+  (cd "$dir" && DSPARK_CUDA_ARCHS="$ARCH" MAX_JOBS=4 TORCH_EXTENSIONS_DIR="$dir.ext" DSPARK_USE_INSTALLED= \
+     timeout "$(cap 300)" "$PY" -c "from dspark_kernels import _ext; _ext.load(); print('built', _ext._loaded_from)")
+}
+for v in "${VARIANTS[@]}"; do
+  name=${v%%:*}; kv=${v#*:}
+  ( variant_build "$name" "${kv%%=*}" "${kv#*=}" > "$OUT/variant_${name}_build.log" 2>&1
+    echo $? > "$OUT/variant_${name}_build.rc" ) &
+  VARIANT_PIDS+=($!)
+done
+export DSPARK_CUDA_ARCHS="$ARCH"  # the variants' loads find their builds (the same flags)
+
 step "2. GPU tests (pytest -m gpu), with the ptxas table built alongside"
 PTXAS_PID=""
 if [[ -n "${GPU_CHECK_PTXAS:-}" && -f "$GPU_CHECK_PTXAS" ]]; then  # the same table built on a CPU machine (same nvcc)
@@ -235,7 +263,7 @@ RESERVE=0
 record "ptxas table" "$(cat "$OUT/check_cuda.rc" 2>/dev/null || echo 1)" - "tools/check_cuda.py --json: ptxas.json, check_cuda.log"
 "$PY" -c "import matplotlib" 2>/dev/null || pip_offline matplotlib || echo "gpu_check: no matplotlib: no plots"
 t=$(date +%s)
-budget=$(( $(left) - 40 ))
+budget=$(( $(left) - 40 - ${#VARIANTS[@]} * VARIANT_SECONDS ))
 if (( budget < 30 )); then
   record bench skip 0 "no time left"
 else
@@ -248,6 +276,37 @@ else
   # the model beside the measurement, so the model's constants can be checked (bench/model.py: a model)
   "$PY" bench/model.py "$OUT" --gpu h200 > "$OUT/model.log" 2>&1
   record "model vs measured" $? - "$(tail -1 "$OUT/model.log")"
+fi
+
+if (( ${#VARIANTS[@]} > 0 )); then
+  step "7. the variants: draft_block's CUDA rows on each, then their draft_block GPU tests"
+  (( ${#VARIANT_PIDS[@]} )) && wait "${VARIANT_PIDS[@]}"  # their builds
+  VN=${GPU_CHECK_VARIANT_N:-1 8 64 256}
+  for v in "${VARIANTS[@]}"; do
+    name=${v%%:*}; dir="/tmp/dspark_variant_$name"; t=$(date +%s)
+    if [[ "$(cat "$OUT/variant_${name}_build.rc" 2>/dev/null)" != 0 ]]; then
+      tail -5 "$OUT/variant_${name}_build.log"; record "variant $name" 1 0 "build failed: variant_${name}_build.log"
+      continue
+    fi
+    (cd "$dir" && DSPARK_USE_INSTALLED= TORCH_EXTENSIONS_DIR="$dir.ext" timeout "$VARIANT_SECONDS" "$PY" bench/run.py \
+       --full --op draft_block --backend cuda --dtype bf16 --mode greedy --K 7 --V 151936 --N $VN \
+       --no-structural --no-e2e --no-plot --out-dir "$OUT" \
+       --name "variant_$name" > "$OUT/variant_${name}_bench.log" 2>&1)
+    rc=$?
+    sed -n '/^op /,/^$/p' "$OUT/variant_${name}_bench.log" | head -20
+    record "variant $name" "$rc" $(( $(date +%s) - t )) "$v: variant_$name.json, variant_${name}_bench.log"
+  done
+  for v in "${VARIANTS[@]}"; do
+    name=${v%%:*}; dir="/tmp/dspark_variant_$name"
+    [[ "$(cat "$OUT/variant_${name}_build.rc" 2>/dev/null)" == 0 ]] || continue
+    budget=$(( DEADLINE - $(date +%s) ))
+    (( budget < 20 )) && { record "variant $name tests" skip 0 "no time left"; continue; }
+    t=$(date +%s)
+    (cd "$dir" && DSPARK_USE_INSTALLED= TORCH_EXTENSIONS_DIR="$dir.ext" timeout "$budget" "$PY" -m pytest \
+       python_tests/test_draft_block.py -m gpu -q -x -p no:cacheprovider > "$OUT/variant_${name}_tests.log" 2>&1)
+    rc=$?
+    record "variant $name tests" "$rc" $(( $(date +%s) - t )) "$(tail -1 "$OUT/variant_${name}_tests.log")"
+  done
 fi
 
 step "done in $(( $(date +%s) - T0 )) s; results in $OUT"

@@ -77,7 +77,7 @@ def verify_rows(gpu: str, n: int = 1, ks=(7, 15), access: bool = True):
 # draft_block.cuh's launch constants: CTAs an SM at most (kMaxCtasPerSm) and its static shared memory (the
 # harness's record and the SASS report: 1676 bytes)
 MAX_CTAS_PER_SM, STATIC_SMEM = 2, 1676
-EXTRA_SHARE = 16  # kExtraShare: a stacked CTA's reads besides its W2 slice (v rows, the slices' keys) within 1 / 16
+EXTRA_SHARE = 1  # kExtraShare: a stacked CTA's reads besides its W2 slice (v rows, the slices' keys) within it
 
 
 def draft_smem_bytes(n: int, rank: int, fp8: bool = False) -> int:
@@ -112,8 +112,8 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132, per_sm: int 
     draft_ctas_per_sm; more than one only while a CTA's reads of its group's bf16 v rows and of the slices' 8-byte
     keys stay within 1 / EXTRA_SHARE of its W2 slice: bf16, or fp8 with a 4-byte scale a row) leave each lane; and
     the m16n8k16 MMAs of one position: per slice tile of 128 rows and group, 4 warps x rpad / 16 steps x 2 row
-    blocks x the register tile's request blocks (1 when the group is <= 8 requests, else 8, whatever a group's own
-    count: the k-step multiplies them all) (twice that when v needs its lo rows: ``mma_lo``); rpad, and tpr: the
+    blocks x the register tile's request blocks (the group rounded up to 8, 16, 32 or 64 requests, over 8: the
+    k-step multiplies them all) (twice that when v needs its lo rows: ``mma_lo``); rpad, and tpr: the
     fold's threads per request (32 halved while tpr x group > 128)."""
     rpad = -(-rank // 32) * 32
     group = min(n, max(1, min(64, 16384 // rpad) // 8 * 8))
@@ -133,7 +133,7 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132, per_sm: int 
     units = -(-vocab // 16)
     tiles = sum(-(-(min(16 * ((b + 1) * units // slices), vocab) - 16 * (b * units // slices)) // 128)
                 for b in range(slices))
-    per_tile = groups * 4 * (rpad // 16) * 2 * (1 if group <= 8 else 8)
+    per_tile = groups * 4 * (rpad // 16) * 2 * (next(t for t in (8, 16, 32, 64) if group <= t) // 8)
     tpr = 32
     while tpr > 1 and tpr * group > 128:
         tpr //= 2

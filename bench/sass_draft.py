@@ -165,8 +165,13 @@ def regions(s: dict) -> list:
     return out
 
 
+def tile(group: int) -> int:
+    """The tensor-core sweep's register tile (launch_w2): the group rounded up to 8, 16, 32 or 64 requests."""
+    return next(t for t in (8, 16, 32, 64) if group <= t)
+
+
 def kernel_name(s: dict) -> str:
-    return f"draft_block_kernelI13__nv_bfloat16Li{64 if s['group'] > 8 else 8}ELb1E"
+    return f"draft_block_kernelI13__nv_bfloat16Li{tile(s['group'])}ELb1E"
 
 
 def compile_object(tmp: str) -> str:
@@ -182,7 +187,7 @@ def estimate(funcs: dict, n: int, k: int) -> dict:
     name = next((f for f in funcs if kernel_name(s) in f), None)
     if name is None:
         raise SystemExit(f"sass_draft: no {kernel_name(s)} in the object's sm_90a SASS")
-    frags = (64 if s["group"] > 8 else 8) // 8
+    frags = tile(s["group"]) // 8
     # mma_chunk's instance with the lo products (two HMMA a block and fragment, not one) is off the path: the
     # vanilla head's v rows have no lo part
     lo_loop = lambda body: sum(" HMMA." in f" {i.text}" for i in body) == 4 * frags  # noqa: E731

@@ -332,6 +332,35 @@ def test_second_exchange_traffic_and_bad_input():
     spawn(2, _second_exchange_and_bad_input)
 
 
+# ------------------------------------------------------------------------------------------------ spawn itself
+def _abort_once(rank, world, marker):
+    """Rank 1 aborts (SIGABRT) the first time the group runs, then passes; ``marker`` counts the runs."""
+    import os
+    with open(marker, "a") as f:
+        f.write(f"{rank}\n")
+    if rank == 1 and open(marker).read().count("1\n") == 1:
+        os.abort()
+
+
+def _raise_once(rank, world, marker):
+    """Rank 1 raises the first time the group runs (a test failure: never run again)."""
+    with open(marker, "a") as f:
+        f.write(f"{rank}\n")
+    if rank == 1 and open(marker).read().count("1\n") == 1:
+        raise ValueError("rank 1 fails")
+
+
+def test_spawn_runs_an_aborted_group_once_more_and_nothing_else(tmp_path):
+    """A rank killed by SIGABRT (gloo's std::terminate) reruns the group once; a Python exception fails at once."""
+    marker = tmp_path / "abort"
+    spawn(2, _abort_once, str(marker))
+    assert sorted(marker.read_text().split()) == ["0", "0", "1", "1"]
+    marker = tmp_path / "raise"
+    with pytest.raises(torch.multiprocessing.ProcessRaisedException):  # rank 1's error, or rank 0's broken barrier
+        spawn(2, _raise_once, str(marker))
+    assert sorted(marker.read_text().split()) == ["0", "1"]
+
+
 # ------------------------------------------------------------------------------------------------ losslessness
 def _joint_law_cases(rank, world):
     """test_verify_chain's joint-law simulation with every verify call going through the sharded path (shards

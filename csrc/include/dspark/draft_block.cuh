@@ -92,7 +92,7 @@ namespace draft {
 // leaves each warp scheduler a single warp, which waits out every latency alone (measured on an H200: a warp issued
 // once every 4.4-6.9 clocks); a second CTA gives the scheduler another warp to issue from. Two is what <= 255
 // registers a thread allow at 128 threads; small groups fit twice in shared memory (up to 25 requests at r = 256),
-// a 64-request group once; kExtraShare keeps the extra slices' traffic small (N <= 7 at V = 151936, r = 256).
+// a 64-request group once; kExtraShare bounds the extra slices' traffic (N <= 25 at V = 151936, r = 256).
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRK = 32;                  // W2 columns per staged chunk
@@ -103,8 +103,9 @@ constexpr int kMaxCtasPerSm = 2;
 constexpr int64_t kMinRowsPerCta = 128;
 // More CTAs an SM mean more slices, and besides its W2 slice every CTA reads, each position, its group's v rows and
 // every slice's packed winner for each request of its group (L2 hits, but bytes): stacked CTAs are taken only
-// while those stay within 1 / kExtraShare of the CTA's W2 slice.
-constexpr int64_t kExtraShare = 16;
+// while those stay within 1 / kExtraShare of the CTA's W2 slice. 1: on the H200 a second CTA an SM never cost time
+// where this admits it and 1 / 16 did not (N = 8..32 at V = 151936, r = 256: 3-5% less with a bf16 W2, 15-21% fp8).
+constexpr int64_t kExtraShare = 1;
 // The tensor-core sweep (16-bit W2): W2 columns per staged chunk and a staged row's stride (elements: 144 bytes,
 // an odd number of 16-byte units, so the 8 rows of every ldmatrix phase hit distinct banks), the cp.async ring's
 // depth (kStages - 1 chunks of 16 KB in flight while one is multiplied), the bias tile's stride (floats: 33 units,
@@ -1387,7 +1388,11 @@ inline cudaError_t launch_w2(const DraftBlockParams& p, void* workspace, cudaStr
     return launch_typed<TW, kMaxGroup, false>(p, workspace, stream, out_plan);
   } else {
     if (!probe.mma) return launch_typed<TW, 8, false>(p, workspace, stream, out_plan);  // R > kMaxMmaRank
+    // the register tile: the group rounded up to 8, 16, 32 or 64 requests, so that a small group does not pay a
+    // 64-request tile's MMAs and registers (on the H200, N = 16 at a 24-request tile took 10% less than at 64)
     if (probe.group <= 8) return launch_typed<TW, 8, true>(p, workspace, stream, out_plan);
+    if (probe.group <= 16) return launch_typed<TW, 16, true>(p, workspace, stream, out_plan);
+    if (probe.group <= 32) return launch_typed<TW, 32, true>(p, workspace, stream, out_plan);
     return launch_typed<TW, kMaxGroup, true>(p, workspace, stream, out_plan);
   }
 }
