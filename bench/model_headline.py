@@ -80,11 +80,11 @@ MAX_CTAS_PER_SM, STATIC_SMEM = 2, 1676
 EXTRA_SHARE = 1  # kExtraShare: a stacked CTA's reads besides its W2 slice (v rows, the slices' keys) within it
 
 
-def draft_smem_bytes(n: int, rank: int, fp8: bool = False) -> int:
-    """draft_block's dynamic shared memory for the vanilla head's tensor-core sweep with a staged bf16 U, as make_plan
-    sizes it (the tests hold it to the harness's launches): the v tile's hi + lo k-blocks (or the prologue's scratch),
-    the cp.async ring (an fp8 W2: raw chunks and the widened one), the bias tile, temperatures and scales, 32 bytes
-    of alignment, and U's slots."""
+def draft_smem_bytes(n: int, rank: int, fp8: bool = False, staged: bool = True) -> int:
+    """draft_block's dynamic shared memory for the vanilla head's tensor-core sweep with a bf16 U, as make_plan sizes
+    it (the tests hold it to the harness's launches): the v tile's hi + lo k-blocks (or the prologue's scratch), the
+    cp.async ring (an fp8 W2: raw chunks and the widened one), the bias tile, temperatures and scales, 32 bytes of
+    alignment, and U's slots where U is ``staged`` (make_plan stages it when V is a multiple of 8)."""
     ru = lambda a, b: -(-a // b) * b  # noqa: E731
     rpad = ru(rank, 32)
     group = min(n, max(1, min(64, 16384 // rpad) // 8 * 8))
@@ -95,13 +95,14 @@ def draft_smem_bytes(n: int, rank: int, fp8: bool = False) -> int:
     ring = 3 * 128 * 64 + 128 * 72 * 2 if fp8 else 3 * 128 * 72 * 2
     off_u = ru(area, 8) + ru(ring // 4, 8) + vrows * 132 + 2 * ru(group, 4)
     uslots = 2 // -(-rpad // 64) + 1
-    return off_u * 4 + 32 + uslots * group * 128 * 2
+    return off_u * 4 + 32 + (uslots * group * 128 * 2 if staged else 0)
 
 
-def draft_ctas_per_sm(n: int, rank: int, fp8: bool = False, registers: int = 255, gpu: str = "h200") -> int:
+def draft_ctas_per_sm(n: int, rank: int, fp8: bool = False, registers: int = 255, gpu: str = "h200",
+                      staged: bool = True) -> int:
     """draft_block's resident CTAs an SM on a GPU: bench/model.py's occupancy rule (shared memory, registers: 255 a
     thread, what its launch bounds allow, unless a SASS report says otherwise) capped at MAX_CTAS_PER_SM."""
-    smem = draft_smem_bytes(n, rank, fp8) + STATIC_SMEM
+    smem = draft_smem_bytes(n, rank, fp8, staged) + STATIC_SMEM
     return max(1, min(MAX_CTAS_PER_SM, resident_ctas(GPUS[gpu], 32 * WARPS, smem, registers)))
 
 
@@ -124,7 +125,7 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132, per_sm: int 
         slices = min(max(1, vocab // 128), max(1, resident // lanes))
         return slices, min(groups, max(1, resident // slices))
 
-    per_sm = min(per_sm or draft_ctas_per_sm(n, rank, fp8), MAX_CTAS_PER_SM)
+    per_sm = min(per_sm or draft_ctas_per_sm(n, rank, fp8, staged=vocab % 8 == 0), MAX_CTAS_PER_SM)
     slices, lanes = grid(sms * per_sm)
     w2_row = rank + 4 if fp8 else 2 * rank
     if per_sm > 1 and EXTRA_SHARE * group * (2 * rank + 8 * slices) * slices > vocab * w2_row:
