@@ -610,6 +610,19 @@ def test_cuda_two_ctas_an_sm_where_shared_memory_allows(cuda_device, n, rank, fp
     assert launch["ctas"] == ctas == mirror.draft_sweep_plan(n, vocab, rank, fp8=fp8)["ctas"]
 
 
+def _launch_with_small_l2(base, anchors, head, temperature):
+    """draft_block on the SIMT harness with the DRAM estimate on and an L2 of 132 x 16 KB, too small to keep a
+    CTA's W2 slice between positions: (output, recording)."""
+    from dspark_kernels import simt
+    old = simt.configure(l2_bytes=132 * 16 * 1024)
+    try:
+        with simt.record(dram=True) as rec:
+            out = dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="cuda")
+    finally:
+        simt.configure(**old)
+    return out, rec
+
+
 @pytest.mark.parametrize("n,k,dtype", [(1, 1, torch.bfloat16), (64, 1, torch.bfloat16), (256, 1, torch.float16),
                                        pytest.param(1024, 1, torch.bfloat16, marks=pytest.mark.slow),
                                        (1, 3, torch.bfloat16), (64, 3, torch.bfloat16), (65, 3, torch.bfloat16),
@@ -627,7 +640,6 @@ def test_cuda_w2_from_dram_once_per_position_at_every_n(cuda_device, n, k, dtype
     Tokens equal the reference's."""
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
-    from dspark_kernels import simt
     vocab, rank = 16901, 32
     base, anchors, head, _, _, temperature = make_triton_case("vanilla", n, k, vocab, rank, 1, dtype, "mixed",
                                                               "none", seed=n)
@@ -635,12 +647,7 @@ def test_cuda_w2_from_dram_once_per_position_at_every_n(cuda_device, n, k, dtype
     # none, where a GPU's counts it): one small launch of the same instance first
     warm = make_triton_case("vanilla", min(n, 64), 1, 2048, rank, 1, dtype, "mixed", "none", seed=0)
     dk.draft_block(warm[0], warm[1], warm[2], temperature=warm[5], seed=1, backend="cuda")
-    old = simt.configure(l2_bytes=132 * 16 * 1024)
-    try:
-        with simt.record(dram=True) as rec:
-            out = dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="cuda")
-    finally:
-        simt.configure(**old)
+    out, rec = _launch_with_small_l2(base, anchors, head, temperature)
     ref = dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="reference")
     assert torch.equal(out.tokens, ref.tokens)
     launch = rec.launches[0]
@@ -1196,16 +1203,10 @@ def test_cuda_fp8_w2_halves_the_w2_bytes(cuda_device):
     what the two CTAs an SM of N = 1 read besides (v rows, the slices' keys) comes from L2."""
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
-    from dspark_kernels import simt
     n, k, vocab, rank = 1, 2, 32003, 64
     base, anchors, head, _, _, temperature = fp8_case("vanilla", n, k, vocab, rank, 1, torch.bfloat16, "mixed",
                                                       "none", seed=4)
-    old = simt.configure(l2_bytes=132 * 16 * 1024)
-    try:
-        with simt.record(dram=True) as rec:
-            out = dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="cuda")
-    finally:
-        simt.configure(**old)
+    out, rec = _launch_with_small_l2(base, anchors, head, temperature)
     (launch,) = rec.launches
     assert launch["kernel"] == "draft_block_kernel[mma]" and launch["ctas"] == vocab // 128  # > 132: two an SM
     w2_bytes = _nbytes(head.w2, head.w2_scale)
