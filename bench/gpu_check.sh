@@ -11,7 +11,8 @@
 # 2. runs the GPU tests (pytest -m gpu), with the ptxas register / spill table (tools/check_cuda.py --json) built
 #    alongside on the CPU, or taken from GPU_CHECK_PTXAS (that table built on a CPU machine: the same nvcc),
 # 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py),
-# 4. reads draft_block's warp instructions at N = 1, 64, 256 with Nsight Compute where ncu can read the counters
+# 4. reads draft_block's warp instructions at N = 1, 64, 256 (and at N = 1 with bench/run.py's confidence head) with
+#    Nsight Compute where ncu can read the counters
 #    (bench/ncu_draft.py: the count for bench/model.py's issue term, ncu_draft.json; the SASS estimate it checks
 #    comes from bench/sass_draft.py on a CPU machine), and one cooperative grid barrier's cost across one CTA per SM
 #    (bench/grid_barrier.py, grid_barrier.json: the constant bench/model.py charges each of draft_block's K barriers),

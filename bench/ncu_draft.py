@@ -8,7 +8,8 @@ on bench/model.py's issue term (``model_launch(..., warp_instructions=...)``). b
     python bench/ncu_draft.py --report ncu_draft.csv --json ncu_draft.json
 
 The first launches draft_block (vanilla, r = 256, bf16, greedy, V = 151936) once per shape of :data:`SHAPES`, in
-that order, on the GPU; the second pairs ncu's rows with the shapes and writes, per shape, the warp instructions
+that order, on the GPU (the last with bench/run.py's confidence head: its kernel time beside the bench row's, which
+the kernel alone without the head was measured 1.8x under); the second pairs ncu's rows with the shapes and writes, per shape, the warp instructions
 executed, the measured duration (under ncu, clocks left alone), the issue time those instructions need (the
 model's term: at one warp instruction per scheduler per clock, a lower bound; with the sections' Warp Cycles Per
 Issued Instruction and Active Warps Per Scheduler, at the rate those allow) and the floor model's time. The
@@ -31,7 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import GPUS, floor_model_us, issue_us  # noqa: E402
 from model_headline import V, _draft_case, draft_floor_bytes, emit_rows  # noqa: E402
 
-SHAPES = ((1, 7), (64, 7), (256, 15))  # (N, K): DESIGN's decode shapes and the serving batch of issue #35
+# (N, K, d): DESIGN's decode shapes and the serving batch of issue #35 without a confidence head (d = 0), then
+# bench/run.py's draft_block row at N = 1 as it runs: with a confidence head over hidden states of d = 4096
+SHAPES = ((1, 7, 0), (64, 7, 0), (256, 15, 0), (1, 7, 4096))
 RANK = 256
 # the sections' metrics a launch's row keeps, when ncu wrote them
 SECTION_METRICS = {"Warp Cycles Per Issued Instruction": "cycles_per_issue",
@@ -43,12 +46,25 @@ _UNITS_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,  # 
 def launch_shapes() -> None:
     import torch
     import dspark_kernels as dk
-    for n, k in SHAPES:
+    for n, k, d in SHAPES:
         base, head, anchors = _draft_case(n, k, RANK)
         head = dk.MarkovHead("vanilla", w1=head.w1.cuda(), w2=head.w2.cuda())
-        dk.draft_block(base.cuda(), anchors.cuda(), head, temperature=0.0, seed=1, backend="cuda")
+        extra = {}
+        if d:
+            gen = torch.Generator().manual_seed(1)
+            extra = dict(hidden=torch.randn(n, k, d, generator=gen).to(torch.bfloat16).cuda(),
+                         confidence=dk.ConfidenceHead((torch.randn(d + RANK, generator=gen) * 0.02)
+                                                      .to(torch.bfloat16).cuda(), 0.0))
+        dk.draft_block(base.cuda(), anchors.cuda(), head, temperature=0.0, seed=1, backend="cuda", **extra)
         torch.cuda.synchronize()
-        print(f"ncu_draft: launched N = {n}, K = {k}", flush=True)
+        print(f"ncu_draft: launched N = {n}, K = {k}, d = {d}", flush=True)
+
+
+def floor_bytes(n: int, k: int, d: int) -> int:
+    """draft_floor_bytes, and with a confidence head (d > 0) the hidden states once, its weight once and its two
+    float32 outputs (bench/floors.py's terms)."""
+    conf = n * k * d * 2 + (d + RANK) * 2 + 2 * n * k * 4 if d else 0
+    return draft_floor_bytes(n, k, RANK) + conf
 
 
 def parse_ncu_csv(text: str) -> List[Dict[str, object]]:
@@ -92,13 +108,13 @@ def report(launches: List[Dict[str, object]], gpu: str = "h200") -> List[Dict[st
     if len(launches) != len(SHAPES):
         raise ValueError(f"{len(launches)} profiled launches for {len(SHAPES)} shapes: profile only draft_block_kernel")
     rows = []
-    for (n, k), ln in zip(SHAPES, launches):
+    for (n, k, d), ln in zip(SHAPES, launches):
         for key, metric in (("warp_instructions", "smsp__inst_executed.sum"),
                             ("measured_us", "gpu__time_duration.sum")):
             if key not in ln:
-                raise ValueError(f"launch N = {n}, K = {k} has no {metric} in ncu's CSV")
-        floor = draft_floor_bytes(n, k, RANK)
-        rows.append(dict(op="draft_block", N=n, K=k, V=V, r=RANK, kernel=ln["kernel"], ctas=ln["ctas"],
+                raise ValueError(f"launch N = {n}, K = {k}, d = {d} has no {metric} in ncu's CSV")
+        floor = floor_bytes(n, k, d)
+        rows.append(dict(op="draft_block", N=n, K=k, V=V, r=RANK, d=d, kernel=ln["kernel"], ctas=ln["ctas"],
                          warp_instructions=ln["warp_instructions"], measured_us=ln["measured_us"],
                          issue_us=round(issue_us(ln["warp_instructions"], ln["ctas"], gpu,
                                                  ln.get("cycles_per_issue", 1.0),

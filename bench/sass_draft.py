@@ -121,7 +121,7 @@ def regions(s: dict) -> list:
         (db, "for (int j = j0; j < nb; j += jstep, s += st) {", 0, "struct UStage"),  # fp32 U
         (db, "for (int i = t; i < kThreads * width; i += kThreads) {", 0, "void stage_w2_chunk"),
         (db, CHUNK_LOOP, chunks * W, "void phase_sweep_mma"),
-        (db, "if (ci == 0) {", tiles * W, "void phase_sweep_mma"),
+        (db, "DSPARK_DEVICE void zero(float (&acc)", (groups + tiles) * W, None),  # a group's and each tile's
         (db, "mma_chunk<TW, kFrags, true>", 0, "void phase_sweep_mma"),  # the vanilla head's v has no lo rows
         (db, "mma_chunk<TW, kFrags, false>", chunks * W, "void phase_sweep_mma"),
         (db, "for (int kk = 0; kk < width; kk += 16, brow += vl.kbs) {", chunks * W * 4, "void mma_chunk"),

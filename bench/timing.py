@@ -1,5 +1,5 @@
-"""Timing: the timer (CUDA events with an L2 flush on a GPU, perf_counter until stable on the CPU), the copy
-bandwidth of the machine, one case's row per backend, and the comparisons between a case's rows."""
+"""Timing: the timer (CUDA events with an L2 flush and the host ahead on a GPU, perf_counter until stable on the
+CPU), the copy bandwidth of the machine, one case's row per backend, and the comparisons between a case's rows."""
 
 from __future__ import annotations
 
@@ -30,7 +30,11 @@ def _summary(samples_ms: List[float]) -> dict:
 
 
 class Timer:
-    """GPU: CUDA events with an L2 flush before each repeat. CPU: perf_counter until the median is stable."""
+    """GPU: CUDA events with an L2 flush before each repeat, the GPU held by a spin kernel while the host enqueues
+    the repeat, so that the events time the GPU's work and not a gap where it waits for the host (nvbench's blocking
+    kernel): an op's host time, which an engine's CUDA graph removes, is its own number, ``host_ms`` (the time to
+    enqueue a call; a call that synchronises with the device reaches the hold's length). CPU: perf_counter until
+    the median is stable."""
 
     def __init__(self, dev, min_reps, max_reps, min_time, max_time):
         self.dev, self.min_reps, self.max_reps = dev, min_reps, max_reps
@@ -38,6 +42,19 @@ class Timer:
         self.flush = None
         if dev.type == "cuda":
             self.flush = torch.empty(512 * 2 ** 20 // 4, dtype=torch.float32, device=dev)  # > H200's 60 MB L2
+            self.spin_hz = self._spin_rate()
+
+    @staticmethod
+    def _spin_rate() -> float:
+        """torch.cuda._sleep's cycles a second on this GPU (its clock, as the spin kernel counts it)."""
+        cycles = 10 ** 7
+        torch.cuda._sleep(cycles)  # (the first launch loads the kernel)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / (start.elapsed_time(end) * 1e-3)
 
     def __call__(self, fn) -> dict:
         if self.dev.type == "cuda":
@@ -53,15 +70,21 @@ class Timer:
         one = max(time.perf_counter() - t0, 1e-6)
         reps = int(min(self.max_reps, max(self.min_reps, self.min_time / one)))
         reps = max(3, min(reps, int(self.max_time / one)))   # slow calls (the reference at N = 256): fewer repeats
+        hold = int(self.spin_hz * min(2.0 * one + 1e-4, 0.05))  # twice a whole synchronous call, at most 50 ms
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        host = []
         for i in range(reps):
             self.flush.zero_()
+            torch.cuda._sleep(hold)
+            h0 = time.perf_counter()
             starts[i].record()
             fn()
             ends[i].record()
+            host.append((time.perf_counter() - h0) * 1e3)
         torch.cuda.synchronize()
-        return _summary([s.elapsed_time(e) for s, e in zip(starts, ends)])
+        return dict(_summary([s.elapsed_time(e) for s, e in zip(starts, ends)]), host_ms=statistics.median(host),
+                    hold_ms=hold / self.spin_hz * 1e3)
 
     def _cpu(self, fn):
         t_start = time.perf_counter()

@@ -945,9 +945,11 @@ def test_sass_tensor_core_sweep_uses_cp_async_ldmatrix_and_mma():
                    lp["instructions"] <= 2 * frags + 2 + b_loads + 8 for lp in loops), k["demangled"]
         # the greedy fold (fold_pieces_greedy, Part::add_greedy): a piece's U unit and two bias halves from shared
         # memory, one exp2 a logit (plus the rare branch's rescale), nothing in local memory; 180 instructions with
-        # the rare branch
+        # the rare branch; the piece's maximum and its exp2 terms' sum as trees (max_of, sum_of): 4 dependent
+        # FMNMX (3 and the -inf seed) and 4 dependent FADD (3 and the running sum), not 8 of each
         assert any(lp["LDS"] == 3 and lp["MUFU"] >= 8 and lp["LDL"] == 0 and lp["STL"] == 0 and
-                   lp["instructions"] <= 180 for lp in loops), k["demangled"]
+                   lp["instructions"] <= 180 and lp["chain"]["FMNMX"] <= 4 and lp["chain"]["FADD"] <= 4
+                   for lp in loops), k["demangled"]
         # the vanilla prologue's dependent reads in batches (a warp waits one round trip a batch): a round of the
         # merge issues 10 coherent key loads a lane, a W1 batch the 16-byte loads of 4 rows before their stores
         # (kMergeLoads, kRowBatch; bench/sass_draft.py counts them)

@@ -192,6 +192,34 @@ def test_sass_opcodes_and_innermost_loops():
     assert loops[0]["LDG.E.128"] == 1 and loops[0]["HMMA"] == 1 and loops[1]["MUFU"] == 1
 
 
+CHAIN_LISTING = """
+\tcode for sm_90a
+\t\tFunction : _Z1kPf
+        /*0000*/                   LDS.128 R4, [R2] ;
+        /*0010*/                   FMNMX R8, R4, R5, !PT ;
+        /*0020*/                   FMNMX R9, R6, R7, !PT ;
+        /*0030*/                   FMNMX R10, R8, R9, !PT ;
+        /*0040*/                   FMNMX R10, R10, -INF , !PT ;
+        /*0050*/                   FADD R11, R4, R5 ;
+        /*0060*/                   MOV R12, R11 ;
+        /*0070*/                   FADD R13, R12, -R6 ;
+        /*0080*/                   FADD R14, R13, |R7| ;
+        /*0090*/                   FFMA R15, R4, R5, R6 ;
+        /*00a0*/               @P0 BRA 0x0 ;
+"""
+
+
+def test_sass_loops_report_their_longest_dependent_chains():
+    """By hand: a tree max of 4 then a -inf seed (3 FMNMX deep, not 4: the two leaves are independent); an FADD whose
+    result passes through a MOV starts a new chain (1, then 2 with the negated and the absolute operand); a lone
+    FFMA; no FMUL. UR registers and RZ are not R registers."""
+    (f,) = sass.parse_sass("arch = sm_90a\n" + CHAIN_LISTING).values()
+    (lp,) = sass.kernel_facts(f["insns"])["loops"]
+    assert lp["chain"] == {"FADD": 2, "FMNMX": 3, "FFMA": 1, "FMUL": 0}
+    assert sass.dependent_chains([("FADD", "R2, R1, UR1"), ("FADD", "R3, R2, RZ"), ("FADD", "R4, UR3, R9")]) == \
+        {"FADD": 2, "FMNMX": 0, "FFMA": 0, "FMUL": 0}
+
+
 def test_resident_ctas_of_the_sass_report():
     assert sass.resident_ctas(32, 256, 1024) == 8          # threads: 2048 / 256
     assert sass.resident_ctas(255, 256, 0) == 1            # 256 registers x 256 threads = the whole file
@@ -220,6 +248,8 @@ NCU_CSV = '''ncu_draft: launched N = 1, K = 7
 "1","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(66, 2, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed.sum","inst","1911360"
 "2","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(66, 1, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed.sum","inst","955680"
 "2","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(66, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","900000"
+"3","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(264, 1, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed.sum","inst","955680"
+"3","1","python","h","draft_block_kernel","1","7","(128, 1, 1)","(264, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","us","400"
 '''
 
 
@@ -229,28 +259,32 @@ def test_ncu_counts_turn_on_the_issue_term():
     passed over) with its shapes: 955680 warp instructions on 132 SMs x 4 schedulers at 1.81 GHz
     take 1 us; 1911360 on a 66 x 2 grid (132 SMs) 2 us at one a clock, 11 us at the 5.5 clocks between a warp's
     instructions its sections measured with one warp a scheduler (kept in its row, with the SM clock); 955680 on 66
-    CTAs 2 us. A CSV from another launch count or without a header is refused."""
+    CTAs 2 us, on 264 (two an SM) 1 us. A CSV from another launch count or without a header is refused."""
     ncu = _load("dspark_bench_ncu_draft", "bench/ncu_draft.py")
     launches = ncu.parse_ncu_csv(NCU_CSV)
-    assert [ln["ctas"] for ln in launches] == [132, 132, 66]
-    assert [ln["measured_us"] for ln in launches] == pytest.approx([210.5, 300.0, 900.0])
+    assert [ln["ctas"] for ln in launches] == [132, 132, 66, 264]
+    assert [ln["measured_us"] for ln in launches] == pytest.approx([210.5, 300.0, 900.0, 400.0])
     rows = ncu.report(launches)
-    assert [(r["N"], r["K"]) for r in rows] == list(ncu.SHAPES)
-    assert [r["issue_us"] for r in rows] == pytest.approx([1.0, 11.0, 2.0])
+    assert [(r["N"], r["K"], r["d"]) for r in rows] == list(ncu.SHAPES)
+    assert [r["issue_us"] for r in rows] == pytest.approx([1.0, 11.0, 2.0, 1.0])
     assert rows[0]["warp_instructions"] == 955680 and "cycles_per_issue" not in rows[0]
     assert rows[1]["cycles_per_issue"] == 5.5 and rows[1]["warps_per_scheduler"] == 1.0
     assert rows[1]["sm_hz"] == pytest.approx(1.81e9)
-    n, k = ncu.SHAPES[2]
+    n, k, _ = ncu.SHAPES[2]
     floor = n * k * 151936 * 2 + k * 151936 * 256 * 2 + n * k * 256 * 2 + n * k * 12
     assert rows[2]["floor_bytes"] == floor
     assert rows[2]["floor_model_us"] == pytest.approx(2.5 + floor / 4.3e12 * 1e6, abs=0.01)
-    with pytest.raises(ValueError, match="3 shapes"):
+    # the bench's row: the confidence head's hidden states (1 x 7 x 4096 bf16), weight (4352 bf16) and outputs
+    n, k, d = ncu.SHAPES[3]
+    conf_floor = 7 * 151936 * 2 + 7 * 151936 * 256 * 2 + 7 * 256 * 2 + 7 * 12 + 7 * 4096 * 2 + 4352 * 2 + 7 * 8
+    assert (n, k, d) == (1, 7, 4096) and rows[3]["floor_bytes"] == conf_floor
+    with pytest.raises(ValueError, match="4 shapes"):
         ncu.report(launches[:2])
     with pytest.raises(ValueError, match="header"):
         ncu.parse_ncu_csv("no profile here\n")
     no_time = [dict(ln) for ln in launches]
     del no_time[1]["measured_us"]
-    with pytest.raises(ValueError, match="N = 64, K = 7 has no gpu__time_duration.sum"):
+    with pytest.raises(ValueError, match="N = 64, K = 7, d = 0 has no gpu__time_duration.sum"):
         ncu.report(no_time)
 
 

@@ -687,7 +687,7 @@ DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph,
 // fold_pieces for the common case: greedy, U of 16-bit type TU staged in shared memory (us), a 16-bit W2 (no row
 // scales), no logits written. A staged 16-bit U has V % 8 == 0 (make_plan) and slices start at multiples of 16, so
 // `rows` is a multiple of 8: whole pieces, nothing masked. A piece of 8 logits at a time, its halves in fold_lane's
-// order, through Part::add_greedy: its maximum, one test, and one FFMA and one MUFU.EX2 a logit.
+// order, through Part::add_greedy: its maximum (a tree), one test, and one FFMA and one MUFU.EX2 a logit.
 template <typename TU>
 DSPARK_DEVICE void fold_pieces_greedy(int64_t tile0, int rows, const float* bias, float bscale, const FoldLane& fl,
                                       int tpr, const uint4* us, Part& pt) {
@@ -701,13 +701,10 @@ DSPARK_DEVICE void fold_pieces_greedy(int64_t tile0, int rows, const float* bias
     TU u[8];
     memcpy(u, w, 16);
     const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-    float x[8], pm = neg_inf();
+    float x[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      x[e] = to_float(u[e]) + b[e] * bscale;
-      pm = fmaxf(pm, x[e]);  // NaN as -inf
-    }
-    pt.add_greedy<8>(x, pm, tile0 + i, f4);
+    for (int e = 0; e < 8; ++e) x[e] = to_float(u[e]) + b[e] * bscale;
+    pt.add_greedy<8>(x, fmaxf(max_of(x), neg_inf()), tile0 + i, f4);  // NaN as -inf
   }
 }
 
@@ -1041,6 +1038,17 @@ DSPARK_DEVICE void widen_chunk(const __nv_fp8_e4m3* raw, __nv_bfloat16* out, int
   }
 }
 
+// A warp's tensor-core accumulators (mma_chunk's) to zero.
+template <int kFrags>
+DSPARK_DEVICE void zero(float (&acc)[2][kFrags][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mt][f][q] = 0.0f;
+}
+
 // One staged chunk on tensor cores: warp w owns rows 32w..32w+31 of the tile (two m16 blocks, A from the ring slot
 // through ldmatrix x4) and multiplies them by every 8-request block of its register tile (B from vt, VTile's layout,
 // each block at an immediate offset: one ldmatrix x4 gives the hi fragments of two blocks, or with kLo the hi and lo
@@ -1149,6 +1157,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
     }
     Part pt = Part::empty();
     float acc[2][kFrags][4];
+    zero(acc);
     for (ChunkCursor cu{}; cu.c < total; cu.next(nchunks, plan.uslots)) {
       cp_async_wait<kStages - 2>();  // chunk cu has landed (this thread's copies) ...
       if (cu.c == 0) {               // ... and everyone's; the slot before cu's is free again
@@ -1158,14 +1167,6 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       }
       stage();  // chunk cu + kStages - 1
       const int ci = cu.ci;
-      if (ci == 0) {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int f = 0; f < kFrags; ++f)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[mt][f][q] = 0.0f;
-      }
       const int64_t rc = int64_t(ci) * kRKm;
       const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);
       const TW* chunk;
@@ -1193,6 +1194,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
 #pragma unroll
               for (int q = 0; q < 4; ++q)
                 lt[(f * 8 + 2 * tq + (q & 1)) * kLtStrideM + warp * 32 + mt * 16 + g + 8 * (q >> 1)] = acc[mt][f][q];
+        zero(acc);  // the next tile's, set here: zeros, not the stored sums, are live through the fold
         __syncthreads();
         if (jf < nb) {
           const uint4* us = plan.stage_u ? uring + cu.uslot * uslot_units + jf * urow_units : nullptr;

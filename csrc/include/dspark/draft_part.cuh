@@ -11,6 +11,16 @@
 namespace dspark {
 namespace draft {
 
+#if defined(__CUDACC__) || defined(DSPARK_SIMT)
+// The highest of kN floats (NaN ignored, NaN only when all are) and their sum, each as a tree (reduce.cuh's
+// tree_merge): log2 kN dependent steps, not kN - 1, so that a lone warp on its scheduler is not held by a chain of
+// fixed-latency instructions (the draft sweep's top stall on the H200: bench/records/h200_ncu_draft_sections.csv).
+template <int kN>
+DSPARK_DEVICE float max_of(const float (&x)[kN]) { return tree_merge<Max>(x); }
+template <int kN>
+DSPARK_DEVICE float sum_of(const float (&x)[kN]) { return tree_merge<Sum>(x); }
+#endif
+
 // Per-request running partial of a slice of the vocabulary, built from reduce.cuh's pieces: the softmax statistics
 // of the scaled logits (SoftmaxStats: -inf and NaN carry no mass), the winner (ArgMax of the logits, or of the race
 // scores; the package's tie rule) with the winner's scaled logit, and whether a NaN was seen.
@@ -86,14 +96,17 @@ struct Part {
   }
 
   static constexpr float kLog2e = 1.4426950408889634f;
-  // The softmax sum's terms of x at the current maximum m (one FFMA and one MUFU.EX2 a token), or, while m is
-  // still -inf (nothing to sum), whether a NaN came.
+  // The softmax sum's terms of x at the current maximum m (one FFMA and one MUFU.EX2 a token), added as a tree
+  // before they reach s (log2 kN + 1 dependent FADDs, not kN), or, while m is still -inf (nothing to sum), whether
+  // a NaN came.
   template <int kN>
   DSPARK_DEVICE void add_exp(const float (&x)[kN]) {
     if (stats.m > neg_inf()) {
       const float ml = stats.m * kLog2e;
+      float t[kN];
 #pragma unroll
-      for (int e = 0; e < kN; ++e) stats.s += sum_exp2(fmaf(x[e], kLog2e, -ml));
+      for (int e = 0; e < kN; ++e) t[e] = sum_exp2(fmaf(x[e], kLog2e, -ml));
+      stats.s += sum_of(t);
     } else {
 #pragma unroll
       for (int e = 0; e < kN; ++e) bad |= x[e] != x[e] ? 1 : 0;

@@ -156,6 +156,21 @@ struct Max {
   DSPARK_DEVICE void merge(const Max& o) { v = fmaxf(v, o.v); }
 };
 
+// The merge of kN floats (a power of two) by T (Sum, Max) as a tree, pairs kN / 2 apart first: log2 kN dependent
+// merges, not kN - 1.
+template <typename T, int kN>
+DSPARK_DEVICE float tree_merge(const float (&x)[kN]) {
+  static_assert(kN > 0 && (kN & (kN - 1)) == 0, "a power of two");
+  T t[kN];
+#pragma unroll
+  for (int e = 0; e < kN; ++e) t[e] = T{x[e]};
+#pragma unroll
+  for (int w = kN / 2; w > 0; w /= 2)
+#pragma unroll
+    for (int e = 0; e < w; ++e) t[e].merge(t[e + w]);
+  return t[0].v;
+}
+
 DSPARK_DEVICE float warp_sum(float v) { return warp_allreduce(Sum{v}).v; }
 DSPARK_DEVICE float warp_max(float v) { return warp_allreduce(Max{v}).v; }
 // `scratch`: shared float[32].
