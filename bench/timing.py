@@ -70,7 +70,7 @@ class Timer:
         one = max(time.perf_counter() - t0, 1e-6)
         reps = int(min(self.max_reps, max(self.min_reps, self.min_time / one)))
         reps = max(3, min(reps, int(self.max_time / one)))   # slow calls (the reference at N = 256): fewer repeats
-        hold = int(self.spin_hz * min(2.0 * one + 1e-4, 0.05))  # twice a whole synchronous call, at most 50 ms
+        hold = self._hold(fn, one)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         host = []
@@ -85,6 +85,16 @@ class Timer:
         torch.cuda.synchronize()
         return dict(_summary([s.elapsed_time(e) for s, e in zip(starts, ends)]), host_ms=statistics.median(host),
                     hold_ms=hold / self.spin_hz * 1e3)
+
+    def _hold(self, fn, one: float) -> int:
+        """The spin kernel's cycles for `fn`: twice the host's time to enqueue a call (timed while the GPU spins for
+        as long as a whole synchronous call, `one` seconds) and 0.1 ms, at most 50 ms."""
+        torch.cuda._sleep(int(self.spin_hz * min(one, 0.05)))
+        h0 = time.perf_counter()
+        fn()
+        enqueue = time.perf_counter() - h0
+        torch.cuda.synchronize()
+        return int(self.spin_hz * min(2.0 * enqueue + 1e-4, 0.05))
 
     def _cpu(self, fn):
         t_start = time.perf_counter()
