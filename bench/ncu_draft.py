@@ -9,8 +9,8 @@ on bench/model.py's issue term (``model_launch(..., warp_instructions=...)``). b
 
 The first launches draft_block (vanilla, r = 256, bf16, greedy, V = 151936) once per shape of :data:`SHAPES`, in
 that order, on the GPU (the last with bench/run.py's confidence head: its kernel time beside the bench row's, which
-the kernel alone without the head was measured 1.8x under); the second pairs ncu's rows with the shapes and writes, per shape, the warp instructions
-executed, the measured duration (under ncu, clocks left alone), the issue time those instructions need (the
+the kernel alone without the head was measured 1.8x under); the second pairs ncu's rows with the shapes and
+writes, per shape, the warp instructions executed, the measured duration (under ncu, clocks left alone), the issue time those instructions need (the
 model's term: at one warp instruction per scheduler per clock, a lower bound; with the sections' Warp Cycles Per
 Issued Instruction and Active Warps Per Scheduler, at the rate those allow) and the floor model's time. The
 modelled time with the issue term on: ``python bench/model_headline.py --draft N K --warp-instructions COUNT
@@ -29,6 +29,7 @@ import sys
 from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import floors  # noqa: E402
 from model import GPUS, floor_model_us, issue_us  # noqa: E402
 from model_headline import V, _draft_case, draft_floor_bytes, emit_rows  # noqa: E402
 
@@ -61,10 +62,12 @@ def launch_shapes() -> None:
 
 
 def floor_bytes(n: int, k: int, d: int) -> int:
-    """draft_floor_bytes, and with a confidence head (d > 0) the hidden states once, its weight once and its two
-    float32 outputs (bench/floors.py's terms)."""
-    conf = n * k * d * 2 + (d + RANK) * 2 + 2 * n * k * 4 if d else 0
-    return draft_floor_bytes(n, k, RANK) + conf
+    """draft_floor_bytes, and with a confidence head (d > 0) what bench/floors.py adds for it: the hidden states once,
+    its weight once and its two float32 outputs."""
+    if not d:
+        return draft_floor_bytes(n, k, RANK)
+    head = floors.draft_block(n, k, V, RANK, d=d, confidence=True).total - floors.draft_block(n, k, V, RANK).total
+    return draft_floor_bytes(n, k, RANK) + head
 
 
 def parse_ncu_csv(text: str) -> List[Dict[str, object]]:

@@ -204,6 +204,8 @@ CHAIN_LISTING = """
         /*0060*/                   MOV R12, R11 ;
         /*0070*/                   FADD R13, R12, -R6 ;
         /*0080*/                   FADD R14, R13, |R7| ;
+        /*0084*/                   STS [R14], R4 ;
+        /*0088*/                   FADD R16, R14, R5 ;
         /*0090*/                   FFMA R15, R4, R5, R6 ;
         /*00a0*/               @P0 BRA 0x0 ;
 """
@@ -211,11 +213,12 @@ CHAIN_LISTING = """
 
 def test_sass_loops_report_their_longest_dependent_chains():
     """By hand: a tree max of 4 then a -inf seed (3 FMNMX deep, not 4: the two leaves are independent); an FADD whose
-    result passes through a MOV starts a new chain (1, then 2 with the negated and the absolute operand); a lone
-    FFMA; no FMUL. UR registers and RZ are not R registers."""
+    result passes through a MOV starts a new chain (1, then 2 and 3 with the negated and the absolute operand and
+    past a store through R14, which writes no register); a lone FFMA; no FMUL. UR registers and RZ are not R
+    registers."""
     (f,) = sass.parse_sass("arch = sm_90a\n" + CHAIN_LISTING).values()
     (lp,) = sass.kernel_facts(f["insns"])["loops"]
-    assert lp["chain"] == {"FADD": 2, "FMNMX": 3, "FFMA": 1, "FMUL": 0}
+    assert lp["chain"] == {"FADD": 3, "FMNMX": 3, "FFMA": 1, "FMUL": 0}
     assert sass.dependent_chains([("FADD", "R2, R1, UR1"), ("FADD", "R3, R2, RZ"), ("FADD", "R4, UR3, R9")]) == \
         {"FADD": 2, "FMNMX": 0, "FFMA": 0, "FMUL": 0}
 
