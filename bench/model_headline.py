@@ -30,13 +30,28 @@ from model import GPUS, floor_model_us, model_launch, resident_ctas  # noqa: E40
 
 # 16-byte loads each thread has in flight, by kernel, from the kernels' designs (DESIGN.md) and their SASS tests:
 # verify_chain's stats and qstats sweeps issue four LDG.E.128 per iteration (test_verify_chain's SASS tests);
-# draft_block's tensor-core sweep keeps two 16 KB stages of its cp.async ring in flight per 128-thread CTA (16 per
-# thread).
-LOADS_IN_FLIGHT = {"verify_chain_stats": 4, "verify_chain_qstats": 4, "draft_block_kernel[mma]": 16}
+# draft_block's tensor-core sweep keeps two 16 KB stages of its cp.async ring in flight per CTA (16 a thread of a
+# 128-thread CTA, 8 of a 256-thread one: RING_IN_FLIGHT / (16 x threads)).
+LOADS_IN_FLIGHT = {"verify_chain_stats": 4, "verify_chain_qstats": 4}
+RING_IN_FLIGHT = 2 * 128 * 64 * 2
 # draft_block.cuh's vanilla prologue: the slices' keys a lane loads a round (kMergeLoads), W1's rows a warp loads a
 # batch (kRowBatch), a W2 chunk's elements and the ring stages the sweep fills before it (kThreads x kRKm, kStages)
 MERGE_LOADS, ROW_BATCH, CHUNK_ELEMENTS, STAGES = 10, 4, 128 * 64, 3
-WARPS = 4
+WARPS = 4  # a 128-thread CTA's
+WIDE_WARPS = 8  # draft_block.cuh's kWideWarps: the 64-request register tile's CTA
+
+
+def draft_warps(group: int) -> int:
+    """draft_block's warps a CTA (cta_threads / 32) for the tensor-core sweep at a request group: WIDE_WARPS when
+    the group takes the 64-request register tile (more than 32 requests), else 4."""
+    return WIDE_WARPS if group > 32 else WARPS
+
+
+def loads_in_flight(rec: dict) -> int:
+    """16-byte loads a thread of launch `rec` has in flight (its kernel's design)."""
+    if rec["kernel"] == "draft_block_kernel[mma]":
+        return RING_IN_FLIGHT // (16 * int(rec["threads"]))
+    return LOADS_IN_FLIGHT.get(rec["kernel"], 1)
 
 V = 151936
 
@@ -80,6 +95,11 @@ MAX_CTAS_PER_SM, STATIC_SMEM = 2, 1676
 EXTRA_SHARE = 1  # kExtraShare: a stacked CTA's reads besides its W2 slice (v rows, the slices' keys) within it
 
 
+def draft_group(n: int, rank: int) -> int:
+    """make_plan's request group for the tensor-core sweep: min(N, 64, 16384 // rpad rounded down to 8)."""
+    return min(n, max(1, min(64, 16384 // (-(-rank // 32) * 32)) // 8 * 8))
+
+
 def draft_smem_bytes(n: int, rank: int, fp8: bool = False, staged: bool = True) -> int:
     """draft_block's dynamic shared memory for the vanilla head's tensor-core sweep with a bf16 U, as make_plan sizes
     it (the tests hold it to the harness's launches): the v tile's hi + lo k-blocks (or the prologue's scratch), the
@@ -87,7 +107,7 @@ def draft_smem_bytes(n: int, rank: int, fp8: bool = False, staged: bool = True) 
     alignment, and U's slots where U is ``staged`` (make_plan stages it when V is a multiple of 8)."""
     ru = lambda a, b: -(-a // b) * b  # noqa: E731
     rpad = ru(rank, 32)
-    group = min(n, max(1, min(64, 16384 // rpad) // 8 * 8))
+    group = draft_group(n, rank)
     vrows = ru(group, 8)
     lo_off = rpad // 16 * (16 * vrows + 16)
     vfloats = (2 * lo_off + 16 * max(0, 64 - vrows)) // 2
@@ -103,7 +123,8 @@ def draft_ctas_per_sm(n: int, rank: int, fp8: bool = False, registers: int = 255
     """draft_block's resident CTAs an SM on a GPU: bench/model.py's occupancy rule (shared memory, registers: 255 a
     thread, what its launch bounds allow, unless a SASS report says otherwise) capped at MAX_CTAS_PER_SM."""
     smem = draft_smem_bytes(n, rank, fp8, staged) + STATIC_SMEM
-    return max(1, min(MAX_CTAS_PER_SM, resident_ctas(GPUS[gpu], 32 * WARPS, smem, registers)))
+    warps = draft_warps(draft_group(n, rank))
+    return max(1, min(MAX_CTAS_PER_SM, resident_ctas(GPUS[gpu], 32 * warps, smem, registers)))
 
 
 def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132, per_sm: int = 0, fp8: bool = False) -> dict:
@@ -112,12 +133,13 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132, per_sm: int 
     of CTAs per group, as many vocabulary slices of >= 128 rows as the resident CTAs (``per_sm`` an SM, 0: a GPU's,
     draft_ctas_per_sm; more than one only while a CTA's reads of its group's bf16 v rows and of the slices' 8-byte
     keys stay within 1 / EXTRA_SHARE of its W2 slice: bf16, or fp8 with a 4-byte scale a row) leave each lane; and
-    the m16n8k16 MMAs of one position: per slice tile of 128 rows and group, 4 warps x rpad / 16 steps x 2 row
+    the m16n8k16 MMAs of one position: per slice tile of 128 rows and group, 4 row warps x rpad / 16 steps x 2 row
     blocks x the register tile's request blocks (the group rounded up to 8, 16, 32 or 64 requests, over 8: the
-    k-step multiplies them all) (twice that when v needs its lo rows: ``mma_lo``); rpad, and tpr: the
-    fold's threads per request (32 halved while tpr x group > 128)."""
+    k-step multiplies them all; with 8 warps each row warp's two warps take half the blocks each) (twice that when v
+    needs its lo rows: ``mma_lo``); rpad, the CTA's ``warps`` (draft_warps), and tpr: the fold's threads per request
+    (32 halved while tpr x group > 32 x warps)."""
     rpad = -(-rank // 32) * 32
-    group = min(n, max(1, min(64, 16384 // rpad) // 8 * 8))
+    group = draft_group(n, rank)
     groups = -(-n // group)
 
     def grid(resident):
@@ -135,29 +157,30 @@ def draft_sweep_plan(n: int, vocab: int, rank: int, sms: int = 132, per_sm: int 
     tiles = sum(-(-(min(16 * ((b + 1) * units // slices), vocab) - 16 * (b * units // slices)) // 128)
                 for b in range(slices))
     per_tile = groups * 4 * (rpad // 16) * 2 * (next(t for t in (8, 16, 32, 64) if group <= t) // 8)
+    warps = draft_warps(group)
     tpr = 32
-    while tpr > 1 and tpr * group > 128:
+    while tpr > 1 and tpr * group > 32 * warps:
         tpr //= 2
     return dict(slices=slices, lanes=lanes, group=group, ctas=slices * lanes, per_sm=per_sm, mma=tiles * per_tile,
-                mma_lo=2 * tiles * per_tile, rpad=rpad, tpr=tpr)
+                mma_lo=2 * tiles * per_tile, rpad=rpad, tpr=tpr, warps=warps)
 
 
-def warp_batches(rows: int, batch: int) -> dict:
-    """A group's rows dealt to the warps (row j to warp j % WARPS), `batch` a warp at a time: the batches summed
-    over the warps (``total``) and the most any warp runs (``most``)."""
-    per = [-(-len(range(w, rows, WARPS)) // batch) for w in range(WARPS)]
+def warp_batches(rows: int, batch: int, warps: int = WARPS) -> dict:
+    """A group's rows dealt to the CTA's `warps` (row j to warp j % warps), `batch` a warp at a time: the batches
+    summed over the warps (``total``) and the most any warp runs (``most``)."""
+    per = [-(-len(range(w, rows, warps)) // batch) for w in range(warps)]
     return dict(total=sum(per), most=max(per))
 
 
-def merge_rounds(nb: int, slices: int) -> dict:
-    """vanilla_prologue's merge of a group's keys (the max over the slices, per request): warp w takes the
-    consecutive requests [w per, (w + 1) per) below nb (per = ceil(nb / 4); nw of them) with kl = merge_lanes(nw)
+def merge_rounds(nb: int, slices: int, warps: int = WARPS) -> dict:
+    """vanilla_prologue's merge of a group's keys (the max over the slices, per request): warp w of `warps` takes the
+    consecutive requests [w per, (w + 1) per) below nb (per = ceil(nb / warps); nw of them) with kl = merge_lanes(nw)
     lanes each (the largest power of two <= 32 / nw), each lane MERGE_LOADS loads a round. Summed over warps:
     merge_lanes' halvings, the rounds and the shuffles; and the most rounds any warp runs (``most_rounds``: the warps
     run side by side)."""
     out = dict(halvings=0, rounds=0, shuffles=0, most_rounds=0)
-    per = -(-nb // WARPS)
-    for w in range(WARPS):
+    per = -(-nb // warps)
+    for w in range(warps):
         nw = max(0, min(nb - w * per, per))
         if nw == 0:
             continue
@@ -188,9 +211,9 @@ def prologue_chain(n: int, k: int, rank: int = 256, gpu: str = "h200", fp8: bool
     nbp = -(-nb // 8) * 8
     groups = -(-n // plan["group"])
     groups_per_cta = -(-groups // plan["lanes"])
-    keys = merge_rounds(nb, plan["slices"])["most_rounds"]
+    keys = merge_rounds(nb, plan["slices"], plan["warps"])["most_rounds"]
     report = -(-nb // plan["slices"]) * -(-plan["slices"] // 256)  # merge_parts: 2 x 128 slices a round
-    rows = warp_batches(nbp, ROW_BATCH)["most"] * -(-plan["rpad"] // 256)
+    rows = warp_batches(nbp, ROW_BATCH, plan["warps"])["most"] * -(-plan["rpad"] // 256)
     lam = g.dram_latency_s
     chunk_bytes = CHUNK_ELEMENTS * (1 if fp8 else 2)
     fill = lam + (STAGES - 1) * chunk_bytes * plan["ctas"] / g.dram_bytes_per_s
@@ -266,7 +289,7 @@ def _row(op, params, launches, floor, gpu, access, grid_barrier_us=None):
     ``grid_barrier_us`` each: bench/model.py's constant unless given), so that the time at any other barrier cost is
     ``modelled_us - barrier_us + grid_barriers * cost``."""
     each = GPUS[gpu].grid_barrier_s if grid_barrier_us is None else grid_barrier_us * 1e-6
-    per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=LOADS_IN_FLIGHT.get(ln["kernel"], 1),
+    per = [model_launch(ln, gpu, registers=ln.get("registers"), loads_in_flight=loads_in_flight(ln),
                         warp_instructions=ln.get("warp_instructions", 0),
                         cycles_per_issue=ln.get("cycles_per_issue", 1.0), grid_barrier_s=each,
                         serial_s=ln.get("serial_s", 0.0)) for ln in launches]

@@ -12,13 +12,13 @@ must be built from this checkout's headers (its line info names their lines: a s
 SASS loop at a line no block opens). ``--model`` also prints bench/model_headline.py's draft_block row with the
 issue term on from this count.
 
-Counts are per CTA, summed over its 4 warps, for the busiest CTA (lane 0 and the widest slice), times the CTAs: an
-upper bound for the path wherever a branch's two sides share a source block, for finite logits (add_exp's NaN
-branch, taken while every logit so far is -inf, once a group sweep), and with the greedy fold's rare branch
-(Part::add_greedy: a new running maximum) entered as often as logits in random order make some lane of a warp meet
-one (record_pieces, a model of the data: about 30% of a warp's pieces at N = 256, K = 15). The ring's staging
-lambda is inlined twice (the prologue's kStages - 1 calls a group and the chunk loop's): its blocks are named once
-for each copy, within that copy's SASS loop, each with its own count.
+Counts are per CTA, summed over its warps (4; 8 with the 64-request tile), for the busiest CTA (lane 0 and the
+widest slice), times the CTAs: an upper bound for the path wherever a branch's two sides share a source block, for
+finite logits (add_exp's NaN branch, taken while every logit so far is -inf, once a group sweep), and with the
+greedy fold's rare branch (Part::add_greedy: a new running maximum) entered as often as logits in random order make
+some lane of a warp meet one (record_pieces, a model of the data: about 30% of a warp's pieces at N = 256, K = 15).
+The ring's staging lambda is inlined twice (the prologue's kStages - 1 calls a group and the chunk loop's): its
+blocks are named once for each copy, within that copy's SASS loop, each with its own count.
 """
 
 from __future__ import annotations
@@ -72,13 +72,13 @@ def regions(s: dict) -> list:
     """The source blocks of the path and their executions per CTA (summed over warps) at shape `s`."""
     db, rd, rng, part = (os.path.join(HEADERS, f) for f in ("draft_block.cuh", "reduce.cuh", "rng.cuh",
                                                              "draft_part.cuh"))
-    K, G, W, nb = s["K"], s["G"], WARPS, s["nb"]
+    K, G, W, nb = s["K"], s["G"], s["warps"], s["nb"]
     groups = K * G  # group sweeps per CTA
     chunks, tiles = groups * s["chunks"], groups * s["tiles"]
     fold = tiles * s["fold_warps"] * s["pieces"]
     merges = math.ceil(s["N"] / s["ctas"]) + (K - 1) * G * math.ceil(nb / s["slices"])
-    merge = merge_rounds(nb, s["slices"])  # the prologue's merge of the slices' keys, summed over warps
-    row_batches = warp_batches(s["nbp"], ROW_BATCH)["total"]  # and its batches of W1's rows
+    merge = merge_rounds(nb, s["slices"], W)  # the prologue's merge of the slices' keys, summed over warps
+    row_batches = warp_batches(s["nbp"], ROW_BATCH, W)["total"]  # and its batches of W1's rows
     table = [
         # the kernel: K positions, the last position's merges; the gated / rnn phases are off the path
         (db, "for (int64_t k = 0; k < p.K; ++k) {", K * W, "draft_block_kernel(DraftBlockParams p"),
@@ -86,7 +86,8 @@ def regions(s: dict) -> list:
         (db, "for (int64_t n = blockIdx.x; n < p.N; n += gridDim.x) {", math.ceil(s["N"] / s["ctas"]) * W,
          "draft_block_kernel(DraftBlockParams p"),
         (db, "for (int i = threadIdx.x; i < G; i += 2 * step) {", merges * W * math.ceil(s["slices"] / 256), None),
-        (rd, "for (int w = 1; w < nwarps; ++w) r.merge(scratch[w]);", merges * W * (W - 1), None),
+        (rd, "for (int w = 1; w < nwarps; ++w) r.merge(scratch[w]);  // warp 0's", merges * (W - 1), None),
+        (rd, "for (int w = 1; w < nwarps; ++w) r.merge(scratch[w]);", 0, None),  # block_allreduce's: block_sum only
         # the phases are functions of their own on the GPU (their code's chains stop at them): the sweep runs once
         # a position, the gated / rnn phases not at all
         (db, "DSPARK_DRAFT_PHASE void phase_sweep_mma(", K * W, None),
@@ -105,9 +106,9 @@ def regions(s: dict) -> list:
         (db, "DSPARK_DEVICE void gather_e(", 0, None),
         (db, "DSPARK_DEVICE void confidence(", 0, None),
         # the split of v into hi / lo rows
-        (db, "for (int j0 = warp; j0 < nbp; j0 += kWarps * kRowBatch) {  // W1's rows", groups * row_batches,
+        (db, "for (int j0 = warp; j0 < nbp; j0 += kNW * kRowBatch) {  // W1's rows", groups * row_batches,
          "bool split_group"),
-        (db, "for (int j = warp; j < nbp; j += kWarps) {  // split rows", 0, "bool split_group"),
+        (db, "for (int j = warp; j < nbp; j += kNW) {  // split rows", 0, "bool split_group"),
         (db, "DSPARK_DEVICE void copy_rows_w1(", groups * row_batches, None),  # the vanilla head's W1 rows
         (db, "for (int64_t c = 8 * lane; c < rpad; c += 8 * 32) {", groups * row_batches * math.ceil(s["rpad"] / 256),
          "void copy_rows_w1("),
@@ -115,16 +116,17 @@ def regions(s: dict) -> list:
         (db, "DSPARK_DEVICE float at(int64_t g0, int j, int64_t c) const {", 0, None),  # (only that path's)
         # the sweep: group loop, temperatures, the staging lambda (2 + chunks calls a group), the chunk loop
         (db, "for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N;", groups * W, "void phase_sweep_mma"),
-        (db, "for (int j = t; j < nb; j += kThreads) {", groups * math.ceil(nb / 32), "void phase_sweep_mma"),
+        (db, "for (int j = t; j < nb; j += kT) {", groups * math.ceil(nb / 32), "void phase_sweep_mma"),
         (db, PROLOGUE, 2 * groups * W, "void phase_sweep_mma"),
         (db, "DSPARK_DEVICE UStage(const DraftBlockParams& p", groups * W, "struct UStage"),
         (db, "for (int j = j0; j < nb; j += jstep, s += st) {", 0, "struct UStage"),  # fp32 U
-        (db, "for (int i = t; i < kThreads * width; i += kThreads) {", 0, "void stage_w2_chunk"),
+        (db, "for (int i = t; i < kTileRows * width; i += kT) {", 0, "void stage_w2_chunk"),
         (db, CHUNK_LOOP, chunks * W, "void phase_sweep_mma"),
         (db, "DSPARK_DEVICE void zero(float (&acc)", (groups + tiles) * W, None),  # a group's and each tile's
         (db, "mma_chunk<TW, kFrags, true>", 0, "void phase_sweep_mma"),  # the vanilla head's v has no lo rows
         (db, "mma_chunk<TW, kFrags, false>", chunks * W, "void phase_sweep_mma"),
-        (db, "for (int kk = 0; kk < width; kk += 16, brow += vl.kbs) {", chunks * W * 4, "void mma_chunk"),
+        (db, "for (int kk = 0; kk < width; kk += 16 * kSteps, brow += kSteps * vl.kbs) {",
+         chunks * W * 4 // k_steps(s), "void mma_chunk"),
         (db, "if (ci == nchunks - 1) {", tiles * W, "void phase_sweep_mma"),
         (db, "if (jf < nb) {", tiles * s["fold_warps"], "void phase_sweep_mma"),
         # the fold (greedy, U staged: fold_pieces_greedy), once a tile for each folding warp, a piece of 8 rows of U
@@ -159,7 +161,7 @@ def regions(s: dict) -> list:
                                      ("ust.tile(tile0 - v0, rows, nb, uring", u_tiles * W, "void phase_sweep_mma"),
                                      ("DSPARK_DEVICE void tile(int64_t off", u_tiles * W, "struct UStage"),
                                      ("for (int j = j0; j < nb; j += jstep, s += st, d +=",
-                                      u_tiles * W * math.ceil(nb / 8), "struct UStage")):
+                                      u_tiles * W * math.ceil(nb / (2 * W)), "struct UStage")):
             name = f"{marker} ({'chunk loop' if loop == CHUNK_LOOP else 'prologue'})"
             out.append(sr.find_region(db, marker, count, after=after, name=name, within=loops[loop]))
     return out
@@ -168,6 +170,17 @@ def regions(s: dict) -> list:
 def tile(group: int) -> int:
     """The tensor-core sweep's register tile (launch_w2): the group rounded up to 8, 16, 32 or 64 requests."""
     return next(t for t in (8, 16, 32, 64) if group <= t)
+
+
+def warp_blocks(s: dict) -> int:
+    """A warp's 8-request blocks of the register tile (mma_chunk's kFrags): the 64-request tile's halves with 8 warps."""
+    return tile(s["group"]) // 8 // (s["warps"] // WARPS)
+
+
+def k_steps(s: dict) -> int:
+    """mma_chunk's k-steps a SASS iteration (kSteps): 2 for up to 4 blocks a warp, else 1; 4 k-steps a 64-column
+    chunk."""
+    return 1 if warp_blocks(s) > 4 else 2
 
 
 def kernel_name(s: dict) -> str:
@@ -187,10 +200,10 @@ def estimate(funcs: dict, n: int, k: int) -> dict:
     name = next((f for f in funcs if kernel_name(s) in f), None)
     if name is None:
         raise SystemExit(f"sass_draft: no {kernel_name(s)} in the object's sm_90a SASS")
-    frags = tile(s["group"]) // 8
+    frags = warp_blocks(s)
     # mma_chunk's instance with the lo products (two HMMA a block and fragment, not one) is off the path: the
     # vanilla head's v rows have no lo part
-    lo_loop = lambda body: sum(" HMMA." in f" {i.text}" for i in body) == 4 * frags  # noqa: E731
+    lo_loop = lambda body: sum(" HMMA." in f" {i.text}" for i in body) == 4 * k_steps(s) * frags  # noqa: E731
     per_cta = sr.estimate(funcs[name], regions(s), PROJECT, off_path=lo_loop)
     top = sorted(per_cta["by_region"].items(), key=lambda kv: -kv[1])[:8]
     return dict(N=n, K=k, V=V, r=256, ctas=s["ctas"], kernel=name,
@@ -205,9 +218,20 @@ def main() -> int:
     ap.add_argument("--object", help="an object or library holding draft_block's sm_90a SASS (-lineinfo)")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--model", action="store_true", help="also model each shape with the issue term on")
+    ap.add_argument("--wide-warps", type=int, choices=(4, 8), default=None,
+                    help="the object's kWideWarps when it was built with another value than this checkout's (an A/B "
+                         "variant: the 64-request tile's CTA of 4 or 8 warps)")
+    ap.add_argument("--cycles-per-issue", type=float, default=1.0, metavar="CPI",
+                    help="with --model: a warp's clocks between two of its instructions alone on its scheduler "
+                         "(ncu's, bench/records/h200_ncu_draft_two_ctas.json; 1: the throughput bound)")
     args = ap.parse_args()
     if len(args.shapes) % 2:
         ap.error("shapes come in N K pairs")
+    if args.wide_warps is not None:
+        if args.model:
+            ap.error("--model runs this checkout's build: its kWideWarps only")
+        import model_headline
+        model_headline.WIDE_WARPS = args.wide_warps
     import sass
     home = os.environ.get("CUDA_HOME")
     cuobjdump, nvdisasm = sass.toolkit_tool("cuobjdump", home), sass.toolkit_tool("nvdisasm", home)
@@ -223,7 +247,7 @@ def main() -> int:
             from model_headline import draft_rows
             os.environ.setdefault("DSPARK_SIMT", "1")
             (m,) = draft_rows("h200", n, k, run_k=1, warp_instructions=row["warp_instructions"],
-                              issue_source="SASS estimate")
+                              issue_source="SASS estimate", cycles_per_issue=args.cycles_per_issue)
             row["model"] = m
         rows.append(row)
         print(json.dumps(row))

@@ -326,29 +326,35 @@ def test_headline_rows_keep_the_barrier_term_apart():
 
 
 def test_draft_prologue_chain_by_hand():
-    """draft_block's per-position chain at N = 64, r = 256, V = 151936 (132 slices, one lane, a group of 64): each
-    warp merges 16 requests' keys with 2 lanes each, 10 loads a lane a round, so 132 slices take 7 rounds; the
-    CTA reports one request (its Part over 132 slices: one round, 2 loads a thread); each warp copies 16 W1 rows,
-    4 a batch: 4 rounds. 12 rounds of 600 ns = 7.2 us, against the ring's fill of 600 ns + 2 x 16 KB x 132 CTAs at
-    4.3 TB/s; position 0 has only the W1 rows (2.4 us). At N = 1 two CTAs fit an SM: 264 slices, whose Parts the
-    reporting CTA merges in two rounds (128 a thread pair), and a fill of 264 CTAs' chunks that hides the chain."""
+    """draft_block's per-position chain at N = 64, r = 256, V = 151936 (132 slices, one lane, a group of 64, a CTA
+    of 8 warps): each warp merges 8 requests' keys with 4 lanes each, 10 loads a lane a round, so 132 slices take 4
+    rounds; the CTA reports one request (its Part over 132 slices: one round); each warp copies 8 W1 rows, 4 a
+    batch: 2 rounds. 7 rounds of 600 ns = 4.2 us, against the ring's fill of 600 ns + 2 x 16 KB x 132 CTAs at
+    4.3 TB/s; position 0 has only the W1 rows (1.2 us, within the fill). With 4 warps (a 128-thread CTA) a warp
+    takes 16 requests with 2 lanes each (7 rounds) and 16 rows (4 batches). At N = 1 two CTAs fit an SM: 264
+    slices, whose Parts the reporting CTA merges in two rounds (128 a thread pair), and a fill of 264 CTAs' chunks
+    that hides the chain."""
     headline = _load("dspark_bench_model_headline", "bench/model_headline.py")
     assert headline.merge_rounds(64, 132) == dict(halvings=16, rounds=28, shuffles=4, most_rounds=7)
     assert headline.merge_rounds(1, 132) == dict(halvings=0, rounds=1, shuffles=5, most_rounds=1)  # 32 lanes
     assert headline.merge_rounds(64, 33)["most_rounds"] == 2  # N = 256: 4 lanes of 33 slices
     assert headline.warp_batches(64, 4) == dict(total=16, most=4)
+    assert headline.merge_rounds(64, 132, 8) == dict(halvings=24, rounds=32, shuffles=16, most_rounds=4)
+    assert headline.warp_batches(64, 4, 8) == dict(total=16, most=2)
+    assert headline.draft_sweep_plan(64, 151936, 256)["warps"] == 8
+    assert headline.draft_sweep_plan(32, 151936, 256)["warps"] == 4
     c = headline.prologue_chain(64, 7)
     fill = 0.6 + 2 * 16384 * 132 / 4.3e12 * 1e6
-    assert c["chain_rounds"] == 12 and c["chain_us"] == pytest.approx(7.2)
+    assert c["chain_rounds"] == 7 and c["chain_us"] == pytest.approx(4.2)
     assert c["fill_us"] == pytest.approx(fill)
-    assert c["serial_us"] == pytest.approx((2.4 - fill) + 6 * (7.2 - fill))
+    assert c["serial_us"] == pytest.approx(6 * (4.2 - fill))
     one = headline.prologue_chain(1, 7)  # 4 rounds (keys 1, Part 2, W1 row 1) = 2.4 us < its fill
     assert headline.draft_sweep_plan(1, 151936, 256)["ctas"] == 264
     assert one["chain_rounds"] == 4 and one["fill_us"] == pytest.approx(0.6 + 2 * 16384 * 264 / 4.3e12 * 1e6)
     assert one["serial_us"] == 0.0
     fp8 = headline.prologue_chain(64, 7, fp8=True)  # its raw chunks are half the bytes: a shorter fill
     assert fp8["fill_us"] == pytest.approx(0.6 + 2 * 8192 * 132 / 4.3e12 * 1e6)
-    assert fp8["serial_us"] == pytest.approx((2.4 - fp8["fill_us"]) + 6 * (7.2 - fp8["fill_us"]))
+    assert fp8["serial_us"] == pytest.approx((1.2 - fp8["fill_us"]) + 6 * (4.2 - fp8["fill_us"]))
 
 
 def test_grid_barrier_cost_from_timed_launches(monkeypatch):

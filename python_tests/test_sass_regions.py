@@ -225,22 +225,24 @@ def test_a_region_within_a_loop_counts_only_its_own_copy(header):
 
 def test_sass_draft_table_matches_the_plan_and_the_source():
     """bench/sass_draft.py's trip counts at N = 256, K = 15, V = 151936, r = 256 by hand (33 slices x 4 lanes of
-    64 requests; the widest slice 16 * ceil(9496 / 33) = 4608 rows: 36 tiles of 4 chunks; 2 threads a request, so
-    4 warps fold 8 pieces a tile), and every block its table names still found in the headers at N = 1, 64, 256."""
+    64 requests; the widest slice 16 * ceil(9496 / 33) = 4608 rows: 36 tiles of 4 chunks; a CTA of 8 warps, 4
+    threads a request, so 8 warps fold 4 pieces a tile), and every block its table names still found in the headers
+    at N = 1, 64, 256."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
     import sass_draft as sd
     s = sd.shape(256, 15)
     assert (s["slices"], s["lanes"], s["group"], s["G"]) == (33, 4, 64, 1)
-    assert (s["tiles"], s["nchunks"], s["chunks"], s["tpr"], s["fold_warps"], s["pieces"]) == (36, 4, 144, 2, 4, 8)
+    assert (s["tiles"], s["nchunks"], s["chunks"], s["tpr"], s["fold_warps"], s["pieces"]) == (36, 4, 144, 4, 8, 4)
+    assert s["warps"] == 8
     regions = {r.name: r for r in sd.regions(s)}
-    kstep = "for (int kk = 0; kk < width; kk += 16, brow += vl.kbs) {"
-    assert regions[kstep].count == 15 * 144 * 4 * 4  # K x chunks x warps x steps
-    assert regions["for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {"].count == 15 * 36 * 4 * 8
+    kstep = "for (int kk = 0; kk < width; kk += 16 * kSteps, brow += kSteps * vl.kbs) {"
+    assert regions[kstep].count == 15 * 144 * 8 * 2  # K x chunks x warps x iterations (two k-steps each)
+    assert regions["for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {"].count == 15 * 36 * 8 * 4
     assert regions[kstep].loop
     # the greedy fold's rare branch: a warp enters it at a piece where some lane meets a new maximum (logits in
     # random order: lane probability 1 / j at its j-th piece); 2 lanes over 2 pieces: 1 + (1 - 1/4)
     assert sd.record_pieces(2, lanes=2) == 1.75
-    assert regions["if (pm >= stats.m) {"].count == 15 * 4 * sd.record_pieces(36 * 8)
+    assert regions["if (pm >= stats.m) {"].count == 15 * 8 * sd.record_pieces(36 * 4)
     for n, k in ((1, 7), (64, 7)):
         assert all(r.count >= 0 and r.first <= r.last for r in sd.regions(sd.shape(n, k)))
     assert sd.shape(1, 7)["tpr"] == 32 and sd.shape(1, 7)["slices"] == 264  # two CTAs an SM at N = 1

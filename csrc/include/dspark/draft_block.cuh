@@ -10,8 +10,8 @@
 // With a draft vocabulary (d2t: [V] target ids) U, W2 and the sweep cover its V ids and the drafted id j becomes the
 // target id x = d2t[j] (the token written and the row of W1 the next position reads); without one, x = j, VT = V.
 //
-// Structure (a persistent kernel, G CTAs of 128 threads, every CTA resident; K grid barriers per block for the
-// vanilla head, 3K for gated / rnn):
+// Structure (a persistent kernel, G CTAs of 128 threads, 256 for the tensor-core sweep's 64-request tile, every CTA
+// resident; K grid barriers per block for the vanilla head, 3K for gated / rnn):
 //   for k in 0..K-1:
 //     phase 1a (gated / rnn; one item per request, spread over the CTAs): merge request n's partials of position
 //        k-1 (one per vocabulary slice) into the token x and its log-probability and write them; gather e = W1[x]
@@ -36,10 +36,11 @@
 //          skipped (the vanilla head with W1 of W2's type copies its v rows as they are, scale 1 and no lo rows).
 //          The slice streams as chunks of 128 rows x 64 columns through a 3-stage cp.async ring (two 16 KB chunks
 //          in flight while one is multiplied; padded strides, so every ldmatrix phase is conflict-free); warp w
-//          multiplies rows 32w..32w+31 (two m16 blocks, A by ldmatrix x4) by all 8-request blocks of its register
-//          tile (B by one ldmatrix x2 of the hi fragments, x4 with the lo ones; two MMAs per block, four with lo)
-//          into float32 accumulators (64 floats per lane for 64 requests; a group's blocks past its requests are
-//          multiplied too and never stored: no test in the k-step). After a tile's last chunk they go to a shared
+//          multiplies rows 32w'..32w'+31 (w' = w mod 4; two m16 blocks, A by ldmatrix x4) by all 8-request blocks
+//          of its register tile, or with 8 warps of its half of it (B by one ldmatrix x2 of the hi fragments, x4
+//          with the lo ones; two MMAs per block, four with lo) into float32 accumulators (32 floats per lane for 32
+//          requests a warp, 64 with kWideWarps = 4; a group's blocks past its requests are multiplied too and never
+//          stored: no test in the k-step). After a tile's last chunk they go to a shared
 //          [NB, 128] bias tile, unscaled when folded.
 //        * fp32 W2 (and 16-bit W2 with r > 2048): the FMA sweep: a tile of 128 rows x 32 columns is staged as
 //          float32, thread t owns row t and accumulates W2[row] . v_n for every request of the group in
@@ -87,14 +88,18 @@
 namespace dspark {
 namespace draft {
 
-// 128 threads a CTA, every CTA resident (the cooperative launch), up to kMaxCtasPerSm of them an SM where shared
-// memory and registers allow (the occupancy query decides) and the slices stay long (kExtraShare): one CTA
-// leaves each warp scheduler a single warp, which waits out every latency alone (measured on an H200: a warp issued
-// once every 4.4-6.9 clocks); a second CTA gives the scheduler another warp to issue from. Two is what <= 255
-// registers a thread allow at 128 threads; small groups fit twice in shared memory (up to 25 requests at r = 256),
-// a 64-request group once; kExtraShare bounds the extra slices' traffic (N <= 25 at V = 151936, r = 256).
+// 128 threads a CTA (256 for the tensor-core sweep's 64-request tile: cta_threads), every CTA resident (the
+// cooperative launch), up to kMaxCtasPerSm of them an SM where shared memory and registers allow (the occupancy
+// query decides) and the slices stay long (kExtraShare): one CTA of 4 warps leaves each warp scheduler a single warp,
+// which waits out every latency alone (measured on an H200: a warp issued once every 4.4-6.9 clocks); a second CTA,
+// or a second set of 4 warps in the same CTA, gives the scheduler another warp to issue from. Two 128-thread CTAs
+// are what <= 255 registers a thread allow; small groups fit twice in shared memory (up to 25 requests at r = 256),
+// a 64-request group once, so there the CTA has 8 warps (the same shared memory: the warps split the requests, not
+// the rows); kExtraShare bounds the extra slices' traffic (N <= 25 at V = 151936, r = 256).
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
+// Vocabulary rows of a sweep tile and of a ring slot: 32 for each of 4 row warps.
+constexpr int kTileRows = 128;
 constexpr int kRK = 32;                  // W2 columns per staged chunk
 constexpr int kWtStride = kRK + 4;       // floats per staged row: the pad makes float4 reads conflict-free
 constexpr int64_t kGroupFloats = 16384;  // shared floats for the v rows of one request group (64 KB)
@@ -115,7 +120,7 @@ constexpr int kRKm = 64;
 constexpr int kWtStrideM = kRKm + 8;
 // An fp8 W2 (e4m3) lands in its own ring of raw chunks, kRKm bytes a row (unpadded: a quarter-warp copies or reads
 // the 4 units of two rows, 8 different bank groups), and each chunk is widened to bf16 (exactly: e4m3 is a subset of
-// bf16) into one [kThreads][kWtStrideM] buffer the MMAs read (widen_chunk).
+// bf16) into one [kTileRows][kWtStrideM] buffer the MMAs read (widen_chunk).
 constexpr int kRawStride8 = kRKm;
 constexpr int kStages = 3;
 // The vanilla prologue's dependent reads, in batches a lane issues before it uses the first, so that a warp waits
@@ -123,7 +128,15 @@ constexpr int kStages = 3;
 constexpr int kMergeLoads = 10;
 constexpr int kRowBatch = 4;
 static_assert(kMaxGroup <= 32 * kWarps, "the merge gives each of a warp's requests at least one lane");
-constexpr int kLtStrideM = kThreads + 4;
+constexpr int kLtStrideM = kTileRows + 4;
+// Threads a CTA of the kernel for register tile NBT: 32 kWideWarps for the tensor-core sweep's 64-request tile (8:
+// two sets of 4 row warps, each multiplying half of the group's requests; 4: one set, the whole tile a warp), else
+// 128. The plan's group decides the tile (launch_w2): NBT = 64 exactly when the group has more than 32 requests.
+constexpr int kWideWarps = 8;
+static_assert(kWideWarps == 4 || kWideWarps == 8, "one or two sets of row warps");
+DSPARK_HOST_DEVICE_FN constexpr int cta_threads(int nbt, bool mma) {
+  return mma && nbt > 32 ? 32 * kWideWarps : kThreads;
+}
 constexpr int64_t kMaxMmaRank = 2048;
 constexpr int kSplitExp = 14;
 // Shared memory the plan leaves below the device's per-block maximum for the kernel's static arrays (under 2 KB).
@@ -181,7 +194,8 @@ struct Plan {
   int lanes;          // request lanes: CTA b sweeps request groups b / slices, + lanes, ... of its slice
   int group;          // requests per sweep group (NB)
   int64_t vrows;      // the group's rows in the v and bias tiles (the tensor-core sweep pads it to 8)
-  int tpr;            // threads folding each request of a group (a power of two, tpr * group <= kThreads)
+  int threads;        // a CTA's (cta_threads of the group)
+  int tpr;            // threads folding each request of a group (a power of two, tpr * group <= threads)
   int64_t rows_item;  // phase-1b output rows per item
   int64_t rpad;       // R rounded up to kRK
   bool stage_u;       // the tensor-core sweep stages U's tiles through its cp.async ring (UStage)
@@ -295,7 +309,7 @@ DSPARK_DEVICE Part merge_parts(const Workspace& ws, int G, int64_t N, int64_t n,
     acc.merge(a);
     if (i + step < G) acc.merge(b);
   }
-  return block_allreduce(acc, scratch);
+  return block_allreduce_by_lead(acc, scratch);
 }
 
 // e = W1[x] (a zero row for x outside W1's rows) into zs, and into erow when it is not null; the whole block,
@@ -369,12 +383,12 @@ DSPARK_DEVICE int merge_lanes(int nw) {
 DSPARK_DEVICE void vanilla_prologue(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                     int64_t g0, int nb, int slice, int64_t* xs, float* zs, Part* part_scratch,
                                     float* sum_scratch) {
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nwarps = static_cast<int>(blockDim.x >> 5);
   const int64_t N = p.N, K = p.K;
   // the warp's requests j = jw + r (r < nw: consecutive requests, so a load instruction reads whole sectors of a
   // slice's keys), kl = 32 / nw lanes each (a power of two): lane sub of request r reads slices sub, sub + kl, ...,
   // kMergeLoads of them a round, all issued before the first is used
-  const int per = (nb + kWarps - 1) / kWarps, jw = warp * per;
+  const int per = (nb + nwarps - 1) / nwarps, jw = warp * per;
   const int nw = nb - jw < per ? (nb > jw ? nb - jw : 0) : per;
   const int kl = nw > 0 ? merge_lanes(nw) : 32;
   const int r = lane / kl, sub = lane % kl, j = jw + r;
@@ -455,10 +469,10 @@ template <int M>  // 1: gated, 3: rnn (rows j, R + j, 2R + j)
 DSPARK_DRAFT_PHASE void phase_matvec(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                 float* smem) {
   constexpr int kOuts = kPerWarp / M;  // outputs per warp (rnn: 5, using 15 accumulators)
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nwarps = static_cast<int>(blockDim.x >> 5);
   const int64_t N = p.N, K = p.K, R = p.R, D = p.D;
   const int64_t width = M == 1 ? D + R : 2 * R + D;
-  const int64_t rows_item = plan.rows_item;  // outputs per item (<= kWarps * kOuts)
+  const int64_t rows_item = plan.rows_item;  // outputs per item (<= kWarps * kOuts <= nwarps * kOuts)
   const int64_t blocks = (R + rows_item - 1) / rows_item, groups = (N + kZGroup - 1) / kZGroup;
   const void* w = M == 1 ? p.wg : p.wj;
   const DType wdt = M == 1 ? p.wg_dtype : p.wj_dtype;
@@ -505,7 +519,7 @@ DSPARK_DRAFT_PHASE void phase_matvec(const DraftBlockParams& p, const Plan& plan
       const float* zrow = zt + lane * kZStride;
 #pragma unroll
       for (int q = 0; q < kOuts; ++q) {
-        const int jl = warp + q * kWarps;
+        const int jl = warp + q * nwarps;
         if (jl < nrows) {
 #pragma unroll
           for (int m = 0; m < M; ++m) {
@@ -521,7 +535,7 @@ DSPARK_DRAFT_PHASE void phase_matvec(const DraftBlockParams& p, const Plan& plan
       const int64_t n = n0 + lane;
 #pragma unroll
       for (int q = 0; q < kOuts; ++q) {
-        const int jl = warp + q * kWarps;
+        const int jl = warp + q * nwarps;
         if (jl < nrows) {
           const int64_t j = j0 + jl;
           if (M == 1) {
@@ -837,26 +851,26 @@ DSPARK_DEVICE int split_exponent(float amax) {
   return e;
 }
 
-// split_group's rows j0 + kWarps q (q < kRowBatch, rows below nbp) for the vanilla head with W1 of W2's type
-// (v = W1[xs[j]], a zero row for j >= nb or a token outside [0, VT)) and 16-byte rows: v is already of W2's type, so
-// its hi row is W1's row itself (scale 1) and it has no lo row. Lane l copies units l, l + 32, ... of each row with
-// one 16-byte load and store each (consecutive lanes, consecutive units: VTile); the batch's loads are all issued
-// before its first store, so the warp waits one round trip for the batch, not one for each row.
-template <typename TW>
+// split_group's rows j0 + kNW q (q < kRowBatch, rows below nbp; kNW: the CTA's warps) for the vanilla head with W1
+// of W2's type (v = W1[xs[j]], a zero row for j >= nb or a token outside [0, VT)) and 16-byte rows: v is already of
+// W2's type, so its hi row is W1's row itself (scale 1) and it has no lo row. Lane l copies units l, l + 32, ... of
+// each row with one 16-byte load and store each (consecutive lanes, consecutive units: VTile); the batch's loads
+// are all issued before its first store, so the warp waits one round trip for the batch, not one for each row.
+template <typename TW, int kNW>
 DSPARK_DEVICE void copy_rows_w1(const TW* w1, const int64_t* xs, int nb, int nbp, int j0, int64_t VT, int64_t R,
                                 int64_t rpad, TW* vt, const VTile& vl, int lane) {
   for (int64_t c = 8 * lane; c < rpad; c += 8 * 32) {
     uint4 raw[kRowBatch];
 #pragma unroll
     for (int q = 0; q < kRowBatch; ++q) {
-      const int j = j0 + kWarps * q;
+      const int j = j0 + kNW * q;
       const int64_t x = j < nb ? xs[j] : -1;
       raw[q] = x >= 0 && x < VT && c < R ? ldg(reinterpret_cast<const uint4*>(w1 + x * R + c))
                                          : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int q = 0; q < kRowBatch; ++q) {
-      const int j = j0 + kWarps * q;
+      const int j = j0 + kNW * q;
       if (j < nbp) *reinterpret_cast<uint4*>(vt + vl.at(j, c)) = raw[q];
     }
   }
@@ -905,18 +919,18 @@ DSPARK_DEVICE bool split_row_elements(const VRows& vr, int64_t R, int64_t rpad, 
 // (fp16's range; exact, undone on the bias through unscale[j] = 1 / s). Returns whether this thread stored a lo that
 // is not zero. The vanilla head's W1 rows of W2's type are v exactly: they are copied as hi rows with s = 1 and no lo
 // rows (copy_rows_w1), and the sweep skips the lo products.
-template <typename TW>
+template <typename TW, int kNW>
 DSPARK_DEVICE bool split_group(const VRows& vr, int64_t R, int64_t rpad, int64_t g0, int nb, int nbp, TW* vt,
                                const VTile& vl, float* unscale, int lane, int warp) {
   if (vr.v == nullptr && vr.w1_dtype == mma_dtype<TW>() && R % 8 == 0 && is_aligned16(vr.w1)) {
-    for (int j0 = warp; j0 < nbp; j0 += kWarps * kRowBatch) {  // W1's rows as they are
-      copy_rows_w1(static_cast<const TW*>(vr.w1), vr.xs, nb, nbp, j0, vr.VT, R, rpad, vt, vl, lane);
-      if (lane < kRowBatch && j0 + kWarps * lane < nb) unscale[j0 + kWarps * lane] = 1.0f;
+    for (int j0 = warp; j0 < nbp; j0 += kNW * kRowBatch) {  // W1's rows as they are
+      copy_rows_w1<TW, kNW>(static_cast<const TW*>(vr.w1), vr.xs, nb, nbp, j0, vr.VT, R, rpad, vt, vl, lane);
+      if (lane < kRowBatch && j0 + kNW * lane < nb) unscale[j0 + kNW * lane] = 1.0f;
     }
     return false;
   }
   bool lo_live = false;
-  for (int j = warp; j < nbp; j += kWarps) {  // split rows
+  for (int j = warp; j < nbp; j += kNW) {  // split rows
     if (j >= nb) {
       for (int64_t c = lane; c < rpad; c += 32) vt[vl.at(j, c)] = vt[vl.lo_off + vl.at(j, c)] = from_float<TW>(0.0f);
       continue;
@@ -942,38 +956,39 @@ struct ChunkCursor {
   }
 };
 
-// kVpr 16-byte vectors of each of the 128 rows from src (rows R elements apart; `rows` of them in the slice, `cols`
-// elements left in each) into a ring slot [kThreads][kStride] by cp.async, zero-filled past either end (a zero-size
-// copy reads nothing; `any` is a valid address to name). Thread t takes vector t % kVpr of rows t / kVpr + j *
-// (kThreads / kVpr): no division, one predicate and one copy per vector.
-template <int kVpr, typename TW, int kStride>
+// kVpr 16-byte vectors of each of the kTileRows rows from src (rows R elements apart; `rows` of them in the slice,
+// `cols` elements left in each) into a ring slot [kTileRows][kStride] by cp.async, zero-filled past either end (a
+// zero-size copy reads nothing; `any` is a valid address to name). Thread t of kT takes vector t % kVpr of rows
+// t / kVpr + j * (kT / kVpr): no division, one predicate and one copy per vector.
+template <int kT, int kVpr, typename TW, int kStride>
 DSPARK_DEVICE void stage_rows_vec(const TW* src, const TW* any, int64_t R, int rows, int64_t cols, TW* slot, int t) {
-  constexpr int kEpv = static_cast<int>(16 / sizeof(TW)), kStep = kThreads / kVpr;
+  constexpr int kEpv = static_cast<int>(16 / sizeof(TW)), kStep = kT / kVpr;
+  static_assert(kTileRows % kStep == 0, "whole passes over the tile's rows");
   const int q = t % kVpr, row0 = t / kVpr;
   const bool col_in = q * kEpv < cols;  // R is a multiple of kEpv here
   const TW* s = src + row0 * R + q * kEpv;
   const int64_t step = kStep * R;
   TW* d = slot + row0 * kStride + q * kEpv;
 #pragma unroll
-  for (int j = 0; j < kVpr; ++j, s += step, d += kStep * kStride) {
+  for (int j = 0; j < kTileRows / kStep; ++j, s += step, d += kStep * kStride) {
     const bool in = col_in && row0 + j * kStep < rows;
     cp_async_zfill<16>(d, in ? s : any, in ? 16 : 0);
   }
 }
 
-// Chunk ci of W2's tile from row tile0 (`rows` of its 128 rows in the slice; columns kRKm * ci on) into a ring slot
-// [kThreads][kStride]: 16-byte cp.async copies (zero-filled past the slice or the rank) when W2's rows are 16-byte
-// aligned, else element copies.
-template <typename TW, int kStride>
+// Chunk ci of W2's tile from row tile0 (`rows` of its kTileRows rows in the slice; columns kRKm * ci on) into a ring
+// slot [kTileRows][kStride] by the kT threads: 16-byte cp.async copies (zero-filled past the slice or the rank) when
+// W2's rows are 16-byte aligned, else element copies.
+template <int kT, typename TW, int kStride>
 DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t tile0, int rows, int ci, bool vec,
                                   TW* slot, int t) {
   constexpr int kEpv = static_cast<int>(16 / sizeof(TW));
   const int64_t rc = int64_t(ci) * kRKm;
   const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);  // a multiple of 32
   if (vec) {  // (a 32-column last chunk: its other 32 columns are zero-filled, and no MMA reads them)
-    stage_rows_vec<kRKm / kEpv, TW, kStride>(w2 + tile0 * R + rc, w2, R, rows, R - rc, slot, t);
+    stage_rows_vec<kT, kRKm / kEpv, TW, kStride>(w2 + tile0 * R + rc, w2, R, rows, R - rc, slot, t);
   } else {
-    for (int i = t; i < kThreads * width; i += kThreads) {
+    for (int i = t; i < kTileRows * width; i += kT) {
       const int row = i / width, q = i - row * width;
       const int64_t col = rc + q;
       if (row < rows && col < R) {
@@ -987,9 +1002,10 @@ DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t
 
 // U's tiles for the nb requests of the group from g0 at position k, into ring slots [nb][128 elements]
 // (u_swizzle's unit order; units past a tile's `rows` zero-filled): 16-byte cp.async copies, the plan has checked
-// that U's rows allow them (V a multiple of 16 bytes of U, U 16-byte aligned). Thread t copies unit t % upr of the
-// rows of requests t / upr, + kThreads / upr, ...: set up once a group sweep (UStage), so a tile's copies cost no
+// that U's rows allow them (V a multiple of 16 bytes of U, U 16-byte aligned). Thread t of kT copies unit t % upr of
+// the rows of requests t / upr, + kT / upr, ...: set up once a group sweep (UStage), so a tile's copies cost no
 // division and a predicate, an address and a cp.async each.
+template <int kT>
 struct UStage {
   const char* src;  // this thread's first copy at the slice's first row v0
   int64_t step;     // bytes between this thread's requests' rows of U
@@ -999,13 +1015,13 @@ struct UStage {
     const int log_upr = lg + 3, E = 16 >> lg;
     const int u = t & ((1 << log_upr) - 1), j0 = t >> log_upr;
     src = static_cast<const char*>(p.base) + ((((g0 + j0) * p.K + k) * p.V + v0 + int64_t(u) * E) << lg);
-    step = (int64_t(kThreads >> log_upr) * p.K * p.V) << lg;
+    step = (int64_t(kT >> log_upr) * p.K * p.V) << lg;
   }
   // The tile `rows` rows from v0 + off into `slot` (`any`: a valid address to name in a zero-size copy). Request j's
   // unit u lands at unit u ^ u_swizzle(j, E) of its row: the same for all of a thread's requests (j + 8) with
   // 16-bit U, so its copies then move on by constant strides.
   DSPARK_DEVICE void tile(int64_t off, int rows, int nb, uint4* slot, const void* any, int t) const {
-    const int log_upr = lg + 3, E = 16 >> lg, jstep = kThreads >> log_upr;
+    const int log_upr = lg + 3, E = 16 >> lg, jstep = kT >> log_upr;
     const int u = t & ((1 << log_upr) - 1), j0 = t >> log_upr;
     const bool in = u * E < rows;
     const char* s = in ? src + (off << lg) : static_cast<const char*>(any);
@@ -1022,12 +1038,13 @@ struct UStage {
 };
 
 // A staged fp8 chunk (rows of kRawStride8 bytes, `width` of them used) widened to bf16 rows of kWtStrideM elements:
-// 16-byte unit idx = t + 128 j (row idx / upr, unit idx % upr) by thread t. With full 64-byte rows a quarter-warp
-// reads the 4 units of two rows (8 bank groups) and writes each unit's two bf16 halves to units 9 r + 2 q (+ 1) of
-// rows 144 bytes apart, distinct mod 8: conflict-free (a 32-byte tail chunk, r = 32 mod 64, is 2-way).
+// 16-byte unit idx = t + kT j (row idx / upr, unit idx % upr) by thread t of kT. With full 64-byte rows a
+// quarter-warp reads the 4 units of two rows (8 bank groups) and writes each unit's two bf16 halves to units 9 r +
+// 2 q (+1) of rows 144 bytes apart, distinct mod 8: conflict-free (a 32-byte tail chunk, r = 32 mod 64, is 2-way).
+template <int kT>
 DSPARK_DEVICE void widen_chunk(const __nv_fp8_e4m3* raw, __nv_bfloat16* out, int width, int t) {
   const int upr = width / 16;
-  for (int idx = t; idx < kThreads * upr; idx += kThreads) {
+  for (int idx = t; idx < kTileRows * upr; idx += kT) {
     const int row = idx / upr, q = 16 * (idx - row * upr);
     const Vec16<__nv_fp8_e4m3> w = *reinterpret_cast<const Vec16<__nv_fp8_e4m3>*>(raw + row * kRawStride8 + q);
     Vec16<__nv_bfloat16> h[2];
@@ -1049,11 +1066,11 @@ DSPARK_DEVICE void zero(float (&acc)[2][kFrags][4]) {
       for (int q = 0; q < 4; ++q) acc[mt][f][q] = 0.0f;
 }
 
-// One staged chunk on tensor cores: warp w owns rows 32w..32w+31 of the tile (two m16 blocks, A from the ring slot
-// through ldmatrix x4) and multiplies them by every 8-request block of its register tile (B from vt, VTile's layout,
-// each block at an immediate offset: one ldmatrix x4 gives the hi fragments of two blocks, or with kLo the hi and lo
-// fragments of one). The blocks past the group's are multiplied too (by whatever vt holds there) and never stored:
-// no test in the loop.
+// One staged chunk on tensor cores: row warp w (< 4) owns rows 32w..32w+31 of the tile (two m16 blocks, A from the
+// ring slot through ldmatrix x4) and multiplies them by every 8-request block of its register tile (kFrags blocks
+// from vt's block `vt` points at; B in VTile's layout, each block at an immediate offset: one ldmatrix x4 gives the
+// hi fragments of two blocks, or with kLo the hi and lo fragments of one). The blocks past the group's are
+// multiplied too (by whatever vt holds there) and never stored: no test in the loop.
 template <typename TW, int kFrags, bool kLo>
 DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const TW* vt, const VTile& vl, int64_t rc,
                              int width, int lane, int warp) {
@@ -1064,20 +1081,27 @@ DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const T
   // B's matrices: columns 0-7 and 8-15 of the k-step's hi rows (m = 0, 1), then (m = 2, 3) of its lo rows (kLo) or
   // of the next block's hi rows (kPairs)
   const TW* brow = vt + vl.at(kPairs ? j + 8 * (m >> 1) : j, rc + (m & 1) * 8) + (kLo ? (m >> 1) * vl.lo_off : 0);
-#pragma unroll 1  // one k-step per SASS iteration (bench/sass_draft.py counts them)
-  for (int kk = 0; kk < width; kk += 16, brow += vl.kbs) {
-    uint32_t a[2][4];
-    warp::ldmatrix<4>(a[0], arow + kk);
-    warp::ldmatrix<4>(a[1], arow + 16 * kWtStrideM + kk);
+  // k-steps a SASS iteration (width is a multiple of 32; bench/sass_draft.py counts them): two for a tile of up to
+  // 4 blocks a warp, which halves the loop's own instructions a step; one for 8 (two spill at 255 registers)
+  constexpr int kSteps = kFrags > 4 ? 1 : 2;
+#pragma unroll 1
+  for (int kk = 0; kk < width; kk += 16 * kSteps, brow += kSteps * vl.kbs) {
 #pragma unroll
-    for (int f = 0; f < kFrags; f += kB) {
-      uint32_t b[kLo || kPairs ? 4 : 2];
-      warp::ldmatrix<kLo || kPairs ? 4 : 2>(b, brow + 128 * f);
+    for (int ks = 0; ks < kSteps; ++ks) {
+      const TW* bs = brow + ks * vl.kbs;
+      uint32_t a[2][4];
+      warp::ldmatrix<4>(a[0], arow + kk + 16 * ks);
+      warp::ldmatrix<4>(a[1], arow + 16 * kWtStrideM + kk + 16 * ks);
 #pragma unroll
-      for (int h = 0; h < (kLo || kPairs ? 2 : 1); ++h) {
-        const uint32_t bh[2] = {b[2 * h], b[2 * h + 1]};
+      for (int f = 0; f < kFrags; f += kB) {
+        uint32_t b[kLo || kPairs ? 4 : 2];
+        warp::ldmatrix<kLo || kPairs ? 4 : 2>(b, bs + 128 * f);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) warp::mma_m16n8k16<TW>(acc[mt][kPairs ? f + h : f], a[mt], bh);
+        for (int h = 0; h < (kLo || kPairs ? 2 : 1); ++h) {
+          const uint32_t bh[2] = {b[2 * h], b[2 * h + 1]};
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) warp::mma_m16n8k16<TW>(acc[mt][kPairs ? f + h : f], a[mt], bh);
+        }
       }
     }
   }
@@ -1086,23 +1110,28 @@ DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const T
 // The tensor-core sweep for a 16-bit W2 (bf16 / fp16; TS = TW) or an fp8 one (TS = e4m3 staged raw and widened to
 // TW = bf16 per chunk: widen_chunk), per request group (NBT a multiple of 8; the group pads to it with zero rows):
 // the group's v rows split into hi + lo rows (split_group); the CTA's W2 slice streams through
-// a kStages-deep cp.async ring of [128 rows x kRKm columns] chunks, kStages - 1 chunks in flight while one is
+// a kStages-deep cp.async ring of [kTileRows x kRKm columns] chunks, kStages - 1 chunks in flight while one is
 // multiplied (mma_chunk); after a tile's last chunk the accumulators go to a shared [NB][kLtStrideM] bias tile and
 // every thread folds its request's share (fold_pieces) into its running partial, kept in registers across the
-// slice: one reduction per request (over its plan.tpr threads) and slice.
+// slice: one reduction per request (over its plan.tpr threads) and slice. With 8 warps (cta_threads) warp w
+// multiplies the tile's rows of row warp w % 4 by the requests of half w / 4 of the register tile: every W2 chunk
+// still comes on chip once, and each scheduler has two warps to issue from.
 template <typename TW, int NBT, typename TS>
 DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& plan, const Workspace& ws, int64_t k,
                                         const rng::Philox& ph, float* smem, const SweepScratch& sc) {
   static_assert(NBT % 8 == 0, "the request group pads to the MMA's N");
-  constexpr int kFrags = NBT / 8;
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  constexpr int kT = cta_threads(NBT, true), kHalves = kT / kThreads;
+  static_assert(NBT % (8 * kHalves) == 0, "each half of the register tile is whole MMA blocks");
+  constexpr int kFrags = NBT / 8 / kHalves;  // a warp's blocks of 8 requests
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, row_warp = warp % kWarps;
+  const int block0 = (warp / kWarps) * kFrags;  // the warp's first block
   const int64_t N = p.N, V = p.V, R = p.R, rpad = plan.rpad;
   const VTile vl = vtile(plan.vrows, rpad);
   TW* vt = reinterpret_cast<TW*>(smem);                // hi rows, then lo rows (VTile)
   constexpr bool kWiden = !std::is_same<TS, TW>::value;  // an fp8 W2
   constexpr int kSlotStride = kWiden ? kRawStride8 : kWtStrideM;
-  TS* ring = reinterpret_cast<TS*>(smem + plan.off_wt);  // [kStages][kThreads][kSlotStride]
-  TW* wide = reinterpret_cast<TW*>(ring + kStages * kThreads * kSlotStride);  // [kThreads][kWtStrideM] (kWiden)
+  TS* ring = reinterpret_cast<TS*>(smem + plan.off_wt);  // [kStages][kTileRows][kSlotStride]
+  TW* wide = reinterpret_cast<TW*>(ring + kStages * kTileRows * kSlotStride);  // [kTileRows][kWtStrideM] (kWiden)
   float* lt = smem + plan.off_l;                       // [vrows][kLtStrideM]: the tile's biases
   float* temps = smem + plan.off_temp;                 // [NB]: T, or 0 for greedy
   float* unscale = smem + plan.off_scale;              // [NB]: 1 / s
@@ -1110,15 +1139,15 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   int64_t v0, v1;
   slice_bounds(V, plan.slices, slice, v0, v1);
   const int nchunks = static_cast<int>((rpad + kRKm - 1) / kRKm);
-  const int total = v1 > v0 ? static_cast<int>((v1 - v0 + kThreads - 1) / kThreads) * nchunks : 0;
+  const int total = v1 > v0 ? static_cast<int>((v1 - v0 + kTileRows - 1) / kTileRows) * nchunks : 0;
   const TS* w2 = static_cast<const TS*>(p.w2);
   const bool vec = (R * static_cast<int64_t>(sizeof(TS))) % 16 == 0 && is_aligned16(w2);
   const int tpr = plan.tpr;
   const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
   const int jf = fl.jf;  // the request this thread folds
-  const int64_t slot_elems = int64_t(kThreads) * kSlotStride;
+  const int64_t slot_elems = int64_t(kTileRows) * kSlotStride;
   uint4* uring = reinterpret_cast<uint4*>(smem + plan.off_u);  // [uslots][group][128 elements of U] (stage_u)
-  const int64_t urow_units = kThreads * int64_t(dtype_size(p.base_dtype)) / 16;  // a request's row of a U tile
+  const int64_t urow_units = kTileRows * int64_t(dtype_size(p.base_dtype)) / 16;  // a request's row of a U tile
   const int64_t uslot_units = int64_t(plan.group) * urow_units;
   const bool fused = p.head == kVanilla;  // (the workspace then has no v rows: ws.v is null)
   const VRows vr{ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
@@ -1131,12 +1160,12 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
     // the chunk at `at` into its ring slot, and with a tile's last chunk the tile's U (stage_u), in one commit
     // group; then `at` moves on
     ChunkCursor at{};
-    const UStage ust(p, g0, k, v0, t);
+    const UStage<kT> ust(p, g0, k, v0, t);
     auto stage = [&]() {
       if (at.c < total) {
-        const int64_t tile0 = v0 + at.tile * kThreads;
-        const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
-        stage_w2_chunk<TS, kSlotStride>(w2, R, rpad, tile0, rows, at.ci, vec, ring + at.slot * slot_elems, t);
+        const int64_t tile0 = v0 + at.tile * kTileRows;
+        const int rows = static_cast<int>(v1 - tile0 < kTileRows ? v1 - tile0 : kTileRows);
+        stage_w2_chunk<kT, TS, kSlotStride>(w2, R, rpad, tile0, rows, at.ci, vec, ring + at.slot * slot_elems, t);
         if (plan.stage_u && at.ci == nchunks - 1)
           ust.tile(tile0 - v0, rows, nb, uring + at.uslot * uslot_units, p.base, t);
       }
@@ -1149,9 +1178,9 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       vanilla_prologue(p, plan, ws, k, g0, nb, slice, sc.xs, smem, sc.parts, sc.sums);
       __syncthreads();
     }
-    const bool lo_mine = split_group(vr, R, rpad, g0, nb, nbp, vt, vl, unscale, lane, warp);
+    const bool lo_mine = split_group<TW, kT / 32>(vr, R, rpad, g0, nb, nbp, vt, vl, unscale, lane, warp);
     bool lo_live = true;
-    for (int j = t; j < nb; j += kThreads) {
+    for (int j = t; j < nb; j += kT) {
       const float temp = p.temperature != nullptr ? ldg(p.temperature + g0 + j) : 0.0f;
       temps[j] = temp > 0.0f ? temp : 0.0f;
     }
@@ -1171,29 +1200,30 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);
       const TW* chunk;
       if constexpr (kWiden) {
-        widen_chunk(ring + cu.slot * slot_elems, wide, width, t);
+        widen_chunk<kT>(ring + cu.slot * slot_elems, wide, width, t);
         __syncthreads();
         chunk = wide;
       } else {
         chunk = ring + cu.slot * slot_elems;
       }
       if (lo_live) {  // block-uniform: a loop without the lo products' predicates when every lo row is zero
-        mma_chunk<TW, kFrags, true>(acc, chunk, vt, vl, rc, width, lane, warp);
+        mma_chunk<TW, kFrags, true>(acc, chunk, vt + 128 * block0, vl, rc, width, lane, row_warp);
       } else {
-        mma_chunk<TW, kFrags, false>(acc, chunk, vt, vl, rc, width, lane, warp);
+        mma_chunk<TW, kFrags, false>(acc, chunk, vt + 128 * block0, vl, rc, width, lane, row_warp);
       }
       if (ci == nchunks - 1) {
-        const int64_t tile0 = v0 + cu.tile * kThreads;
-        const int rows = static_cast<int>(v1 - tile0 < kThreads ? v1 - tile0 : kThreads);
+        const int64_t tile0 = v0 + cu.tile * kTileRows;
+        const int rows = static_cast<int>(v1 - tile0 < kTileRows ? v1 - tile0 : kTileRows);
         const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int f = 0; f < kFrags; ++f)
-            if (f * 8 < nb)
+            if ((block0 + f) * 8 < nb)
 #pragma unroll
               for (int q = 0; q < 4; ++q)
-                lt[(f * 8 + 2 * tq + (q & 1)) * kLtStrideM + warp * 32 + mt * 16 + g + 8 * (q >> 1)] = acc[mt][f][q];
+                lt[((block0 + f) * 8 + 2 * tq + (q & 1)) * kLtStrideM + row_warp * 32 + mt * 16 + g + 8 * (q >> 1)] =
+                    acc[mt][f][q];
         zero(acc);  // the next tile's, set here: zeros, not the stored sums, are live through the fold
         __syncthreads();
         if (jf < nb) {
@@ -1220,7 +1250,8 @@ template <typename TS>
 using MmaType = std::conditional_t<std::is_same<TS, __nv_fp8_e4m3>::value, __nv_bfloat16, TS>;
 
 template <typename TS, int NBT, bool kMma>
-__global__ void __launch_bounds__(kThreads, 1) draft_block_kernel(DraftBlockParams p, Plan plan, Workspace ws) {
+__global__ void __launch_bounds__(cta_threads(NBT, kMma), 1)
+    draft_block_kernel(DraftBlockParams p, Plan plan, Workspace ws) {
   DSPARK_DYNAMIC_SMEM(unsigned char, smem_raw);
   float* smem = reinterpret_cast<float*>(smem_raw + ((32u - (reinterpret_cast<uintptr_t>(smem_raw) & 31u)) & 31u));
   DSPARK_SHARED_ARRAY(Part, part_scratch, 32);
@@ -1278,16 +1309,17 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm, size_t sme
   const int64_t max_rows = int64_t(kWarps) * (kPerWarp / m);
   // the v rows of a group: float32 (FMA sweep) or hi + lo 16-bit rows padded to 8 requests (VTile)
   pl.vrows = pl.mma ? round_up(pl.group, 8) : pl.group;
+  pl.threads = cta_threads(pl.group, pl.mma);
   int tpr = 32;
-  while (tpr > 1 && int64_t(tpr) * pl.group > kThreads) tpr >>= 1;
+  while (tpr > 1 && int64_t(tpr) * pl.group > pl.threads) tpr >>= 1;
   pl.tpr = tpr;
   const int64_t vfloats = pl.mma ? vt_elements(pl.vrows, pl.rpad) / 2 : pl.vrows * pl.rpad;
   const int64_t area = std::max<int64_t>({vfloats, R, int64_t(kZGroup) * kZStride + m * max_rows * kCC});
   pl.off_wt = round_up(area, 8);  // 32-byte aligned
   // the tensor-core ring: kStages 16-bit slots, or (fp8) kStages raw slots and the widened chunk
   const int64_t ring_bytes = p.w2_dtype == DType::kFloat8E4M3
-                                 ? int64_t(kStages) * kThreads * kRawStride8 + int64_t(kThreads) * kWtStrideM * 2
-                                 : int64_t(kStages) * kThreads * kWtStrideM * 2;
+                                 ? int64_t(kStages) * kTileRows * kRawStride8 + int64_t(kTileRows) * kWtStrideM * 2
+                                 : int64_t(kStages) * kTileRows * kWtStrideM * 2;
   pl.off_l = pl.off_wt + (pl.mma ? round_up(ring_bytes / 4, 8) : int64_t(kThreads) * kWtStride);
   pl.off_temp = pl.off_l + pl.vrows * kLtStrideM;
   pl.off_scale = pl.off_temp + round_up(pl.group, 4);
@@ -1299,7 +1331,7 @@ inline Plan make_plan(const DraftBlockParams& p, int sms, int per_sm, size_t sme
   const int64_t nchunks = (pl.rpad + kRKm - 1) / kRKm;
   const int64_t u_elems = 16 / int64_t(dtype_size(p.base_dtype));
   pl.uslots = static_cast<int>((kStages - 1) / nchunks + 1);
-  const size_t u_bytes = size_t(pl.uslots) * size_t(pl.group) * kThreads * dtype_size(p.base_dtype);
+  const size_t u_bytes = size_t(pl.uslots) * size_t(pl.group) * kTileRows * dtype_size(p.base_dtype);
   pl.stage_u = pl.mma && p.V % u_elems == 0 && is_aligned16(p.base) &&
                pl.smem + u_bytes + kStaticSmemReserve <= smem_cap;
   if (pl.stage_u) pl.smem += u_bytes;
@@ -1358,7 +1390,8 @@ inline cudaError_t launch_typed(const DraftBlockParams& p, void* workspace, cuda
   // always, not only above 48 KB: the default limit counts the static shared memory too
   const cudaError_t err = set_max_dynamic_smem(kernel, pl.smem);
   if (err != cudaSuccess) return err;
-  const int per_sm = max_active_blocks_per_sm(kernel, kThreads, pl.smem);
+  if (pl.threads != cta_threads(NBT, kMma)) return cudaErrorInvalidConfiguration;  // (launch_w2 picks NBT so)
+  const int per_sm = max_active_blocks_per_sm(kernel, pl.threads, pl.smem);
   if (per_sm < 1) return cudaErrorInvalidConfiguration;
   pl = make_plan(p, device_sm_count(), per_sm, cap);
   if (out_plan != nullptr) *out_plan = pl;
@@ -1374,7 +1407,7 @@ inline cudaError_t launch_typed(const DraftBlockParams& p, void* workspace, cuda
   ws.keys = reinterpret_cast<uint64_t*>(ws.parts + 2 * int64_t(pl.slices) * p.N);
   LaunchConfig cfg;
   cfg.grid = dim3(static_cast<unsigned>(pl.grid));
-  cfg.block = dim3(kThreads);
+  cfg.block = dim3(static_cast<unsigned>(pl.threads));
   cfg.smem = pl.smem;
   cfg.stream = stream;
   cfg.cooperative = true;

@@ -132,17 +132,42 @@ DSPARK_DEVICE T warp_allreduce(T v) {
   return v;
 }
 
+// Each warp's merge of v into scratch[warp], then a barrier (the block-wide reductions' first half).
+template <typename T>
+DSPARK_DEVICE void publish_warp_partials(T v, T* scratch) {
+  v = warp_allreduce(v);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+}
+
 // Block-wide all-reduce for blockDim.x a multiple of 32 (<= 1024); every thread gets the result. `scratch` is
 // shared memory for 32 values of T; the call starts and ends with a barrier's worth of ordering, so scratch may
 // be reused right after it.
 template <typename T>
 DSPARK_DEVICE T block_allreduce(T v, T* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  v = warp_allreduce(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
+  const int nwarps = blockDim.x >> 5;
+  publish_warp_partials(v, scratch);
   T r = scratch[0];
   for (int w = 1; w < nwarps; ++w) r.merge(scratch[w]);
+  __syncthreads();
+  return r;
+}
+
+// block_allreduce with the warps' partials merged by warp 0 alone (the same merges in the same order, so the same
+// result), then handed to the block through scratch[0]: for a costly merge (draft_block's Part) in a CTA of many
+// warps, nwarps - 1 merges a call instead of nwarps (nwarps - 1), for one more barrier.
+template <typename T>
+DSPARK_DEVICE T block_allreduce_by_lead(T v, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  publish_warp_partials(v, scratch);
+  if (warp == 0) {
+    T r = scratch[0];
+    for (int w = 1; w < nwarps; ++w) r.merge(scratch[w]);  // warp 0's merge of the warps' partials
+    __syncwarp(0xffffffffu);  // every lane has read scratch[0] before lane 0 overwrites it
+    if (lane == 0) scratch[0] = r;
+  }
+  __syncthreads();
+  const T r = scratch[0];
   __syncthreads();
   return r;
 }
