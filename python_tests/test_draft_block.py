@@ -610,7 +610,7 @@ def test_cuda_two_ctas_an_sm_where_shared_memory_allows(cuda_device, n, rank, fp
     assert per_sm == (2 if n <= 25 else 1) and min(launch["ctas_per_sm"], 2) == per_sm
     assert launch["ctas"] == ctas == mirror.draft_sweep_plan(n, vocab, rank, fp8=fp8)["ctas"]
     warps = mirror.draft_sweep_plan(n, vocab, rank, fp8=fp8)["warps"]
-    assert warps == (8 if n > 32 else 4) and launch["threads"] == 32 * warps
+    assert warps == (mirror.WIDE_WARPS if n > 32 else 4) and launch["threads"] == 32 * warps
 
 
 def _launch_with_small_l2(base, anchors, head, temperature):
@@ -936,7 +936,7 @@ def test_sass_tensor_core_sweep_uses_cp_async_ldmatrix_and_mma():
     for k in mma:
         loops = k["sass"]["loops"]
         tile = int(k["demangled"].split(">")[0].split(", ")[-2])
-        wide = 256 if tile == 64 else 128  # the CTA's threads (kWideWarps = 8: 256 at the 64-request tile)
+        wide = 32 * headline().draft_warps(tile)  # the CTA's threads (kWideWarps warps at the 64-request tile)
         frags = tile // 8 // (wide // 128)  # a warp's 8-request blocks
         steps = 1 if frags > 4 else 2  # k-steps a loop iteration (kSteps): 2 HMMA a block each, 4 with lo products
         assert any(lp["LDSM"] > 0 and lp["HMMA"] >= 2 * steps * frags and lp["LDGSTS"] == 0 for lp in loops), \
