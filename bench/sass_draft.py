@@ -57,7 +57,8 @@ def shape(n: int, k: int, vocab: int = V, rank: int = 256) -> dict:
                 pieces=max(1, 128 // (8 * tpr)))
 
 
-CHUNK_LOOP = "for (ChunkCursor cu{}; cu.c < total;"
+TILE_LOOP = "for (int left = slice_rows, uslot = 0; left > 0;"
+CHUNK_LOOP = "for (int ci = 0; ci < nchunks; ++ci, b += kblocks_chunk,"
 PROLOGUE = "for (int s = 0; s < kStages - 1; ++s) stage();"
 
 
@@ -115,19 +116,19 @@ def regions(s: dict) -> list:
         (db, "DSPARK_DEVICE bool split_row_elements(", 0, None),
         (db, "DSPARK_DEVICE float at(int64_t g0, int j, int64_t c) const {", 0, None),  # (only that path's)
         # the sweep: group loop, temperatures, the staging lambda (2 + chunks calls a group), the chunk loop
-        (db, "for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N;", groups * W, "void phase_sweep_mma"),
+        (db, "for (int64_t g0 = int64_t(lane_id) * group; g0 < N;", groups * W, "void phase_sweep_mma"),
         (db, "for (int j = t; j < nb; j += kT) {", groups * math.ceil(nb / 32), "void phase_sweep_mma"),
         (db, PROLOGUE, 2 * groups * W, "void phase_sweep_mma"),
         (db, "DSPARK_DEVICE UStage(const DraftBlockParams& p", groups * W, "struct UStage"),
         (db, "for (int j = j0; j < nb; j += jstep, s += st) {", 0, "struct UStage"),  # fp32 U
-        (db, "for (int i = t; i < kTileRows * width; i += kT) {", 0, "void stage_w2_chunk"),
+        (db, "for (int i = t; i < kTileRows * width; i += kT) {", 0, "void stage_w2_elements"),
+        (db, TILE_LOOP, tiles * W, "void phase_sweep_mma"),
         (db, CHUNK_LOOP, chunks * W, "void phase_sweep_mma"),
-        (db, "DSPARK_DEVICE void zero(float (&acc)", (groups + tiles) * W, None),  # a group's and each tile's
+        (db, "DSPARK_DEVICE void zero(float (&acc)", tiles * W, None),  # each tile's
         (db, "mma_chunk<TW, kFrags, true>", 0, "void phase_sweep_mma"),  # the vanilla head's v has no lo rows
         (db, "mma_chunk<TW, kFrags, false>", chunks * W, "void phase_sweep_mma"),
-        (db, "for (int kk = 0; kk < width; kk += 16 * kSteps, brow += kSteps * vl.kbs) {",
+        (db, "for (int kk = 0; kk < width; kk += 16 * kSteps, brow += kSteps * kbs) {",
          chunks * W * 4 // k_steps(s), "void mma_chunk"),
-        (db, "if (ci == nchunks - 1) {", tiles * W, "void phase_sweep_mma"),
         (db, "if (jf < nb) {", tiles * s["fold_warps"], "void phase_sweep_mma"),
         # the fold (greedy, U staged: fold_pieces_greedy), once a tile for each folding warp, a piece of 8 rows of U
         # an iteration; add_n's NaN branch is taken while every logit so far is -inf: once a group sweep. Off the
@@ -157,11 +158,16 @@ def regions(s: dict) -> list:
     loops = {r.name: r for r in out}
     pro_u = groups * sum(1 for c in range(2) if c < s["chunks"] and c % s["nchunks"] == s["nchunks"] - 1)
     for loop, calls, u_tiles in ((CHUNK_LOOP, chunks, tiles - pro_u), (PROLOGUE, 2 * groups, pro_u)):
+        # (and the helpers it inlines, each a region of its own: their inline info can name a wrong caller, the
+        # fold or the element copies off the path)
         for marker, count, after in (("auto stage = [&]() {", calls * W, "void phase_sweep_mma"),
-                                     ("ust.tile(tile0 - v0, rows, nb, uring", u_tiles * W, "void phase_sweep_mma"),
-                                     ("DSPARK_DEVICE void tile(int64_t off", u_tiles * W, "struct UStage"),
-                                     ("for (int j = j0; j < nb; j += jstep, s += st, d +=",
-                                      u_tiles * W * math.ceil(nb / (2 * W)), "struct UStage")):
+                                     ("DSPARK_DEVICE void next(int nchunks, int uslots) {", calls * W,
+                                      "struct ChunkCursor"),
+                                     ("DSPARK_DEVICE void issue(TW* slot, int rows, int cols", calls * W,
+                                      "struct W2Copies"),
+                                     ("DSPARK_DEVICE void next(bool tile_end)", calls * W, "struct W2Copies"),
+                                     ("ust.tile(slice_rows - at.rows_left", u_tiles * W, "void phase_sweep_mma"),
+                                     ("DSPARK_DEVICE void tile(int64_t off", u_tiles * W, "struct UStage")):
             name = f"{marker} ({'chunk loop' if loop == CHUNK_LOOP else 'prologue'})"
             out.append(sr.find_region(db, marker, count, after=after, name=name, within=loops[loop]))
     return out
@@ -178,9 +184,9 @@ def warp_blocks(s: dict) -> int:
 
 
 def k_steps(s: dict) -> int:
-    """mma_chunk's k-steps a SASS iteration (kSteps): 2 for up to 4 blocks a warp, else 1; 4 k-steps a 64-column
-    chunk."""
-    return 1 if warp_blocks(s) > 4 else 2
+    """mma_chunk's k-steps a SASS iteration (kSteps, no lo products): a 64-column chunk's 4 for up to 4 blocks a
+    warp, else 1."""
+    return 1 if warp_blocks(s) > 4 else 4
 
 
 def kernel_name(s: dict) -> str:
@@ -201,9 +207,11 @@ def estimate(funcs: dict, n: int, k: int) -> dict:
     if name is None:
         raise SystemExit(f"sass_draft: no {kernel_name(s)} in the object's sm_90a SASS")
     frags = warp_blocks(s)
-    # mma_chunk's instance with the lo products (two HMMA a block and fragment, not one) is off the path: the
-    # vanilla head's v rows have no lo part
-    lo_loop = lambda body: sum(" HMMA." in f" {i.text}" for i in body) == 4 * k_steps(s) * frags  # noqa: E731
+    # mma_chunk's instance with the lo products is off the path (the vanilla head's v rows have no lo part): its
+    # loop takes 2 k-steps an iteration (1 at 8 blocks a warp), each 2 A loads, a B load a block and 4 HMMA a block
+    lo_steps = 1 if frags > 4 else 2
+    lo_loop = lambda body: (sum(" HMMA." in f" {i.text}" for i in body) == 4 * lo_steps * frags and  # noqa: E731
+                            sum(" LDSM." in f" {i.text}" for i in body) == lo_steps * (2 + frags))
     per_cta = sr.estimate(funcs[name], regions(s), PROJECT, off_path=lo_loop)
     top = sorted(per_cta["by_region"].items(), key=lambda kv: -kv[1])[:8]
     return dict(N=n, K=k, V=V, r=256, ctas=s["ctas"], kernel=name,

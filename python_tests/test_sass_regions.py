@@ -202,6 +202,22 @@ def test_an_inlined_frame_counts_only_before_the_chain_reaches_the_loop(header):
     assert [n for n, _ in sr.charges(sr.parse_lined(straight)["_Z1g"], regions, ["k.cuh"])] == [7] * 5
 
 
+def test_an_inlined_frame_that_would_run_more_often_than_its_loop_is_a_misnamed_call_site(header):
+    """The same listing with the rare block given 9 runs, more than the loop's 7 around the helper's copy: no
+    block inside a loop runs more often than the loop, so the frame names the wrong call site and the copy takes the
+    loop's 7 (the cold block's 0 still holds: a block off the path may hold a loop's copy)."""
+    sass = _listing("_Z1g", header, [".L_x_1", ((2,), "@P2 BRA `(.L_x_3)"),
+                                     ((10, 15, 3), "IADD3 R2, R2, 0x1, RZ"), ((10, 5), "IADD3 R4, R4, 0x1, RZ"),
+                                     ".L_x_3", ((2,), "@P0 BRA `(.L_x_1)")])
+    f = sr.parse_lined(sass)["_Z1g"]
+    regions = [sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7),
+               sr.find_region(header, "if (rare) {", 9),
+               sr.find_region(header, "else {  // the cold side", 0)]
+    assert [n for n, _ in sr.charges(f, regions, ["k.cuh"])] == [7, 0, 7, 7]
+    regions[1] = sr.find_region(header, "if (rare) {", 2)
+    assert [n for n, _ in sr.charges(f, regions, ["k.cuh"])] == [7, 0, 2, 7]
+
+
 def test_a_region_within_a_loop_counts_only_its_own_copy(header):
     """The helper's block (line 10) inlined twice: a copy inside the SASS loop closing at line 2 (the loop's body
     runs 7 times) and a copy inside the one closing at line 17 (4 times). Named once for each loop with `within`,
@@ -235,8 +251,9 @@ def test_sass_draft_table_matches_the_plan_and_the_source():
     assert (s["tiles"], s["nchunks"], s["chunks"], s["tpr"], s["fold_warps"], s["pieces"]) == (36, 4, 144, 4, 8, 4)
     assert s["warps"] == 8
     regions = {r.name: r for r in sd.regions(s)}
-    kstep = "for (int kk = 0; kk < width; kk += 16 * kSteps, brow += kSteps * vl.kbs) {"
-    assert regions[kstep].count == 15 * 144 * 8 * 2  # K x chunks x warps x iterations (two k-steps each)
+    kstep = "for (int kk = 0; kk < width; kk += 16 * kSteps, brow += kSteps * kbs) {"
+    assert regions[kstep].count == 15 * 144 * 8  # K x chunks x warps x iterations (a chunk's four k-steps each)
+    assert sd.k_steps(dict(s, warps=4)) == 1  # (8 blocks a warp: one k-step an iteration)
     assert regions["for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {"].count == 15 * 36 * 8 * 4
     assert regions[kstep].loop
     # the greedy fold's rare branch: a warp enters it at a piece where some lane meets a new maximum (logits in

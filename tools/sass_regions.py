@@ -17,8 +17,10 @@ instruction is charged:
   - else, inside a SASS loop (the innermost backward branch around it, exact from the addresses), that loop's
     count (the region that opens at the loop's line): code inlined from elsewhere runs as often as the loop it
     sits in; but when a line it was inlined at, before the chain reaches the loop's own source, lies in a region
-    that does not hold the loop, that region's count (a helper inlined into a rare branch of the loop body, or
-    into a function off the path: 0); nothing when the loop is off the path (it closes in a region of count 0);
+    that does not hold the loop and runs at most as often as the loop, that region's count (a helper inlined into
+    a rare branch of the loop body, or into a function off the path: 0; a region that would run more often than
+    the loop around the instruction cannot hold it: a misnamed call site); nothing when the loop is off the path
+    (it closes in a region of count 0);
   - else the count of the smallest region holding a line it was inlined at (innermost first); else, in a
     subroutine (a ``__noinline__`` function), of the smallest region holding a frame of its first instruction's
     chain; else once.
@@ -250,6 +252,8 @@ def charges(insns: Sequence[Insn], regions: Sequence[Region], files: Sequence[st
                     inner = None
                     break
                 if inner is not None and not (inner.file == loop.file and inner.first <= loop.first <= inner.last):
+                    if inner.count > loop.count:  # it cannot sit inside this loop: a misnamed call site
+                        inner = None
                     break
                 inner = None
             out.append((inner.count, inner.name) if inner is not None else (loop.count, f"loop {loop.name}"))

@@ -940,62 +940,71 @@ DSPARK_DEVICE bool split_group(const VRows& vr, int64_t R, int64_t rpad, int64_t
   return lo_live;
 }
 
-// A place in a CTA's chunk stream: chunk c = tile * nchunks + ci, in ring slot c % kStages, its tile's U in slot
-// tile % uslots; moved on by counters, so the sweep's loop divides nothing.
+// The staging side's place in a CTA's chunk stream (kStages - 1 chunks ahead of the multiplying side): chunk ci of
+// the tile `rows_left` rows before the slice's end (none left: the stream is done), in ring slot `slot`, its tile's
+// U in slot `uslot`; moved on by counters (ints: a slice has fewer than 2^31 rows), so it multiplies and divides
+// nothing.
 struct ChunkCursor {
-  int c, tile;  // (a slice's chunks number at most V / 16 * 32: well within int)
-  int ci, slot, uslot;
+  int ci, slot, uslot, rows_left;
+  DSPARK_DEVICE int rows() const { return rows_left < kTileRows ? rows_left : kTileRows; }  // the tile's, in the slice
   DSPARK_DEVICE void next(int nchunks, int uslots) {
-    ++c;
     if (++slot == kStages) slot = 0;
     if (++ci == nchunks) {
       ci = 0;
-      ++tile;
+      rows_left -= kTileRows;
       if (++uslot == uslots) uslot = 0;
     }
   }
 };
 
-// kVpr 16-byte vectors of each of the kTileRows rows from src (rows R elements apart; `rows` of them in the slice,
-// `cols` elements left in each) into a ring slot [kTileRows][kStride] by cp.async, zero-filled past either end (a
-// zero-size copy reads nothing; `any` is a valid address to name). Thread t of kT takes vector t % kVpr of rows
-// t / kVpr + j * (kT / kVpr): no division, one predicate and one copy per vector.
-template <int kT, int kVpr, typename TW, int kStride>
-DSPARK_DEVICE void stage_rows_vec(const TW* src, const TW* any, int64_t R, int rows, int64_t cols, TW* slot, int t) {
-  constexpr int kEpv = static_cast<int>(16 / sizeof(TW)), kStep = kT / kVpr;
-  static_assert(kTileRows % kStep == 0, "whole passes over the tile's rows");
-  const int q = t % kVpr, row0 = t / kVpr;
-  const bool col_in = q * kEpv < cols;  // R is a multiple of kEpv here
-  const TW* s = src + row0 * R + q * kEpv;
-  const int64_t step = kStep * R;
-  TW* d = slot + row0 * kStride + q * kEpv;
-#pragma unroll
-  for (int j = 0; j < kTileRows / kStep; ++j, s += step, d += kStep * kStride) {
-    const bool in = col_in && row0 + j * kStep < rows;
-    cp_async_zfill<16>(d, in ? s : any, in ? 16 : 0);
+// This thread's share of the 16-byte cp.async copies of W2's chunks into the ring (W2's rows 16-byte aligned):
+// vector t % kVpr of rows t / kVpr + j * kStep of each chunk of kTileRows x kRKm, zero-filled past the slice or the
+// rank (a zero-size copy reads nothing; `any` is a valid address to name). Set up once a group sweep; its source
+// moves on by kRKm columns a chunk and to the next tile's rows after a tile's last chunk, so a chunk's copies cost a
+// predicate and an address each and no multiplication.
+template <int kT, typename TW, int kStride>
+struct W2Copies {
+  static constexpr int kEpv = static_cast<int>(16 / sizeof(TW)), kVpr = kRKm / kEpv, kStep = kT / kVpr;
+  static_assert(kTileRows % kStep == 0, "whole passes over a tile's rows");
+  const TW* src;       // this thread's first vector of the next chunk
+  int64_t row_step;    // kStep rows of W2, in elements
+  int64_t tile_jump;   // from a tile's last chunk to the next tile's first, in elements
+  int row0, col0;      // this thread's first row and column of a chunk
+  DSPARK_DEVICE W2Copies(const TW* w2, int64_t R, int64_t v0, int nchunks, int t)
+      : row0(t / kVpr), col0((t % kVpr) * kEpv) {
+    src = w2 + (v0 + row0) * R + col0;
+    row_step = kStep * R;
+    tile_jump = kTileRows * R - int64_t(nchunks - 1) * kRKm;
   }
-}
+  // The next chunk into `slot`: `rows` of its tile's rows in the slice, `cols` of W2's columns from its first on.
+  DSPARK_DEVICE void issue(TW* slot, int rows, int cols, const TW* any) const {
+    const bool col_in = col0 < cols;  // R is a multiple of kEpv here
+    const TW* s = src;
+    TW* d = slot + row0 * kStride + col0;
+#pragma unroll
+    for (int j = 0; j < kTileRows / kStep; ++j, s += row_step, d += kStep * kStride) {
+      const bool in = col_in && row0 + j * kStep < rows;
+      cp_async_zfill<16>(d, in ? s : any, in ? 16 : 0);
+    }
+  }
+  DSPARK_DEVICE void next(bool tile_end) { src += tile_end ? tile_jump : kRKm; }
+};
 
 // Chunk ci of W2's tile from row tile0 (`rows` of its kTileRows rows in the slice; columns kRKm * ci on) into a ring
-// slot [kTileRows][kStride] by the kT threads: 16-byte cp.async copies (zero-filled past the slice or the rank) when
-// W2's rows are 16-byte aligned, else element copies.
+// slot [kTileRows][kStride] by the kT threads, element by element (W2's rows not 16-byte aligned; W2Copies
+// otherwise), zero past the slice or the rank.
 template <int kT, typename TW, int kStride>
-DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t tile0, int rows, int ci, bool vec,
-                                  TW* slot, int t) {
-  constexpr int kEpv = static_cast<int>(16 / sizeof(TW));
+DSPARK_DEVICE void stage_w2_elements(const TW* w2, int64_t R, int64_t rpad, int64_t tile0, int rows, int ci,
+                                     TW* slot, int t) {
   const int64_t rc = int64_t(ci) * kRKm;
   const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);  // a multiple of 32
-  if (vec) {  // (a 32-column last chunk: its other 32 columns are zero-filled, and no MMA reads them)
-    stage_rows_vec<kT, kRKm / kEpv, TW, kStride>(w2 + tile0 * R + rc, w2, R, rows, R - rc, slot, t);
-  } else {
-    for (int i = t; i < kTileRows * width; i += kT) {
-      const int row = i / width, q = i - row * width;
-      const int64_t col = rc + q;
-      if (row < rows && col < R) {
-        slot[row * kStride + q] = ldg(w2 + (tile0 + row) * R + col);
-      } else {
-        memset(slot + row * kStride + q, 0, sizeof(TW));
-      }
+  for (int i = t; i < kTileRows * width; i += kT) {
+    const int row = i / width, q = i - row * width;
+    const int64_t col = rc + q;
+    if (row < rows && col < R) {
+      slot[row * kStride + q] = ldg(w2 + (tile0 + row) * R + col);
+    } else {
+      memset(slot + row * kStride + q, 0, sizeof(TW));
     }
   }
 }
@@ -1005,7 +1014,7 @@ DSPARK_DEVICE void stage_w2_chunk(const TW* w2, int64_t R, int64_t rpad, int64_t
 // that U's rows allow them (V a multiple of 16 bytes of U, U 16-byte aligned). Thread t of kT copies unit t % upr of
 // the rows of requests t / upr, + kT / upr, ...: set up once a group sweep (UStage), so a tile's copies cost no
 // division and a predicate, an address and a cp.async each.
-template <int kT>
+template <int kT, int kRows>
 struct UStage {
   const char* src;  // this thread's first copy at the slice's first row v0
   int64_t step;     // bytes between this thread's requests' rows of U
@@ -1026,9 +1035,13 @@ struct UStage {
     const bool in = u * E < rows;
     const char* s = in ? src + (off << lg) : static_cast<const char*>(any);
     const int64_t st = in ? step : 0;
-    if (lg == 1) {
-      uint4* d = slot + (j0 << log_upr) + (u ^ u_swizzle(j0, E));
-      for (int j = j0; j < nb; j += jstep, s += st, d += jstep << log_upr) cp_async_zfill<16>(d, s, in ? 16 : 0);
+    if (lg == 1) {  // unrolled over the most requests a tile holds (kRows), a predicate each
+      constexpr int kJStep = kT >> 4;
+      uint4* d = slot + (j0 << 4) + (u ^ u_swizzle(j0, E));
+#pragma unroll
+      for (int q = 0; q < (kRows + kJStep - 1) / kJStep; ++q, s += st, d += kJStep << 4) {
+        if (j0 + q * kJStep < nb) cp_async_zfill<16>(d, s, in ? 16 : 0);
+      }
     } else {
       for (int j = j0; j < nb; j += jstep, s += st) {
         cp_async_zfill<16>(slot + (j << log_upr) + (u ^ u_swizzle(j, E)), s, in ? 16 : 0);
@@ -1066,43 +1079,56 @@ DSPARK_DEVICE void zero(float (&acc)[2][kFrags][4]) {
       for (int q = 0; q < 4; ++q) acc[mt][f][q] = 0.0f;
 }
 
-// One staged chunk on tensor cores: row warp w (< 4) owns rows 32w..32w+31 of the tile (two m16 blocks, A from the
-// ring slot through ldmatrix x4) and multiplies them by every 8-request block of its register tile (kFrags blocks
-// from vt's block `vt` points at; B in VTile's layout, each block at an immediate offset: one ldmatrix x4 gives the
-// hi fragments of two blocks, or with kLo the hi and lo fragments of one). The blocks past the group's are
-// multiplied too (by whatever vt holds there) and never stored: no test in the loop.
+// This lane's ldmatrix rows for mma_chunk (lane l supplies row l % 8 of matrix l / 8 of an x4 load), as offsets set
+// once a group sweep: `a` in a ring slot (row warp w owns rows 32 w.. of the tile, two m16 blocks), `b` and `b_lo` in
+// the v tile from the warp's first 8-request block, at the chunk's first k-block (VTile: a chunk kRKm / 16 k-blocks
+// on moves by that many kbs). B's matrices: columns 0-7 and 8-15 of the k-step's hi rows (m = 0, 1), then (m = 2,
+// 3) of the next block's hi rows (`b`, kPairs) or of the lo rows (`b_lo`).
+struct MmaLane {
+  int a;
+  int64_t b, b_lo;
+};
+DSPARK_DEVICE MmaLane mma_lane(const VTile& vl, int lane, int row_warp, bool pairs) {
+  const int j = lane & 7, m = lane >> 3;
+  return MmaLane{(row_warp * 32 + (m & 1) * 8 + j) * kWtStrideM + (m >> 1) * 8,
+                 vl.at(pairs ? j + 8 * (m >> 1) : j, (m & 1) * 8), vl.at(j, (m & 1) * 8) + (m >> 1) * vl.lo_off};
+}
+
+// One staged chunk on tensor cores: the warp's two m16 blocks of rows (A from the ring slot through ldmatrix x4,
+// this lane's row at `arow`) times every 8-request block of its register tile (kFrags blocks; B in VTile's layout
+// from `brow`, each block at an immediate offset: one ldmatrix x4 gives the hi fragments of two blocks, or with kLo
+// the hi and lo fragments of one), over the chunk's `width` columns. The blocks past the group's are multiplied too
+// (by whatever vt holds there) and never stored: no test in the loop.
 template <typename TW, int kFrags, bool kLo>
-DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* slot, const TW* vt, const VTile& vl, int64_t rc,
-                             int width, int lane, int warp) {
+DSPARK_DEVICE void mma_chunk(float (&acc)[2][kFrags][4], const TW* arow, const TW* brow, int kbs, int width) {
   constexpr bool kPairs = !kLo && kFrags % 2 == 0;  // x4 loads of two blocks' hi fragments
   constexpr int kB = kPairs ? 2 : 1;                // blocks per B load
-  const int j = lane & 7, m = lane >> 3;            // lane supplies row j of matrix m
-  const TW* arow = slot + (warp * 32 + (m & 1) * 8 + j) * kWtStrideM + (m >> 1) * 8;
-  // B's matrices: columns 0-7 and 8-15 of the k-step's hi rows (m = 0, 1), then (m = 2, 3) of its lo rows (kLo) or
-  // of the next block's hi rows (kPairs)
-  const TW* brow = vt + vl.at(kPairs ? j + 8 * (m >> 1) : j, rc + (m & 1) * 8) + (kLo ? (m >> 1) * vl.lo_off : 0);
-  // k-steps a SASS iteration (width is a multiple of 32; bench/sass_draft.py counts them): two for a tile of up to
-  // 4 blocks a warp, which halves the loop's own instructions a step; one for 8 (two spill at 255 registers)
-  constexpr int kSteps = kFrags > 4 ? 1 : 2;
+  auto k_step = [&](int kk, const TW* bs) {         // columns kk..kk+15 of the chunk (B's k-block at bs)
+    uint32_t a[2][4];
+    warp::ldmatrix<4>(a[0], arow + kk);
+    warp::ldmatrix<4>(a[1], arow + 16 * kWtStrideM + kk);
+#pragma unroll
+    for (int f = 0; f < kFrags; f += kB) {
+      uint32_t b[kLo || kPairs ? 4 : 2];
+      warp::ldmatrix<kLo || kPairs ? 4 : 2>(b, bs + 128 * f);
+#pragma unroll
+      for (int h = 0; h < (kLo || kPairs ? 2 : 1); ++h) {
+        const uint32_t bh[2] = {b[2 * h], b[2 * h + 1]};
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) warp::mma_m16n8k16<TW>(acc[mt][kPairs ? f + h : f], a[mt], bh);
+      }
+    }
+  };
+  // k-steps a SASS iteration (bench/sass_draft.py counts them): a whole 64-column chunk's four where a warp has at
+  // most 4 blocks and no lo products (the common case; a 32-column last chunk skips the second two by a uniform
+  // branch), else two for up to 4 blocks a warp, one for 8 (two spill at 255 registers). One call site of k_step,
+  // so that the line info of its inlined copies names the loop they sit in.
+  constexpr int kSteps = !kLo && kFrags <= 4 ? kRKm / 16 : (kFrags > 4 ? 1 : 2);
 #pragma unroll 1
-  for (int kk = 0; kk < width; kk += 16 * kSteps, brow += kSteps * vl.kbs) {
+  for (int kk = 0; kk < width; kk += 16 * kSteps, brow += kSteps * kbs) {
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks) {
-      const TW* bs = brow + ks * vl.kbs;
-      uint32_t a[2][4];
-      warp::ldmatrix<4>(a[0], arow + kk + 16 * ks);
-      warp::ldmatrix<4>(a[1], arow + 16 * kWtStrideM + kk + 16 * ks);
-#pragma unroll
-      for (int f = 0; f < kFrags; f += kB) {
-        uint32_t b[kLo || kPairs ? 4 : 2];
-        warp::ldmatrix<kLo || kPairs ? 4 : 2>(b, bs + 128 * f);
-#pragma unroll
-        for (int h = 0; h < (kLo || kPairs ? 2 : 1); ++h) {
-          const uint32_t bh[2] = {b[2 * h], b[2 * h + 1]};
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) warp::mma_m16n8k16<TW>(acc[mt][kPairs ? f + h : f], a[mt], bh);
-        }
-      }
+      if (ks < 2 || kk + 16 * ks < width) k_step(kk + 16 * ks, brow + ks * kbs);  // (width: a multiple of 32)
     }
   }
 }
@@ -1139,38 +1165,49 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
   int64_t v0, v1;
   slice_bounds(V, plan.slices, slice, v0, v1);
   const int nchunks = static_cast<int>((rpad + kRKm - 1) / kRKm);
-  const int total = v1 > v0 ? static_cast<int>((v1 - v0 + kTileRows - 1) / kTileRows) * nchunks : 0;
+  const int slice_rows = static_cast<int>(v1 - v0), rpad_i = static_cast<int>(rpad), r_i = static_cast<int>(R);
   const TS* w2 = static_cast<const TS*>(p.w2);
   const bool vec = (R * static_cast<int64_t>(sizeof(TS))) % 16 == 0 && is_aligned16(w2);
-  const int tpr = plan.tpr;
+  const int tpr = plan.tpr, uslots = plan.uslots, group = plan.group;
+  const bool stage_u = plan.stage_u;
   const FoldLane fl = fold_lane(t, tpr, p.base_dtype == DType::kFloat32 ? 4 : 8);
   const int jf = fl.jf;  // the request this thread folds
-  const int64_t slot_elems = int64_t(kTileRows) * kSlotStride;
+  const int slot_elems = kTileRows * kSlotStride;
   uint4* uring = reinterpret_cast<uint4*>(smem + plan.off_u);  // [uslots][group][128 elements of U] (stage_u)
-  const int64_t urow_units = kTileRows * int64_t(dtype_size(p.base_dtype)) / 16;  // a request's row of a U tile
-  const int64_t uslot_units = int64_t(plan.group) * urow_units;
+  const int urow_units = kTileRows * static_cast<int>(dtype_size(p.base_dtype)) / 16;  // a request's row of a U tile
+  const int uslot_units = group * urow_units;
+  const uint4* umine = uring + jf * urow_units;  // this thread's request's row of U slot 0
   const bool fused = p.head == kVanilla;  // (the workspace then has no v rows: ws.v is null)
   const VRows vr{ws.v, p.w1, p.w1_dtype, p.VT, R, sc.xs};
   // fold_pieces_greedy's case, but for the temperature: U staged and of W2's 16-bit type, no row scales, no logits
-  const bool fast_fold = plan.stage_u && p.base_dtype == mma_dtype<TW>() && p.w2_scale == nullptr &&
-                         p.logits == nullptr;
-  for (int64_t g0 = int64_t(lane_id) * plan.group; g0 < N; g0 += int64_t(plan.lanes) * plan.group) {
-    const int nb = static_cast<int>(N - g0 < plan.group ? N - g0 : plan.group);
+  const bool fast_fold = stage_u && p.base_dtype == mma_dtype<TW>() && p.w2_scale == nullptr && p.logits == nullptr;
+  constexpr bool kPairs = kFrags % 2 == 0;  // (mma_chunk's, without lo products)
+  const MmaLane ml = mma_lane(vl, lane, row_warp, kPairs);
+  const TW* vb = vt + 128 * block0;  // the warp's first block of the v tile
+  const int kblocks_chunk = kRKm / 16 * vl.kbs;  // a chunk's k-blocks of the v tile
+  for (int64_t g0 = int64_t(lane_id) * group; g0 < N; g0 += int64_t(plan.lanes) * group) {
+    const int nb = static_cast<int>(N - g0 < group ? N - g0 : group);
     const int nbp = (nb + 7) / 8 * 8;
     // the chunk at `at` into its ring slot, and with a tile's last chunk the tile's U (stage_u), in one commit
     // group; then `at` moves on
-    ChunkCursor at{};
-    const UStage<kT> ust(p, g0, k, v0, t);
+    ChunkCursor at{0, 0, 0, slice_rows};
+    W2Copies<kT, TS, kSlotStride> w2c(w2, R, v0, nchunks, t);
+    const UStage<kT, NBT> ust(p, g0, k, v0, t);
     auto stage = [&]() {
-      if (at.c < total) {
-        const int64_t tile0 = v0 + at.tile * kTileRows;
-        const int rows = static_cast<int>(v1 - tile0 < kTileRows ? v1 - tile0 : kTileRows);
-        stage_w2_chunk<kT, TS, kSlotStride>(w2, R, rpad, tile0, rows, at.ci, vec, ring + at.slot * slot_elems, t);
-        if (plan.stage_u && at.ci == nchunks - 1)
-          ust.tile(tile0 - v0, rows, nb, uring + at.uslot * uslot_units, p.base, t);
+      if (at.rows_left > 0) {
+        const bool tile_end = at.ci == nchunks - 1;
+        TS* slot = ring + at.slot * slot_elems;
+        if (vec) {
+          w2c.issue(slot, at.rows(), r_i - at.ci * kRKm, w2);
+        } else {
+          stage_w2_elements<kT, TS, kSlotStride>(w2, R, rpad, v1 - at.rows_left, at.rows(), at.ci, slot, t);
+        }
+        if (stage_u && tile_end) ust.tile(slice_rows - at.rows_left, at.rows(), nb, uring + at.uslot * uslot_units,
+                                          p.base, t);
+        w2c.next(tile_end);
       }
       cp_async_commit();
-      at.next(nchunks, plan.uslots);
+      at.next(nchunks, uslots);
     };
     __syncthreads();  // the previous group is done with vt, the ring, the U slots and lt
     for (int s = 0; s < kStages - 1; ++s) stage();  // the ring's first chunks fly while v is split
@@ -1179,60 +1216,59 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       __syncthreads();
     }
     const bool lo_mine = split_group<TW, kT / 32>(vr, R, rpad, g0, nb, nbp, vt, vl, unscale, lane, warp);
-    bool lo_live = true;
     for (int j = t; j < nb; j += kT) {
       const float temp = p.temperature != nullptr ? ldg(p.temperature + g0 + j) : 0.0f;
       temps[j] = temp > 0.0f ? temp : 0.0f;
     }
+    // the split is done (and whether any lo row is not zero), the temperatures and scales are in place
+    const bool lo_live = __syncthreads_or(lo_mine);
+    const float temp = jf < nb ? temps[jf] : 0.0f, bscale = jf < nb ? unscale[jf] : 0.0f;
+    const bool greedy = fast_fold && temp == 0.0f;
     Part pt = Part::empty();
-    float acc[2][kFrags][4];
-    zero(acc);
-    for (ChunkCursor cu{}; cu.c < total; cu.next(nchunks, plan.uslots)) {
-      cp_async_wait<kStages - 2>();  // chunk cu has landed (this thread's copies) ...
-      if (cu.c == 0) {               // ... and everyone's; the slot before cu's is free again
-        lo_live = __syncthreads_or(lo_mine);  // (and the split is done: whether any lo row is not zero)
-      } else {
-        __syncthreads();
+    int slot = 0;  // the ring slot of the chunk being multiplied
+    for (int left = slice_rows, uslot = 0; left > 0; left -= kTileRows, uslot = uslot + 1 < uslots ? uslot + 1 : 0) {
+      float acc[2][kFrags][4];
+      zero(acc);
+      const TW* b = vb;
+#pragma unroll 1
+      for (int ci = 0; ci < nchunks; ++ci, b += kblocks_chunk, slot = slot + 1 == kStages ? 0 : slot + 1) {
+        cp_async_wait<kStages - 2>();  // chunk ci has landed (this thread's copies) ...
+        __syncthreads();               // ... and everyone's; the slot before its slot is free again
+        stage();                       // the chunk kStages - 1 on
+        const int width = rpad_i - ci * kRKm < kRKm ? rpad_i - ci * kRKm : kRKm;
+        const TW* chunk;
+        if constexpr (kWiden) {
+          widen_chunk<kT>(ring + slot * slot_elems, wide, width, t);
+          __syncthreads();
+          chunk = wide;
+        } else {
+          chunk = ring + slot * slot_elems;
+        }
+        if (lo_live) {  // block-uniform: a loop without the lo products' predicates when every lo row is zero
+          mma_chunk<TW, kFrags, true>(acc, chunk + ml.a, b + ml.b_lo, vl.kbs, width);
+        } else {
+          mma_chunk<TW, kFrags, false>(acc, chunk + ml.a, b + ml.b, vl.kbs, width);
+        }
       }
-      stage();  // chunk cu + kStages - 1
-      const int ci = cu.ci;
-      const int64_t rc = int64_t(ci) * kRKm;
-      const int width = static_cast<int>(rpad - rc < kRKm ? rpad - rc : kRKm);
-      const TW* chunk;
-      if constexpr (kWiden) {
-        widen_chunk<kT>(ring + cu.slot * slot_elems, wide, width, t);
-        __syncthreads();
-        chunk = wide;
-      } else {
-        chunk = ring + cu.slot * slot_elems;
-      }
-      if (lo_live) {  // block-uniform: a loop without the lo products' predicates when every lo row is zero
-        mma_chunk<TW, kFrags, true>(acc, chunk, vt + 128 * block0, vl, rc, width, lane, row_warp);
-      } else {
-        mma_chunk<TW, kFrags, false>(acc, chunk, vt + 128 * block0, vl, rc, width, lane, row_warp);
-      }
-      if (ci == nchunks - 1) {
-        const int64_t tile0 = v0 + cu.tile * kTileRows;
-        const int rows = static_cast<int>(v1 - tile0 < kTileRows ? v1 - tile0 : kTileRows);
-        const int g = lane >> 2, tq = lane & 3;
+      const int64_t tile0 = v1 - left;
+      const int rows = left < kTileRows ? left : kTileRows;
+      const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int f = 0; f < kFrags; ++f)
-            if ((block0 + f) * 8 < nb)
+        for (int f = 0; f < kFrags; ++f)
+          if ((block0 + f) * 8 < nb)
 #pragma unroll
-              for (int q = 0; q < 4; ++q)
-                lt[((block0 + f) * 8 + 2 * tq + (q & 1)) * kLtStrideM + row_warp * 32 + mt * 16 + g + 8 * (q >> 1)] =
-                    acc[mt][f][q];
-        zero(acc);  // the next tile's, set here: zeros, not the stored sums, are live through the fold
-        __syncthreads();
-        if (jf < nb) {
-          const uint4* us = plan.stage_u ? uring + cu.uslot * uslot_units + jf * urow_units : nullptr;
-          if (fast_fold && temps[jf] == 0.0f) {
-            fold_pieces_greedy<TW>(tile0, rows, lt + jf * kLtStrideM, unscale[jf], fl, tpr, us, pt);
-          } else {
-            fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, unscale[jf], temps[jf], fl, tpr, us, pt);
-          }
+            for (int q = 0; q < 4; ++q)
+              lt[((block0 + f) * 8 + 2 * tq + (q & 1)) * kLtStrideM + row_warp * 32 + mt * 16 + g + 8 * (q >> 1)] =
+                  acc[mt][f][q];
+      __syncthreads();
+      if (jf < nb) {
+        const uint4* us = stage_u ? umine + uslot * uslot_units : nullptr;
+        if (greedy) {
+          fold_pieces_greedy<TW>(tile0, rows, lt + jf * kLtStrideM, bscale, fl, tpr, us, pt);
+        } else {
+          fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, bscale, temp, fl, tpr, us, pt);
         }
       }
     }
