@@ -52,7 +52,7 @@ def shape(n: int, k: int, vocab: int = V, rank: int = 256) -> dict:
     nchunks = -(-rpad // 64)
     nb = min(n, plan["group"])
     nbp = -(-nb // 8) * 8
-    return dict(plan, K=k, N=n, G=-(-groups // plan["lanes"]), tiles=tiles, nchunks=nchunks,
+    return dict(plan, K=k, N=n, G=-(-groups // plan["lanes"]), rows=rows, rank=rank, tiles=tiles, nchunks=nchunks,
                 chunks=tiles * nchunks, nb=nb, nbp=nbp, tpr=tpr, fold_warps=-(-nb * tpr // 32),
                 pieces=max(1, 128 // (8 * tpr)))
 
@@ -121,7 +121,7 @@ def regions(s: dict) -> list:
         (db, PROLOGUE, 2 * groups * W, "void phase_sweep_mma"),
         (db, "DSPARK_DEVICE UStage(const DraftBlockParams& p", groups * W, "struct UStage"),
         (db, "for (int j = j0; j < nb; j += jstep, s += st) {", 0, "struct UStage"),  # fp32 U
-        (db, "for (int i = t; i < kTileRows * width; i += kT) {", 0, "void stage_w2_elements"),
+        (db, "DSPARK_DEVICE void stage_w2_elements(", 0, None),  # (W2's rows 16-byte aligned: W2Copies)
         (db, TILE_LOOP, tiles * W, "void phase_sweep_mma"),
         (db, CHUNK_LOOP, chunks * W, "void phase_sweep_mma"),
         (db, "DSPARK_DEVICE void zero(float (&acc)", tiles * W, None),  # each tile's
@@ -157,6 +157,12 @@ def regions(s: dict) -> list:
     # when the call's chunk is a tile's last) and in it (a call a chunk); each copy takes its own count
     loops = {r.name: r for r in out}
     pro_u = groups * sum(1 for c in range(2) if c < s["chunks"] and c % s["nchunks"] == s["nchunks"] - 1)
+    # a group's chunk c (tile c // nchunks, columns 64 (c % nchunks) on) is whole (W2Copies::issue_whole) when its
+    # tile has 128 rows and its columns reach 64 past its first; the prologue stages c = 0, 1, the loop the rest
+    whole = [c // s["nchunks"] < s["rows"] // 128 and c % s["nchunks"] < s["rank"] // 64 for c in range(s["chunks"])]
+    whole_calls = {CHUNK_LOOP: groups * sum(whole[2:]), PROLOGUE: groups * sum(whole[:2])}
+    edge_calls = {CHUNK_LOOP: groups * (len(whole[2:]) - sum(whole[2:])),
+                  PROLOGUE: groups * (len(whole[:2]) - sum(whole[:2]))}
     for loop, calls, u_tiles in ((CHUNK_LOOP, chunks, tiles - pro_u), (PROLOGUE, 2 * groups, pro_u)):
         # (and the helpers it inlines, each a region of its own: their inline info can name a wrong caller, the
         # fold or the element copies off the path)
@@ -165,6 +171,9 @@ def regions(s: dict) -> list:
                                       "struct ChunkCursor"),
                                      ("DSPARK_DEVICE void issue(TW* slot, int rows, int cols", calls * W,
                                       "struct W2Copies"),
+                                     ("DSPARK_DEVICE void issue_whole(TW* d)", whole_calls[loop] * W,
+                                      "struct W2Copies"),
+                                     ("DSPARK_DEVICE void issue_edge(TW* d", edge_calls[loop] * W, "struct W2Copies"),
                                      ("DSPARK_DEVICE void next(bool tile_end)", calls * W, "struct W2Copies"),
                                      ("ust.tile(slice_rows - at.rows_left", u_tiles * W, "void phase_sweep_mma"),
                                      ("DSPARK_DEVICE void tile(int64_t off", u_tiles * W, "struct UStage")):

@@ -260,6 +260,18 @@ def test_sass_draft_table_matches_the_plan_and_the_source():
     # random order: lane probability 1 / j at its j-th piece); 2 lanes over 2 pieces: 1 + (1 - 1/4)
     assert sd.record_pieces(2, lanes=2) == 1.75
     assert regions["if (pm >= stats.m) {"].count == 15 * 8 * sd.record_pieces(36 * 4)
+    # W2's copies: 4608 rows are 36 whole tiles and r = 256 four whole chunks, so every chunk takes issue_whole
+    # (the prologue's 2 a group, the loop's other 142); N = 1's widest slice, 16 * ceil(9496 / 264) = 576 rows,
+    # ends in a 64-row tile whose 4 chunks take issue_edge (4 warps, 7 positions)
+    whole, edge = "DSPARK_DEVICE void issue_whole(TW* d) ({})", "DSPARK_DEVICE void issue_edge(TW* d ({})"
+    assert regions[whole.format("chunk loop")].count == 15 * 142 * 8
+    assert regions[whole.format("prologue")].count == 15 * 2 * 8
+    assert regions[edge.format("chunk loop")].count == regions[edge.format("prologue")].count == 0
+    assert regions["DSPARK_DEVICE void stage_w2_elements("].count == 0  # (W2's rows 16-byte aligned: W2Copies)
+    one = {r.name: r for r in sd.regions(sd.shape(1, 7))}
+    assert sd.shape(1, 7)["rows"] == 576 and sd.shape(1, 7)["tiles"] == 5
+    assert (one[whole.format("chunk loop")].count, one[edge.format("chunk loop")].count) == (7 * 14 * 4, 7 * 4 * 4)
+    assert (one[whole.format("prologue")].count, one[edge.format("prologue")].count) == (7 * 2 * 4, 0)
     for n, k in ((1, 7), (64, 7)):
         assert all(r.count >= 0 and r.first <= r.last for r in sd.regions(sd.shape(n, k)))
     assert sd.shape(1, 7)["tpr"] == 32 and sd.shape(1, 7)["slices"] == 264  # two CTAs an SM at N = 1

@@ -712,12 +712,13 @@ DSPARK_DEVICE void fold_pieces_greedy(int64_t tile0, int rows, const float* bias
     const float4 b1 = *reinterpret_cast<const float4*>(bias + (i + (f4 ^ 4)));
     const uint32_t w[4] = {fl.flip ? raw.z : raw.x, fl.flip ? raw.w : raw.y, fl.flip ? raw.x : raw.z,
                            fl.flip ? raw.y : raw.w};  // U's elements in the same half order
-    TU u[8];
-    memcpy(u, w, 16);
+    float u[8];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) widen_pair<TU>(w[q], u[2 * q], u[2 * q + 1]);
     const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
     float x[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = to_float(u[e]) + b[e] * bscale;
+    for (int e = 0; e < 8; ++e) x[e] = u[e] + b[e] * bscale;
     pt.add_greedy<8>(x, fmaxf(max_of(x), neg_inf()), tile0 + i, f4);  // NaN as -inf
   }
 }
@@ -940,13 +941,16 @@ DSPARK_DEVICE bool split_group(const VRows& vr, int64_t R, int64_t rpad, int64_t
   return lo_live;
 }
 
+// The rows of the tile whose first row leaves `left` rows of the slice.
+DSPARK_DEVICE int tile_rows(int left) { return left < kTileRows ? left : kTileRows; }
+
 // The staging side's place in a CTA's chunk stream (kStages - 1 chunks ahead of the multiplying side): chunk ci of
 // the tile `rows_left` rows before the slice's end (none left: the stream is done), in ring slot `slot`, its tile's
 // U in slot `uslot`; moved on by counters (ints: a slice has fewer than 2^31 rows), so it multiplies and divides
 // nothing.
 struct ChunkCursor {
   int ci, slot, uslot, rows_left;
-  DSPARK_DEVICE int rows() const { return rows_left < kTileRows ? rows_left : kTileRows; }  // the tile's, in the slice
+  DSPARK_DEVICE int rows() const { return tile_rows(rows_left); }
   DSPARK_DEVICE void next(int nchunks, int uslots) {
     if (++slot == kStages) slot = 0;
     if (++ci == nchunks) {
@@ -960,8 +964,8 @@ struct ChunkCursor {
 // This thread's share of the 16-byte cp.async copies of W2's chunks into the ring (W2's rows 16-byte aligned):
 // vector t % kVpr of rows t / kVpr + j * kStep of each chunk of kTileRows x kRKm, zero-filled past the slice or the
 // rank (a zero-size copy reads nothing; `any` is a valid address to name). Set up once a group sweep; its source
-// moves on by kRKm columns a chunk and to the next tile's rows after a tile's last chunk, so a chunk's copies cost a
-// predicate and an address each and no multiplication.
+// moves on by kRKm columns a chunk and to the next tile's rows after a tile's last chunk, so a chunk's copies cost an
+// address each and no multiplication (and a predicate each in a slice's last tile and at the rank's end).
 template <int kT, typename TW, int kStride>
 struct W2Copies {
   static constexpr int kEpv = static_cast<int>(16 / sizeof(TW)), kVpr = kRKm / kEpv, kStep = kT / kVpr;
@@ -978,9 +982,22 @@ struct W2Copies {
   }
   // The next chunk into `slot`: `rows` of its tile's rows in the slice, `cols` of W2's columns from its first on.
   DSPARK_DEVICE void issue(TW* slot, int rows, int cols, const TW* any) const {
+    TW* d = slot + row0 * kStride + col0;
+    if (rows == kTileRows && cols >= kRKm) {  // (every chunk but those of a slice's last tile or the rank's end)
+      issue_whole(d);
+    } else {
+      issue_edge(d, rows, cols, any);
+    }
+  }
+  // A whole chunk: every copy in, no predicate.
+  DSPARK_DEVICE void issue_whole(TW* d) const {
+    const TW* s = src;
+#pragma unroll
+    for (int j = 0; j < kTileRows / kStep; ++j, s += row_step, d += kStep * kStride) cp_async<16>(d, s);
+  }
+  DSPARK_DEVICE void issue_edge(TW* d, int rows, int cols, const TW* any) const {
     const bool col_in = col0 < cols;  // R is a multiple of kEpv here
     const TW* s = src;
-    TW* d = slot + row0 * kStride + col0;
 #pragma unroll
     for (int j = 0; j < kTileRows / kStep; ++j, s += row_step, d += kStep * kStride) {
       const bool in = col_in && row0 + j * kStep < rows;
@@ -1251,7 +1268,7 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
         }
       }
       const int64_t tile0 = v1 - left;
-      const int rows = left < kTileRows ? left : kTileRows;
+      const int rows = tile_rows(left);
       const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)

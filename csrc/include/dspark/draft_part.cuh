@@ -78,10 +78,13 @@ struct Part {
   template <int kN>
   DSPARK_DEVICE void add_greedy(const float (&x)[kN], float pm, int64_t i, int perm) {
     if (pm >= stats.m) {
-      // the lowest offset holding pm (offset 0 when pm is -inf: every token then ties, NaN counting as -inf)
+      // the lowest offset holding pm (offset 0 when pm is -inf: every token then ties, NaN counting as -inf): the
+      // ties by element (constant shifts), then turned into token order (a rotation by perm: e ^ kN / 2 = e -+ kN / 2)
+      static_assert(kN <= 16, "the rotation's two copies of the tie mask fit 32 bits");
       uint32_t at = 0;
 #pragma unroll
-      for (int e = 0; e < kN; ++e) at |= x[e] == pm ? 1u << (e ^ perm) : 0u;
+      for (int e = 0; e < kN; ++e) at |= x[e] == pm ? 1u << e : 0u;
+      at = ((at | at << kN) >> perm) & ((1u << kN) - 1u);
       const int first = pm > neg_inf() ? __ffs(static_cast<int>(at)) - 1 : 0;
       if (win.beaten_by(pm, i + first)) {
         win = ArgMax{pm, i + first};

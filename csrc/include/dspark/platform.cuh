@@ -160,9 +160,19 @@ DSPARK_DEVICE void cp_async_zfill(void* smem_dst, const void* gmem_src, int src_
   (void)smem_dst, (void)gmem_src, (void)src_bytes;
 #endif
 }
+// The same, all Bytes read (no source-size operand on the GPU).
 template <int Bytes>
 DSPARK_DEVICE void cp_async(void* smem_dst, const void* gmem_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(DSPARK_SIMT)
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  if constexpr (Bytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(gmem_src), "n"(Bytes) : "memory");
+  }
+#else
   cp_async_zfill<Bytes>(smem_dst, gmem_src, Bytes);
+#endif
 }
 DSPARK_DEVICE void cp_async_commit() {
 #if defined(DSPARK_SIMT)

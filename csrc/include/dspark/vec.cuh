@@ -44,6 +44,25 @@ DSPARK_HOST_DEVICE_FN float to_float(__nv_bfloat16 v) { return __bfloat162float(
 DSPARK_HOST_DEVICE_FN float to_float(__half v) { return __half2float(v); }
 DSPARK_HOST_DEVICE_FN float to_float(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
 
+// The two 16-bit values packed in `w` (the one at the lower address first) as float32. A bf16 is a float's high
+// half, so its pair is a shift and a mask (one instruction each; the element-wise conversion spends two on the
+// high one).
+template <typename T>
+DSPARK_HOST_DEVICE_FN void widen_pair(uint32_t w, float& lo, float& hi);
+template <>
+DSPARK_HOST_DEVICE_FN void widen_pair<__nv_bfloat16>(uint32_t w, float& lo, float& hi) {
+  const uint32_t bits[2] = {w << 16, w & 0xffff0000u};
+  memcpy(&lo, &bits[0], 4);
+  memcpy(&hi, &bits[1], 4);
+}
+template <>
+DSPARK_HOST_DEVICE_FN void widen_pair<__half>(uint32_t w, float& lo, float& hi) {
+  __half h[2];
+  memcpy(h, &w, 4);
+  lo = to_float(h[0]);
+  hi = to_float(h[1]);
+}
+
 template <typename T>
 DSPARK_HOST_DEVICE_FN T from_float(float v);
 template <>
