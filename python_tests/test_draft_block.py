@@ -466,8 +466,8 @@ def test_cuda_nan_and_inf_logits(cuda_device, simt_check):
 def test_cuda_greedy_fold_specials_and_ties(cuda_device, simt_check, n, first):
     """The greedy fold of a staged bf16 U (fold_pieces_greedy, Part::add_greedy: one test a piece of 8, the winner
     and the rescale only where a piece reaches the maximum) on rows the reference decides by its rules: ties of the
-    maximum within a piece, across its halves and across pieces (lowest index), NaN mixed with -inf and finite values, +inf entries, all
-    NaN, all -inf. W2 = 0, so the logits are U's values exactly. N = 4: 32 threads a request (their pieces read with
+    maximum within a piece, across its halves and across pieces (lowest index), NaN mixed with -inf and finite
+    values, +inf entries, all NaN, all -inf. W2 = 0, so the logits are U's values exactly. N = 4: 32 threads a request (their pieces read with
     halves swapped); N = 64: 4 (a 256-thread CTA). The tokens and log-probabilities equal the reference's."""
     V, K, r = 64, 2, 32
     g = torch.Generator().manual_seed(n + first)
@@ -721,8 +721,9 @@ def test_cuda_sweep_shared_and_global_access(cuda_device, n):
     block of an 8-request tile: this v has no lo rows); the
     accumulator stores to the bias tile (stride 132 floats) are conflict-free (1 wavefront each); the ring's
     16-byte copies write 128 contiguous bytes per quarter-warp (4 wavefronts per instruction) and read whole
-    sectors of W2's rows (128 bytes each at r = 64 bf16). Over the whole launch, every shared access is
-    conflict-free (the access model's ideal wavefronts, exactly)."""
+    sectors of W2's rows (128 bytes each at r = 64 bf16): a whole chunk's (W2Copies::issue_whole, 128 rows, every
+    copy in) exactly so, and the slice's last, short tile's (issue_edge) too. Over the whole launch, every shared
+    access is conflict-free (the access model's ideal wavefronts, exactly)."""
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
     from dspark_kernels import simt
@@ -748,6 +749,10 @@ def test_cuda_sweep_shared_and_global_access(cuda_device, n):
         assert ld["shared_wavefronts"] * (2 + loads) == (8 + loads * matrices) * ld["shared_instructions"], ld
     st = by_line[_source_line("draft_block.cuh", "lt[((block0 + f) * 8 + 2 * tq + (q & 1)) * kLtStrideM")]
     assert st["shared_instructions"] > 0 and st["shared_wavefronts"] == st["shared_instructions"], st
+    whole = by_line[_source_line("draft_block.cuh", "cp_async<16>(d, s)")]
+    assert whole["shared_instructions"] > 0, whole
+    assert whole["shared_wavefronts"] == 4 * whole["shared_instructions"], whole
+    assert whole["global_sectors"] == whole["global_sectors_ideal"], whole
     cp = by_line[_source_line("draft_block.cuh", "cp_async_zfill<16>(d, in ? s : any")]
     assert cp["shared_wavefronts"] <= 4.4 * cp["shared_instructions"], cp
     assert cp["global_sectors"] <= 1.05 * cp["global_sectors_ideal"], cp
