@@ -14,9 +14,10 @@ issue term on from this count.
 
 Counts are per CTA, summed over its warps (4; 8 with the 64-request tile), for the busiest CTA (lane 0 and the
 widest slice), times the CTAs: an upper bound for the path wherever a branch's two sides share a source block, for
-finite logits (add_exp's NaN branch, taken while every logit so far is -inf, once a group sweep), and with the
-greedy fold's rare branch (Part::add_greedy: a new running maximum) entered as often as logits in random order make
-some lane of a warp meet one (record_pieces, a model of the data: about 30% of a warp's pieces at N = 256, K = 15).
+finite logits (add_exp's NaN branch, taken only while every logit so far is -inf, not taken), and with the
+greedy fold's rare branch (Part::add_greedy_seeded: a new running maximum) entered as often as logits in random
+order make some lane of a warp meet one (record_pieces, a model of the data: about 45% of a warp's pieces at
+N = 256, K = 15).
 The ring's staging lambda is inlined twice (the prologue's kStages - 1 calls a group and the chunk loop's): its
 blocks are named once for each copy, within that copy's SASS loop, each with its own count.
 """
@@ -59,6 +60,8 @@ def shape(n: int, k: int, vocab: int = V, rank: int = 256) -> dict:
 
 TILE_LOOP = "for (int left = slice_rows, uslot = 0; left > 0;"
 CHUNK_LOOP = "for (int ci = 0; ci < nchunks; ++ci, b += kblocks_chunk,"
+FOLD_FIRST = "for (bias += i; i < rows && !(pt.stats.m > neg_inf()); i += step, bias += step) {"
+FOLD_SEEDED = "for (; i < rows; i += step, bias += step) {"
 PROLOGUE = "for (int s = 0; s < kStages - 1; ++s) stage();"
 
 
@@ -77,6 +80,8 @@ def regions(s: dict) -> list:
     groups = K * G  # group sweeps per CTA
     chunks, tiles = groups * s["chunks"], groups * s["tiles"]
     fold = tiles * s["fold_warps"] * s["pieces"]
+    first = groups * s["fold_warps"]  # the fold's pieces before a partial's maximum is above -inf
+    records = first * (record_pieces(s["tiles"] * s["pieces"]) - 1)  # the seeded loop's rare branches
     merges = math.ceil(s["N"] / s["ctas"]) + (K - 1) * G * math.ceil(nb / s["slices"])
     merge = merge_rounds(nb, s["slices"], W)  # the prologue's merge of the slices' keys, summed over warps
     row_batches = warp_batches(s["nbp"], ROW_BATCH, W)["total"]  # and its batches of W1's rows
@@ -131,15 +136,18 @@ def regions(s: dict) -> list:
          chunks * W * 4 // k_steps(s), "void mma_chunk"),
         (db, "if (jf < nb) {", tiles * s["fold_warps"], "void phase_sweep_mma"),
         # the fold (greedy, U staged: fold_pieces_greedy), once a tile for each folding warp, a piece of 8 rows of U
-        # an iteration; add_n's NaN branch is taken while every logit so far is -inf: once a group sweep. Off the
-        # path: the general fold_pieces and what only it calls (U from global memory, fp32 U, an fp8 W2, logits
-        # written, flipped pieces, the sampled race)
+        # an iteration: the first loop (Part::add_greedy) until the partial's maximum is above -inf, the first
+        # piece of a group sweep for finite logits (add_exp's NaN branch not taken), the second (add_greedy_seeded)
+        # the rest; its rare branch where some lane meets a new maximum. Off the path: the general fold_pieces and
+        # what only it calls (U from global memory, fp32 U, an fp8 W2, logits written, flipped pieces, the sampled
+        # race)
         (db, "DSPARK_DEVICE void fold_pieces_greedy(", tiles * s["fold_warps"], None),
-        (db, "for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {", fold, "void fold_pieces_greedy("),
-        (part, "if (pm >= stats.m) {", groups * s["fold_warps"] * record_pieces(s["tiles"] * s["pieces"]),
-         "void add_greedy("),
-        (part, "DSPARK_DEVICE void add_exp(", fold, None),  # (its inline info can name the rare branch as caller)
-        (part, "else {", groups * s["fold_warps"], "void add_exp("),
+        (db, FOLD_FIRST, first, "void fold_pieces_greedy("),
+        (db, FOLD_SEEDED, fold - first, "void fold_pieces_greedy("),
+        (part, "if (pm >= stats.m) {", first, "void add_greedy("),
+        (part, "if (pm > stats.m) {", records, "void add_greedy_seeded("),
+        (part, "DSPARK_DEVICE void add_exp(", first, None),
+        (part, "else {", 0, "void add_exp("),
         (db, "DSPARK_DEVICE void fold_pieces(", 0, None),
         (db, "DSPARK_DEVICE void load_piece(", 0, None),
         (db, "DSPARK_DEVICE void unpack_piece(", 0, None),
@@ -179,6 +187,12 @@ def regions(s: dict) -> list:
                                      ("DSPARK_DEVICE void tile(int64_t off", u_tiles * W, "struct UStage")):
             name = f"{marker} ({'chunk loop' if loop == CHUNK_LOOP else 'prologue'})"
             out.append(sr.find_region(db, marker, count, after=after, name=name, within=loops[loop]))
+    # the helpers both fold loops inline (the sum of a piece's exp2 terms; the tie mask in the rare branches), a
+    # count for each copy
+    for loop, exps, ties in ((FOLD_FIRST, first, first),
+                             (FOLD_SEEDED, fold - first, records)):
+        for marker, count in (("DSPARK_DEVICE void add_exp_at(", exps), ("DSPARK_DEVICE static int first_at(", ties)):
+            out.append(sr.find_region(part, marker, count, name=f"{marker} ({loop})", within=loops[loop]))
     return out
 
 

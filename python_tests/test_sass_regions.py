@@ -33,9 +33,9 @@ void other() {
 
 
 def _sass(h):
-    """A two-function listing: `kern` with a loop over lines 2-6 of `h` (a cold block at line 5, an inlined helper
-    at line 10 called from line 3, a shuffle retry loop at line 3 of a toolkit header; the exit at line 8), and
-    `tail`."""
+    """A two-function listing: `kern` with a loop over lines 2-6 of `h` (a cold block at line 5 behind the test at
+    line 4, an inlined helper at line 10 called from line 3, a shuffle retry loop at line 3 of a toolkit header; the
+    exit at line 8), and `tail`."""
     return f"""\
 .text._Z4kern:
 	//## File "{h}", line 1
@@ -51,17 +51,20 @@ def _sass(h):
 	//## File "{h}", line 3
         /*0030*/                   SHFL.BFLY PT, R4, R3, 0x1, 0x1f ;
         /*0040*/               @P1 BRA `(.L_x_9) ;
+	//## File "{h}", line 4
+        /*0050*/              @!P2 BRA `(.L_x_2) ;
 	//## File "{h}", line 5
-        /*0050*/                   CALL.REL.NOINC `($_Z4kern$_Z4cold) ;
+        /*0060*/                   CALL.REL.NOINC `($_Z4kern$_Z4cold) ;
+.L_x_2:
 	//## File "{h}", line 2
-        /*0060*/               @P0 BRA `(.L_x_1) ;
+        /*0070*/               @P0 BRA `(.L_x_1) ;
 	//## File "{h}", line 8
-        /*0070*/                   EXIT ;
+        /*0080*/                   EXIT ;
 $_Z4kern$_Z4cold:
 	//## File "{h}", line 14
-        /*0080*/                   MOV R5, RZ ;
+        /*0090*/                   MOV R5, RZ ;
 	//## File "{h}", line 13
-        /*0090*/                   RET.REL.NODEC R20 ;
+        /*00a0*/                   RET.REL.NODEC R20 ;
 .text._Z4tail:
 	//## File "{h}", line 13
         /*0000*/                   EXIT ;
@@ -94,15 +97,15 @@ def test_parse_lined_keeps_chains_labels_and_targets(header):
     assert sorted(funcs) == ["_Z4kern", "_Z4tail"]
     kern = funcs["_Z4kern"]
     assert kern[0].text == "MOV R1, c[0x0][0x28]" and kern[4].text == "@P1 BRA `(.L_x_9)"
-    assert len(kern) == 10 and len(funcs["_Z4tail"]) == 1
+    assert len(kern) == 11 and len(funcs["_Z4tail"]) == 1
     assert kern[0].chain == (("k.cuh", 1),)
     assert kern[2].chain == (("k.cuh", 10), ("k.cuh", 3))  # innermost frame first
     assert kern[3].chain[0] == ("sm_30_intrinsics.hpp", 409)
-    assert kern[4].target == 3 and kern[6].target == 1  # labels -> instruction indices
-    assert kern[1].target is None and kern[5].target is None  # a call is not a branch
+    assert kern[4].target == 3 and kern[5].target == 7 and kern[7].target == 1  # labels -> instruction indices
+    assert kern[1].target is None and kern[6].target is None  # a call is not a branch
     # the subroutine: line info afresh from its symbol; its instructions carry its first one's chain as the entry
-    assert kern[8].chain == (("k.cuh", 14),) and kern[9].chain == (("k.cuh", 13),)
-    assert kern[9].entry == kern[8].entry == (("k.cuh", 14),) and kern[7].entry == ()
+    assert kern[9].chain == (("k.cuh", 14),) and kern[10].chain == (("k.cuh", 13),)
+    assert kern[10].entry == kern[9].entry == (("k.cuh", 14),) and kern[8].entry == ()
 
 
 def test_find_region_blocks_statements_and_else(header):
@@ -121,45 +124,40 @@ def test_find_region_blocks_statements_and_else(header):
 
 
 def test_estimate_by_hand(header):
-    """The loop runs 7 times: its 4 body instructions (two at line 3, the shuffle and its retry branch, by their own
-    line; the inlined helper's at line 10, by the SASS loop it sits in) and the loop branch at line 2 are charged 7
-    each, the cold call 0, the 2 outside once: 5 * 7 + 2 = 37; the subroutine's two instructions are off the path
-    (the second through its entry). The retry branch closes inside a toolkit header: no region of its own."""
+    """The loop runs 7 times: its 5 body instructions that no branch skips (two at line 3, the shuffle and its retry
+    branch, the inlined helper's at line 10, the rare block's test at line 4) and the loop branch at line 2 are
+    charged 7 each, the cold call behind the test 0, the 2 outside once: 6 * 7 + 2 = 44; the subroutine's two
+    instructions are off the path (the second through its entry). The retry branch closes inside a toolkit header:
+    no region of its own."""
     kern = sr.parse_lined(_sass(header))["_Z4kern"]
     regions = [sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7),
                sr.find_region(header, "if (rare) {", 0),
                sr.find_region(header, "else {  // the cold side", 0)]  # the subroutine's body, its line 13 too
     est = sr.estimate(kern, regions, ["k.cuh"])
     loop = "for (int k = 0; k < n; ++k) {"
-    assert est["warp_instructions"] == 37
-    assert est["by_region"] == {"(once)": 2, loop: 28, f"loop {loop}": 7, "if (rare) {": 0,
+    assert est["warp_instructions"] == 44
+    assert est["by_region"] == {"(once)": 2, f"loop {loop}": 42, "if (rare) {": 0,
                                 "else {  // the cold side": 0, "(entry) else {  // the cold side": 0}
-    # the smallest region wins: a count on line 3 alone overrides the loop's for the 3 instructions of that line
-    # and for the helper inlined there; the loop's branch keeps 7
-    inner = regions + [sr.find_region(header, "body(k);", 2)]
-    assert sr.estimate(kern, inner, ["k.cuh"])["warp_instructions"] == 4 * 2 + 7 + 2
-    # a zero region on an instruction's own line takes it off the path, inside the loop too
-    off = regions + [sr.find_region(header, "int helper(int x)", 0)]
-    assert sr.estimate(kern, off, ["k.cuh"])["warp_instructions"] == 37 - 7
+    # what no branch skips runs every iteration, whatever its line's region says (line 3 alone given 2, the rare
+    # block 3: only the call behind the test takes the block's count)
+    inner = [regions[0], sr.find_region(header, "body(k);", 2), sr.find_region(header, "if (rare) {", 3), regions[2]]
+    assert sr.estimate(kern, inner, ["k.cuh"])["warp_instructions"] == 6 * 7 + 3 + 2
 
 
-def test_estimate_refuses_a_loop_no_region_counts(header):
-    kern = sr.parse_lined(_sass(header))["_Z4kern"]
-    with pytest.raises(ValueError, match=r"closes at k.cuh:2, which no region opens"):
-        sr.estimate(kern, [sr.find_region(header, "if (rare) {", 0)], ["k.cuh"])
-    # a region that merely holds the loop's line (one that opens elsewhere) does not count it either
-    outer = sr.find_region(header, "void kernel(int n) {", 1)
-    with pytest.raises(ValueError, match="no region opens"):
-        sr.estimate(kern, [outer], ["k.cuh"])
-    # a loop inside a block off the path needs none, and is off the path with all it holds (the helper's
-    # instruction at line 10 too); what is left: the subroutine's two, once each
-    off = [sr.find_region(header, "void kernel(int n) {", 0)]
-    assert sr.estimate(kern, off, ["k.cuh"])["warp_instructions"] == 2
-    # so is a loop the caller's test rules off (here: the one holding a shuffle), with all it holds; left: the 2
-    # outside it and the subroutine's 2 (no region of count 0 now), once each
-    shfl = lambda body: any("SHFL" in i.text for i in body)  # noqa: E731
-    loop = [sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7)]
-    assert sr.estimate(kern, loop, ["k.cuh"], off_path=shfl)["warp_instructions"] == 2 + 2
+def test_a_branch_out_of_the_loop_skips_nothing(header):
+    """A branch that leaves the loop (to an exit after it) skips no body instruction: the IADD3 after it, whose line
+    info names the rare block (count 2), still takes the loop's 7 (it runs every iteration but the last); behind a
+    branch to a later body instruction instead (the back edge) it takes the block's 2."""
+    def rows(to):
+        return [".L_x_1", ((3,), "IADD3 R2, R2, 0x1, RZ"), ((4,), f"@P2 BRA `({to})"), ((5,), "IADD3 R3, R3, 0x1, RZ"),
+                ".L_x_6", ((2,), "@P0 BRA `(.L_x_1)"), ((8,), "EXIT"), ".L_x_5", ((8,), "EXIT")]
+    regions = [sr.find_region(header, "for (int k = 0; k < n; ++k) {", 7), sr.find_region(header, "if (rare) {", 2)]
+    out = sr.parse_lined(_listing("_Z1r", header, rows(".L_x_5")))["_Z1r"]
+    assert out[1].target == 5
+    assert [n for n, _ in sr.charges(out, regions, ["k.cuh"])] == [7, 7, 7, 7, 1, 1]
+    over = sr.parse_lined(_listing("_Z1r", header, rows(".L_x_6")))["_Z1r"]
+    assert over[1].target == 3
+    assert [n for n, _ in sr.charges(over, regions, ["k.cuh"])] == [7, 7, 2, 7, 1, 1]
 
 
 def test_a_loop_count_holds_only_inside_its_sass_loop(header):
@@ -254,12 +252,18 @@ def test_sass_draft_table_matches_the_plan_and_the_source():
     kstep = "for (int kk = 0; kk < width; kk += 16 * kSteps, brow += kSteps * kbs) {"
     assert regions[kstep].count == 15 * 144 * 8  # K x chunks x warps x iterations (a chunk's four k-steps each)
     assert sd.k_steps(dict(s, warps=4)) == 1  # (8 blocks a warp: one k-step an iteration)
-    assert regions["for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {"].count == 15 * 36 * 8 * 4
-    assert regions[kstep].loop
+    # the fold: a group sweep's first piece through add_greedy (its maximum then above -inf), the rest seeded
+    assert regions[sd.FOLD_FIRST].count == regions["if (pm >= stats.m) {"].count == 15 * 8
+    assert regions[sd.FOLD_SEEDED].count == 15 * 36 * 8 * 4 - 15 * 8
+    assert regions[kstep].loop and regions[sd.FOLD_FIRST].loop and regions[sd.FOLD_SEEDED].loop
     # the greedy fold's rare branch: a warp enters it at a piece where some lane meets a new maximum (logits in
-    # random order: lane probability 1 / j at its j-th piece); 2 lanes over 2 pieces: 1 + (1 - 1/4)
+    # random order: lane probability 1 / j at its j-th piece); 2 lanes over 2 pieces: 1 + (1 - 1/4); the first
+    # piece's is the first loop's
     assert sd.record_pieces(2, lanes=2) == 1.75
-    assert regions["if (pm >= stats.m) {"].count == 15 * 8 * sd.record_pieces(36 * 4)
+    assert regions["if (pm > stats.m) {"].count == 15 * 8 * (sd.record_pieces(36 * 4) - 1)
+    exps = "DSPARK_DEVICE void add_exp_at( ({})"
+    assert regions[exps.format(sd.FOLD_FIRST)].count == 15 * 8
+    assert regions[exps.format(sd.FOLD_SEEDED)].count == regions[sd.FOLD_SEEDED].count
     # W2's copies: 4608 rows are 36 whole tiles and r = 256 four whole chunks, so every chunk takes issue_whole
     # (the prologue's 2 a group, the loop's other 142); N = 1's widest slice, 16 * ceil(9496 / 264) = 576 rows,
     # ends in a 64-row tile whose 4 chunks take issue_edge (4 warps, 7 positions)

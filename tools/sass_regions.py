@@ -9,8 +9,8 @@ the call stands, so the rules below prefer the own line and the SASS loop struct
 of a header's source (the braces that open on the line holding a marker, or that line alone when it opens none)
 with the number of times its body runs per CTA, summed over the CTA's warps (0: off the path being counted). An
 instruction is charged:
-  - inside a SASS loop on the path whose body has no branch but its back edge (straight-line code: every
-    instruction runs every iteration), that loop's count, whatever the line info says;
+  - inside a SASS loop on the path, where no forward branch of the body jumps over it to a later instruction of
+    the body (every iteration runs it), that loop's count, whatever the line info says;
   - else the count of the smallest region holding its own line (0: off the path); a loop's region counts only if the
     instruction lies inside the SASS loop that closes at that line (a loop the compiler unrolled, a loop's setup
     hoisted before it, code whose line info names the loop wrongly: the rules below);
@@ -53,7 +53,6 @@ _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _INSN = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _TARGET = re.compile(r"BRA(?:\.\S+)?\s+(?:\S+\s*,\s*)?`\((\.L_x_\d+)\)")
 _SUB = re.compile(r"^\$\S+:\s*$")  # a subroutine's symbol (a noinline function, a toolkit helper)
-_BRANCHY = re.compile(r"^(@!?U?P\w+\s+)?(BRA|BRX|JMP|JMX|CALL|RET|EXIT|BSSY|BSYNC|BREAK)\b")
 
 
 @dataclass(frozen=True)
@@ -194,6 +193,19 @@ def loops(insns: Sequence[Insn], files: Sequence[str]) -> List[Tuple[int, int, F
             if ins.target is not None and ins.target <= ins.index and ins.chain and ins.chain[0][0] in files]
 
 
+def every_iteration(insns: Sequence[Insn], first: int, last: int) -> List[bool]:
+    """For each instruction of the SASS loop first..last (last: its back edge), whether every iteration runs it: no
+    forward branch of the body jumps over it to a later instruction of the body. A branch out of the loop skips
+    nothing (code that came back into the body would be a backward branch, a loop of its own: :func:`loops`); an
+    inner loop's back edge jumps backward, and its body is its own."""
+    skipped = [False] * (last + 1 - first)
+    for b in range(first, last):
+        to = insns[b].target
+        if to is not None and b < to <= last:
+            skipped[b + 1 - first:to - first] = [True] * (to - b - 1)
+    return [not x for x in skipped]
+
+
 def charges(insns: Sequence[Insn], regions: Sequence[Region], files: Sequence[str],
             off_path: Optional[Callable[[Sequence[Insn]], bool]] = None) -> List[Tuple[float, str]]:
     """(executions per CTA, what set it: a region's name, "loop <name>", "(entry) <name>" or "(once)") per
@@ -218,13 +230,13 @@ def charges(insns: Sequence[Insn], regions: Sequence[Region], files: Sequence[st
         for i in range(first, last + 1):
             home[i] = r  # inner loops, visited later, overwrite (but an instruction off the path stays off)
             inside[i].add((file, line))
-    # a SASS loop with no branch but its own back edge runs its whole body every iteration, whatever its line info
-    straight = [False] * len(insns)
-    for first, last, _ in loops(insns, files):
-        if not any(_BRANCHY.match(insns[i].text) for i in range(first, last)):
-            straight[first:last + 1] = [True] * (last + 1 - first)
+    # an instruction of a SASS loop's body that no forward branch of the body jumps over runs every iteration,
+    # whatever its line info
+    every = [False] * len(insns)
+    for first, last, _ in sorted(loops(insns, files), key=lambda lp: lp[0] - lp[1]):  # inner loops overwrite
+        every[first:last + 1] = every_iteration(insns, first, last)
     out = []
-    for ins, loop, skip, around, flat in zip(insns, home, off, inside, straight):
+    for ins, loop, skip, around, always in zip(insns, home, off, inside, every):
         frames = [f for f in ins.chain if f[0] in files]  # its own line first, then where it was inlined
 
         def region_holding(f):
@@ -237,7 +249,7 @@ def charges(insns: Sequence[Insn], regions: Sequence[Region], files: Sequence[st
         own = region_of(frames[0]) if frames else None
         if skip:
             out.append((0.0, "(loop off the path)"))
-        elif flat and loop is not None:
+        elif always and loop is not None:
             out.append((loop.count, f"loop {loop.name}"))
         elif own is not None:
             out.append((own.count, own.name))

@@ -698,28 +698,44 @@ DSPARK_DEVICE void fold_pieces(const DraftBlockParams& p, const rng::Philox& ph,
   }
 }
 
+// A piece of the greedy fold: x = U + bias * bscale of its 8 logits from unit `unit` of staged 16-bit U (us) and
+// the piece's bias row, in fold_lane's half order (f4 = 4: the odd half first, only where kFlip).
+template <typename TU, bool kFlip>
+DSPARK_DEVICE void greedy_piece(const uint4* us, int unit, const float* bias, int f4, float bscale, float (&x)[8]) {
+  const uint4 raw = us[unit];
+  const float4 b0 = *reinterpret_cast<const float4*>(bias + (kFlip ? f4 : 0));
+  const float4 b1 = *reinterpret_cast<const float4*>(bias + (kFlip ? f4 ^ 4 : 4));
+  const bool flip = kFlip && f4 != 0;
+  const uint32_t w[4] = {flip ? raw.z : raw.x, flip ? raw.w : raw.y, flip ? raw.x : raw.z,
+                         flip ? raw.y : raw.w};  // U's elements in the same half order
+  float u[8];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) widen_pair<TU>(w[q], u[2 * q], u[2 * q + 1]);
+  const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) x[e] = u[e] + b[e] * bscale;
+}
+
 // fold_pieces for the common case: greedy, U of 16-bit type TU staged in shared memory (us), a 16-bit W2 (no row
 // scales), no logits written. A staged 16-bit U has V % 8 == 0 (make_plan) and slices start at multiples of 16, so
-// `rows` is a multiple of 8: whole pieces, nothing masked. A piece of 8 logits at a time, its halves in fold_lane's
-// order, through Part::add_greedy: its maximum (a tree), one test, and one FFMA and one MUFU.EX2 a logit.
-template <typename TU>
+// `rows` is a multiple of 8: whole pieces, nothing masked. A piece of 8 logits at a time (greedy_piece: its halves
+// in fold_lane's order where kFlip, else as they stand: the same logits, only the bias reads' banks differ), through
+// Part::add_greedy until the partial's maximum is above -inf (its first such piece of the group sweep), then
+// through Part::add_greedy_seeded: the piece's maximum (a tree), one test, one FFMA and one MUFU.EX2 a logit.
+template <typename TU, bool kFlip>
 DSPARK_DEVICE void fold_pieces_greedy(int64_t tile0, int rows, const float* bias, float bscale, const FoldLane& fl,
                                       int tpr, const uint4* us, Part& pt) {
-  const int swz = u_swizzle(fl.jf, 8), f4 = 4 * fl.flip;
-  for (int i = 8 * fl.rank; i < rows; i += 8 * tpr) {
-    const uint4 raw = us[(i >> 3) ^ swz];
-    const float4 b0 = *reinterpret_cast<const float4*>(bias + (i + f4));
-    const float4 b1 = *reinterpret_cast<const float4*>(bias + (i + (f4 ^ 4)));
-    const uint32_t w[4] = {fl.flip ? raw.z : raw.x, fl.flip ? raw.w : raw.y, fl.flip ? raw.x : raw.z,
-                           fl.flip ? raw.y : raw.w};  // U's elements in the same half order
-    float u[8];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) widen_pair<TU>(w[q], u[2 * q], u[2 * q + 1]);
-    const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-    float x[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = u[e] + b[e] * bscale;
+  const int swz = u_swizzle(fl.jf, 8), f4 = kFlip ? 4 * fl.flip : 0, step = 8 * tpr;
+  int i = 8 * fl.rank;
+  float x[8];
+  for (bias += i; i < rows && !(pt.stats.m > neg_inf()); i += step, bias += step) {
+    greedy_piece<TU, kFlip>(us, (i >> 3) ^ swz, bias, f4, bscale, x);
     pt.add_greedy<8>(x, fmaxf(max_of(x), neg_inf()), tile0 + i, f4);  // NaN as -inf
+  }
+  float ml = pt.stats.m * Part::kLog2e;
+  for (; i < rows; i += step, bias += step) {
+    greedy_piece<TU, kFlip>(us, (i >> 3) ^ swz, bias, f4, bscale, x);
+    pt.add_greedy_seeded<8>(x, max_of(x), tile0 + i, f4, ml);  // (NaN only where every x is: never above m)
   }
 }
 
@@ -1283,7 +1299,8 @@ DSPARK_DRAFT_PHASE void phase_sweep_mma(const DraftBlockParams& p, const Plan& p
       if (jf < nb) {
         const uint4* us = stage_u ? umine + uslot * uslot_units : nullptr;
         if (greedy) {
-          fold_pieces_greedy<TW>(tile0, rows, lt + jf * kLtStrideM, bscale, fl, tpr, us, pt);
+          // (the halves swapped only at tpr = 32, a group of at most 4: the 8-request tile's)
+          fold_pieces_greedy<TW, NBT == 8>(tile0, rows, lt + jf * kLtStrideM, bscale, fl, tpr, us, pt);
         } else {
           fold_pieces(p, ph, g0 + jf, k, tile0, rows, lt + jf * kLtStrideM, bscale, temp, fl, tpr, us, pt);
         }

@@ -78,14 +78,7 @@ struct Part {
   template <int kN>
   DSPARK_DEVICE void add_greedy(const float (&x)[kN], float pm, int64_t i, int perm) {
     if (pm >= stats.m) {
-      // the lowest offset holding pm (offset 0 when pm is -inf: every token then ties, NaN counting as -inf): the
-      // ties by element (constant shifts), then turned into token order (a rotation by perm: e ^ kN / 2 = e -+ kN / 2)
-      static_assert(kN <= 16, "the rotation's two copies of the tie mask fit 32 bits");
-      uint32_t at = 0;
-#pragma unroll
-      for (int e = 0; e < kN; ++e) at |= x[e] == pm ? 1u << e : 0u;
-      at = ((at | at << kN) >> perm) & ((1u << kN) - 1u);
-      const int first = pm > neg_inf() ? __ffs(static_cast<int>(at)) - 1 : 0;
+      const int first = pm > neg_inf() ? first_at(x, pm, perm) : 0;  // (-inf: every token ties, NaN as -inf)
       if (win.beaten_by(pm, i + first)) {
         win = ArgMax{pm, i + first};
         scaled = pm;
@@ -97,6 +90,38 @@ struct Part {
     }
     add_exp(x);
   }
+  // add_greedy once stats.m is above -inf, for a partial whose calls come in token order (each call's tokens after
+  // the last's): a tie with the maximum is then a later token than the winner's, so only pm > m moves anything, and
+  // the winner moves with the maximum. ml is stats.m log2 e, kept by the caller across calls.
+  template <int kN>
+  DSPARK_DEVICE void add_greedy_seeded(const float (&x)[kN], float pm, int64_t i, int perm, float& ml) {
+    if (pm > stats.m) {
+      win = ArgMax{pm, i + first_at(x, pm, perm)};
+      scaled = pm;
+      stats.s *= sum_exp2((stats.m - pm) * kLog2e);
+      stats.m = pm;
+      ml = pm * kLog2e;
+    }
+    add_exp_at(x, ml);
+  }
+  // The lowest token offset of x (tokens i + (e ^ perm)) holding pm, which some x[e] equals. Halves as they stand
+  // (perm 0: a constant where the caller never swaps them): a select from the last element down; else the ties by
+  // element (constant shifts), turned into token order (a rotation by perm: e ^ kN / 2 = e -+ kN / 2).
+  template <int kN>
+  DSPARK_DEVICE static int first_at(const float (&x)[kN], float pm, int perm) {
+    static_assert(kN <= 16, "the rotation's two copies of the tie mask fit 32 bits");
+    if (perm == 0) {
+      int first = kN - 1;
+#pragma unroll
+      for (int e = kN - 2; e >= 0; --e) first = x[e] == pm ? e : first;
+      return first;
+    }
+    uint32_t at = 0;
+#pragma unroll
+    for (int e = 0; e < kN; ++e) at |= x[e] == pm ? 1u << e : 0u;
+    at = ((at | at << kN) >> perm) & ((1u << kN) - 1u);
+    return __ffs(static_cast<int>(at)) - 1;
+  }
 
   static constexpr float kLog2e = 1.4426950408889634f;
   // The softmax sum's terms of x at the current maximum m (one FFMA and one MUFU.EX2 a token), added as a tree
@@ -105,15 +130,19 @@ struct Part {
   template <int kN>
   DSPARK_DEVICE void add_exp(const float (&x)[kN]) {
     if (stats.m > neg_inf()) {
-      const float ml = stats.m * kLog2e;
-      float t[kN];
-#pragma unroll
-      for (int e = 0; e < kN; ++e) t[e] = sum_exp2(fmaf(x[e], kLog2e, -ml));
-      stats.s += sum_of(t);
+      add_exp_at(x, stats.m * kLog2e);
     } else {
 #pragma unroll
       for (int e = 0; e < kN; ++e) bad |= x[e] != x[e] ? 1 : 0;
     }
+  }
+  // add_exp's sum at a maximum m above -inf, ml = m log2 e.
+  template <int kN>
+  DSPARK_DEVICE void add_exp_at(const float (&x)[kN], float ml) {
+    float t[kN];
+#pragma unroll
+    for (int e = 0; e < kN; ++e) t[e] = sum_exp2(fmaf(x[e], kLog2e, -ml));
+    stats.s += sum_of(t);
   }
 #endif
   DSPARK_HOST_DEVICE_FN void merge(const Part& o) {
