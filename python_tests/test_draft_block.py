@@ -464,11 +464,13 @@ def test_cuda_nan_and_inf_logits(cuda_device, simt_check):
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("n,first", [(4, 0), (4, 3), (64, 0)])
 def test_cuda_greedy_fold_specials_and_ties(cuda_device, simt_check, n, first):
-    """The greedy fold of a staged bf16 U (fold_pieces_greedy, Part::add_greedy: one test a piece of 8, the winner
-    and the rescale only where a piece reaches the maximum) on rows the reference decides by its rules: ties of the
-    maximum within a piece, across its halves and across pieces (lowest index), NaN mixed with -inf and finite
-    values, +inf entries, all NaN, all -inf. W2 = 0, so the logits are U's values exactly. N = 4: 32 threads a request (their pieces read with
-    halves swapped); N = 64: 4 (a 256-thread CTA). The tokens and log-probabilities equal the reference's."""
+    """The greedy fold of a staged bf16 U (fold_pieces_greedy: Part::add_greedy until a thread's maximum is above
+    -inf, then Part::add_greedy_seeded, one test a piece of 8, the winner and the rescale only where a piece beats
+    the maximum) on rows the reference decides by its rules: ties of the maximum within a piece, across its halves
+    and across pieces (lowest index), NaN mixed with -inf and finite values, +inf entries, all NaN, all -inf. W2 = 0,
+    so the logits are U's values exactly. N = 4: 32 threads a request (their pieces read with halves swapped: the
+    rotated tie mask); N = 64: 4 (a 256-thread CTA; a lane's second piece is seeded: the select chain). The tokens
+    and log-probabilities equal the reference's."""
     V, K, r = 64, 2, 32
     g = torch.Generator().manual_seed(n + first)
     base = torch.randn(n, K, V, generator=g)
