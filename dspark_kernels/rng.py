@@ -66,10 +66,12 @@ def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = 10):
 def random_bits(rng_key: torch.Tensor, request, position, stream, token) -> torch.Tensor:
     """The uint32 draw (in an int64 tensor) of each broadcast (request, position, stream, token) cell.
 
-    ``rng_key`` is an int64 tensor ``[2]`` holding (seed, offset); the other arguments are int64 tensors or ints.
+    ``rng_key`` is an int64 tensor ``[2]`` holding (seed, offset) (:func:`make_rng_key`); the other arguments are
+    int64 tensors or ints, and the draws are computed on the device of the first tensor among them.
     """
-    seed, offset = rng_key[0].to(torch.int64), rng_key[1].to(torch.int64)
-    request, position, stream, token = (torch.as_tensor(t, dtype=torch.int64, device=rng_key.device)
+    seed, offset = _key_parts(rng_key)
+    dev = _cells_device(rng_key, request, position, stream, token)
+    request, position, stream, token = (torch.as_tensor(t, dtype=torch.int64, device=dev)
                                         for t in (request, position, stream, token))
     k0 = seed & _MASK32
     k1 = ((seed >> 32) ^ (offset >> 32)) & _MASK32
@@ -91,10 +93,11 @@ def uniform_rows(rng_key: torch.Tensor, request: torch.Tensor, position, stream:
 
     Same values as ``uniform`` on a token grid, computed with one Philox evaluation per four tokens.
     """
-    seed, offset = rng_key[0], rng_key[1]
-    request = torch.as_tensor(request, dtype=torch.int64, device=rng_key.device)
-    position = torch.as_tensor(position, dtype=torch.int64, device=rng_key.device)
-    block = torch.arange((vocab + 3) // 4, dtype=torch.int64, device=rng_key.device)
+    seed, offset = _key_parts(rng_key)
+    dev = _cells_device(rng_key, request, position)
+    request = torch.as_tensor(request, dtype=torch.int64, device=dev)
+    position = torch.as_tensor(position, dtype=torch.int64, device=dev)
+    block = torch.arange((vocab + 3) // 4, dtype=torch.int64, device=dev)
     words = philox4x32(block, (position | (stream << 24)).unsqueeze(-1), request.unsqueeze(-1), offset & _MASK32,
                        seed & _MASK32, ((seed >> 32) ^ (offset >> 32)) & _MASK32)
     bits = torch.stack(torch.broadcast_tensors(*words), dim=-1).flatten(-2)[..., :vocab]
@@ -117,24 +120,42 @@ def gumbel_argmax(scaled_logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def make_rng_key(seed, offset, device) -> torch.Tensor:
-    """int64 ``[2]`` (seed, offset) on ``device`` without a host-device synchronisation.
+    """int64 ``[2]`` (seed, offset) for a kernel on ``device``, built without a launch or a synchronisation.
 
-    ``seed`` and ``offset`` are Python ints or int64 tensors with one element (on any device; a CUDA-graph
-    replay can bump an offset tensor in place). Python ints are written with ``torch.full``, a kernel launch and
-    no copy.
+    ``seed`` and ``offset`` are Python ints or int64 / int32 tensors with one element. Two ints give a CPU tensor:
+    no launch builds it, and the kernels take its values by value. A tensor (on any device; a CUDA-graph replay can
+    bump an offset tensor in place) gives a key on ``device`` that the kernels read there: ``torch.cat`` of the two
+    (an int is written with ``torch.full``), a launch or two and no copy to the host.
     """
-    parts = []
+    ints = []
     for name, value in (("seed", seed), ("offset", offset)):
         if isinstance(value, torch.Tensor):
             if value.numel() != 1 or value.dtype not in (torch.int32, torch.int64):
                 raise ValueError(f"{name} must be an int or a one-element int32/int64 tensor, got "
                                  f"{tuple(value.shape)} {value.dtype}")
-            parts.append(value.reshape(1).to(device=device, dtype=torch.int64, non_blocking=True))
+            ints.append(None)
         elif isinstance(value, int) and not isinstance(value, bool):
             if not -(2 ** 63) <= value < 2 ** 64:
                 raise ValueError(f"{name} must fit in 64 bits, got {value}")
-            value = value - 2 ** 64 if value >= 2 ** 63 else value
-            parts.append(torch.full((1,), value, dtype=torch.int64, device=device))
+            ints.append(value - 2 ** 64 if value >= 2 ** 63 else value)
         else:
             raise TypeError(f"{name} must be an int or a tensor, got {type(value).__name__}")
+    if None not in ints:
+        return torch.tensor(ints, dtype=torch.int64)
+    parts = [torch.full((1,), i, dtype=torch.int64, device=device) if i is not None
+             else v.reshape(1).to(device=device, dtype=torch.int64, non_blocking=True)
+             for i, v in zip(ints, (seed, offset))]
     return torch.cat(parts)
+
+
+def _key_parts(rng_key: torch.Tensor):
+    """(seed, offset) of a key: Python ints for a CPU key (no copy), else int64 scalars on its device."""
+    if rng_key.device.type == "cpu":
+        seed, offset = rng_key.tolist()
+        return seed, offset
+    return rng_key[0].to(torch.int64), rng_key[1].to(torch.int64)
+
+
+def _cells_device(rng_key: torch.Tensor, *args) -> torch.device:
+    """Where the draws are computed: the device of the first tensor argument, else the key's."""
+    return next((a.device for a in args if isinstance(a, torch.Tensor)), rng_key.device)

@@ -206,7 +206,7 @@ def test_cuda_unaligned_out_and_graph_replay():
                                                               backend="reference")))
     # a captured graph reads the key at replay time
     out = torch.empty(2, 3, 100, device="cuda")
-    key = rng.make_rng_key(11, 0, "cuda")
+    key = torch.tensor([11, 0], dtype=torch.int64, device="cuda")  # a device key: the graph reads it at replay
     from dspark_kernels import _ext
 
     ops = _ext.load()
@@ -216,7 +216,7 @@ def test_cuda_unaligned_out_and_graph_replay():
     with torch.cuda.graph(g):
         ops.rng_uniform_(out, key, 3)
     for offset in (1, 2 ** 33 + 1):
-        key.copy_(rng.make_rng_key(11, offset, "cuda"))
+        key[1].fill_(offset if offset < 2 ** 63 else offset - 2 ** 64)
         g.replay()
         ref = dk.rng_uniform((2, 3, 100), 11, offset, 3, device="cuda", backend="reference")
         assert torch.equal(_bits_of(out), _bits_of(ref))
@@ -229,9 +229,23 @@ def test_opcheck_cuda_op():
 
     _ext.load()
     out = torch.empty(2, 3, 33, device="cuda")
-    key = rng.make_rng_key(3, 4, "cuda")
-    torch.library.opcheck(torch.ops.dspark_C.rng_uniform_.default, (out, key, 2))
-    torch.library.opcheck(torch.ops.dspark.rng_uniform_.default, (out, key, 2, "cuda"))
+    for key in (rng.make_rng_key(3, 4, "cuda"), torch.tensor([3, 4], device="cuda")):  # by value, on the device
+        torch.library.opcheck(torch.ops.dspark_C.rng_uniform_.default, (out, key, 2))
+        torch.library.opcheck(torch.ops.dspark.rng_uniform_.default, (out, key, 2, "cuda"))
+
+
+@pytest.mark.parametrize("shape,slack", [((2, 3, 4096), 1.05), ((1, 2, 1001), 1.25)], ids=str)
+def test_cuda_access_is_ideal_and_bytes_are_the_output(cuda_device, shape, slack):
+    """The harness's access rule (python_tests/access.py): 16-byte stores where V % 4 == 0; at an odd V the warp's
+    four scalar stores each cover 32 consecutive elements (4 strided stores a thread would touch 4x the sectors).
+    An odd V starts rows off a 32-byte boundary, so a 128-byte store may touch one sector more than its 4: that
+    path is held to 1.25x. Every element is written once; the key (16 bytes, read by every thread) is the only
+    read."""
+    if cuda_device.type != "cpu":
+        pytest.skip("the harness's counters (on a GPU the sanitizer cases check the accesses)")
+    from access import ideal_access
+    out, rec = ideal_access(lambda: dk.rng_uniform(shape, 3, 4, backend="cuda"), sector_slack=slack)
+    assert rec.bytes_written == out.numel() * 4 and rec.unique_bytes == out.numel() * 4 + 16
 
 
 # ------------------------------------------------------------------------------------------ distribution
@@ -274,6 +288,33 @@ def test_seed_offset_int_or_tensor():
     assert torch.equal(_bits_of(a), _bits_of(dk.rng_uniform(shape, 5, 6, backend="reference")))
     for other in ((5, 7, 0), (6, 6, 0), (5, 6, 1)):
         assert not torch.equal(a, dk.rng_uniform(shape, *other, backend="reference"))
+
+
+def test_key_of_two_ints_is_a_cpu_tensor_and_a_tensor_key_stays_on_its_device():
+    """Two ints build the key on the CPU (the kernels take it by value: no launch builds it); a tensor seed or
+    offset gives a key on the op's device (read there, so a CUDA-graph replay sees an offset bumped in place)."""
+    key = rng.make_rng_key(2 ** 64 - 1, 7, "meta")
+    assert key.device.type == "cpu" and key.tolist() == [-1, 7]
+    key = rng.make_rng_key(3, torch.tensor([9], device="meta"), "meta")
+    assert key.device.type == "meta" and key.shape == (2,)
+
+
+def _cpu_and_device_keys_draw_the_same(dev, backend):
+    for seed, offset in [(5, 2 ** 40 + 1), (2 ** 64 - 1, 2 ** 63)]:
+        want = dk.rng_uniform((2, 3, 37), seed, offset, 4, backend="reference")
+        for s, o in ((seed, offset), (torch.tensor([_signed(seed)], device=dev), _signed(offset))):
+            got = dk.rng_uniform((2, 3, 37), s, o, 4, device=dev, backend=backend)
+            assert torch.equal(_bits_of(got.cpu()), _bits_of(want)), (seed, offset, type(s))
+
+
+def test_cuda_takes_a_cpu_key_by_value_and_reads_a_device_key(cuda_device):
+    """On a GPU the first key is passed by value and the second read on the device (under the SIMT harness both
+    are CPU tensors): both give the reference's draws."""
+    _cpu_and_device_keys_draw_the_same(cuda_device, "cuda")
+
+
+def test_triton_takes_a_cpu_key_by_value_and_reads_a_device_key(triton_device):
+    _cpu_and_device_keys_draw_the_same(triton_device, "triton")
 
 
 def test_out_is_filled_in_place():

@@ -355,6 +355,17 @@ def test_sequences_that_do_not_line_up_are_flagged(model):
     assert aligned["misaligned_segments"] == 0
 
 
+def test_the_access_rule_fails_on_a_conflict_and_on_strided_loads(model):
+    """python_tests/access.py, the rule every kernel's access test applies: it passes a conflict-free, consecutive
+    launch and names the line of a bank conflict or of a strided load."""
+    from access import check_launches
+    check_launches([_modelled(model, "bank", variant=0)[0]])
+    for launch, marker in ((_modelled(model, "bank", variant=1)[0], "shared store"),
+                           (_modelled(model, "strided", block=64, alpha=32, ny=128)[0], "strided load")):
+        with pytest.raises(AssertionError, match=_line(marker)):
+            check_launches([launch])
+
+
 def test_access_model_is_off_outside_a_recording(model):
     with simt.record() as rec:
         pass

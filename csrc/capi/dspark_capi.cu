@@ -349,7 +349,7 @@ int draft_params(const dspark_draft_block_args* a, dspark::DraftBlockParams* p, 
   p->temperature = a->temperature;
   if (a->temperature != nullptr && a->rng_key == nullptr)
     return null_pointer(fn, "rng_key", "required with temperature");
-  p->rng_key = a->rng_key;
+  p->rng_key = dspark::rng::Key::on_device(a->rng_key);
   if (a->top_k < 0 || a->top_k > std::min<int64_t>(a->V, dspark::draft_topk::kMaxTopK))
     return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": top_k must be 0 or in [1, min(V, " +
                                           std::to_string(dspark::draft_topk::kMaxTopK) + ")], got " +
@@ -437,7 +437,7 @@ int verify_params(const dspark_verify_chain_args* a, dspark::VerifyChainParams* 
   p->temperature = a->temperature;
   if (a->temperature != nullptr && a->rng_key == nullptr)
     return null_pointer(fn, "rng_key", "required with temperature");
-  p->rng_key = a->rng_key;
+  p->rng_key = dspark::rng::Key::on_device(a->rng_key);
   if (a->num_stops > 0) {
     DSPARK_TRY(int_array(fn, "stop_token_ids", a->stop_token_ids, a->stop_token_ids_dtype, false, &arr));
     p->stop_ids = arr.ptr;
@@ -473,7 +473,7 @@ DSPARK_API int dspark_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, c
   if (N == 0 || K == 0 || V == 0) return ok();
   if (out == nullptr) return fail(DSPARK_ERR_NULL_POINTER, "dspark_rng_uniform: out is NULL");
   if (rng_key == nullptr) return fail(DSPARK_ERR_NULL_POINTER, "dspark_rng_uniform: rng_key is NULL");
-  const cudaError_t err = dspark::launch_rng_uniform(out, N, K, V, rng_key, stream, s);
+  const cudaError_t err = dspark::launch_rng_uniform(out, N, K, V, dspark::rng::Key::on_device(rng_key), stream, s);
   if (err != cudaSuccess)
     return fail(DSPARK_ERR_CUDA, std::string("dspark_rng_uniform: launch failed: ") + cuda_message(err));
   return ok();

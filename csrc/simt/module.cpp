@@ -200,7 +200,7 @@ py::tuple row_stats(const torch::Tensor& logits, double temperature, const torch
   auto race = torch::empty({rows}, torch::kInt64);
   auto* wsp = reinterpret_cast<selftest::RowPartial*>(ws.data_ptr());
   const float t = static_cast<float>(temperature);
-  const int64_t* key = rng_key.data_ptr<int64_t>();
+  const dspark::rng::Key key = dspark::rng::Key::on_device(rng_key.data_ptr<int64_t>());
   const DType dtype = logits.scalar_type() == at::kFloat      ? DType::kFloat32
                       : logits.scalar_type() == at::kBFloat16 ? DType::kBFloat16
                       : logits.scalar_type() == at::kHalf     ? DType::kFloat16

@@ -115,7 +115,7 @@ struct RowPartial {
 // through 16-byte loads with a scalar head and tail; phase 2 merges a row's chunks.
 template <typename T>
 __global__ void row_partials_kernel(const T* logits, int64_t V, int64_t chunk, int64_t chunks, float temperature,
-                                    const int64_t* rng_key, RowPartial* partials) {
+                                    const rng::Key rng_key, RowPartial* partials) {
   DSPARK_SHARED_ARRAY(RowPartial, scratch, 32);
   const int64_t row = blockIdx.y, c = blockIdx.x;
   const rng::Philox ph = rng::load_philox(rng_key);
@@ -146,7 +146,7 @@ __global__ void row_combine_kernel(const RowPartial* partials, int64_t chunks, f
 
 // Two launches; `workspace` holds rows * split.chunks partials.
 template <typename T>
-inline void row_stats(const T* logits, int64_t rows, int64_t V, float temperature, const int64_t* rng_key,
+inline void row_stats(const T* logits, int64_t rows, int64_t V, float temperature, const rng::Key rng_key,
                       int64_t min_chunk, RowPartial* workspace, float* lse, int64_t* argmax, int64_t* race) {
   const SplitV split = split_v(V, rows, 2 * device_sm_count(), min_chunk);
   LaunchConfig cfg;

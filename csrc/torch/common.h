@@ -13,6 +13,7 @@
 #include <string>
 
 #include "dspark/platform.cuh"
+#include "dspark/rng.cuh"
 #include "dspark/vec.cuh"
 
 // The op library: torch.ops.dspark_C on the GPU, torch.ops.dspark_simt in the SIMT build and
@@ -167,12 +168,17 @@ inline SurvivalInputs check_survival(const char* op, const std::optional<at::Ten
   return s;
 }
 
-// The random key: int64 [2] = (seed, offset), read by the kernels (never by the host).
-inline const int64_t* check_rng_key(const char* op, const at::Tensor& rng_key, const at::Tensor& like) {
-  check_input(op, "rng_key", rng_key, like);
+// The random key: int64 [2] = (seed, offset). On the op's device the kernels read it (a CUDA graph replays with
+// what it holds then); a CPU key beside device tensors is read here and passed by value (no launch, no sync).
+inline dspark::rng::Key check_rng_key(const char* op, const at::Tensor& rng_key, const at::Tensor& like) {
   check_dtype(op, "rng_key", rng_key, at::kLong);
   TORCH_CHECK(rng_key.numel() == 2, op, ": rng_key must be int64 [2] (seed, offset), got shape ", rng_key.sizes());
-  return rng_key.data_ptr<int64_t>();
+  TORCH_CHECK(rng_key.device() == like.device() || rng_key.is_cpu(), op, ": rng_key must be on ", like.device(),
+              " or on the CPU, got ", rng_key.device());
+  TORCH_CHECK(rng_key.is_contiguous(), op, ": rng_key must be contiguous");
+  const int64_t* k = rng_key.data_ptr<int64_t>();
+  if (rng_key.device() == like.device()) return dspark::rng::Key::on_device(k);
+  return dspark::rng::Key::by_value(static_cast<uint64_t>(k[0]), static_cast<uint64_t>(k[1]));
 }
 
 }  // namespace dspark_torch

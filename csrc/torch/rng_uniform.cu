@@ -8,7 +8,7 @@ constexpr const char* kOp = "rng_uniform_";
 
 void launch(at::Tensor& out, const at::Tensor& rng_key, int64_t stream) {
   check_tensor(kOp, "out", out, out, at::kFloat, {kAnySize, kAnySize, kAnySize});
-  const int64_t* key = check_rng_key(kOp, rng_key, out);
+  const dspark::rng::Key key = check_rng_key(kOp, rng_key, out);
   TORCH_CHECK(stream >= 0 && stream < 256, kOp, ": stream must be in [0, 256), got ", stream);
   const int64_t N = out.size(0), K = out.size(1), V = out.size(2);
   TORCH_CHECK(K < (int64_t(1) << 24), kOp, ": out.size(1) (positions) must be < 2^24, got ", K);

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..reference.verify_chain import RESIDUAL_EPS
-from ..triton.rng import STREAM_ACCEPT, STREAM_RESIDUAL, load_key, race_score, uniform
+from ..triton.rng import STREAM_ACCEPT, STREAM_RESIDUAL, key_args, load_key, race_score, uniform
 from . import layout as L
 
 _NONE = 2 ** 30      # an id above EMPTY_ID: a lane that is no candidate
@@ -375,9 +375,9 @@ def _sampled_emit(req_ptr, p_stride, F, P, res_req, res_p_stride, plan_ptr, n, s
     return tl.where(sampled, tl.where(use_p | full, from_p, from_res), emitted)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "offset"])
 def _decide_kernel(stats_ptr, shards_ptr, res_ptr, cu_ptr, drafts_ptr, lp_ptr, vlens_ptr, surv_ptr, thr_ptr,
-                   temp_ptr, key_ptr, stops_ptr, tokens_ptr, num_ptr, mask_ptr, plan_ptr, n_req, k_len, P, F,
+                   temp_ptr, key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr, stops_ptr, tokens_ptr, num_ptr, mask_ptr, plan_ptr, n_req, k_len, P, F,
                    num_rows, n_stops, vocab_size, res_slots, SAMPLED: tl.constexpr, BLOCK_METHOD: tl.constexpr,
                    HAS_DRAFT: tl.constexpr, HAS_LOGPROBS: tl.constexpr, HAS_RES: tl.constexpr, PACKED: tl.constexpr,
                    HAS_VLENS: tl.constexpr, HAS_SURV: tl.constexpr, TOP_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -402,7 +402,7 @@ def _decide_kernel(stats_ptr, shards_ptr, res_ptr, cu_ptr, drafts_ptr, lp_ptr, v
     amax = _target_argmax(req_ptr, p_stride, F, P, lanes, lanes <= k_len)
     n_acc = _leading((drafts == amax) & valid & (lanes < length), lanes, k_len)
     if SAMPLED:
-        k0, k1, off_lo = load_key(key_ptr)
+        k0, k1, off_lo = load_key(key_ptr, seed, offset, KEY_IN_MEMORY)
         n_acc, rho, sampled, tm, ts, tbad, qm, qs, qbad = _sampled_accept(
             req_ptr, p_stride, F, P, shards_ptr, res_req, res_p_stride, lp_ptr, temp_ptr, n, safe, valid, lanes,
             length, n_acc, k0, k1, off_lo, k_len, BLOCK_METHOD, HAS_DRAFT, HAS_LOGPROBS, HAS_RES)
@@ -442,7 +442,7 @@ def verify_decide(stats, shards, residual, cu_seqlens, num_rows, draft_tokens, d
     p_count = stats.shape[0]
     _decide_kernel[(n,)](
         stats, shards.contiguous(), given(residual), given(cu_seqlens), draft_tokens.contiguous(),
-        given(draft_logprobs), given(verify_lens), given(survival), given(thresholds), given(temperature), rng_key,
+        given(draft_logprobs), given(verify_lens), given(survival), given(thresholds), given(temperature), *key_args(rng_key, tokens.device),
         given(stop_token_ids), tokens, num_accepted, accept_mask.view(torch.uint8), plan, n, k_len, p_count,
         stats.shape[-1], num_rows, stop_token_ids.numel() if stop_token_ids is not None else 0, vocab_size,
         res_slots, SAMPLED=sampled, BLOCK_METHOD=method != "token", HAS_DRAFT=sampled and has_draft_logits,

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton.rng import STREAM_DRAFT, gumbel_score, load_key, uniform
+from ..triton.rng import STREAM_DRAFT, gumbel_score, key_args, load_key, uniform
 from . import layout as L
 from .local_draft import pack_key
 
@@ -24,8 +24,8 @@ _BLOCK_R = 32
 _NONE = 2 ** 30   # a column index larger than any block's
 
 
-@triton.jit
-def _draft_step_kernel(u_ptr, stride_un, v_ptr, w2_ptr, temp_ptr, key_ptr, part_ptr, logits_ptr, local, rank,
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _draft_step_kernel(u_ptr, stride_un, v_ptr, w2_ptr, temp_ptr, key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr, part_ptr, logits_ptr, local, rank,
                        position, vocab_start, HAS_TEMP: tl.constexpr, RETURN_LOGITS: tl.constexpr,
                        BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, NONE: tl.constexpr):
     n = tl.program_id(0)
@@ -48,7 +48,7 @@ def _draft_step_kernel(u_ptr, stride_un, v_ptr, w2_ptr, temp_ptr, key_ptr, part_
         t = tl.load(temp_ptr + n)
         sampled = t > 0
         safe_t = tl.where(sampled, t, 1.0)
-        k0, k1, off_lo = load_key(key_ptr)
+        k0, k1, off_lo = load_key(key_ptr, seed, offset, KEY_IN_MEMORY)
         u = uniform(k0, k1, off_lo, n, position, STREAM_DRAFT, (vocab_start + cols).to(tl.int64))
         key = tl.where(sampled, gumbel_score(logits / safe_t, u), key)
     key = tl.where(inside, key, float("-inf"))
@@ -81,7 +81,7 @@ def draft_step(base_logits_k, v, w2_shard, temperature, rng_key, position, vocab
     base = base_logits_k if base_logits_k.stride(-1) == 1 else base_logits_k.contiguous()
     temps = temperature if temperature is not None else part
     _draft_step_kernel[(n, blocks)](
-        base, base.stride(0), v.float().contiguous(), w2_shard.contiguous(), temps, rng_key, part, logits, local,
+        base, base.stride(0), v.float().contiguous(), w2_shard.contiguous(), temps, *key_args(rng_key, dev), part, logits, local,
         rank, position, vocab_start, HAS_TEMP=temperature is not None, RETURN_LOGITS=bool(return_logits),
         BLOCK_V=_BLOCK_V, BLOCK_R=_BLOCK_R, NONE=_NONE)
     ids = part[..., 1].to(torch.int64) + vocab_start

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..reference.verify_chain import gather_target_rows
-from ..triton.rng import STREAM_RESIDUAL, argmax_finish, argmax_update, gumbel_score, load_key, uniform
+from ..triton.rng import STREAM_RESIDUAL, argmax_finish, argmax_update, gumbel_score, key_args, load_key, uniform
 from . import layout as L
 from .local_verify import _draft_rows
 
@@ -51,8 +51,8 @@ def _take(keys, ids, bi):
     return tl.where(hit, float("-inf"), keys), tl.where(hit, NONE_ID, ids)
 
 
-@triton.jit
-def _stats_kernel(t_ptr, stride_t, t_row_ptr, d_ptr, stride_d, at_ptr, temp_ptr, key_ptr, out_ptr, local, k_len,
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _stats_kernel(t_ptr, stride_t, t_row_ptr, d_ptr, stride_d, at_ptr, temp_ptr, key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr, out_ptr, local, k_len,
                   vocab_start, width, SAMPLED: tl.constexpr, HAS_DRAFT: tl.constexpr, TOP_M: tl.constexpr,
                   LIST: tl.constexpr, BLOCK_V: tl.constexpr, EMPTY: tl.constexpr, BOUND: tl.constexpr,
                   CF: tl.constexpr):
@@ -69,7 +69,7 @@ def _stats_kernel(t_ptr, stride_t, t_row_ptr, d_ptr, stride_d, at_ptr, temp_ptr,
     if SAMPLED:
         t = tl.load(temp_ptr + n)
         t = tl.where(t > 0, t, 1.0)
-        k0, k1, off_lo = load_key(key_ptr)
+        k0, k1, off_lo = load_key(key_ptr, seed, offset, KEY_IN_MEMORY)
     zero = tl.sum(tl.zeros((BLOCK_V,), tl.float32), axis=0)
     tm, ts, tbad = zero + float("-inf"), zero, zero
     qm, qs, qbad = zero + float("-inf"), zero, zero
@@ -172,7 +172,7 @@ def verify_stats(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, tem
     block = block_v or min(_BLOCK_V, triton.next_power_of_2(local))
     _stats_kernel[(n * (k_len + 1),)](
         rows2d, rows2d.stride(0), trow.reshape(-1).contiguous(), d2d, d2d.stride(0), at,
-        temperature if temperature is not None else out, rng_key, out, local, k_len, vocab_start, lay.width,
+        temperature if temperature is not None else out, *key_args(rng_key, out.device), out, local, k_len, vocab_start, lay.width,
         SAMPLED=lay.sampled, HAS_DRAFT=lay.draft, TOP_M=top_m, LIST=triton.next_power_of_2(top_m + 1),
         BLOCK_V=block, EMPTY=L.EMPTY_ID, BOUND=lay.bound, CF=lay.cand_fields)
     return out

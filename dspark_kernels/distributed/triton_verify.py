@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..reference.verify_chain import gather_target_rows
-from ..triton.rng import STREAM_RESIDUAL, load_key, race_score, uniform
+from ..triton.rng import STREAM_RESIDUAL, key_args, load_key, race_score, uniform
 from . import layout as L
 from .local_verify import _draft_rows
 
@@ -27,8 +27,8 @@ def _prob(x, m, s, bad):
     return tl.where(bad > 0, float("nan"), tl.exp(x - m) / s)
 
 
-@triton.jit
-def _residual_kernel(t_ptr, t_row_ptr, d_ptr, d_row_ptr, dtok_ptr, plan_ptr, temp_ptr, key_ptr, part_ptr, local,
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _residual_kernel(t_ptr, t_row_ptr, d_ptr, d_row_ptr, dtok_ptr, plan_ptr, temp_ptr, key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr, part_ptr, local,
                      vocab_start, HAS_DRAFT: tl.constexpr, BLOCK_V: tl.constexpr, NONE: tl.constexpr):
     slot = tl.program_id(0)
     blk = tl.program_id(1)
@@ -52,7 +52,7 @@ def _residual_kernel(t_ptr, t_row_ptr, d_ptr, d_row_ptr, dtok_ptr, plan_ptr, tem
     d = tl.load(plan + 2) * p - q
     w = tl.where(d > 0, d, tl.where(d != d, d, 0.0))          # clamp(min=0) that keeps NaN, as torch's
     w = tl.where(inside, w, 0.0)
-    k0, k1, off_lo = load_key(key_ptr)
+    k0, k1, off_lo = load_key(key_ptr, seed, offset, KEY_IN_MEMORY)
     u = uniform(k0, k1, off_lo, n, row, STREAM_RESIDUAL, (vocab_start + cols).to(tl.int64))
     score = tl.where(inside, race_score(w, u), float("-inf"))
     best = tl.max(score, axis=0)
@@ -92,7 +92,7 @@ def verify_residual(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, 
     blocks = triton.cdiv(local, _BLOCK_V)
     part = torch.empty(n * slots, blocks, 3, device=dev)
     _residual_kernel[(n * slots, blocks)](
-        rows2d.contiguous(), t_rows, d2d, d_rows, dtok, plan.contiguous(), temperature, rng_key, part, local,
+        rows2d.contiguous(), t_rows, d2d, d_rows, dtok, plan.contiguous(), temperature, *key_args(rng_key, part.device), part, local,
         vocab_start, HAS_DRAFT=draft_logits_shard is not None, BLOCK_V=_BLOCK_V, NONE=_NONE)
     need = plan[..., L.PLAN_NEED] > 0
     best, winner = L.argmax_lowest(part[..., 1], part[..., 2].to(torch.int64) + vocab_start, 1)

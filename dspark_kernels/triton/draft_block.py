@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .rng import STREAM_DRAFT, argmax_finish, gumbel_score, load_key, uniform
+from .rng import STREAM_DRAFT, argmax_finish, gumbel_score, key_args, load_key, uniform
 
 NEG_INF = tl.constexpr(float("-inf"))
 HEAD_VANILLA = tl.constexpr(0)
@@ -231,18 +231,18 @@ def _vocab_pass(u_row, logits_row, cand_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row
     return token, tl.where(ok, win_l - (safe_top + tl.log(total)), float("nan"))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "offset"])
 def _draft_block_kernel(
     base_ptr, anchor_ptr, w1_ptr, w2_ptr, w2s_ptr, d2t_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr, hidden_ptr, cw_ptr, cb_ptr,
     sts_ptr, cand_ptr,
-    temp_ptr, rng_key_ptr, scratch_ptr, tokens_ptr, logits_ptr, conf_ptr, surv_ptr, logprob_ptr,
+    temp_ptr, rng_key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr, scratch_ptr, tokens_ptr, logits_ptr, conf_ptr, surv_ptr, logprob_ptr,
     K, V, W, VT, R, D,
     HEAD: tl.constexpr, W2_FP8: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MAP: tl.constexpr,
     HAS_CONF: tl.constexpr, HAS_STS: tl.constexpr, TOPK: tl.constexpr,
     RETURN_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
-    k0, k1, offset_lo = load_key(rng_key_ptr)
+    k0, k1, offset_lo = load_key(rng_key_ptr, seed, offset, KEY_IN_MEMORY)
     temp = tl.load(temp_ptr + n).to(tl.float32)
     sampled = temp > 0
     t = tl.where(sampled, temp, 1.0)
@@ -371,7 +371,7 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_t
         conf_weight if has_conf else dummy,
         conf_bias.reshape(1) if has_conf else dummy,
         sts_temperatures if sts_temperatures is not None else dummy, cands,
-        temperature if temperature is not None else torch.zeros(n, device=dev), rng_key, scratch,
+        temperature if temperature is not None else torch.zeros(n, device=dev), *key_args(rng_key, base.device), scratch,
         tokens, logits, conf, survival, logprobs,
         k, v, width, w1.shape[0], rank, d,
         HEAD=_HEAD_IDS[head_kind], W2_FP8=fp8, HAS_SCALE=w2_scale is not None, HAS_MAP=draft_to_target is not None,

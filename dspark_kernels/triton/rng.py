@@ -6,6 +6,7 @@ The rounds are written out here (same arithmetic as ``tl.philox``'s 32-bit path,
 (lo, hi) and would need the key packed as ``seed ^ (offset_hi << 32)``), so the key and counter layout stay visible.
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -52,9 +53,34 @@ def make_key(seed, offset):
 
 
 @triton.jit
-def load_key(rng_key_ptr):
-    """(k0, k1, offset_lo) as uint32 scalars from the device int64 [2] (seed, offset)."""
-    return make_key(tl.load(rng_key_ptr), tl.load(rng_key_ptr + 1))
+def load_key(key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr):
+    """(k0, k1, offset_lo) as uint32 scalars: from the int64 [2] (seed, offset) at ``key_ptr`` where
+    ``KEY_IN_MEMORY``, else from ``seed`` and ``offset`` (the four arguments :func:`key_args` gives)."""
+    if KEY_IN_MEMORY:
+        seed = tl.load(key_ptr)
+        offset = tl.load(key_ptr + 1)
+    return make_key(seed, offset)
+
+
+def key_args(rng_key, device) -> tuple:
+    """A kernel's four key arguments ``(key_ptr, seed, offset, KEY_IN_MEMORY)`` for ``rng_key`` int64 [2]: a key on
+    the kernel's device is read by the kernel (a CUDA graph replays with what it holds then); a CPU key beside
+    device tensors is passed by value (read here: CPU memory, no synchronisation)."""
+    if rng_key.device == torch.device(device):
+        return rng_key, 0, 0, True
+    seed, offset = rng_key.tolist()
+    return _placeholder(device), seed, offset, False
+
+
+_PLACEHOLDERS: dict = {}
+
+
+def _placeholder(device):
+    """A one-element device tensor for ``key_ptr`` where the kernel reads the key from its scalars (never loaded)."""
+    key = torch.device(device)
+    if key not in _PLACEHOLDERS:
+        _PLACEHOLDERS[key] = torch.zeros(2, dtype=torch.int64, device=key)
+    return _PLACEHOLDERS[key]
 
 
 @triton.jit

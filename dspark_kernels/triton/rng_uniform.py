@@ -4,17 +4,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .rng import bits_to_uniform, load_key, random_block
+from .rng import bits_to_uniform, key_args, load_key, random_block
 
 _BLOCK_Q = 256  # counter blocks (4 tokens each) per program
 
 
-@triton.jit
-def _rng_uniform_kernel(out_ptr, rng_key_ptr, K, V, quads_per_row, stream, BLOCK_Q: tl.constexpr):
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _rng_uniform_kernel(out_ptr, rng_key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr, K, V, quads_per_row, stream, BLOCK_Q: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # row = n * K + k
     n = row // K
     k = row - n * K
-    k0, k1, offset_lo = load_key(rng_key_ptr)
+    k0, k1, offset_lo = load_key(rng_key_ptr, seed, offset, KEY_IN_MEMORY)
     base = out_ptr + row * V
     for qb in range(tl.program_id(1), tl.cdiv(quads_per_row, BLOCK_Q), tl.num_programs(1)):
         quad = (tl.zeros([BLOCK_Q], tl.int64) + qb) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # 64-bit
@@ -35,4 +35,4 @@ def rng_uniform(out: torch.Tensor, rng_key: torch.Tensor, stream: int) -> None:
         return
     quads = triton.cdiv(v, 4)
     grid = (n * k, min(triton.cdiv(quads, _BLOCK_Q), 65535))
-    _rng_uniform_kernel[grid](out, rng_key, k, v, quads, stream, BLOCK_Q=_BLOCK_Q)
+    _rng_uniform_kernel[grid](out, *key_args(rng_key, out.device), k, v, quads, stream, BLOCK_Q=_BLOCK_Q)

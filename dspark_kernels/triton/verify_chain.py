@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .rng import (STREAM_ACCEPT, STREAM_RESIDUAL, argmax_finish, argmax_update, gumbel_score, load_key, race_score,
+from .rng import (STREAM_ACCEPT, STREAM_RESIDUAL, argmax_finish, argmax_update, gumbel_score, key_args, load_key,
+                  race_score,
                   uniform)
 
 RESIDUAL_EPS = tl.constexpr(1e-6)
@@ -257,16 +258,16 @@ def _emit_sampled(row, drow0, draft0, n_acc, L, K, V, t, rho_e, k0, k1, offset_l
     return tl.where(use_p, from_p, from_res).to(tl.int64)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "offset"])
 def _verify_chain_kernel(
     target_ptr, cu_ptr, drafts_ptr, draft_logits_ptr, verify_lens_ptr, survival_ptr, thresholds_ptr, temp_ptr,
-    rng_key_ptr, stops_ptr, tokens_ptr, num_acc_ptr, mask_ptr,
+    rng_key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr, stops_ptr, tokens_ptr, num_acc_ptr, mask_ptr,
     total_rows, K, V, n_stops,
     PACKED: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, HAS_VERIFY_LENS: tl.constexpr,
     HAS_THRESHOLDS: tl.constexpr, BLOCK_METHOD: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
-    k0, k1, offset_lo = load_key(rng_key_ptr)
+    k0, k1, offset_lo = load_key(rng_key_ptr, seed, offset, KEY_IN_MEMORY)
     kcols = tl.arange(0, BLOCK_K)
     start, has_rows, L = _verify_len(cu_ptr, verify_lens_ptr, survival_ptr, thresholds_ptr, r, total_rows, K, kcols,
                                      PACKED, HAS_VERIFY_LENS, HAS_THRESHOLDS)
@@ -336,7 +337,7 @@ def verify_chain(target_logits, cu_seqlens, draft_tokens, draft_logits, draft_lo
         verify_lens if verify_lens is not None else dummy,
         survival if survival is not None else target,
         thresholds if thresholds is not None else target,
-        temperature if temperature is not None else torch.zeros(n, device=dev), rng_key, stops, tokens, num_acc,
+        temperature if temperature is not None else torch.zeros(n, device=dev), *key_args(rng_key, dev), stops, tokens, num_acc,
         mask.view(torch.uint8),
         total_rows, k, v, stop_token_ids.numel() if stop_token_ids is not None else 0,
         PACKED=cu_seqlens is not None, HAS_DRAFT_LOGITS=draft_logits is not None,

@@ -41,7 +41,7 @@ struct DistDraftStepParams {
   const void* w2 = nullptr;    // [Vl, R] rows of the shard
   DType w2_dtype = DType::kFloat32;
   const float* temperature = nullptr;  // [N] or null (every request greedy)
-  const int64_t* rng_key = nullptr;    // int64 [2] (seed, offset)
+  rng::Key rng_key;
   int64_t N = 0, Vl = 0, R = 0, position = 0, vocab_start = 0;
   float* logits = nullptr;     // [N, Vl] float32, or null
   int64_t* packed = nullptr;   // [N]

@@ -41,7 +41,7 @@ struct DistVerifyDecideParams {
   const void* thresholds = nullptr;
   DType survival_dtype = DType::kFloat32, thresholds_dtype = DType::kFloat32;
   const float* temperature = nullptr;     // [N] or null (greedy)
-  const int64_t* rng_key = nullptr;
+  rng::Key rng_key;
   const void* stop_ids = nullptr;         // [num_stops] or null
   bool stops_i64 = false;
   int64_t num_stops = 0;

@@ -32,7 +32,7 @@ struct DistVerifyResidualParams {
   bool drafts_i64 = false;
   const float* plan = nullptr;         // [N, S, 9] (layout.PLAN_*)
   const float* temperature = nullptr;  // [N]
-  const int64_t* rng_key = nullptr;
+  rng::Key rng_key;
   int64_t N = 0, K = 0, S = 0, Vl = 0, vocab_start = 0, vocab_size = 0;
   float* out = nullptr;                // [N, S, 3]: mass, winning score, winning id (float32)
 };

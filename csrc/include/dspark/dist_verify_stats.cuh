@@ -31,7 +31,7 @@ struct DistVerifyStatsParams {
   const void* draft_tokens = nullptr;  // [N, K] int32 / int64
   bool drafts_i64 = false;
   const float* temperature = nullptr;  // [N], or null: greedy only (the argmax fields)
-  const int64_t* rng_key = nullptr;
+  rng::Key rng_key;
   int64_t N = 0, K = 0, Vl = 0, vocab_start = 0, vocab_size = 0, top_m = 1;
   int64_t width = 2;                   // StatsLayout.width
   float* out = nullptr;                // [N, K+1, width]

@@ -174,7 +174,7 @@ struct DraftBlockParams {
   const void* sts;  // [K] or null (all 1)
   DType sts_dtype;
   const float* temperature;  // [N] or null (every request greedy); T <= 0 or NaN: greedy
-  const int64_t* rng_key;    // [2] (seed, offset)
+  rng::Key rng_key;
   int64_t N, K, V, R, D;
   int64_t VT;         // W1's rows (the target vocabulary)
   int64_t* tokens;    // [N, K]

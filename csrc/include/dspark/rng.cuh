@@ -123,10 +123,21 @@ struct Philox {
   }
 };
 
+// The random key as a kernel takes it: (seed, offset) read on the device from an int64 [2] buffer, so that a CUDA
+// graph replays with whatever the buffer holds then, or passed by value where the caller gave plain integers (no
+// launch builds a key then).
+struct Key {
+  const int64_t* ptr = nullptr;  // int64 [2] (seed, offset) in device memory, or nullptr
+  uint64_t seed = 0, offset = 0;  // the key when ptr is nullptr
+
+  static Key on_device(const int64_t* p) { return Key{p, 0, 0}; }
+  static Key by_value(uint64_t s, uint64_t o) { return Key{nullptr, s, o}; }
+};
+
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
-// Seed and offset from a device int64 [2] rng_key (so a CUDA graph replays with whatever the key holds then).
-__device__ __forceinline__ Philox load_philox(const int64_t* __restrict__ rng_key) {
-  return Philox::make(static_cast<uint64_t>(__ldg(rng_key)), static_cast<uint64_t>(__ldg(rng_key + 1)));
+__device__ __forceinline__ Philox load_philox(const Key& key) {
+  if (key.ptr == nullptr) return Philox::make(key.seed, key.offset);
+  return Philox::make(static_cast<uint64_t>(__ldg(key.ptr)), static_cast<uint64_t>(__ldg(key.ptr + 1)));
 }
 #endif
 

@@ -2,15 +2,16 @@
 // for a contiguous float32 [N, K, V] tensor (header-only, no torch; used by csrc/torch and csrc/capi).
 //
 // One thread handles one counter block (4 consecutive tokens of a row, one Philox evaluation) and writes it
-// as one 16-byte store when V % 4 == 0 and `out` is 16-byte aligned (scalar stores otherwise, and for the
-// partial last block of a row). Grid-stride over the N*K*ceil(V/4) blocks; 32-bit index arithmetic when all
-// offsets fit, 64-bit otherwise. Seed and offset are read on the device from rng_key (int64 [2]) so a
-// captured CUDA graph replays with the key's current contents. Philox costs ~100 integer instructions per
+// as one 16-byte store when V % 4 == 0 and `out` is 16-byte aligned; otherwise the warp trades values by
+// shuffles so that each of its four scalar stores covers 32 consecutive elements. Grid-stride over the
+// N*K*ceil(V/4) blocks; 32-bit index arithmetic when all offsets fit, 64-bit otherwise. The key (rng::Key) is read on the device where it is a buffer, so a captured
+// CUDA graph replays with the key's current contents. Philox costs ~100 integer instructions per
 // 16 bytes written, so on H100/H200 this kernel is bound by integer throughput, not by DRAM.
 #pragma once
 
 #include <stdint.h>
 
+#include "reduce.cuh"
 #include "rng.cuh"
 #include "utils.cuh"
 
@@ -19,31 +20,44 @@ namespace dspark {
 template <typename Index, bool kVec>
 __global__ void __launch_bounds__(256) rng_uniform_kernel(float* __restrict__ out, Index K, Index V,
                                                           Index quads_per_row, Index total_quads,
-                                                          const int64_t* __restrict__ rng_key, uint32_t stream) {
+                                                          const rng::Key rng_key, uint32_t stream) {
   const rng::Philox ph = rng::load_philox(rng_key);
   const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
-  for (Index q = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; q < total_quads; q += step) {
-    const Index row = q / quads_per_row;
-    const Index quad = q - row * quads_per_row;
+  const int lane = threadIdx.x & 31;
+  // The warp walks 32 consecutive quads at a time (all lanes stay in the loop: the scalar path shuffles).
+  const Index first = static_cast<Index>(blockIdx.x) * blockDim.x + (threadIdx.x & ~31u);
+  for (Index w = first; w < total_quads; w += step) {
+    const Index q = w + lane;
+    const bool live = q < total_quads;
+    const Index row = live ? q / quads_per_row : 0;
+    const Index quad = live ? q - row * quads_per_row : 0;
     const Index n = row / K;
     const Index k = row - n * K;
     const rng::F32x4 u = ph.uniform4(n, k, stream, quad);
-    float* p = out + (row * V + quad * 4);
+    const Index at = row * V + quad * 4;  // this lane's first element
     if (kVec) {
-      store_f32x4(p, u);
+      if (live) store_f32x4(out + at, u);
     } else {
-      const Index left = V - quad * 4;  // >= 1
-      stg(p, u.x);
-      if (left > 1) stg(p + 1, u.y);
-      if (left > 2) stg(p + 2, u.z);
-      if (left > 3) stg(p + 3, u.w);
+      // A quad's 4 elements would be 4 strided stores; instead store j writes element lane & 3 of lane
+      // 8 j + lane / 4's quad, so each store instruction covers 32 consecutive elements of the warp's 128.
+      const Index left = live ? V - quad * 4 : 0;  // this lane's elements in its row, 0 when past the end
+      const int c = lane & 3;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int src = 8 * j + (lane >> 2);
+        const float x = __shfl_sync(kFullMask, u.x, src), y = __shfl_sync(kFullMask, u.y, src);
+        const float z = __shfl_sync(kFullMask, u.z, src), t = __shfl_sync(kFullMask, u.w, src);
+        const Index src_at = __shfl_sync(kFullMask, at, src);
+        const Index src_left = __shfl_sync(kFullMask, left, src);
+        if (c < src_left) stg(out + src_at + c, c == 0 ? x : c == 1 ? y : c == 2 ? z : t);
+      }
     }
   }
 }
 
 // Launch on `s`; the caller has checked the arguments (N, K, V >= 0, K < 2^24, stream < 256, V < 2^34).
 // Returns the launch status (cudaSuccess for an empty tensor, which launches nothing).
-inline cudaError_t launch_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, const int64_t* rng_key,
+inline cudaError_t launch_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, const rng::Key rng_key,
                                       int stream, cudaStream_t s) {
   if (N <= 0 || K <= 0 || V <= 0) return cudaSuccess;
   constexpr int kThreads = 256;

@@ -62,7 +62,7 @@ struct VerifyChainParams {
   const void* thresholds = nullptr;      // [K] float (with survival)
   DType thresholds_dtype = DType::kFloat32;
   const float* temperature = nullptr;    // [N] or null (every request greedy)
-  const int64_t* rng_key = nullptr;      // [2]
+  rng::Key rng_key;      // [2]
   const void* stop_ids = nullptr;        // [S] int32/int64 or null
   bool stops_i64 = true;
   int64_t num_stops = 0;
@@ -356,11 +356,11 @@ DSPARK_DEVICE void write_outputs(const VerifyChainParams& p, int64_t r, int n_ac
 }
 
 // The Philox key, read by lane 0 and shared with the warp.
-DSPARK_DEVICE rng::Philox warp_philox(const int64_t* rng_key) {
-  long long k[2] = {0, 0};
-  if ((threadIdx.x & 31) == 0) {
-    k[0] = ldg(rng_key);
-    k[1] = ldg(rng_key + 1);
+DSPARK_DEVICE rng::Philox warp_philox(const rng::Key& key) {
+  long long k[2] = {static_cast<long long>(key.seed), static_cast<long long>(key.offset)};
+  if ((threadIdx.x & 31) == 0 && key.ptr != nullptr) {
+    k[0] = ldg(key.ptr);
+    k[1] = ldg(key.ptr + 1);
   }
   k[0] = __shfl_sync(kFullMask, k[0], 0);
   k[1] = __shfl_sync(kFullMask, k[1], 0);
