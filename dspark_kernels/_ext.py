@@ -61,6 +61,7 @@ _simt_modules: dict = {}       # SIMT builds once loaded: False -> the plain (or
 _simt_errors: dict = {}        # why a SIMT build failed (cached like _error)
 _simt_counting = False         # kernels() gives CPU tensors the counting build (inside simt.record(access=True))
 _fakes: dict = {}              # op name -> fake implementation, registered on both libraries when they load
+_cpu_schemas: dict = {}        # op name -> schema (without backend) of the ops the CPU library defines
 _cpu_library = None            # the torch.library.Library defining torch.ops.dspark_cpu's schemas
 _cpu_error: Optional[str] = None
 
@@ -340,12 +341,19 @@ def _cpu_build() -> None:
     )
 
 
+def define_cpu_schema(name: str, schema: str) -> None:
+    """Declare ``dspark_cpu::<name>`` with ``schema`` (``dspark_kernels.ops._registry.define_op`` calls this for every
+    op; ``import dspark_kernels`` defines them all before any kernel loads)."""
+    if _cpu_library is not None:
+        raise RuntimeError(f"dspark_cpu::{name} declared after the CPU kernels loaded")
+    _cpu_schemas[name] = schema
+
+
 def _define_cpu_library():
-    """torch.ops.dspark_cpu with every op's schema (the ones define_op was given), before its kernels load."""
-    from .ops._registry import OPS
+    """torch.ops.dspark_cpu with every declared op's schema, before its kernels load."""
     lib = torch.library.Library(CPU_LIBRARY, "DEF")
-    for name, definition in OPS.items():
-        lib.define(name + definition.schema)
+    for name, schema in _cpu_schemas.items():
+        lib.define(name + schema)
     return lib
 
 

@@ -7,7 +7,7 @@ order). The
 fake (also a function of exactly those parameters) is registered for ``dspark::<name>`` and, when they load, for
 the CUDA extension's ``dspark_C::<name>``, the SIMT build's ``dspark_simt::<name>`` (whose C++ schemas,
 ``csrc/torch/registration.cpp``, must equal ``schema``; ``python_tests/test_signatures.py`` checks every spelling) and
-the CPU kernels' ``dspark_cpu::<name>`` (defined from ``schema`` itself, ``_ext.load_cpu``).
+the CPU kernels' ``dspark_cpu::<name>`` (defined from ``schema`` itself: ``_ext.define_cpu_schema``).
 
 Contiguity is decided here, once for every op: the kernel backends ("cpu", "triton", "cuda") get every tensor input
 contiguous (a copy where it is not); a tensor the op writes must be contiguous already. The reference takes any
@@ -133,6 +133,7 @@ def define_op(name: str, schema: str, fake: Callable, impls: Mapping[str, Callab
                                  mutates_args=tuple(names[i] for i in written))
     op.register_fake(lambda *args: fake(*args[:-1]))
     _ext.register_fake(name, fake)
+    _ext.define_cpu_schema(name, schema)
     definition = OpDef(name, schema, names, fake, impl_table, getattr(getattr(torch.ops, LIBRARY), name))
     OPS[name] = definition
     return definition
