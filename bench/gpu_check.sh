@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (one H200, no network, its own torch and triton; under 8 minutes from a fresh checkout):
+# The one prepared GPU check (one H100 or H200, no network, its own torch and triton; under 8 minutes from a fresh checkout):
 #
 #   bash bench/gpu_check.sh OUTDIR [WHEEL]
 #
@@ -11,15 +11,11 @@
 # 2. runs the GPU tests (pytest -m gpu), with the ptxas register / spill table (tools/check_cuda.py --json) built
 #    alongside on the CPU, or taken from GPU_CHECK_PTXAS (that table built on a CPU machine: the same nvcc),
 # 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py),
-# 4. reads draft_block's warp instructions at N = 1, 64, 256 (and at N = 1 with bench/run.py's confidence head) with
-#    Nsight Compute where ncu can read the counters
-#    (bench/ncu_draft.py: the count for bench/model.py's issue term, ncu_draft.json; the SASS estimate it checks
-#    comes from bench/sass_draft.py on a CPU machine), and one cooperative grid barrier's cost across one CTA per SM
-#    (bench/grid_barrier.py, grid_barrier.json: the constant bench/model.py charges each of draft_block's K barriers),
+# 4. reads Nsight Compute's measured counters (duration, DRAM bytes, throughput, occupancy, warp instructions) for
+#    every launch of the headline ops at N = 1 and 64 where ncu can read the counters (bench/ncu.py, ncu.json),
 # 5. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled),
 #    draft_block and verify_chain first (GPU_CHECK_OPS: which ops, in order), with whatever time is left,
-# 6. writes bench/model.py's modelled time beside each measured one (model_vs_measured.csv),
-# 7. with GPU_CHECK_VARIANTS="NAME:CONSTANT=VALUE ...": an A/B of tuning constants on the same GPU. Each variant is
+# 6. with GPU_CHECK_VARIANTS="NAME:CONSTANT=VALUE ...": an A/B of tuning constants on the same GPU. Each variant is
 #    a copy of the checkout with one `constexpr` of csrc/include/dspark changed, built just in time while the tests
 #    run; draft_block's CUDA rows (bf16, greedy; GPU_CHECK_VARIANT_N: which N) run on each after the main build's,
 #    then its GPU tests of draft_block with what time is left (variant_NAME.{json,csv}, variant_NAME_tests.log),
@@ -229,30 +225,22 @@ else
   done
 fi
 
-step "4. draft_block's warp instructions under ncu (the model's issue term)"
+step "4. Nsight Compute's counters for the headline ops (bench/ncu.py)"
 NCU=$(command -v ncu 2>/dev/null || ls /opt/nvidia/nsight-compute/*/ncu "$CUDA_HOME/bin/ncu" 2>/dev/null | head -1)
 if [[ -z "$NCU" ]]; then
   record ncu skip 0 "no ncu on PATH, in CUDA_HOME or /opt/nvidia/nsight-compute"
 else
   t=$(date +%s)
-  # with the sections that say why the time is what it is (DRAM throughput, issue rate, warps per scheduler)
-  timeout "$(cap 90)" "$NCU" --clock-control none --kernel-name regex:draft_block_kernel --csv \
-    --section SpeedOfLight --section WarpStateStats --section Occupancy --section SchedulerStats \
-    --metrics smsp__inst_executed.sum,gpu__time_duration.sum "$PY" bench/ncu_draft.py > "$OUT/ncu_draft.csv" 2>&1 \
-    && "$PY" bench/ncu_draft.py --report "$OUT/ncu_draft.csv" --json "$OUT/ncu_draft.json"
+  (cd "$RUN" && timeout "$(cap 90)" "$PY" "$REPO/bench/ncu.py" --ncu "$NCU" --json "$OUT/ncu.json" \
+     --op ${GPU_CHECK_NCU_OPS:-draft_block verify_chain} --N 1 64 > "$OUT/ncu.log" 2>&1)
   rc=$?
-  tail -4 "$OUT/ncu_draft.csv"
-  if [[ $rc -ne 0 ]] && ! grep -q '^"ID"' "$OUT/ncu_draft.csv"; then  # gVisor: ncu cannot read the counters
-    record ncu skip $(( $(date +%s) - t )) "ncu read no counters (exit $rc): ncu_draft.csv"
+  tail -4 "$OUT/ncu.log"
+  if [[ $rc -ne 0 ]] && ! grep -q '"duration_us"' "$OUT/ncu.log"; then  # gVisor: ncu cannot read the counters
+    record ncu skip $(( $(date +%s) - t )) "ncu read no counters (exit $rc): ncu.log"
   else
-    record ncu "$rc" $(( $(date +%s) - t )) "ncu_draft.csv, ncu_draft.json"
+    record ncu "$rc" $(( $(date +%s) - t )) "ncu.json, ncu.log"
   fi
 fi
-t=$(date +%s)
-timeout "$(cap 40)" "$PY" bench/grid_barrier.py --json "$OUT/grid_barrier.json" > "$OUT/grid_barrier.log" 2>&1
-rc=$?
-tail -2 "$OUT/grid_barrier.log"
-record "grid barrier" "$rc" $(( $(date +%s) - t )) "grid_barrier.json (bench/model.py's grid_barrier_s)"
 
 step "5. bench/run.py --full on the headline shapes"
 # the kernels this project is judged by first; the time budget leaves out the tail. The SIMT structural report and
@@ -274,13 +262,10 @@ else
   sed -n '/^op /,/^$/p' "$OUT/bench.log" | head -80
   tail -25 "$OUT/bench.log"
   record bench "$rc" $(( $(date +%s) - t )) "time budget ${budget} s; log bench.log"
-  # the model beside the measurement, so the model's constants can be checked (bench/model.py: a model)
-  "$PY" bench/model.py "$OUT" --gpu h200 > "$OUT/model.log" 2>&1
-  record "model vs measured" $? - "$(tail -1 "$OUT/model.log")"
 fi
 
 if (( ${#VARIANTS[@]} > 0 )); then
-  step "7. the variants: draft_block's CUDA rows on each, then their draft_block GPU tests"
+  step "6. the variants: draft_block's CUDA rows on each, then their draft_block GPU tests"
   (( ${#VARIANT_PIDS[@]} )) && wait "${VARIANT_PIDS[@]}"  # their builds
   VN=${GPU_CHECK_VARIANT_N:-1 8 64 256}
   for v in "${VARIANTS[@]}"; do

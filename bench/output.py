@@ -84,10 +84,9 @@ def print_structural(rows: List[dict], file=sys.stdout) -> None:
                           f"written {fmt_bytes(m['bytes_written'])} vs floor {fmt_bytes(m['floor_bytes'])} "
                           f"({m['bytes_over_floor']:.2f}x; distinct {m['unique_over_floor']:.2f}x), CTAs {m['ctas']}, "
                           f"launches {m['launches']}", file=file)
-                    if "modelled_us_h200" in m:
-                        print(f"  {'':<21} {'':<6} {'':<36} modelled (bench/model.py, not measured): H200 "
-                              f"{m['modelled_us_h200']:.1f} us vs its floor {m['floor_model_us_h200']:.1f} us, "
-                              f"H100 {m['modelled_us_h100']:.1f} us vs {m['floor_model_us_h100']:.1f} us", file=file)
+                    if "sectors_over_ideal" in m:
+                        print(f"  {'':<21} {'':<6} {'':<36} global sectors {m['sectors_over_ideal']:.2f}x ideal, "
+                              f"shared wavefronts {m['wavefronts_over_ideal']:.2f}x ideal", file=file)
         for k in r.get("ptxas", []):
             print(f"  {r['op']:<21} ptxas {k['arch']}: {k['registers']} registers, {k['spill_bytes']} spill bytes  "
                   f"{str(k['kernel'])[:60]}", file=file)

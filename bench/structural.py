@@ -1,5 +1,6 @@
-"""The structural report: what the CUDA kernels do without a GPU (bytes and CTAs counted by the SIMT harness at
-small shapes, against the floor) and their ptxas registers and spills (``tools/check_cuda.py --json``)."""
+"""The structural report: what the CUDA kernels do without a GPU, counted by the SIMT harness at small shapes (bytes
+against the floor, CTAs, launches, global sectors and shared-memory wavefronts against their ideal), and their ptxas
+registers and spills (``tools/check_cuda.py --json``). Counts, not times."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import List, Optional
 import torch
 
 from cases import cases_for
-from model import floor_model_us, model_recording
 
 
 def _load_ptxas(path: Optional[str]) -> tuple:
@@ -37,17 +37,15 @@ def _demangle(names: List[str]) -> List[str]:
         return names
 
 
-def _modelled(launches: List[dict], floor_bytes: int) -> dict:
-    """bench/model.py's H100 / H200 times of the recorded launches (a model, not a measurement), beside the
-    model's time for the bytes floor in as many launches; empty when the harness has no access counts (the
-    sanitized build)."""
+def _access(launches: List[dict]) -> dict:
+    """The warp access model's counts summed over the launches, against their ideal (global sectors, shared-memory
+    wavefronts); empty where the harness has no access model (the sanitized build)."""
     if not launches or any(ln.get("global_sectors") is None for ln in launches):
         return {}
-    out = {}
-    for gpu in ("h100", "h200"):
-        out[f"modelled_us_{gpu}"] = round(model_recording(launches, gpu)["modelled_us"], 2)
-        out[f"floor_model_us_{gpu}"] = round(floor_model_us(floor_bytes, len(launches), gpu), 2)
-    return out
+    total = {k: sum(int(ln[k]) for ln in launches) for k in
+             ("global_sectors", "global_sectors_ideal", "shared_wavefronts", "shared_wavefronts_ideal")}
+    return dict(sectors_over_ideal=round(total["global_sectors"] / max(total["global_sectors_ideal"], 1), 3),
+                wavefronts_over_ideal=round(total["shared_wavefronts"] / max(total["shared_wavefronts_ideal"], 1), 3))
 
 
 def structural_report(ops: List[str], ptxas_path: Optional[str]) -> List[dict]:
@@ -88,7 +86,7 @@ def structural_report(ops: List[str], ptxas_path: Optional[str]) -> List[dict]:
                                                                      3),
                                              ctas=int(rec.ctas), launches=len(rec.launches),
                                              kernels=sorted({str(ln.get("kernel")) for ln in rec.launches}),
-                                             **_modelled(rec.launches, case.floor.total)))
+                                             **_access(rec.launches)))
                     except Exception as e:  # noqa: BLE001 - a harness fault or a failing kernel: one row says so
                         measured.append(dict(shape=tag, **case.params, error=f"{type(e).__name__}: {e}"[:200]))
             row.update(simt="ok" if any("error" not in m for m in measured) else "failed", cases=measured)

@@ -57,6 +57,10 @@ def test_greedy_equals_the_targets_own_greedy(name):
         assert drafters[name].draft_to_target().numel() == 1024 < target.vocab_size
 
 
+def batch_of(row):
+    return row["batch"]  # a step verifies at least the anchor row of every request
+
+
 def test_quick_demo_end_to_end(tmp_path):
     assert demo.main(["--quick", "--threads", "1", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "demo.json").read_text())
@@ -71,8 +75,7 @@ def test_quick_demo_end_to_end(tmp_path):
     assert modes == {"fixed", "threshold", "exact", "argmax"}
     assert {r["batch"] for r in res["scheduling"]} == {1, 16, 64}
     for r in res["scheduling"]:
-        assert r["measured_tokens_per_s"] > 0 and r["tokens_per_step"] >= 1
-        assert "modelled_tokens_per_s_cpu" in r or "modelled_tokens_per_s_gpu_like" in r
+        assert r["measured_tokens_per_s"] > 0 and r["tokens_per_step"] >= 1 and r["target_rows_per_step"] >= batch_of(r)
     assert res["cost_tables"]["cpu"]["token_counts"][-1] >= 64 * 16
     assert res["greedy_check"]["equal"] is True and res["greedy_check"]["runs"] == len(demo.ROWS) * len(demo.KS)
     assert res["sampling_test"]["passes"] is True and res["sampling_test"]["df"] >= 1

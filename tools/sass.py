@@ -138,37 +138,9 @@ def innermost_loops(insns) -> List[Dict[str, object]]:
              if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
     out = []
     for lo, hi in inner:
-        span = [(op, rest) for a, op, rest in insns if lo <= a <= hi]
-        body = [op for op, _ in span]
-        out.append(dict(start=lo, end=hi, instructions=len(body), **_counts(body), chain=dependent_chains(span)))
+        body = [op for a, op, _ in insns if lo <= a <= hi]
+        out.append(dict(start=lo, end=hi, instructions=len(body), **_counts(body)))
     return out
-
-
-CHAINED = ("FADD", "FMNMX", "FFMA", "FMUL")  # fixed-latency float ops whose chains hold a lone warp
-
-
-def dependent_chains(body) -> Dict[str, int]:
-    """The longest chain, in the order listed, of instructions of one opcode (by its first dot-separated part) each
-    reading a register the previous one wrote, for each opcode of CHAINED: `body` taken as straight-line code
-    [(opcode, operands)], branches ignored, so both sides of a branch count as one path. A chain of n dependent
-    fixed-latency instructions keeps a warp at least n latencies long however few other instructions it has. An
-    instruction whose first operand is a memory address (a store) writes no register."""
-    depth: Dict[str, Dict[str, int]] = {op: {} for op in CHAINED}
-    longest = {op: 0 for op in CHAINED}
-    for op, rest in body:
-        regs = re.findall(r"(?<![\w.])-?\|?(R\d+)\b", rest)
-        if not regs or rest.lstrip().startswith("["):
-            continue
-        dst, srcs = regs[0], regs[1:]
-        base = op.split(".")[0]
-        for name in CHAINED:
-            if base == name:
-                d = 1 + max((depth[name].get(r, 0) for r in srcs), default=0)
-                depth[name][dst] = d
-                longest[name] = max(longest[name], d)
-            else:
-                depth[name].pop(dst, None)
-    return longest
 
 
 def kernel_facts(insns) -> Dict[str, object]:
