@@ -14,17 +14,35 @@ import floors
 OPS = ["rng_uniform", "draft_block", "verify_chain", "accept_prefix_scan", "schedule_verify_lens",
        "dist_verify_stats", "dist_verify_decide", "dist_verify_residual", "dist_draft_step"]
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# verify_chain's sampled forms beyond the headline one ("token": token rule, dense float32 draft rows, draft_logprobs):
+# the rule, the draft rows' layout and whether draft_logprobs are given. The forms other than "token" run at
+# grid["form_shapes"] only (every shape when a grid has none).
+VERIFY_FORMS = {
+    "token": ("token", "dense", True),
+    "token-rows": ("token", "dense", False),
+    "block": ("block", "dense", True),
+    "block-rows": ("block", "dense", False),
+    "token-reduced": ("token", "reduced", True),
+    "token-reduced-rows": ("token", "reduced", False),
+    "token-topk": ("token", "topk", True),
+    "token-topk-rows": ("token", "topk", False),
+}
+REDUCED_VD, TOPK_K = 32768, 64   # a reduced draft vocabulary (DSpark drafters ship 32K), top-k proposals
+
+
 GRIDS = {
     # the headline grid; ops use the dimensions they have (scan: N, K; schedule: N, K; rng_uniform: N, K, V)
     "full": dict(N=[1, 8, 64, 256], K=[3, 7, 15], V=[32000, 151936], dtype=["bf16", "fp32"],
-                 mode=["greedy", "sampled"], w2=["same", "fp8"], top_k=[0, 64]),
-    "quick": dict(N=[1, 8, 64], K=[7], V=[32000], dtype=["fp32"], mode=["greedy", "sampled"], top_k=[0, 64]),
+                 mode=["greedy", "sampled"], w2=["same", "fp8"], top_k=[0, 64], forms=list(VERIFY_FORMS),
+                 form_shapes=dict(K=7, V=151936, dtype="bf16")),
+    "quick": dict(N=[1, 8, 64], K=[7], V=[32000], dtype=["fp32"], mode=["greedy", "sampled"], top_k=[0, 64],
+                  forms=list(VERIFY_FORMS)),
 }
 RANK, HIDDEN = 256, {"full": 4096, "quick": 256}
 QWEN3_VOCAB = 151936
 
 
-CASE_KEYS = ["N", "K", "V", "P", "dtype", "mode", "w2", "top_k", "sched", "r", "d"]  # the parameters naming a case
+CASE_KEYS = ["N", "K", "V", "P", "dtype", "mode", "form", "w2", "top_k", "sched", "r", "d"]  # a case's parameters
 SHARDS, TOP_M = 4, 8   # the vocabulary-parallel rows: shard 1 of P = 4, token sampling's candidates
 BACKENDS = ["cuda", "triton", "cpu", "reference", "flashinfer"]
 PEERS = {"flashinfer": ["verify_chain"]}   # external peers and the ops they have
@@ -90,35 +108,65 @@ def draft_block_cases(dev, grid, d):
                        seed=1, offset=0, return_logits=s, top_k=tk, backend=b))
 
 
+def _verify_forms(grid, k, v, dt):
+    shape = grid.get("form_shapes")
+    at_shape = shape is None or (k == shape["K"] and v == shape["V"] and dt == shape["dtype"])
+    return [f for f in grid.get("forms", ["token"]) if f == "token" or at_shape]
+
+
 def verify_chain_cases(dev, grid):
+    """Greedy, and the sampled forms (VERIFY_FORMS); the draft logits come from draft_block: float32."""
     for n, k, v, dt, mode in itertools.product(grid["N"], grid["K"], grid["V"], grid["dtype"], grid["mode"]):
-        dtype, sampled = DTYPES[dt], mode == "sampled"
-        esize = torch.empty(0, dtype=dtype).element_size()
-        # the draft logits come from draft_block: float32
-        fl = floors.verify_chain_dense(n, k, v, target_bytes=esize, sampled=sampled,
-                                       draft_logits_bytes=4 if sampled else None,
-                                       draft_logprobs=sampled)
+        for form in (_verify_forms(grid, k, v, dt) if mode == "sampled" else ["greedy"]):
+            yield _verify_case(dev, n, k, v, dt, mode, form)
 
-        def inputs(n=n, k=k, v=v, dtype=dtype, sampled=sampled):
-            g = _gen(1, dev)
-            target = _randn((n, k + 1, v), dev, dtype, g)
-            drafts = torch.randint(0, v, (n, k), generator=g, device=dev)
-            # make most drafts the target's argmax, so chains run a few positions deep
+
+def _verify_case(dev, n, k, v, dt, mode, form):
+    dtype, sampled = DTYPES[dt], mode == "sampled"
+    rule, layout, lp = VERIFY_FORMS.get(form, ("token", "dense", False))
+    width = {"dense": v, "reduced": min(REDUCED_VD, v), "topk": TOPK_K}[layout]
+    esize = torch.empty(0, dtype=dtype).element_size()
+    fl = floors.verify_chain_dense(n, k, v, target_bytes=esize, sampled=sampled,
+                                   draft_logits_bytes=4 if sampled else None, draft_logprobs=sampled and lp,
+                                   draft_width=width, map_bytes=4 if layout == "reduced" else 0,
+                                   id_bytes=8 if layout == "topk" else 0)
+
+    def inputs():
+        g = _gen(1, dev)
+        target = _randn((n, k + 1, v), dev, dtype, g)
+        x = dict(target=target, draft_logits=None, layout=layout, rule=rule)
+        # most drafts the draft's own argmax, the draft close to the target, so chains run a few positions deep
+        dense = target[:, :k].float() + 0.5 * _randn((n, k, v), dev, torch.float32, g)
+        if not sampled:
             keep = torch.rand(n, k, generator=g, device=dev) < 0.7
-            drafts = torch.where(keep, target[:, :k].argmax(-1), drafts)
-            x = dict(target=target, drafts=drafts, draft_logits=None)
-            if sampled:
-                x["draft_logits"] = (target[:, :k].float() + 0.5 * _randn((n, k, v), dev, torch.float32, g))
-                lp = torch.log_softmax(x["draft_logits"], -1)
-                x["draft_logprobs"] = lp.gather(-1, drafts[..., None])[..., 0]
+            x["drafts"] = torch.where(keep, target[:, :k].argmax(-1), torch.randint(0, v, (n, k), generator=g,
+                                                                                      device=dev))
             return x
+        if layout == "dense":
+            rows, ids = dense, None
+        elif layout == "reduced":
+            ids = torch.randperm(v, generator=g, device=dev)[:width]
+            rows = dense[..., ids]
+            x["target_to_draft"] = dk.target_to_draft_map(ids, v)
+        else:
+            rows, ids = dense.topk(width, dim=-1)
+            x["draft_candidates"] = ids
+        col = torch.where(torch.rand(n, k, generator=g, device=dev) < 0.7, rows.argmax(-1),
+                          torch.randint(0, width, (n, k), generator=g, device=dev))
+        x["drafts"] = col if ids is None else (ids.expand(n, k, width) if ids.dim() == 1 else ids).gather(
+            -1, col[..., None])[..., 0]
+        x["draft_logits"] = rows
+        if lp:
+            x["draft_logprobs"] = torch.log_softmax(rows, -1).gather(-1, col[..., None])[..., 0]
+        return x
 
-        def run(b, x, t=1.0 if sampled else 0.0):
-            kw = dict(draft_logprobs=x["draft_logprobs"]) if "draft_logprobs" in x else {}
-            return dk.verify_chain(x["target"], x["drafts"], draft_logits=x["draft_logits"], temperature=t, seed=1,
-                                   offset=0, method="token", backend=b, **kw)
+    def run(b, x, t=1.0 if sampled else 0.0):
+        kw = {key: x[key] for key in ("draft_logprobs", "target_to_draft", "draft_candidates") if key in x}
+        return dk.verify_chain(x["target"], x["drafts"], draft_logits=x["draft_logits"], temperature=t, seed=1,
+                               offset=0, method=x["rule"], backend=b, **kw)
 
-        yield Case("verify_chain", dict(N=n, K=k, V=v, dtype=dt, mode=mode), fl, inputs, run)
+    params = dict(N=n, K=k, V=v, dtype=dt, mode=mode, **({"form": form} if sampled and form != "token" else {}))
+    return Case("verify_chain", params, fl, inputs, run)
 
 
 def accept_prefix_scan_cases(dev, grid):
@@ -273,6 +321,8 @@ def flashinfer_runner():
         return None, f"flashinfer not importable ({type(e).__name__}: {str(e)[:80]})"
 
     def run(x):   # sampled cases only: FlashInfer takes probabilities, so the softmax is part of its time
+        if x.get("layout", "dense") != "dense" or x.get("rule", "token") != "token":
+            raise ValueError("FlashInfer's chain_speculative_sampling takes dense draft rows and the token rule")
         draft_probs = torch.softmax(x["draft_logits"].float(), -1)
         target_probs = torch.softmax(x["target"].float(), -1)
         return chain_speculative_sampling(draft_probs, x["drafts"].int(), target_probs)

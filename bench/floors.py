@@ -76,22 +76,28 @@ def draft_block(n: int, k: int, v: int, r: int, *, d: int = 0, head: str = "vani
 
 
 def verify_chain(verify_lens: Sequence[int], k: int, v: int, *, target_bytes: int = 2, sampled: bool = False,
-                 draft_logits_bytes: Optional[int] = None, draft_logprobs: bool = False) -> Floor:
+                 draft_logits_bytes: Optional[int] = None, draft_logprobs: bool = False,
+                 draft_width: Optional[int] = None, map_bytes: int = 0, id_bytes: int = 0) -> Floor:
     """Greedy: the verified target rows once (``L_r + 1`` rows of request r). Sampling: the same, plus
     - with ``draft_logprobs`` (log q of each drafted token given): one draft row per request (the rejected one, for
       the residual), and the logprobs themselves;
     - with draft logits but no logprobs: every verified draft row (``q(d_j)`` needs row j's normaliser);
     - without draft logits (one-hot q): nothing more.
-    Plus the drafted tokens and the outputs (tokens int64 [N, K+1], num_accepted int32, accept_mask bool)."""
+    Draft rows have ``draft_width`` columns (V when None; Vd of a reduced vocabulary, k of top-k rows), with
+    ``id_bytes`` of candidate id per column (top-k rows), and a reduced vocabulary's target -> draft table (V entries
+    of ``map_bytes``) is read once. Plus the drafted tokens and the outputs (tokens int64 [N, K+1], num_accepted
+    int32, accept_mask bool)."""
     n = len(verify_lens)
     lens = [max(0, min(int(x), k)) for x in verify_lens]
+    width = v if draft_width is None else draft_width
     f = Floor("verify_chain")
     f.add("target rows", sum(x + 1 for x in lens) * v * target_bytes)
     if sampled and draft_logits_bytes is not None:
+        rows = n if draft_logprobs else sum(lens)
+        f.add("draft rows", rows * width * (draft_logits_bytes + id_bytes))
         if draft_logprobs:
-            f.add("draft rows", n * v * draft_logits_bytes).add("draft_logprobs", n * k * F32)
-        else:
-            f.add("draft rows", sum(lens) * v * draft_logits_bytes)
+            f.add("draft_logprobs", n * k * F32)
+        f.add("target_to_draft", v * map_bytes)
     f.add("draft tokens", n * k * I64)
     if sampled:
         f.add("temperature", n * F32)

@@ -14,8 +14,9 @@ DSPARK_LIBRARY_(DSPARK_TORCH_LIBRARY, m) {
         "bool return_logits, int top_k) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("verify_chain(Tensor target_logits, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits, "
-        "Tensor? draft_logprobs, Tensor? verify_lens, Tensor? survival, Tensor? thresholds, Tensor? temperature, "
-        "Tensor rng_key, Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)");
+        "Tensor? target_to_draft, Tensor? draft_candidates, Tensor? draft_logprobs, Tensor? verify_lens, "
+        "Tensor? survival, Tensor? thresholds, Tensor? temperature, Tensor rng_key, Tensor? stop_token_ids, "
+        "str method) -> (Tensor, Tensor, Tensor)");
   m.def("accept_prefix_scan(Tensor tokens, Tensor seq_lens, Tensor? num_accepted, Tensor? accept_mask, "
         "Tensor? verify_cu_seqlens, Tensor? block_table, int block_size, Tensor? max_seq_lens, "
         "Tensor? stop_token_ids) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
