@@ -27,7 +27,8 @@ VERIFY_FORMS = {
     "token-topk": ("token", "topk", True),
     "token-topk-rows": ("token", "topk", False),
 }
-REDUCED_VD, TOPK_K = 32768, 64   # a reduced draft vocabulary (DSpark drafters ship 32K), top-k proposals
+# a reduced draft vocabulary (DSpark drafters ship 32K; at most V / 2), top-k proposals (at most V)
+REDUCED_VD, TOPK_K = 32768, 64
 
 
 GRIDS = {
@@ -43,7 +44,7 @@ QWEN3_VOCAB = 151936
 
 
 CASE_KEYS = ["N", "K", "V", "P", "dtype", "mode", "form", "w2", "top_k", "sched", "r", "d"]  # a case's parameters
-SHARDS, TOP_M = 4, 8   # the vocabulary-parallel rows: shard 1 of P = 4, token sampling's candidates
+SHARDS = 4   # the vocabulary-parallel rows: shard 1 of P = 4
 BACKENDS = ["cuda", "triton", "cpu", "reference", "flashinfer"]
 PEERS = {"flashinfer": ["verify_chain"]}   # external peers and the ops they have
 
@@ -124,7 +125,7 @@ def verify_chain_cases(dev, grid):
 def _verify_case(dev, n, k, v, dt, mode, form):
     dtype, sampled = DTYPES[dt], mode == "sampled"
     rule, layout, lp = VERIFY_FORMS.get(form, ("token", "dense", False))
-    width = {"dense": v, "reduced": min(REDUCED_VD, v), "topk": TOPK_K}[layout]
+    width = {"dense": v, "reduced": min(REDUCED_VD, v // 2), "topk": min(TOPK_K, v)}[layout]
     esize = torch.empty(0, dtype=dtype).element_size()
     fl = floors.verify_chain_dense(n, k, v, target_bytes=esize, sampled=sampled,
                                    draft_logits_bytes=4 if sampled else None, draft_logprobs=sampled and lp,
@@ -203,33 +204,33 @@ def _shard_key(dev):
 
 
 def dist_verify_stats_cases(dev, grid):
-    """The first exchange of shard 1 of P: greedy (the argmax fields), sampled with float32 draft rows (top_m 8)."""
+    """The first exchange of shard 1 of P: greedy (the argmax fields), sampled with float32 draft rows."""
     import dspark_kernels.distributed as D
     for n, k, v, dt, mode in itertools.product(grid["N"], grid["K"], grid["V"], grid["dtype"], grid["mode"]):
         dtype, sampled, vl = DTYPES[dt], mode == "sampled", v // SHARDS
         esize = torch.empty(0, dtype=dtype).element_size()
         fl = floors.dist_verify_stats(n, k, vl, target_bytes=esize, sampled=sampled,
-                                      draft_logits_bytes=4 if sampled else None, top_m=TOP_M)
+                                      draft_logits_bytes=4 if sampled else None)
 
         def inputs(n=n, k=k, v=v, vl=vl, dtype=dtype, sampled=sampled):
             g = _gen(4, dev)
             return dict(target=_randn((n, k + 1, vl), dev, dtype, g), drafts=torch.randint(0, v, (n, k), device=dev,
                                                                                            generator=g),
                         draft=_randn((n, k, vl), dev, torch.float32, g) if sampled else None,
-                        temps=torch.ones(n, device=dev) if sampled else None, key=_shard_key(dev), v=v, vl=vl)
+                        temps=torch.ones(n, device=dev) if sampled else None, v=v, vl=vl)
 
         yield Case("dist_verify_stats", dict(N=n, K=k, V=v, P=SHARDS, dtype=dt, mode=mode), fl, inputs,
-                   lambda b, x: D.ops.verify_stats(x["target"], None, x["drafts"], x["draft"], x["temps"], x["key"],
-                                                   x["vl"], x["v"], TOP_M, b))
+                   lambda b, x: D.ops.verify_stats(x["target"], None, x["drafts"], x["draft"], x["temps"], x["vl"],
+                                                   x["v"], b))
 
 
 def dist_verify_decide_cases(dev, grid):
-    """The decide step over P gathered statistics (token method; sampled with draft rows): its work is N K P top_m,
+    """The decide step over P gathered statistics (token method; sampled with draft rows): its work is N K P,
     independent of V, so the statistics come from the reference pass over a 4000-token vocabulary."""
     import dspark_kernels.distributed as D
     for n, k, mode in itertools.product(grid["N"], grid["K"], grid["mode"]):
         sampled, v = mode == "sampled", 4000
-        fl = floors.dist_verify_decide(n, k, SHARDS, sampled=sampled, draft=sampled, top_m=TOP_M)
+        fl = floors.dist_verify_decide(n, k, SHARDS, sampled=sampled, draft=sampled)
 
         def inputs(n=n, k=k, sampled=sampled, v=v):
             g = _gen(5)
@@ -240,7 +241,7 @@ def dist_verify_decide_cases(dev, grid):
             temps = torch.ones(n) if sampled else None
             vl, key = v // SHARDS, _shard_key("cpu")
             stats = torch.stack([D.ops.verify_stats(target[..., a:a + vl], None, drafts, None if draft is None else
-                                                    draft[..., a:a + vl], temps, key, a, v, TOP_M, "reference")
+                                                    draft[..., a:a + vl], temps, a, v, "reference")
                                  for a in range(0, v, vl)])
             shards = torch.tensor([[a, vl] for a in range(0, v, vl)])
             return {name: t.to(dev) if t is not None else None for name, t in dict(
@@ -249,11 +250,11 @@ def dist_verify_decide_cases(dev, grid):
         yield Case("dist_verify_decide", dict(N=n, K=k, P=SHARDS, mode=mode), fl, inputs,
                    lambda b, x: D.ops.verify_decide(x["stats"], x["shards"], None, None, 0, x["drafts"], None, None,
                                                     None, None, x["temps"], x["key"], None, "token", x["draft"],
-                                                    TOP_M, x["v"], b))
+                                                    x["v"], b))
 
 
 def dist_verify_residual_cases(dev, grid):
-    """The exact residual pass of shard 1 of P for block verification: every row of every request planned, float32
+    """The residual pass of shard 1 of P: rows 0..K-1 of every request planned (each on its own draft row), float32
     draft rows."""
     import dspark_kernels.distributed as D
     from dspark_kernels.distributed import layout as L
