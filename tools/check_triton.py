@@ -71,9 +71,9 @@ _SAMPLE_SIGNATURE = dict(
 # (default 4)
 KERNELS = {
     _rng_uniform_kernel: (
-        dict(out_ptr="*fp32", rng_key_ptr="*i64", K="i32", V="i32", quads_per_row="i32", stream="i32",
-             BLOCK_Q="constexpr"),
-        dict(BLOCK_Q=[256]),
+        dict(out_ptr="*fp32", rng_key_ptr="*i64", seed="i64", offset="i64", KEY_IN_MEMORY="constexpr", K="i32",
+             V="i32", quads_per_row="i32", stream="i32", BLOCK_Q="constexpr"),
+        dict(KEY_IN_MEMORY=[True, False], BLOCK_Q=[256]),
     ),
     _rows_kernel: [(_ROWS_SIGNATURE, variant) for variant in (
         # greedy; token / block sampling with draft_logprobs (q: one-hot, dense, reduced, top-k); without them
