@@ -6,7 +6,7 @@ import csv
 import json
 import os
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from cases import CASE_KEYS, OPS, QWEN3_VOCAB
 
@@ -135,6 +135,18 @@ def _slice(rows: List[dict], op: str) -> tuple:
     return fixed, sel
 
 
+def series(sel: List[dict]) -> Dict[str, List[dict]]:
+    """The rows of one panel as lines, one per configuration: the backend and every case parameter but N that takes
+    more than one value among the rows (fp8 W2, top-k, ...), so no line joins two configurations at the same N.
+    Each line's rows are in N order; its label names the backend and those parameters."""
+    varying = [k for k in CASE_KEYS if k != "N" and len({str(r.get(k)) for r in sel}) > 1]
+    lines: Dict[str, List[dict]] = {}
+    for r in sorted(sel, key=lambda r: (r["backend"], [str(r.get(k)) for k in varying], r["N"])):
+        label = " ".join([r["backend"]] + [f"{k}={r.get(k)}" for k in varying])
+        lines.setdefault(label, []).append(r)
+    return lines
+
+
 def plot(rows: List[dict], copy_gbps: float, time_path: str, floor_path: str, title: str) -> Optional[str]:
     try:
         import matplotlib
@@ -155,14 +167,13 @@ def plot(rows: List[dict], copy_gbps: float, time_path: str, floor_path: str, ti
             ax.set_visible(False)
         for ax, op in zip(axes.flat, ops):
             fixed, sel = _slice(rows, op)
-            for b in sorted({r["backend"] for r in sel}):
-                pts = sorted((r["N"], r[metric]) for r in sel if r["backend"] == b and r.get(metric) is not None)
+            for label, line in series(sel).items():
+                pts = [(r["N"], r[metric]) for r in line if r.get(metric) is not None]
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=b)
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
                     if metric == "median_ms":
-                        lo = [r["p25_ms"] for r in sorted(sel, key=lambda r: r["N"]) if r["backend"] == b]
-                        hi = [r["p75_ms"] for r in sorted(sel, key=lambda r: r["N"]) if r["backend"] == b]
-                        ax.fill_between([p[0] for p in pts], lo, hi, alpha=0.2)
+                        ax.fill_between([r["N"] for r in line], [r["p25_ms"] for r in line],
+                                        [r["p75_ms"] for r in line], alpha=0.2)
             ax.set_xscale("log", base=2)
             ns = sorted({r["N"] for r in sel})
             ax.set_xticks(ns)

@@ -242,3 +242,21 @@ def test_ncu_cases_are_listed_without_allocating():
     for op in ncu.DEFAULT_OPS:
         cases = ncu.case_list(op, [1, 64], dev="meta")
         assert cases and all(c.params["N"] in (1, 64) for c in cases), op
+
+
+def test_plot_lines_are_one_configuration_each():
+    """draft_block's panel holds greedy, fp8 and top-k rows at the same N: each becomes its own line (one point per
+    N), named by what sets it apart; a parameter with one value in the panel stays out of the labels."""
+    sys.path.insert(0, BENCH)
+    try:
+        out = _load("dspark_bench_output", "output.py")
+    finally:
+        sys.path.remove(BENCH)
+    rows = [dict(op="draft_block", backend=b, N=n, K=7, w2=w2, top_k=tk)
+            for b in ("cuda", "triton") for n in (1, 8, 64) for w2, tk in (("same", 0), ("fp8", 0), ("same", 64))]
+    lines = out.series(rows)
+    assert len(lines) == 6 and "cuda w2=fp8 top_k=0" in lines
+    for label, line in lines.items():
+        assert [r["N"] for r in line] == [1, 8, 64], label
+        assert len({(r["backend"], r["w2"], r["top_k"]) for r in line}) == 1, label
+    assert list(out.series([dict(backend="cuda", N=1, K=7)])) == ["cuda"]
