@@ -260,3 +260,24 @@ def test_plot_lines_are_one_configuration_each():
         assert [r["N"] for r in line] == [1, 8, 64], label
         assert len({(r["backend"], r["w2"], r["top_k"]) for r in line}) == 1, label
     assert list(out.series([dict(backend="cuda", N=1, K=7)])) == ["cuda"]
+
+
+def test_a_record_names_the_tracked_files_that_differ_from_its_commit(tmp_path):
+    """machine.dirty_paths: what a GPU record carries as git_dirty_paths (a record counts only if no kernel source
+    differs from its commit). A modified and a staged file are listed; an untracked one is not."""
+    machine = _load("dspark_bench_machine", "machine.py")
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    for f in ("a.txt", "csrc/b.cuh"):
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        (repo / f).write_text("x\n")
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "c"], check=True)
+    assert machine.dirty_paths(str(repo)) == []
+    (repo / "csrc/b.cuh").write_text("y\n")
+    (repo / "a.txt").write_text("y\n")
+    subprocess.run(git + ["add", "a.txt"], check=True)
+    (repo / "new.txt").write_text("z\n")
+    assert machine.dirty_paths(str(repo)) == ["a.txt", "csrc/b.cuh"]
