@@ -22,22 +22,23 @@
 # and writes everything (logs, JUnit XML, sanitizer logs, ptxas.json, the bench JSON / CSV / PNGs, summary.txt)
 # into OUTDIR. Exit status 1 if any step failed. Nothing here installs torch or triton or assumes their versions.
 #
-# What is missing on the GPU machine travels as wheels in .whl/ (ignored by git; 64 MiB at most): fetch them on a
-# machine with network with `bash bench/gpu_check.sh --fetch-wheels [PYTHON_VERSION]` (pytest, matplotlib and
-# compute-sanitizer from the nvidia-cuda-sanitizer-api wheel); they are used only where the machine lacks them.
+# What is missing on the GPU machine travels as wheels in .whl/ (ignored by git; carried with the call, 64 MiB at
+# most): fetch them on a machine with network with `bash bench/gpu_check.sh --fetch-wheels [PYTHON_VERSION]` (default
+# 3.12, the GPU image's): FlashInfer (the peer of verify_chain; its kernels compile on first use there, in the
+# background while the tests run) and the one package it needs that the image lacks. pytest, matplotlib and
+# compute-sanitizer are in the image; a wheel is used only where the machine lacks the package.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python3 || command -v python)}
 
+FLASHINFER=${GPU_CHECK_FLASHINFER:-flashinfer-python==0.6.0}
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
-  pyver=${2:-$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')}
+  pyver=${2:-3.12}
   mkdir -p .whl
-  "$PY" -m pip download --dest .whl --only-binary=:all: --python-version "$pyver" --platform manylinux2014_x86_64 \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 "pytest>=8,<10" "matplotlib>=3.7"
-  "$PY" -m pip download --dest .whl --no-deps --only-binary=:all: --platform manylinux_2_25_x86_64 \
-    --python-version "$pyver" "nvidia-cuda-sanitizer-api>=13.0,<13.1"
-  rm -f .whl/numpy-*.whl   # the GPU machine has numpy with its torch
+  "$PY" -m pip download --dest .whl --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 \
+    "$FLASHINFER" "apache-tvm-ffi>=0.1.6,<0.2"
   du -sh .whl
   exit 0
 fi
@@ -135,6 +136,25 @@ fi
   > "$OUT/build_info.json" 2>> "$OUT/build.log")
 tail -3 "$OUT/build.log"
 record build "$rc" $(( $(date +%s) - t )) "$how; log build.log, build_info.json"
+
+# FlashInfer, the peer of verify_chain: from .whl/ (--no-deps: the image has the rest it needs for sampling), its
+# chain_speculative_sampling compiled (JIT, nvcc) in the background while the tests run
+if ! "$PY" -c "import flashinfer" 2>/dev/null && compgen -G ".whl/flashinfer_python-*.whl" > /dev/null; then
+  "$PY" -m pip install --no-index --no-deps --quiet .whl/flashinfer_python-*.whl .whl/apache_tvm_ffi-*.whl \
+    > "$OUT/flashinfer.log" 2>&1 || echo "gpu_check: FlashInfer did not install (flashinfer.log)"
+fi
+( cd "$RUN" && timeout "$(cap 300)" "$PY" - >> "$OUT/flashinfer.log" 2>&1 <<'EOF'
+import torch
+from flashinfer.sampling import chain_speculative_sampling
+b, k, v = 2, 3, 1024
+q = torch.softmax(torch.randn(b, k, v, device="cuda"), -1)
+p = torch.softmax(torch.randn(b, k + 1, v, device="cuda"), -1)
+chain_speculative_sampling(q, torch.randint(0, v, (b, k), device="cuda", dtype=torch.int32), p)
+torch.cuda.synchronize()
+print("flashinfer: chain_speculative_sampling compiled and ran")
+EOF
+  echo $? > "$OUT/flashinfer.rc" ) &
+FLASHINFER_PID=$!
 
 # the variants build in the background while the tests run (each in its own copy and extension folder)
 VARIANTS=(${GPU_CHECK_VARIANTS:-})
@@ -251,6 +271,8 @@ RESERVE=0
 [[ -n "$PTXAS_PID" ]] && wait "$PTXAS_PID" 2>/dev/null
 record "ptxas table" "$(cat "$OUT/check_cuda.rc" 2>/dev/null || echo 1)" - "tools/check_cuda.py --json: ptxas.json, check_cuda.log"
 "$PY" -c "import matplotlib" 2>/dev/null || pip_offline matplotlib || echo "gpu_check: no matplotlib: no plots"
+wait "$FLASHINFER_PID" 2>/dev/null
+record flashinfer "$(cat "$OUT/flashinfer.rc" 2>/dev/null || echo 1)" - "$(tail -1 "$OUT/flashinfer.log" 2>/dev/null)"
 t=$(date +%s)
 budget=$(( $(left) - 40 - ${#VARIANTS[@]} * VARIANT_SECONDS ))
 if (( budget < 30 )); then
