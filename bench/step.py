@@ -215,6 +215,7 @@ def run_batch(target, drafter, s: dict, n: int, taus, dev, bw: float, seed: int)
     weight_bytes = sum(p.numel() * p.element_size() for name, p in target.named_parameters()
                        if not name.startswith("embed_tokens"))
     floor_ms = 1e3 * weight_bytes / bw
+    del alone  # its graph and its cache (the next allocations take their memory)
     reference = torch.tensor([p + r for p, r in zip(prompts, ref)], device=dev)
     capacity = s["prompt"] + new + K + 1
     table = cost_table(target, n, s["prompt"], capacity, dev)

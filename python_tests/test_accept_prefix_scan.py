@@ -742,6 +742,7 @@ def test_cuda_access(cuda_device, n, k, use_mask):
     assert all(torch.equal(a, b) for a, b in zip(out, ref) if a is not None)
     (launch,) = rec.launches
     assert launch["ctas"] == 1 and launch["grid_barriers"] == 0 and not launch["cooperative"]
+    assert launch["barriers"] == 5  # per request, per slot, the scan, per slot, per request
     assert launch["global_sectors"] <= launch["global_sectors_ideal"] + launch["global_instructions"]
     inputs = sum(x.numel() * x.element_size() for x in [tokens, seq] + [v for v in kw.values()])
     assert launch["unique_bytes_read"] == inputs
