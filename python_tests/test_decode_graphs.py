@@ -178,28 +178,37 @@ def test_target_alone_equals_greedy_reference(target, reference):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("split", [False, True])
-def test_cuda_graphs_replay_the_eager_tokens(split):
-    """Captured graphs (fused, and one a piece): greedy equals the target's own decoding and the eager loop on the
-    GPU; sampled equals the eager loop's tokens where every float is the same (keys bounded as the eager loop
-    bounds them); the replays never synchronise but at the designated read."""
+def test_cuda_graphs_replay_the_eager_tokens(split, monkeypatch):
+    """Captured graphs (fused, and one a piece): greedy equals the target's own decoding; sampled equals the eager
+    loop on the GPU where every float is the same (keys bounded as the eager loop bounds them, a bucket for every
+    row count); a call that only
+    replays never synchronises but at its designated reads (torch's sync debug mode raises on any other)."""
     dev = torch.device("cuda")
     target = tiny_target(seed=0).to(dev)
     reference = greedy_reference(target, PROMPTS, MAX_NEW)
-    dec = _oracle(target, reference)
-    dec.drafter.to(dev)
-    dec.drafter.set_reference([p + r for p, r in zip(PROMPTS, reference)], device=dev)
-    dec.head, dec.rank = dec._markov_head()
+    drafter = oracle_drafter(target, block_size=4).to(dev)
+    drafter.set_reference([p + r for p, r in zip(PROMPTS, reference)], device=dev)
+    dec = SpeculativeDecoder(target, drafter, kv_block_size=4)
     g = GraphDecoder(dec, split=split)
-    for _ in range(2):
+    for _ in range(2):  # the first call captures from its second step on, the second its first step's graphs
         assert g.generate(PROMPTS, MAX_NEW).tokens == reference
+
+    def mode(m, fn):
+        def run(*a, **kw):
+            old = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode(m)
+            try:
+                return fn(*a, **kw)
+            finally:
+                torch.cuda.set_sync_debug_mode(old)
+        return run
+    monkeypatch.setattr(graphs_mod, "_host_read", mode("default", graphs_mod._host_read))
+    monkeypatch.setattr(GraphDecoder, "_loop", mode("error", GraphDecoder._loop))
+    assert g.generate(PROMPTS, MAX_NEW).tokens == reference
+    monkeypatch.undo()
     eager = dec.generate(PROMPTS, MAX_NEW, temperature=1.0)
-    sampled = GraphDecoder(dec, split=split, static_kv=False)
-    sampled.generate(PROMPTS, MAX_NEW, temperature=1.0)
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        out = sampled.generate(PROMPTS, MAX_NEW, temperature=1.0)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert out.tokens == eager.tokens
+    every = list(range(1, len(PROMPTS) * 5 + 1))  # a bucket per row count: the eager loop's GEMM shapes
+    sampled = GraphDecoder(dec, split=split, static_kv=False, buckets=every)
+    assert sampled.generate(PROMPTS, MAX_NEW, temperature=1.0).tokens == eager.tokens
     tokens, _ = TargetAlone(target).generate(PROMPTS, MAX_NEW)
     assert tokens == reference
