@@ -116,6 +116,9 @@ def test_static_keys_and_reuse(target, reference):
         assert out.tokens == cut
     with pytest.raises(ValueError, match="largest bucket"):
         GraphDecoder(dec, buckets=[3, 6]).generate(PROMPTS, 2)
+    dec.target = object.__new__(type("HFTargetLike", (), {}))
+    with pytest.raises(ValueError, match="needs a TargetModel"):
+        GraphDecoder(dec).generate(PROMPTS, 2)
 
 
 def test_drafting_gate_runs_plain_steps(target, reference):

@@ -33,6 +33,7 @@ import dspark_kernels as dk
 from .decoder import (GenerationResult, Scheduler, SpeculativeDecoder, _CallSettings, _Clock, _hidden_layers,
                       _StatsAccumulator, _trim)
 from .draft_gate import DraftGate
+from .model import TargetModel
 
 Piece = Tuple[str, Callable[[], None]]
 PHASE = {"drafter": "draft", "draft_block": "draft", "draft_hook": "draft", "schedule_verify_lens": "draft",
@@ -280,6 +281,9 @@ class GraphDecoder:
         """As ``SpeculativeDecoder.generate`` (without ``log`` and ``progress``). ``profile``: the time split of
         ``stats.time_s["split"]`` per piece (meaningful with ``split=True`` when graphs are captured)."""
         dec = self.dec
+        if not isinstance(dec.target, TargetModel):
+            raise ValueError(f"the graph path needs a TargetModel target (a paged cache it can pad into), got "
+                             f"{type(dec.target).__name__}; use SpeculativeDecoder.generate")
         scheduler = scheduler or Scheduler()
         prompts = [[int(t) for t in p] for p in prompts]
         k, dev, n = dec.drafter.block_size, dec.drafter.fc.weight.device, len(prompts)
