@@ -13,9 +13,11 @@
 # 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py),
 # 4. reads Nsight Compute's measured counters (duration, DRAM bytes, throughput, occupancy, warp instructions) for
 #    every launch of the headline ops at N = 1 and 64 where ncu can read the counters (bench/ncu.py, ncu.json),
-# 5. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled),
+# 5. runs the decode step end to end (bench/step.py, under 3 minutes: a Qwen3-8B-shaped target alone against the
+#    speculative step, both CUDA-graphed, acceptance forced; <machine>_step.json),
+# 6. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled),
 #    draft_block and verify_chain first (GPU_CHECK_OPS: which ops, in order), with whatever time is left,
-# 6. with GPU_CHECK_VARIANTS="NAME:CONSTANT=VALUE ...": an A/B of tuning constants on the same GPU. Each variant is
+# 7. with GPU_CHECK_VARIANTS="NAME:CONSTANT=VALUE ...": an A/B of tuning constants on the same GPU. Each variant is
 #    a copy of the checkout with one `constexpr` of csrc/include/dspark changed, built just in time while the tests
 #    run; draft_block's CUDA rows (bf16, greedy; GPU_CHECK_VARIANT_N: which N) run on each after the main build's,
 #    then its GPU tests of draft_block with what time is left (variant_NAME.{json,csv}, variant_NAME_tests.log),
@@ -262,7 +264,15 @@ else
   fi
 fi
 
-step "5. bench/run.py --full on the headline shapes"
+step "5. the decode step end to end (bench/step.py: a Qwen3-8B-shaped target alone against the speculative step)"
+# both CUDA-graphed, random weights on the device, acceptance forced (tau 1, 3.6, 6.2), batch 1, 8, 64
+t=$(date +%s)
+timeout "$(cap 180)" "$PY" bench/step.py --out-dir "$OUT" > "$OUT/step.log" 2>&1
+rc=$?
+tail -12 "$OUT/step.log"
+record "decode step" "$rc" $(( $(date +%s) - t )) "$(cd "$OUT" && ls ./*_step.json 2>/dev/null | head -1), step.log"
+
+step "6. bench/run.py --full on the headline shapes"
 # the kernels this project is judged by first; the time budget leaves out the tail. The SIMT structural report and
 # the tiny-model end-to-end rows need no GPU: a CPU machine runs them
 BENCH_OPS=${GPU_CHECK_OPS:-"draft_block verify_chain accept_prefix_scan schedule_verify_lens rng_uniform \
@@ -287,7 +297,7 @@ else
 fi
 
 if (( ${#VARIANTS[@]} > 0 )); then
-  step "6. the variants: draft_block's CUDA rows on each, then their draft_block GPU tests"
+  step "7. the variants: draft_block's CUDA rows on each, then their draft_block GPU tests"
   (( ${#VARIANT_PIDS[@]} )) && wait "${VARIANT_PIDS[@]}"  # their builds
   VN=${GPU_CHECK_VARIANT_N:-1 8 64 256}
   for v in "${VARIANTS[@]}"; do

@@ -197,7 +197,7 @@ class DSparkDrafter(nn.Module):
         b, w = self.config.backbone, self.fc.weight
         self.cache = PagedKVCache(b.num_hidden_layers, b.num_key_value_heads, b.head_dim, 0, target_cache.max_seq_len,
                                   block_size=target_cache.block_size, dtype=w.dtype, device=w.device,
-                                  block_table=target_cache.block_table)
+                                  block_table=target_cache.block_table, contiguous=target_cache.contiguous)
         return self.cache
 
     def write_context(self, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:

@@ -1,0 +1,217 @@
+"""The CUDA-graph step (dspark_kernels/decode/graphs.py): its pieces on the CPU against the eager loop (buckets,
+padding, the same tokens, the drafting gate, one host read a step), and on a GPU captured for real."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import dspark_kernels as dk
+from dspark_kernels.decode import graphs as graphs_mod
+from dspark_kernels.decode.decoder import Scheduler, SpeculativeDecoder
+from dspark_kernels.decode.graphs import GraphDecoder, TargetAlone, default_buckets, pick_bucket
+from dspark_kernels.decode.kv_cache import PagedKVCache, ragged_attention, ragged_batch
+from dspark_kernels.decode.model import greedy_reference
+from dspark_kernels.decode.testing import oracle_drafter, tiny_drafter, tiny_target
+from dspark_kernels.rng import make_rng_key
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROMPTS = [[3, 7, 1], [5], [2, 9, 4, 4, 11, 30, 8]]
+MAX_NEW = 10
+COST = dk.CostTable([1, 4, 16, 64], [1.0, 1.1, 1.6, 4.0], fixed_overhead_ms=0.2)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    return greedy_reference(target, PROMPTS, MAX_NEW)
+
+
+def _oracle(target, reference, k=4):
+    drafter = oracle_drafter(target, block_size=k)
+    drafter.set_reference([p + r for p, r in zip(PROMPTS, reference)])
+    return SpeculativeDecoder(target, drafter, kv_block_size=4)
+
+
+def test_buckets():
+    assert default_buckets(3, 4) == [3, 6, 9, 12, 15]
+    assert [pick_bucket(r, [3, 6, 9]) for r in (1, 3, 4, 9)] == [3, 3, 6, 9]
+    with pytest.raises(ValueError, match="largest bucket 9"):
+        pick_bucket(10, [3, 6, 9])
+
+
+def test_padding_rows_write_the_trash_slot_and_change_nothing():
+    """A packed batch padded to a bucket: the real rows' attention equals the unpadded batch's bit for bit, the
+    padding rows write only the trash slot."""
+    g = torch.Generator().manual_seed(0)
+    cache = PagedKVCache(1, 2, 8, 3, 16, block_size=4)
+    cache.k.normal_(generator=g)
+    cache.v.normal_(generator=g)
+    cu = torch.tensor([0, 2, 3, 6], dtype=torch.int32)
+    pos = torch.tensor([4, 5, 7, 2, 3, 4])
+    q = torch.randn(6, 4, 8, generator=g)
+    plain = ragged_attention(q, cache, 0, ragged_batch(cache, pos, cu, 3, 12), 0.3)
+    padded_pos = torch.cat([pos, torch.tensor([9, 1, 0])])
+    b = ragged_batch(cache, padded_pos, cu, 3, 12, padded=True)
+    assert b.slots[6:].tolist() == [cache.trash_slot] * 3
+    assert torch.equal(b.slots[:6], ragged_batch(cache, pos, cu, 3, 12).slots)
+    out = ragged_attention(torch.cat([q, torch.randn(3, 4, 8, generator=g)]), cache, 0, b, 0.3)
+    assert torch.equal(out[:6], plain)
+
+
+def test_contiguous_cache_attends_through_a_view():
+    cache = PagedKVCache(2, 2, 4, 3, 10, block_size=4)
+    shuffled = PagedKVCache(2, 2, 4, 3, 10, block_size=4, shuffle_seed=1)
+    assert cache.contiguous and not shuffled.contiguous
+    cache.k.copy_(torch.randn_like(cache.k))
+    slots = cache.slots(torch.arange(3).view(3, 1).expand(3, 7), torch.arange(7).view(1, 7).expand(3, 7))
+    k, _ = cache.gather(1, slots)
+    assert k.data_ptr() == cache.k[1].data_ptr() and not k.is_contiguous()
+    assert torch.equal(k, cache.k[1].index_select(0, slots.reshape(-1)).view(3, 7, 2, 4).transpose(1, 2))
+
+
+def test_rng_key_of_adjacent_views_is_a_view():
+    """The step keeps int64 [2] keys and bumps their offsets in place: the ops get the key itself, no launch."""
+    keys = torch.tensor([[5, 0], [5, 1]])
+    key = make_rng_key(keys[1, 0:1], keys[1, 1:2], "cpu")
+    assert key.data_ptr() == keys[1].data_ptr() and key.tolist() == [5, 1]
+    keys += torch.tensor([[0, 2], [0, 2]])
+    assert key.tolist() == [5, 3]
+    assert make_rng_key(keys[0, 1:2], keys[1, 0:1], "cpu").tolist() == [2, 5]  # not adjacent: a new key
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("mode", ["fixed", "threshold", "exact", "argmax"])
+def test_same_tokens_as_the_eager_loop(target, reference, temperature, mode):
+    """The graph path's pieces, eagerly on the CPU (keys bounded as the eager loop bounds them): the same tokens
+    and statistics, greedy and sampled (the same counter RNG); greedy equals the target's own decoding."""
+    dec = _oracle(target, reference)
+    sched = Scheduler(mode, thresholds=[0.5, 0.4, 0.3, 0.2], cost_table=COST, sts_temperatures=[1.5] * 4,
+                      verify_len=3 if mode == "fixed" else None)
+    eager = dec.generate(PROMPTS, MAX_NEW, temperature=temperature, scheduler=sched)
+    out = GraphDecoder(dec, static_kv=False).generate(PROMPTS, MAX_NEW, temperature=temperature, scheduler=sched)
+    assert out.tokens == eager.tokens
+    if temperature == 0.0:
+        assert out.tokens == reference
+    a, b = eager.stats, out.stats
+    assert (a.steps, a.generated_tokens, a.drafts_verified, a.draft_steps) == (b.steps, b.generated_tokens,
+                                                                             b.drafts_verified, b.draft_steps)
+    assert a.verified_tokens_per_step == b.verified_tokens_per_step
+    assert str(a.conditional_acceptance) == str(b.conditional_acceptance)  # NaN where nothing was verified
+
+
+def test_static_keys_and_reuse(target, reference):
+    """Keys read up to the capacity (the graphs' static shapes), stop tokens, and a second call on the same state
+    (a GPU replays its graphs there): greedy tokens equal the target's, both times."""
+    dec = SpeculativeDecoder(target, tiny_drafter(target, block_size=3), kv_block_size=8)
+    g = GraphDecoder(dec, static_kv=True, buckets=[3, 5, 12])
+    stop = reference[2][4]
+    for _ in range(2):
+        out = g.generate(PROMPTS, MAX_NEW, stop_token_ids=[stop])
+        cut = [r[:r.index(stop) + 1] if stop in r else r for r in reference]
+        assert out.tokens == cut
+    with pytest.raises(ValueError, match="largest bucket"):
+        GraphDecoder(dec, buckets=[3, 6]).generate(PROMPTS, 2)
+    dec.target = object.__new__(type("HFTargetLike", (), {}))
+    with pytest.raises(ValueError, match="needs a TargetModel"):
+        GraphDecoder(dec).generate(PROMPTS, 2)
+
+
+def test_drafting_gate_runs_plain_steps(target, reference):
+    """A drafting pass priced far above its gain: the gate runs plain steps (the plain group, N rows), losslessly."""
+    dec = _oracle(target, reference)
+    sched = Scheduler("exact", cost_table=COST, sts_temperatures=[1.5] * 4, draft_cost=dk.CostTable([1], [1e6]),
+                      draft_window=1, plain_steps=2)
+    eager = dec.generate(PROMPTS, MAX_NEW, scheduler=sched)
+    out = GraphDecoder(dec, static_kv=False).generate(PROMPTS, MAX_NEW, scheduler=sched)
+    assert out.tokens == eager.tokens == reference
+    assert out.stats.draft_steps == eager.stats.draft_steps < out.stats.steps
+
+
+class _SyncCounter(TorchDispatchMode):
+    """Counts the ops that make a device wait for the host or the host for the device: a scalar read, or an
+    output whose size depends on data."""
+    SYNCS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
+             "aten::repeat_interleave.Tensor", "aten::item")
+
+    def __init__(self):
+        super().__init__()
+        self.syncs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func._schema.name) in self.SYNCS or func.name() in self.SYNCS:
+            self.syncs.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def test_one_host_read_a_step(target, reference, monkeypatch):
+    """Between the prefill and the final read, the step's only device->host traffic is its designated read."""
+    dec = _oracle(target, reference)
+    reads = []
+    real_read = graphs_mod._host_read
+    monkeypatch.setattr(graphs_mod, "_host_read", lambda t: reads.append(tuple(t.shape)) or real_read(t))
+    gd = GraphDecoder(dec, static_kv=True)
+    sched = Scheduler("argmax", cost_table=COST, sts_temperatures=[1.5] * 4)
+    gd.generate(PROMPTS, MAX_NEW, scheduler=sched)  # kernels loaded, caches allocated: the counted call reuses them
+    reads.clear()
+    counter = _SyncCounter()
+    real_tolist = torch.Tensor.tolist
+    tolists = []
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: tolists.append(tuple(t.shape)) or real_tolist(t))
+    with counter:
+        out = gd.generate(PROMPTS, MAX_NEW, scheduler=sched)
+    # one read a step, the read that finds every request finished, the tokens; besides them only the statistics'
+    # one read at the end
+    assert reads == [(3,)] * (out.stats.steps + 1) + [(3, MAX_NEW)]
+    assert counter.syncs == [] and len(tolists) == len(reads) + 1
+
+
+def test_target_alone_equals_greedy_reference(target, reference):
+    alone = TargetAlone(target)
+    for _ in range(2):
+        tokens, secs = alone.generate(PROMPTS, MAX_NEW)
+        assert tokens == reference and secs >= 0.0
+
+
+# ---------------------------------------------------------------------------------------------- on a GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("split", [False, True])
+def test_cuda_graphs_replay_the_eager_tokens(split, monkeypatch):
+    """Captured graphs (fused, and one a piece): greedy equals the target's own decoding; sampled equals the eager
+    loop on the GPU where every float is the same (keys bounded as the eager loop bounds them, a bucket for every
+    row count); a call that only
+    replays never synchronises but at its designated reads (torch's sync debug mode raises on any other)."""
+    dev = torch.device("cuda")
+    target = tiny_target(seed=0).to(dev)
+    reference = greedy_reference(target, PROMPTS, MAX_NEW)
+    drafter = oracle_drafter(target, block_size=4).to(dev)
+    drafter.set_reference([p + r for p, r in zip(PROMPTS, reference)], device=dev)
+    dec = SpeculativeDecoder(target, drafter, kv_block_size=4)
+    g = GraphDecoder(dec, split=split)
+    for _ in range(2):  # the first call captures from its second step on, the second its first step's graphs
+        assert g.generate(PROMPTS, MAX_NEW).tokens == reference
+
+    def mode(m, fn):
+        def run(*a, **kw):
+            old = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode(m)
+            try:
+                return fn(*a, **kw)
+            finally:
+                torch.cuda.set_sync_debug_mode(old)
+        return run
+    monkeypatch.setattr(graphs_mod, "_host_read", mode("default", graphs_mod._host_read))
+    monkeypatch.setattr(GraphDecoder, "_loop", mode("error", GraphDecoder._loop))
+    assert g.generate(PROMPTS, MAX_NEW).tokens == reference
+    monkeypatch.undo()
+    eager = dec.generate(PROMPTS, MAX_NEW, temperature=1.0)
+    every = list(range(1, len(PROMPTS) * 5 + 1))  # a bucket per row count: the eager loop's GEMM shapes
+    sampled = GraphDecoder(dec, split=split, static_kv=False, buckets=every)
+    assert sampled.generate(PROMPTS, MAX_NEW, temperature=1.0).tokens == eager.tokens
+    tokens, _ = TargetAlone(target).generate(PROMPTS, MAX_NEW)
+    assert tokens == reference
