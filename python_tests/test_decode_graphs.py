@@ -9,7 +9,8 @@ import dspark_kernels as dk
 from dspark_kernels.decode import graphs as graphs_mod
 from dspark_kernels.decode.decoder import Scheduler, SpeculativeDecoder
 from dspark_kernels.decode.graphs import GraphDecoder, TargetAlone, default_buckets, pick_bucket
-from dspark_kernels.decode.kv_cache import PagedKVCache, ragged_attention, ragged_batch
+from dspark_kernels.decode import model as model_mod
+from dspark_kernels.decode.kv_cache import PagedKVCache, attention_bias, ragged_attention, ragged_batch, sdpa_gqa
 from dspark_kernels.decode.model import greedy_reference
 from dspark_kernels.decode.testing import oracle_drafter, tiny_drafter, tiny_target
 from dspark_kernels.rng import make_rng_key
@@ -72,6 +73,51 @@ def test_contiguous_cache_attends_through_a_view():
     k, _ = cache.gather(1, slots)
     assert k.data_ptr() == cache.k[1].data_ptr() and not k.is_contiguous()
     assert torch.equal(k, cache.k[1].index_select(0, slots.reshape(-1)).view(3, 7, 2, 4).transpose(1, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("nq", [1, 3])
+def test_folded_attention(dtype, nq):
+    """sdpa_gqa (query heads folded onto their KV head) equals attention over repeated K/V heads to rounding, and
+    its mask's additive form (rows padded to 16; a row every query shares stays one broadcast row) gives the bits
+    of the boolean mask materialised in the folded layout."""
+    g = torch.Generator().manual_seed(0)
+    n, h, kv, d, length = 3, 8, 2, 16, 37
+    q, k, v = (torch.randn(shape, generator=g).to(dtype) for shape in ((n, h, nq, d), (n, kv, length, d),
+                                                                      (n, kv, length, d)))
+    last = torch.tensor([5, 20, 36]).view(n, 1, 1, 1) - torch.arange(nq).flip(0).view(1, 1, nq, 1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for mask in (torch.arange(length) <= last, torch.arange(length) <= last[:, :, -1:]):
+        bias = attention_bias(mask, h // kv, dtype)
+        rows = h // kv * nq if mask.shape[2] > 1 else 1
+        assert bias.dtype == dtype and bias.shape == (n, 1, rows, length)
+        assert bias.stride(-1) == 1 and all(s % 16 == 0 for s in bias.stride()[:-1])
+        got = sdpa_gqa(q, k, v, bias, 0.3)
+        folded = mask.expand(n, 1, nq, length).repeat(1, 1, h // kv, 1)
+        assert torch.equal(got, sdpa(q.reshape(n, kv, -1, d), k, v, attn_mask=folded, scale=0.3).view(n, h, nq, d))
+        assert torch.equal(sdpa_gqa(q, k, v, mask, 0.3), got)
+        plain = sdpa(q, k.repeat_interleave(h // kv, 1), v.repeat_interleave(h // kv, 1), attn_mask=mask, scale=0.3)
+        torch.testing.assert_close(got, plain, **({} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)))
+
+
+def test_the_target_builds_its_attention_bias_once_a_forward(monkeypatch):
+    """A forward through sdpa_gqa (float32) converts its mask once for all layers; every layer's attention gets
+    the additive, aligned form (nothing to convert or pad per call)."""
+    target = tiny_target(seed=0)
+    target.alloc_cache(2, 16, block_size=4)
+    built, masks = [], []
+    real_bias, real_sdpa = model_mod.attention_bias, torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(model_mod, "attention_bias", lambda *a: built.append(a[1]) or real_bias(*a))
+
+    def sdpa(*args, attn_mask=None, **kw):
+        masks.append((attn_mask.dtype, attn_mask.stride()))
+        return real_sdpa(*args, attn_mask=attn_mask, **kw)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    with torch.no_grad():
+        target(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0, 1, 2, 0, 1]), torch.tensor([0, 3, 5], dtype=torch.int32),
+               3, 3)
+    assert built == [2] and len(masks) == target.num_layers
+    assert all(dt == torch.float32 and st[-1] == 1 and all(s % 16 == 0 for s in st[:-1]) for dt, st in masks)
 
 
 def test_rng_key_of_adjacent_views_is_a_view():

@@ -25,7 +25,7 @@ import torch.nn as nn
 from ..ops.draft_block import draft_to_target_from_offsets
 from . import batch_invariant
 from .batch_invariant import RowLinear
-from .kv_cache import PagedKVCache, sdpa_gqa
+from .kv_cache import PagedKVCache, attention_bias, sdpa_gqa
 from .model import MLP, Attention, ModelConfig, RMSNorm, RopeTable, init_random_
 
 MARKOV_KINDS = ("vanilla", "gated", "rnn")
@@ -230,7 +230,7 @@ class DSparkDrafter(nn.Module):
         key_pos, inv_freq = torch.arange(length, device=dev), self.rope(dev)
         kv_slots = self.cache.slots(req.expand(n, length), key_pos.view(1, -1).expand(n, length))
         block_slots = self.cache.slots(req.expand(n, k_len), pos).view(-1)
-        mask = (key_pos.view(1, -1) <= pos[:, -1:]).view(n, 1, 1, length)
+        bias = attention_bias((key_pos.view(1, -1) <= pos[:, -1:]).view(n, 1, 1, length), 1, x.dtype)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             hx = layer.input_layernorm(x)
@@ -238,7 +238,7 @@ class DSparkDrafter(nn.Module):
             kb, vb = attn.project_kv(hx, pos, inv_freq)
             self.cache.write(i, block_slots, kb.flatten(0, 1), vb.flatten(0, 1))
             kc, vc = self.cache.gather(i, kv_slots)
-            o = sdpa_gqa(q, kc.to(x.dtype), vc.to(x.dtype), mask, attn.d ** -0.5)
+            o = sdpa_gqa(q, kc.to(x.dtype), vc.to(x.dtype), bias, attn.d ** -0.5)
             x = x + attn.o_proj(o.transpose(1, 2).flatten(2))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         h = self.norm(x)

@@ -79,6 +79,7 @@ class RaggedBatch(NamedTuple):
     mask: torch.Tensor      # bool [N, 1, max_q, L] key position <= query position
     num_seqs: int
     max_q: int
+    bias: Optional[torch.Tensor] = None  # attention_bias(mask) for sdpa_gqa, when the forward attends through it
 
 
 def ragged_batch(cache: PagedKVCache, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_q: int,
@@ -109,26 +110,49 @@ def ragged_batch(cache: PagedKVCache, positions: torch.Tensor, cu_seqlens: torch
     return RaggedBatch(pos, req, slots, pad_index, pad_read, kv_slots, mask, n, max_q)
 
 
+def uses_row_attention(x: torch.Tensor, cache: PagedKVCache) -> bool:
+    """Whether ``ragged_attention`` serves queries of x's dtype and device through the batch-invariant kernel (16-bit
+    CPU tensors, the cache of the same dtype) rather than ``sdpa_gqa``."""
+    return x.dtype == cache.k.dtype and batch_invariant.enabled_for(x, cache.k)
+
+
 def ragged_attention(q: torch.Tensor, cache: PagedKVCache, layer: int, b: RaggedBatch, scale: float) -> torch.Tensor:
     """q ``[T, H, D]`` (rows already written to the cache) -> ``[T, H * D]``; causal by position, per request.
-    16-bit CPU tensors go through the batch-invariant kernel (``batch_invariant.row_attention``)."""
-    if q.dtype == cache.k.dtype and batch_invariant.enabled_for(q, cache.k):
+    16-bit CPU tensors go through the batch-invariant kernel (``batch_invariant.row_attention``), the rest through
+    ``sdpa_gqa`` with ``b.bias`` (built from ``b.mask`` here when the batch carries none)."""
+    if uses_row_attention(q, cache):
         return batch_invariant.row_attention(q, cache.k[layer], cache.v[layer], b.kv_slots, b.req, b.pos, scale)
     t, h, d = q.shape
     rows = b.num_seqs * b.max_q
     qp = q.new_zeros(rows + 1, h, d).index_copy_(0, b.pad_index, q)[:rows]
     qp = qp.view(b.num_seqs, b.max_q, h, d).transpose(1, 2)
     k, v = cache.gather(layer, b.kv_slots)
-    out = sdpa_gqa(qp, k.to(q.dtype), v.to(q.dtype), b.mask, scale)
+    out = sdpa_gqa(qp, k.to(q.dtype), v.to(q.dtype), b.mask if b.bias is None else b.bias, scale)
     return out.transpose(1, 2).reshape(rows, h * d).index_select(0, b.pad_read)
+
+
+def attention_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive form of a boolean mask ``[N, 1, Q, L]`` in ``sdpa_gqa``'s folded layout: ``[N, 1, groups * Q,
+    L]`` (row ``j Q + i`` is mask row i; ``[N, 1, 1, L]`` when Q = 1, broadcast over every row) of ``dtype``, 0 where
+    the mask holds and -inf elsewhere, what ``scaled_dot_product_attention`` would convert the boolean mask to.
+    Built once per forward and shared by every layer. Its rows are padded to a multiple of 16 elements, so the
+    memory-efficient CUDA kernel reads it as it is (an unaligned mask is padded by a copy on every call)."""
+    n, _, nq, length = mask.shape
+    g = groups if nq > 1 else 1
+    full = torch.full((n, 1, g, nq, length + (-length % 16)), float("-inf"), dtype=dtype, device=mask.device)
+    full[..., :length].masked_fill_(mask.unsqueeze(2), 0.0)
+    return full.view(n, 1, g * nq, -1)[..., :length]
 
 
 def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Grouped-query attention without repeating K/V: the g query heads sharing a KV head become g * Q query
-    rows of that head. q ``[N, H, Q, D]``, k/v ``[N, KV, L, D]``, mask bool ``[N, 1, Q or 1, L]``."""
+    rows of that head, so one pass over a KV head's keys serves all g of them (the decode layout of FlashInfer's
+    kernels; ``enable_gqa`` instead streams each KV head once per query head, or, with a mask on a kernel without
+    grouped heads, repeats K/V). q ``[N, H, Q, D]``, k/v ``[N, KV, L, D]``; mask bool ``[N, 1, Q or 1, L]``, or
+    ``attention_bias`` of it in q's dtype (what a forward builds once for all its layers)."""
     n, h, nq, d = q.shape
-    kv, length = k.shape[1], k.shape[2]
-    g = h // kv
-    mask = mask.expand(n, 1, nq, length).unsqueeze(2).expand(n, 1, g, nq, length).reshape(n, 1, g * nq, length)
-    out = F.scaled_dot_product_attention(q.reshape(n, kv, g * nq, d), k, v, attn_mask=mask, scale=scale)
+    kv = k.shape[1]
+    if mask.dtype == torch.bool:
+        mask = attention_bias(mask, h // kv, q.dtype)
+    out = F.scaled_dot_product_attention(q.reshape(n, kv, h // kv * nq, d), k, v, attn_mask=mask, scale=scale)
     return out.reshape(n, h, nq, d)

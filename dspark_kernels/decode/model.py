@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kv_cache import PagedKVCache, RaggedBatch, ragged_attention, ragged_batch
+from .kv_cache import PagedKVCache, RaggedBatch, attention_bias, ragged_attention, ragged_batch, uses_row_attention
 from .batch_invariant import RowLinear
 
 
@@ -220,6 +220,9 @@ class TargetModel(nn.Module):
         padding (``kv_cache.ragged_batch``)."""
         b = ragged_batch(self.cache, positions, cu_seqlens, max_q, kv_len, padded)
         x = self.embed_tokens(tokens)
+        if not uses_row_attention(x, self.cache):  # every layer's additive mask, built once
+            cfg = self.config
+            b = b._replace(bias=attention_bias(b.mask, cfg.num_attention_heads // cfg.num_key_value_heads, x.dtype))
         inv_freq = self.rope(x.device)
         keep = {i: None for i in self.hidden_layer_ids}
         if -1 in keep:
