@@ -178,11 +178,75 @@ def test_drafting_gate_runs_plain_steps(target, reference):
     assert out.stats.draft_steps == eager.stats.draft_steps < out.stats.steps
 
 
+def _write_into(dst, src) -> None:
+    """src's values into dst in place (tensors, or named tuples of them)."""
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    elif isinstance(dst, tuple):
+        for a, b in zip(dst, src):
+            _write_into(a, b)
+
+
+class _EmulatedGraph:
+    """A CUDA graph's contract on the CPU: its capture fixes the tensors it reads and writes; a replay reads those
+    and writes into those, whatever Python has bound since (the pieces run again against the capture's bindings and
+    their results are copied into the capture's outputs; Python's bindings are left as they were)."""
+
+    def __init__(self, state, group):
+        self.state, self.group = state, group
+        self.reads = dict(vars(state))
+        for _, fn in group:
+            fn()
+        self.writes = dict(vars(state))
+
+    def replay(self):
+        bound = dict(vars(self.state))
+        vars(self.state).update(self.reads)
+        for _, fn in self.group:
+            fn()
+        for name, t in self.writes.items():
+            if t is not self.reads.get(name):
+                _write_into(t, getattr(self.state, name))
+        vars(self.state).update(bound)
+
+
+def _emulated_capture(runner, pieces):
+    saved = runner.state.snapshot()
+    out = []
+    for group in ([[p] for p in pieces] if runner.split else [pieces]):
+        graph = _EmulatedGraph(runner.state, group)
+        out.append((group[-1][0] if runner.split else None, graph, dict(vars(runner.state))))
+    runner.state.restore(saved)
+    return out
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_replays_read_what_their_captures_bound(target, reference, monkeypatch, split):
+    """With graphs whose replays read and write the tensors their captures bound (emulated on the CPU), the drafting
+    gate's plain and drafting groups and buckets captured in any order give the tokens of the same pieces run
+    without graphs: greedy (the target's own) and sampled."""
+    monkeypatch.setattr(graphs_mod._Runner, "_capture", _emulated_capture)
+    dec = _oracle(target, reference)
+    sched = Scheduler("exact", cost_table=COST, sts_temperatures=[1.5] * 4, draft_cost=dk.CostTable([1], [1e6]),
+                      draft_window=1, plain_steps=1)
+    every = list(range(1, len(PROMPTS) * 5 + 1))  # many buckets: new ones are captured after the plain group
+    for temperature in (0.0, 1.0):
+        plain = GraphDecoder(dec, graphs=False, static_kv=True, buckets=every).generate(
+            PROMPTS, MAX_NEW, temperature=temperature, scheduler=sched)
+        graphed = GraphDecoder(dec, graphs=True, split=split, buckets=every)
+        out = graphed.generate(PROMPTS, MAX_NEW, temperature=temperature, scheduler=sched)
+        runner = graphed._setup[2]
+        assert {k[1] for k in runner.graphs if k[0] == "draft"} == {True, False}  # both groups were captured
+        assert out.tokens == plain.tokens and out.stats.draft_steps == plain.stats.draft_steps
+        if temperature == 0.0:
+            assert out.tokens == reference
+
+
 class _SyncCounter(TorchDispatchMode):
-    """Counts the ops that make a device wait for the host or the host for the device: a scalar read, or an
-    output whose size depends on data."""
+    """Counts the ops that make a device wait for the host or the host for the device: a scalar read, an output
+    whose size depends on data, or host data made into a tensor (a synchronous host->device copy on a GPU)."""
     SYNCS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
-             "aten::repeat_interleave.Tensor", "aten::item")
+             "aten::repeat_interleave.Tensor", "aten::item", "aten::lift_fresh", "aten::lift_fresh_copy")
 
     def __init__(self):
         super().__init__()
@@ -194,26 +258,36 @@ class _SyncCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_one_host_read_a_step(target, reference, monkeypatch):
-    """Between the prefill and the final read, the step's only device->host traffic is its designated read."""
+def _counted(fn, counter):
+    def run(*args):
+        with counter:
+            return fn(*args)
+    return run
+
+
+@pytest.mark.parametrize("mode,temperature,gated", [("argmax", 0.0, False), ("exact", 1.0, True),
+                                                    ("threshold", 1.0, False)])
+def test_one_host_read_a_step(target, reference, monkeypatch, mode, temperature, gated):
+    """The steps' only device->host traffic is their designated read, and their groups (the device work) make no
+    host data into a tensor: greedy and sampled, each scheduler kind, plain steps of the drafting gate (whose own
+    arithmetic is host work on host numbers)."""
     dec = _oracle(target, reference)
-    reads = []
-    real_read = graphs_mod._host_read
-    monkeypatch.setattr(graphs_mod, "_host_read", lambda t: reads.append(tuple(t.shape)) or real_read(t))
     gd = GraphDecoder(dec, static_kv=True)
-    sched = Scheduler("argmax", cost_table=COST, sts_temperatures=[1.5] * 4)
-    gd.generate(PROMPTS, MAX_NEW, scheduler=sched)  # kernels loaded, caches allocated: the counted call reuses them
-    reads.clear()
-    counter = _SyncCounter()
-    real_tolist = torch.Tensor.tolist
-    tolists = []
+    sched = Scheduler(mode, cost_table=COST, sts_temperatures=[1.5] * 4, thresholds=[0.5, 0.4, 0.3, 0.2],
+                      **(dict(draft_cost=dk.CostTable([1], [1e6]), draft_window=1, plain_steps=2) if gated else {}))
+    gd.generate(PROMPTS, MAX_NEW, temperature=temperature, scheduler=sched)  # the counted call reuses its state
+    reads, tolists, counter = [], [], _SyncCounter()
+    real_read, real_tolist = graphs_mod._host_read, torch.Tensor.tolist
+    monkeypatch.setattr(graphs_mod, "_host_read", lambda t: reads.append(tuple(t.shape)) or real_read(t))
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: tolists.append(tuple(t.shape)) or real_tolist(t))
-    with counter:
-        out = gd.generate(PROMPTS, MAX_NEW, scheduler=sched)
-    # one read a step, the read that finds every request finished, the tokens; besides them only the statistics'
-    # one read at the end
+    # the groups (device work only)
+    monkeypatch.setattr(graphs_mod._Runner, "run", _counted(graphs_mod._Runner.run, counter))
+    monkeypatch.setattr(GraphDecoder, "_run_eager", staticmethod(_counted(GraphDecoder._run_eager, counter)))
+    out = gd.generate(PROMPTS, MAX_NEW, temperature=temperature, scheduler=sched)
+    # one read a step and the read that finds every request finished; then the tokens and the statistics
     assert reads == [(3,)] * (out.stats.steps + 1) + [(3, MAX_NEW)]
     assert counter.syncs == [] and len(tolists) == len(reads) + 1
+    assert out.stats.draft_steps < out.stats.steps if gated else out.stats.draft_steps == out.stats.steps
 
 
 def test_target_alone_equals_greedy_reference(target, reference):
@@ -228,10 +302,10 @@ def test_target_alone_equals_greedy_reference(target, reference):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("split", [False, True])
 def test_cuda_graphs_replay_the_eager_tokens(split, monkeypatch):
-    """Captured graphs (fused, and one a piece): greedy equals the target's own decoding; sampled equals the eager
-    loop on the GPU where every float is the same (keys bounded as the eager loop bounds them, a bucket for every
-    row count); a call that only
-    replays never synchronises but at its designated reads (torch's sync debug mode raises on any other)."""
+    """Captured graphs (fused, and one a piece): greedy equals the target's own decoding, with the drafting gate's
+    plain steps too; sampled equals the eager loop on the GPU where every float is the same (keys bounded as the
+    eager loop bounds them, a bucket for every row count: the eager loop's GEMM shapes); a call that only replays
+    never synchronises but at its designated reads (torch's sync debug mode raises on any other)."""
     dev = torch.device("cuda")
     target = tiny_target(seed=0).to(dev)
     reference = greedy_reference(target, PROMPTS, MAX_NEW)
@@ -255,8 +329,12 @@ def test_cuda_graphs_replay_the_eager_tokens(split, monkeypatch):
     monkeypatch.setattr(GraphDecoder, "_loop", mode("error", GraphDecoder._loop))
     assert g.generate(PROMPTS, MAX_NEW).tokens == reference
     monkeypatch.undo()
+    gated = Scheduler("exact", cost_table=COST, sts_temperatures=[1.5] * 4, draft_cost=dk.CostTable([1], [1e6]),
+                      draft_window=1, plain_steps=1)  # plain and drafting groups interleaved, buckets captured late
+    every = list(range(1, len(PROMPTS) * 5 + 1))
+    assert GraphDecoder(dec, split=split, buckets=every).generate(PROMPTS, MAX_NEW, scheduler=gated).tokens == \
+        reference
     eager = dec.generate(PROMPTS, MAX_NEW, temperature=1.0)
-    every = list(range(1, len(PROMPTS) * 5 + 1))  # a bucket per row count: the eager loop's GEMM shapes
     sampled = GraphDecoder(dec, split=split, static_kv=False, buckets=every)
     assert sampled.generate(PROMPTS, MAX_NEW, temperature=1.0).tokens == eager.tokens
     tokens, _ = TargetAlone(target).generate(PROMPTS, MAX_NEW)

@@ -120,6 +120,8 @@ class _Runner:
         for name, graph, _ in self.graphs[key]:
             graph.replay()
             done(name)
+        # the replay wrote into the tensors its capture bound: a group captured next must read those
+        vars(self.state).update(self.graphs[key][-1][2])
 
     def _capture(self, pieces: List[Piece]) -> list:
         saved = self.state.snapshot()
@@ -329,8 +331,8 @@ class GraphDecoder:
             drafted = gate is None or gate.drafts_next()
             # the first step of a new state runs eagerly: every kernel is loaded before a capture
             run = self._run_eager if step == 0 and not reuse else runner.run
-            key = kv if not static_kv else None
-            run(("draft", drafted, has_prev, key), self._draft_pieces(st, call, drafted, kv, has_prev), done)
+            draft_key = ("draft", drafted, has_prev, kv if not static_kv else None)
+            run(draft_key, self._draft_pieces(st, call, drafted, kv, has_prev), done)
             rows, active, generated = _host_read(st.read)
             if gate is not None:
                 gate.observe(generated, drafted, rows, active)
@@ -339,7 +341,9 @@ class GraphDecoder:
             if active == 0:
                 return
             bucket = pick_bucket(rows, buckets)
-            run(("bucket", bucket, drafted, key), self._bucket_pieces(st, call, bucket, drafted, kv),
+            # a bucket's graph reads the drafting graph's outputs where that graph's capture put them: one graph
+            # per bucket and drafting graph
+            run(("bucket", bucket) + draft_key[1:], self._bucket_pieces(st, call, bucket, drafted, kv),
                 lambda name: done(name, "verify"))
             stats.steps, stats.rows, stats.active = stats.steps + 1, stats.rows + rows, stats.active + active
             stats.draft_steps += int(drafted)
