@@ -10,9 +10,11 @@ A step of ``SpeculativeDecoder`` (decoder.py, "One decode step" in DESIGN) is cu
   the acceptance counts, the random keys' offsets bumped in place: the draft key is ``keys[0]`` = (seed,
   2 step), the verify key ``keys[1]`` = (seed, 2 step + 1), as the eager loop numbers them).
 
-On a GPU (``graphs=True``) each group is captured the first time it is needed (per drafting mode and bucket; the
-first step runs eagerly, so every kernel is loaded before a capture) and replayed after; ``split=True`` captures
-each piece on its own instead, so a profile can time them. A second ``generate`` of the same batch size, capacity
+On a GPU (``graphs=True``) each group is captured the first time it is needed (the drafting group per drafting
+mode; a bucket's group per bucket and drafting group, since it reads that group's outputs where its capture put
+them; the first step runs eagerly, so every kernel is loaded before a capture) and replayed after; ``split=True``
+captures each piece on its own instead, so a profile can time them. After a replay the state's tensors are those
+the replayed group's capture bound, so a group captured next reads what the last replay wrote. A second ``generate`` of the same batch size, capacity
 and settings replays the graphs already captured. On the CPU the same pieces run eagerly. With ``static_kv``
 (graphs' default) the drafter and the target read keys up to the cache's capacity (masked past each request's
 length); without it, up to the eager loop's per-step bound, which gives the eager loop's exact rounding.

@@ -3,8 +3,8 @@
 Layout: one flat pool of slots per layer, ``k[layer, slot, kv_head, head_dim]``; request ``r`` keeps position
 ``pos`` at ``slot = block_table[r, pos // block_size] * block_size + pos % block_size`` (the layout
 ``dk.accept_prefix_scan`` computes KV slots for). Positions past a request's committed length may hold stale
-rows from rejected drafts: attention masks them by position and the next verify overwrites them, so "dropping"
-rejected KV rows is pure bookkeeping (no copy, no host work). One slot past the pool, ``trash_slot``, takes the
+rows from rejected drafts (and, in the drafter's cache, the draft block's rows): attention masks them by position
+and the next write overwrites them, so "dropping" rejected KV rows is pure bookkeeping (no copy, no host work). One slot past the pool, ``trash_slot``, takes the
 writes of padding rows (a CUDA graph's verify batch padded to its bucket). A cache whose block table it built
 itself without shuffling holds each request's positions contiguously, so attention reads them as a view.
 """
