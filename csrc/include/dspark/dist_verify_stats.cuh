@@ -129,7 +129,8 @@ DSPARK_DEVICE void write_row(const DistVerifyStatsParams& p, const Work& w, int6
   stg(out + kTMax, ts.st.m);
   stg(out + kTSum, ts.st.s);
   stg(out + kTBad, ts.bad ? 1.0f : 0.0f);
-  const float t_at = toff >= 0 ? load_float(p.target.data, p.target.dtype, toff + col) / t : 0.f;
+  // the logit at the draft is read only where this shard owns it (a packed shard without rows reads zeros)
+  const float t_at = toff >= 0 && col >= 0 ? load_float(p.target.data, p.target.dtype, toff + col) / t : 0.f;
   stg(out + kTAt, col >= 0 ? t_at : neg_inf());
   if (p.draft_logits == nullptr) return;
   stg(out + kQMax, read_q ? qs.st.m : neg_inf());
