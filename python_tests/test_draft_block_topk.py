@@ -226,8 +226,9 @@ def test_topk_verification_is_lossless_on_the_joint_law(method):
 
 
 def test_cuda_topk_reads_u_once_and_top_k_rows_of_w2(cuda_device):
-    """One launch, one grid barrier, and the traffic within 1.1x of the top-k floor: U once, top_k rows of W2 (and
-    of its scales) per request and position, W1 rows, the outputs; W2 itself is never streamed whole."""
+    """Two launches (the selection, a CTA a row of U; the walk, a CTA a request, a programmatic dependent launch), no
+    grid barrier, and the traffic within 1.1x of the top-k floor: U once, top_k rows of W2 (and of its scales) per
+    request and position, W1 rows, the outputs; W2 itself is never streamed whole."""
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
     from dspark_kernels import simt
@@ -237,8 +238,10 @@ def test_cuda_topk_reads_u_once_and_top_k_rows_of_w2(cuda_device):
     with simt.record() as rec:
         out = dk.draft_block(base, anchors, head, temperature=temps, seed=1, top_k=top_k, return_logits=True,
                              backend="cuda")
-    assert len(rec.launches) == 1 and rec.launches[0]["kernel"] == "draft_topk_kernel"
-    assert rec.launches[0]["grid_barriers"] == 1 and rec.launches[0]["ctas"] == n * k
+    assert rec.kernels() == ["draft_topk_select", "draft_topk_walk"]
+    assert [r["ctas"] for r in rec.launches] == [n * k, n]
+    assert [r["pdl"] for r in rec.launches] == [False, True]
+    assert not any(r["cooperative"] or r["grid_barriers"] for r in rec.launches)
     w2_rows = n * k * top_k * (rank * head.w2.element_size() + 4)
     floor = (_nbytes(base, anchors) + w2_rows + n * k * rank * head.w1.element_size()
              + _nbytes(out.tokens, out.draft_logprobs, out.logits, out.candidates))

@@ -71,6 +71,7 @@ py::list take_records_py() {
         d["dynamic_smem"] = r.dynamic_smem;
         d["static_smem"] = r.static_smem;
         d["cooperative"] = r.cooperative;
+        d["pdl"] = r.pdl;
         d["bytes_read"] = r.bytes_read;
         d["bytes_written"] = r.bytes_written;
         d["unique_bytes_read"] = r.unique_bytes_read;
