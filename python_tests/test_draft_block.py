@@ -550,7 +550,7 @@ def test_cuda_launches_pdl_and_ctas(cuda_device, kind, n, dtype):
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
     from dspark_kernels import simt
-    k, vocab, rank = 3, 32003, 64
+    k, vocab, rank = 3, 32003 if n == 1 else 4099, 64  # (N = 1: enough rows for 2 CTAs an SM at 64 rows a CTA)
     base, anchors, head, hidden, confidence, temperature = make_triton_case(kind, n, k, vocab, rank, 40, dtype,
                                                                             "mixed", "sts", seed=2)
     kw = dict(hidden=hidden, confidence=confidence, temperature=temperature, seed=1)
@@ -678,7 +678,8 @@ def test_cuda_tensor_core_bias_error(cuda_device, w2_dtype):
 def test_sass_sweeps_load_w2_in_16_bytes_and_keep_loops_out_of_local_memory():
     """sm_90a SASS (tools/check_cuda.py's report), one fact per design choice: the tensor-core sweeps stage W2 with
     cp.async (LDGSTS) and multiply with ldmatrix + mma.sync in a loop; the CUDA-core sweeps read W2 with 16-byte loads
-    in a loop and use no tensor core; no instance spills or touches local memory in an innermost loop."""
+    in a loop (8-byte ones for fp8) and use no tensor core; no instance spills or touches local memory in an innermost
+    loop (the reduce-scatter's halves picked by mask, not by address)."""
     from sass_facts import sass_facts
     kernels = sass_facts("draft::sweep_")
     mma = [k for k in kernels if "sweep_mma_kernel" in k["demangled"]]
@@ -691,10 +692,9 @@ def test_sass_sweeps_load_w2_in_16_bytes_and_keep_loops_out_of_local_memory():
         assert k["sass"]["LDGSTS"] > 0, k["demangled"]
         assert any(lp["HMMA"] > 0 and lp["LDSM"] > 0 for lp in k["sass"]["loops"]), k["demangled"]
     for k in gemv:
-        assert k["sass"]["HMMA"] == 0 and k["sass"]["LDGSTS"] == 0, k["demangled"]
+        assert k["sass"]["HMMA"] == 0, k["demangled"]
         if "fp8" not in k["demangled"]:  # (8-byte loads of an fp8 row)
-            assert any(lp.get("LDG.E.128", 0) + lp.get("LDG.E.128.CONSTANT", 0) > 0 for lp in k["sass"]["loops"]), \
-                k["demangled"]
+            assert any(lp["LDG.E.128"] > 0 for lp in k["sass"]["loops"]), k["demangled"]
 
 
 # ---------------------------------------------------------------- a reduced draft vocabulary (draft_to_target)

@@ -16,7 +16,7 @@
 //   * sweep_gemv_kernel (N <= kGemvMaxN with a 16-bit or fp8 W2, any N with an fp32 W2 or r > kMaxMmaRank; G = 1, 2,
 //     4, 8): CUDA cores. Lane l holds 8 columns of the group's v rows in registers (256 columns a pass: one pass up
 //     to r = 256) and reads the same 8 columns of a W2 row with one 16-byte load (8 bytes fp8, 2 x 16 fp32); a warp
-//     takes blocks of kRows consecutive rows, the block's loads in flight together (16 warps an SM: 64 KB). The
+//     takes blocks of kRows consecutive rows, the block's loads in flight together (32-64 KB an SM: GemvShape). The
 //     block's kRows x G dot products are reduce-scattered across the warp (warp_reduce_scatter), one (row, request)
 //     pair on every 32 / (kRows G) lanes, which adds U and folds. U comes in chunks of kGemvChunk rows through
 //     shared memory (16-byte cp.async copies, the next chunk's in flight while one is folded).
@@ -368,23 +368,30 @@ DSPARK_DEVICE float fold_temperature(const SweepParams& p, int64_t n) {
 }
 
 // Reduce-scatter of kVals per-lane values across a full warp: on lane l, the sum over the 32 lanes of
-// a[l kVals / 32] (a is clobbered). log2 kVals halving steps, each lane keeping the half its partner sends, then the
-// rest of a butterfly sum (the value's 32 / kVals lanes all end with it).
+// a[l kVals / 32] (a is clobbered). log2 kVals halving steps (reduce_halves: each lane keeps the half its partner
+// sends; kHalf and its lane offset compile-time, so that a stays in registers), then the rest of a butterfly sum
+// (the value's 32 / kVals lanes all end with it). The halves are picked with a bit mask (one LOP3 each), not
+// `upper ? a[i] : a[i + half]`, which a compiler may turn into a select of addresses.
+template <int kHalf, int kVals>
+DSPARK_DEVICE void reduce_halves(float (&a)[kVals], int lane) {
+  constexpr int kOff = kHalf * 32 / kVals;
+  const uint32_t up = (lane & kOff) != 0 ? 0xffffffffu : 0u;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const uint32_t x = __float_as_uint(a[i]), y = __float_as_uint(a[i + kHalf]);
+    const float send = __uint_as_float((x & up) | (y & ~up));
+    const float keep = __uint_as_float((y & up) | (x & ~up));
+    a[i] = keep + __shfl_xor_sync(kFullMask, send, kOff);
+  }
+  if constexpr (kHalf > 1) reduce_halves<kHalf / 2>(a, lane);
+}
+
 template <int kVals>
 DSPARK_DEVICE float warp_reduce_scatter(float (&a)[kVals], int lane) {
   static_assert(kVals >= 1 && kVals <= 32 && (kVals & (kVals - 1)) == 0, "kVals is a power of two <= 32");
-  int off = 16;
+  if constexpr (kVals > 1) reduce_halves<kVals / 2>(a, lane);
 #pragma unroll
-  for (int half = kVals / 2; half >= 1; half /= 2, off /= 2) {
-    const bool upper = (lane & off) != 0;
-#pragma unroll
-    for (int i = 0; i < half; ++i) {
-      const float send = upper ? a[i] : a[i + half];
-      const float keep = upper ? a[i + half] : a[i];
-      a[i] = keep + __shfl_xor_sync(kFullMask, send, off);
-    }
-  }
-  for (; off >= 1; off /= 2) a[0] += __shfl_xor_sync(kFullMask, a[0], off);
+  for (int off = 16 / kVals; off >= 1; off /= 2) a[0] += __shfl_xor_sync(kFullMask, a[0], off);
   return a[0];
 }
 
@@ -507,19 +514,25 @@ DSPARK_DEVICE void load_v8(const SweepParams& p, int64_t n, int64_t x, int64_t c
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-// The CUDA-core sweep's block: kRows rows a warp, their loads in flight together (4 with fp32 rows: 8 registers a
-// load), and kRows G <= 32 dot products reduce-scattered.
+// The CUDA-core sweep's block: kRows rows a warp, their loads in flight together, and kRows G <= 32 dot products
+// reduce-scattered. Registers decide: with one or two requests (G v rows of 8 columns, kRows G partial sums, the
+// loads) two CTAs of 8 warps an SM fit 128 registers a thread, 4-8 rows x 512 bytes a warp in flight (32-64 KB an
+// SM); four 16-bit or fp8 requests take one CTA an SM with 8 rows (32 KB), four fp32 ones two CTAs with 2 rows (32
+// KB); eight (fp32 W2 or r > kMaxMmaRank) one CTA an SM.
 template <typename TS, int G>
 struct GemvShape {
-  static constexpr int kRows = sizeof(TS) == 4 || G == 8 ? 4 : 8;
+  static constexpr bool kF32 = sizeof(TS) == 4, kHalf = std::is_same<TS, __half>::value;
+  static constexpr int kRows = G == 1 ? (kF32 || kHalf ? 4 : 8) : (G == 2 ? 4 : (G == 4 ? (kF32 ? 2 : 8) : 4));
+  static constexpr int kCtasPerSm = G == 8 || (G == 4 && !kF32) ? 1 : 2;
   static constexpr int kVals = kRows * G;
   static_assert(kVals <= 32, "one dot product a lane at most");
 };
 
 template <typename TS, int G>
-__global__ void __launch_bounds__(kSweepThreads, G <= 4 ? 2 : 1) sweep_gemv_kernel(SweepParams p) {
+__global__ void __launch_bounds__(kSweepThreads, GemvShape<TS, G>::kCtasPerSm) sweep_gemv_kernel(SweepParams p) {
   constexpr int kRows = GemvShape<TS, G>::kRows, kVals = GemvShape<TS, G>::kVals, kPerVal = 32 / kVals;
-  constexpr int kLStride = kGemvChunk + kRows;  // staged logits: G segments of kRows words a fold, 32 banks apart
+  // staged logits: a fold's G segments of kRows words in different banks, rows 16-byte aligned (float4 copies)
+  constexpr int kLStride = kGemvChunk + (kRows > 4 ? kRows : 4);
   DSPARK_SHARED_ARRAY(uint4, ubuf, 2 * G * kGemvChunk * 4 / 16);  // two chunks of U (room for fp32)
   DSPARK_SHARED_ARRAY(float, lbuf, G * kLStride);                 // a chunk's logits (return_logits)
   DSPARK_SHARED_ARRAY(int64_t, part_mem, (kSweepWarps * G * PartSlots::kBytes + 7) / 8);
