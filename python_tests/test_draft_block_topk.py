@@ -250,6 +250,31 @@ def test_cuda_topk_reads_u_once_and_top_k_rows_of_w2(cuda_device):
     assert moved < _nbytes(base) + _nbytes(head.w2)  # the full proposal would read W2 K times
 
 
+@pytest.mark.parametrize("kind,conf", [("vanilla", "none"), ("rnn", "sts")])
+def test_cuda_topk_ideal_access(cuda_device, kind, conf):
+    """The walk at the access rule (python_tests/access.py: no bank conflict, global sectors within 1.05x of the ideal,
+    line by line; U's values at the candidates come from the selection, not gathered), the selection's global loads
+    too (its shared-memory buffer, select_top.cuh's bitonic sort and atomic slots, is not held to the bank rule);
+    tokens equal the reference's."""
+    if cuda_device.type != "cpu":
+        pytest.skip("counts come from the SIMT harness")
+    from access import check_launches
+    from dspark_kernels import simt
+    if not simt.access_model_available():
+        pytest.skip("needs the harness's warp access model")
+    base, anchors, head, hidden, confidence, temps = make_triton_case(kind, 3, 2, 1024, 64, 16, torch.bfloat16,
+                                                                      "mixed", conf, seed=8)
+    kw = dict(hidden=hidden if kind != "vanilla" or confidence is not None else None, confidence=confidence,
+              temperature=temps, seed=1, top_k=32, return_logits=True)
+    with simt.record(access=True) as rec:
+        out = dk.draft_block(base, anchors, head, backend="cuda", **kw)
+    assert rec.kernels() == ["draft_topk_select", "draft_topk_walk"]
+    check_launches(rec.launches[1:])
+    select = rec.launches[0]
+    assert select["global_sectors"] <= 1.05 * select["global_sectors_ideal"], select
+    assert torch.equal(out.tokens, dk.draft_block(base, anchors, head, backend="reference", **kw).tokens)
+
+
 def topk_opcheck(backend):
     base, anchors, head, _, _, _ = make_triton_case("vanilla", 2, 3, 40, 4, 3, torch.float32, "greedy", "none")
     for return_logits in (True, False):

@@ -207,11 +207,16 @@ DSPARK_DEVICE float row_dot(const void* a, DType ta, const void* b, DType tb, in
   return warp_sum(acc);
 }
 
-// One warp: row . z over `len` elements of a row of any dtype (an fp8 W2's too; z in shared memory); every lane gets
-// the sum (the top-k walk).
+// One warp: row . z over `len` elements of a row of any dtype (an fp8 W2's too; z in shared memory), consecutive
+// lanes on consecutive elements (whole sectors of the row, conflict-free reads of z); every lane gets the sum (the
+// top-k walk).
 DSPARK_DEVICE float warp_dot(const void* row, DType t, int64_t len, const float* z, int lane) {
   float acc = 0.0f;
-  for_each_element(row, t, 0, len, lane, 32, [&](int64_t i, float w) { acc = fmaf(w, z[i], acc); });
+  for (int64_t i = lane; i < len; i += 32) {
+    const float w = t == DType::kFloat8E4M3 ? to_float(ldg(static_cast<const __nv_fp8_e4m3*>(row) + i))
+                                            : load_float(row, t, i);
+    acc = fmaf(w, z[i], acc);
+  }
   return warp_sum(acc);
 }
 

@@ -11,10 +11,12 @@
 //   draft_topk_select (a CTA a row of U, N K of them; select_row): one read of the row. Every element gets a
 //     distinct 64-bit rank key (the order key above the inverted id); the keys above a rising floor go to a shared
 //     buffer, which is cut back to its top_k (a bitonic sort) whenever the next chunk might not fit; at the end the
-//     top_k keys are sorted by id and C's ids written to the workspace.
+//     top_k keys are sorted by id and C's ids and U's values at them (a rank key holds its float) written to the
+//     workspace.
 //   draft_topk_walk (a CTA a request; walk): request n's Markov walk, K positions in order: e = W1[x],
 //     the confidence logit and survival, v (gated / rnn: a warp per output row, the inputs staged in shared
-//     memory), then a warp per candidate for W2[c] . v: top_k rows of W2 per position instead of V, read once.
+//     memory), then a warp per candidate for W2[c] . v (consecutive lanes, consecutive elements): top_k rows of W2 per
+//     position instead of V, read once.
 //     One block reduction of draft::Part over the candidates gives the winner and the softmax statistics.
 // Everything is float32; ties, NaN and -inf rules are those of the dense kernel (draft::Part).
 #pragma once
@@ -36,6 +38,7 @@ static_assert(kThreads == top_select::kThreads, "select_top runs on the whole bl
 
 struct Workspace {
   int32_t* ids;  // [N, K, top_k] the candidates' draft ids, increasing
+  float* vals;   // [N, K, top_k] U at them (from their rank keys: the walk reads them side by side, not gathered)
 };
 
 // Shared memory of the dynamic part, in floats: e, v, the rnn state, the gate / rnn input [s; e; h_k], and the
@@ -64,6 +67,7 @@ DSPARK_DRAFT_PHASE void select_row(const DraftBlockParams& p, const Workspace& w
   top_select::sort_kept(s, top, true);  // keys[0, top) hold C, by increasing id
   for (int64_t i = threadIdx.x; i < top; i += kThreads) {
     stg(ws.ids + row * top + i, static_cast<int32_t>(rank_key_id(s.keys[i])));
+    stg(ws.vals + row * top + i, top_select::rank_key_value(s.keys[i]));
   }
   __syncthreads();  // the keys are read before the next row's reset
 }
@@ -129,9 +133,9 @@ DSPARK_DRAFT_PHASE void walk(const DraftBlockParams& p, const Workspace& ws, int
     const int64_t row = n * K + k;
     __syncthreads();  // the previous position is done with zs, vv, cid and lg
     draft::gather_e(p, x, zs);
-    for (int64_t i = t; i < top; i += kThreads) {  // phase 1 wrote them before the grid barrier
+    for (int64_t i = t; i < top; i += kThreads) {  // draft_topk_select wrote them (the launch before)
       cid[i] = ld_coherent(ws.ids + row * top + i);
-      lg[i] = load_float(p.base, p.base_dtype, row * p.V + cid[i]);
+      lg[i] = ld_coherent(ws.vals + row * top + i);
     }
     __syncthreads();
     draft::confidence(p, n, k, zs, sum_scratch);
@@ -180,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1) draft_topk_walk_kernel(DraftBlock
 #endif  // __CUDACC__ || DSPARK_SIMT
 
 inline size_t workspace_bytes(const DraftBlockParams& p) {
-  return size_t(p.N) * size_t(p.K) * size_t(p.top_k) * sizeof(int32_t);
+  return size_t(p.N) * size_t(p.K) * size_t(p.top_k) * (sizeof(int32_t) + sizeof(float));
 }
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
@@ -193,6 +197,7 @@ inline cudaError_t dispatch(const DraftBlockParams& p, void* workspace, cudaStre
   if (workspace == nullptr) return cudaSuccess;
   Workspace ws;
   ws.ids = static_cast<int32_t*>(workspace);
+  ws.vals = reinterpret_cast<float*>(ws.ids + p.N * p.K * p.top_k);
   LaunchConfig cfg;
   cfg.grid = dim3(static_cast<unsigned>(std::min<int64_t>(p.N * p.K, int64_t(1) << 30)));
   cfg.block = dim3(kThreads);
