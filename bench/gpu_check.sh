@@ -13,31 +13,34 @@
 # 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py),
 # 4. reads Nsight Compute's measured counters (duration, DRAM bytes, throughput, occupancy, warp instructions) for
 #    every launch of the headline ops at N = 1 and 64 where ncu can read the counters (bench/ncu.py, ncu.json),
-# 5. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled),
+# 5. runs the decode step end to end (bench/step.py, under 3 minutes: a Qwen3-8B-shaped target alone against the
+#    speculative step, both CUDA-graphed, acceptance forced; <machine>_step.json),
+# 6. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled),
 #    draft_block and verify_chain first (GPU_CHECK_OPS: which ops, in order), with whatever time is left,
-# 6. with GPU_CHECK_VARIANTS="NAME:CONSTANT=VALUE ...": an A/B of tuning constants on the same GPU. Each variant is
+# 7. with GPU_CHECK_VARIANTS="NAME:CONSTANT=VALUE ...": an A/B of tuning constants on the same GPU. Each variant is
 #    a copy of the checkout with one `constexpr` of csrc/include/dspark changed, built just in time while the tests
 #    run; draft_block's CUDA rows (bf16, greedy; GPU_CHECK_VARIANT_N: which N) run on each after the main build's,
 #    then its GPU tests of draft_block with what time is left (variant_NAME.{json,csv}, variant_NAME_tests.log),
 # and writes everything (logs, JUnit XML, sanitizer logs, ptxas.json, the bench JSON / CSV / PNGs, summary.txt)
 # into OUTDIR. Exit status 1 if any step failed. Nothing here installs torch or triton or assumes their versions.
 #
-# What is missing on the GPU machine travels as wheels in .whl/ (ignored by git; 64 MiB at most): fetch them on a
-# machine with network with `bash bench/gpu_check.sh --fetch-wheels [PYTHON_VERSION]` (pytest, matplotlib and
-# compute-sanitizer from the nvidia-cuda-sanitizer-api wheel); they are used only where the machine lacks them.
+# What is missing on the GPU machine travels as wheels in .whl/ (ignored by git; carried with the call, 64 MiB at
+# most): fetch them on a machine with network with `bash bench/gpu_check.sh --fetch-wheels [PYTHON_VERSION]` (default
+# 3.12, the GPU image's): FlashInfer (the peer of verify_chain; its kernels compile on first use there, in the
+# background while the tests run) and the one package it needs that the image lacks. pytest, matplotlib and
+# compute-sanitizer are in the image; a wheel is used only where the machine lacks the package.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python3 || command -v python)}
 
+FLASHINFER=${GPU_CHECK_FLASHINFER:-flashinfer-python==0.6.0}
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
-  pyver=${2:-$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')}
+  pyver=${2:-3.12}
   mkdir -p .whl
-  "$PY" -m pip download --dest .whl --only-binary=:all: --python-version "$pyver" --platform manylinux2014_x86_64 \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 "pytest>=8,<10" "matplotlib>=3.7"
-  "$PY" -m pip download --dest .whl --no-deps --only-binary=:all: --platform manylinux_2_25_x86_64 \
-    --python-version "$pyver" "nvidia-cuda-sanitizer-api>=13.0,<13.1"
-  rm -f .whl/numpy-*.whl   # the GPU machine has numpy with its torch
+  "$PY" -m pip download --dest .whl --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 \
+    "$FLASHINFER" "apache-tvm-ffi>=0.1.6,<0.2"
   du -sh .whl
   exit 0
 fi
@@ -135,6 +138,25 @@ fi
   > "$OUT/build_info.json" 2>> "$OUT/build.log")
 tail -3 "$OUT/build.log"
 record build "$rc" $(( $(date +%s) - t )) "$how; log build.log, build_info.json"
+
+# FlashInfer, the peer of verify_chain: from .whl/ (--no-deps: the image has the rest it needs for sampling), its
+# chain_speculative_sampling compiled (JIT, nvcc) in the background while the tests run
+if ! "$PY" -c "import flashinfer" 2>/dev/null && compgen -G ".whl/flashinfer_python-*.whl" > /dev/null; then
+  "$PY" -m pip install --no-index --no-deps --quiet .whl/flashinfer_python-*.whl .whl/apache_tvm_ffi-*.whl \
+    > "$OUT/flashinfer.log" 2>&1 || echo "gpu_check: FlashInfer did not install (flashinfer.log)"
+fi
+( cd "$RUN" && timeout "$(cap 300)" "$PY" - >> "$OUT/flashinfer.log" 2>&1 <<'EOF'
+import torch
+from flashinfer.sampling import chain_speculative_sampling
+b, k, v = 2, 3, 1024
+q = torch.softmax(torch.randn(b, k, v, device="cuda"), -1)
+p = torch.softmax(torch.randn(b, k + 1, v, device="cuda"), -1)
+chain_speculative_sampling(q, torch.randint(0, v, (b, k), device="cuda", dtype=torch.int32), p)
+torch.cuda.synchronize()
+print("flashinfer: chain_speculative_sampling compiled and ran")
+EOF
+  echo $? > "$OUT/flashinfer.rc" ) &
+FLASHINFER_PID=$!
 
 # the variants build in the background while the tests run (each in its own copy and extension folder)
 VARIANTS=(${GPU_CHECK_VARIANTS:-})
@@ -242,7 +264,15 @@ else
   fi
 fi
 
-step "5. bench/run.py --full on the headline shapes"
+step "5. the decode step end to end (bench/step.py: a Qwen3-8B-shaped target alone against the speculative step)"
+# both CUDA-graphed, random weights on the device, acceptance forced (tau 1, 3.6, 6.2), batch 1, 8, 64
+t=$(date +%s)
+timeout "$(cap 180)" "$PY" bench/step.py --out-dir "$OUT" > "$OUT/step.log" 2>&1
+rc=$?
+tail -12 "$OUT/step.log"
+record "decode step" "$rc" $(( $(date +%s) - t )) "$(cd "$OUT" && ls ./*_step.json 2>/dev/null | head -1), step.log"
+
+step "6. bench/run.py --full on the headline shapes"
 # the kernels this project is judged by first; the time budget leaves out the tail. The SIMT structural report and
 # the tiny-model end-to-end rows need no GPU: a CPU machine runs them
 BENCH_OPS=${GPU_CHECK_OPS:-"draft_block verify_chain accept_prefix_scan schedule_verify_lens rng_uniform \
@@ -251,6 +281,8 @@ RESERVE=0
 [[ -n "$PTXAS_PID" ]] && wait "$PTXAS_PID" 2>/dev/null
 record "ptxas table" "$(cat "$OUT/check_cuda.rc" 2>/dev/null || echo 1)" - "tools/check_cuda.py --json: ptxas.json, check_cuda.log"
 "$PY" -c "import matplotlib" 2>/dev/null || pip_offline matplotlib || echo "gpu_check: no matplotlib: no plots"
+wait "$FLASHINFER_PID" 2>/dev/null
+record flashinfer "$(cat "$OUT/flashinfer.rc" 2>/dev/null || echo 1)" - "$(tail -1 "$OUT/flashinfer.log" 2>/dev/null)"
 t=$(date +%s)
 budget=$(( $(left) - 40 - ${#VARIANTS[@]} * VARIANT_SECONDS ))
 if (( budget < 30 )); then
@@ -265,7 +297,7 @@ else
 fi
 
 if (( ${#VARIANTS[@]} > 0 )); then
-  step "6. the variants: draft_block's CUDA rows on each, then their draft_block GPU tests"
+  step "7. the variants: draft_block's CUDA rows on each, then their draft_block GPU tests"
   (( ${#VARIANT_PIDS[@]} )) && wait "${VARIANT_PIDS[@]}"  # their builds
   VN=${GPU_CHECK_VARIANT_N:-1 8 64 256}
   for v in "${VARIANTS[@]}"; do

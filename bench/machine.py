@@ -18,12 +18,22 @@ import dspark_kernels as dk
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(cmd, cwd=ROOT, timeout=10) -> Optional[str]:
+def _run(cmd, cwd=ROOT, timeout=10, strip=True) -> Optional[str]:
     try:
         p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-        return p.stdout.strip() if p.returncode == 0 else None
+        return (p.stdout.strip() if strip else p.stdout) if p.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+KERNEL_SOURCES = ("csrc/", "dspark_kernels/")  # a GPU record counts only if none of these differ from its commit
+
+
+def dirty_paths(cwd: str = ROOT) -> list:
+    """The tracked files of the checkout at ``cwd`` that differ from HEAD (staged or not), sorted; [] outside a git
+    checkout."""
+    out = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, strip=False) or ""
+    return sorted(line[3:].split(" -> ")[-1] for line in out.splitlines() if len(line) > 3)
 
 
 def _cpu_model() -> str:
@@ -52,7 +62,7 @@ def machine_info(dev) -> dict:
     except AttributeError:
         cores_usable = os.cpu_count()
     commit = _run(["git", "rev-parse", "HEAD"])
-    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"])
+    dirty = dirty_paths()
     info = dict(
         device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         device_type=dev.type,
@@ -63,6 +73,8 @@ def machine_info(dev) -> dict:
         torch=torch.__version__, triton=triton_version, cuda=torch.version.cuda,
         numpy=_version("numpy"), flashinfer=_version("flashinfer"), dspark_kernels=dk.__version__,
         git_commit=commit or "unknown", git_dirty=bool(dirty) if commit else None,
+        git_dirty_paths=dirty if commit else None,
+        kernel_sources_clean=not any(p.startswith(KERNEL_SOURCES) for p in dirty) if commit else None,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
     if dev.type == "cuda":

@@ -6,7 +6,7 @@ import csv
 import json
 import os
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from cases import CASE_KEYS, OPS, QWEN3_VOCAB
 
@@ -95,10 +95,12 @@ def print_structural(rows: List[dict], file=sys.stdout) -> None:
 
 
 def print_e2e(rows: List[dict], file=sys.stdout) -> None:
-    print("\nend to end (decode loop against the target alone; the split is the speculative loop's phases)", file=file)
+    print("\nend to end (decode loop against the target alone; the split is the speculative loop's phases; FORCED "
+          "acceptance rows are bench/step.py's, whose drafts are the target's own continuation)", file=file)
+    width = max([30] + [len(r["name"]) for r in rows])
     for r in rows:
         if "status" in r:
-            print(f"  {r['name']:<30} {r['status']}", file=file)
+            print(f"  {r['name']:<{width}} {r['status']}", file=file)
             continue
         extra = ""
         if "split_s" in r:
@@ -107,7 +109,9 @@ def print_e2e(rows: List[dict], file=sys.stdout) -> None:
             extra = "  step " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["split_share"].items())
         if "same_tokens_as_target" in r:
             extra += f"  same tokens as target: {r['same_tokens_as_target']}"
-        print(f"  {r['name']:<30} {r['tokens_per_second']:>9.1f} tok/s  acceptance {r['acceptance_length']:.2f}  "
+        if "floor_ratio" in r:
+            extra = f"  step {r['step_ms']:.2f} ms, {r['floor_ratio']:.2f}x its weights-read floor"
+        print(f"  {r['name']:<{width}} {r['tokens_per_second']:>9.1f} tok/s  acceptance {r['acceptance_length']:.2f}  "
               f"x{r['speedup']:.2f} vs target alone{extra}", file=file)
 
 
@@ -135,6 +139,18 @@ def _slice(rows: List[dict], op: str) -> tuple:
     return fixed, sel
 
 
+def series(sel: List[dict]) -> Dict[str, List[dict]]:
+    """The rows of one panel as lines, one per configuration: the backend and every case parameter but N that takes
+    more than one value among the rows (fp8 W2, top-k, ...), so no line joins two configurations at the same N.
+    Each line's rows are in N order; its label names the backend and those parameters."""
+    varying = [k for k in CASE_KEYS if k != "N" and len({str(r.get(k)) for r in sel}) > 1]
+    lines: Dict[str, List[dict]] = {}
+    for r in sorted(sel, key=lambda r: (r["backend"], [str(r.get(k)) for k in varying], r["N"])):
+        label = " ".join([r["backend"]] + [f"{k}={r.get(k)}" for k in varying])
+        lines.setdefault(label, []).append(r)
+    return lines
+
+
 def plot(rows: List[dict], copy_gbps: float, time_path: str, floor_path: str, title: str) -> Optional[str]:
     try:
         import matplotlib
@@ -155,14 +171,13 @@ def plot(rows: List[dict], copy_gbps: float, time_path: str, floor_path: str, ti
             ax.set_visible(False)
         for ax, op in zip(axes.flat, ops):
             fixed, sel = _slice(rows, op)
-            for b in sorted({r["backend"] for r in sel}):
-                pts = sorted((r["N"], r[metric]) for r in sel if r["backend"] == b and r.get(metric) is not None)
+            for label, line in series(sel).items():
+                pts = [(r["N"], r[metric]) for r in line if r.get(metric) is not None]
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=b)
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
                     if metric == "median_ms":
-                        lo = [r["p25_ms"] for r in sorted(sel, key=lambda r: r["N"]) if r["backend"] == b]
-                        hi = [r["p75_ms"] for r in sorted(sel, key=lambda r: r["N"]) if r["backend"] == b]
-                        ax.fill_between([p[0] for p in pts], lo, hi, alpha=0.2)
+                        ax.fill_between([r["N"] for r in line], [r["p25_ms"] for r in line],
+                                        [r["p75_ms"] for r in line], alpha=0.2)
             ax.set_xscale("log", base=2)
             ns = sorted({r["N"] for r in sel})
             ax.set_xticks(ns)

@@ -20,8 +20,10 @@ previous tokens' W1 rows by W2^T plus U[:, k], then argmax, the K positions in o
 the confidence head); a peer that is missing is a row saying so.
 
 Also: a structural report (per op, bytes moved by the CUDA kernels under the SIMT harness against the floor, CTAs
-at N = 1, registers and spills from ptxas via ``tools/check_cuda.py --json``) and an end-to-end row (the decode
-loop's tokens/s, acceptance length and time split against the target decoding alone on the same prompts).
+at N = 1, registers and spills from ptxas via ``tools/check_cuda.py --json``) and end-to-end rows (the decode
+loop's tokens/s, acceptance length and time split against the target decoding alone on the same prompts; and the
+CUDA-graphed decode step of ``bench/step.py`` with acceptance FORCED, at batch 1 and 8 and 64 new tokens on a GPU,
+its tiny shape on the CPU).
 
 Modules: ``cases.py`` (shapes, inputs, calls, peers), ``timing.py`` (the timer, copy bandwidth, a case's rows),
 ``machine.py`` (machine facts), ``structural.py`` (the SIMT / ptxas report), ``e2e.py`` (the decode loop),
@@ -48,7 +50,7 @@ if os.environ.get("DSPARK_USE_INSTALLED") != "1":  # bench/gpu_check.sh sets it 
     sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from cases import BACKENDS, DTYPES, GRIDS, OPS, backends_for, cases_for, flashinfer_runner  # noqa: E402
-from e2e import end_to_end, smollm2_rows  # noqa: E402
+from e2e import decode_step_rows, end_to_end, smollm2_rows  # noqa: E402
 from machine import machine_id, machine_info  # noqa: E402
 from output import SCHEMA, case_str, fmt_bytes, fmt_time, print_e2e, print_structural, print_table  # noqa: E402
 from output import write_outputs  # noqa: E402
@@ -115,15 +117,21 @@ def time_grid(ops, backends, grid, preset, dev, timer, copy_gbps, fi, time_budge
     return rows, left_out
 
 
-def run_e2e(dev, preset: str) -> List[dict]:
-    try:
-        rows = end_to_end(dev, preset)
-        if dev.type == "cpu":
-            rows += smollm2_rows(preset)
-        print_e2e(rows)
-    except Exception as e:  # noqa: BLE001 - the record keeps the failure
-        rows = [dict(name="end to end", error=f"{type(e).__name__}: {e}"[:300])]
-        print(f"\nend to end: failed: {rows[0]['error']}")
+def run_e2e(dev, preset: str, copy_gbps: float) -> List[dict]:
+    """The end-to-end rows: tiny models, SmolLM2 on the CPU, and the decode step (``e2e.decode_step_rows``); a part
+    that fails is a row saying so."""
+    parts = [("end to end", lambda: end_to_end(dev, preset))]
+    if dev.type == "cpu":
+        parts.append(("SmolLM2-135M bf16", lambda: smollm2_rows(preset)))
+    parts.append(("decode step", lambda: decode_step_rows(dev, copy_gbps)))
+    rows = []
+    for name, make in parts:
+        try:
+            rows += make()
+        except Exception as e:  # noqa: BLE001 - the record keeps the failure
+            rows.append(dict(name=name, error=f"{type(e).__name__}: {e}"[:300]))
+            print(f"\n{name}: failed: {rows[-1]['error']}")
+    print_e2e([r for r in rows if "error" not in r])
     return rows
 
 
@@ -158,7 +166,7 @@ def main(argv=None) -> int:
     structural = [] if args.no_structural else structural_report(ops, args.ptxas_json)
     if structural:
         print_structural(structural)
-    e2e = [] if args.no_e2e else run_e2e(dev, preset)
+    e2e = [] if args.no_e2e else run_e2e(dev, preset, cb["gbps"])
     settings = dict(preset=preset, grid=grid, ops=ops, backends=backends, timing=timing,
                     min_reps=timer.min_reps, max_reps=timer.max_reps, min_time_s=timer.min_time,
                     time_budget_s=args.time_budget, left_out=left_out, argv=sys.argv[1:] if argv is None else argv,

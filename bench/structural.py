@@ -44,8 +44,10 @@ def _access(launches: List[dict]) -> dict:
         return {}
     total = {k: sum(int(ln[k]) for ln in launches) for k in
              ("global_sectors", "global_sectors_ideal", "shared_wavefronts", "shared_wavefronts_ideal")}
-    return dict(sectors_over_ideal=round(total["global_sectors"] / max(total["global_sectors_ideal"], 1), 3),
-                wavefronts_over_ideal=round(total["shared_wavefronts"] / max(total["shared_wavefronts_ideal"], 1), 3))
+    def ratio(got, ideal):  # 1.0 where a launch makes no such access at all
+        return round(total[got] / total[ideal], 3) if total[ideal] else (1.0 if not total[got] else float("inf"))
+    return dict(sectors_over_ideal=ratio("global_sectors", "global_sectors_ideal"),
+                wavefronts_over_ideal=ratio("shared_wavefronts", "shared_wavefronts_ideal"))
 
 
 def structural_report(ops: List[str], ptxas_path: Optional[str]) -> List[dict]:

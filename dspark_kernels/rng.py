@@ -125,8 +125,12 @@ def make_rng_key(seed, offset, device) -> torch.Tensor:
     ``seed`` and ``offset`` are Python ints or int64 / int32 tensors with one element. Two ints give a CPU tensor:
     no launch builds it, and the kernels take its values by value. A tensor (on any device; a CUDA-graph replay can
     bump an offset tensor in place) gives a key on ``device`` that the kernels read there: ``torch.cat`` of the two
-    (an int is written with ``torch.full``), a launch or two and no copy to the host.
+    (an int is written with ``torch.full``), a launch or two and no copy to the host. Two int64 tensors on
+    ``device`` that are consecutive elements of one array (``key[0:1]`` and ``key[1:2]`` of an int64 ``[2]`` key,
+    as a CUDA-graph step keeps it) give that ``[2]`` view itself: no launch at all.
     """
+    if _adjacent_on(seed, offset, device):
+        return seed.as_strided((2,), (1,))
     ints = []
     for name, value in (("seed", seed), ("offset", offset)):
         if isinstance(value, torch.Tensor):
@@ -146,6 +150,20 @@ def make_rng_key(seed, offset, device) -> torch.Tensor:
              else v.reshape(1).to(device=device, dtype=torch.int64, non_blocking=True)
              for i, v in zip(ints, (seed, offset))]
     return torch.cat(parts)
+
+
+def _adjacent_on(seed, offset, device) -> bool:
+    """Whether seed and offset are one-element int64 tensors on ``device``, offset the element right after seed
+    (never while torch.compile traces: it has no storage addresses, and the concatenation is its own)."""
+    if not (isinstance(seed, torch.Tensor) and isinstance(offset, torch.Tensor)) or torch.compiler.is_compiling():
+        return False
+    if seed.numel() != 1 or offset.numel() != 1 or seed.dtype != torch.int64 or offset.dtype != torch.int64:
+        return False
+    dev = torch.device(device)
+    if seed.device.type != dev.type or (dev.index is not None and seed.device != dev) or offset.device != seed.device:
+        return False
+    same = seed.untyped_storage().data_ptr() == offset.untyped_storage().data_ptr()
+    return same and offset.data_ptr() == seed.data_ptr() + 8
 
 
 def _key_parts(rng_key: torch.Tensor):

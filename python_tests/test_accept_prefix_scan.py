@@ -561,8 +561,8 @@ def test_cuda_cooperative_chunks(cuda_device, simt_check):
 
 def test_cuda_cooperative_grid_follows_registers(cuda_device):
     """The cooperative grid is as many CTAs as the SMs hold at once, registers included: at 4000 requests on one SM,
-    6 CTAs by the largest chunk's shared memory alone, 4 at 64 registers a thread (65536 / (64 x 256)); the result
-    is the same."""
+    5 CTAs by the largest chunk's shared memory alone (40 bytes a request), 4 at 64 registers a thread
+    (65536 / (64 x 256)); the result is the same."""
     if cuda_device.type != "cpu":
         pytest.skip("the SM count and register table are the SIMT harness's settings")
     from dspark_kernels import simt
@@ -573,7 +573,7 @@ def test_cuda_cooperative_grid_follows_registers(cuda_device):
         with simt.record() as rec:
             _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)
         (launch,) = rec.launches
-        assert launch["registers"] is None and launch["ctas"] == 6
+        assert launch["registers"] is None and launch["ctas"] == 5
         simt.configure(registers=[(launch["symbol"], 64)])
         with simt.record() as rec:
             _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)
@@ -600,10 +600,11 @@ def test_cuda_65536_requests(cuda_device):
         with simt.record(sm_count=16) as rec:
             o = _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)
         (launch,) = rec.launches
-        # the plan sizes for the largest chunk's shared memory: 6 CTAs per SM; 4 at the GPU build's 64 registers
-        # (when the SASS report is loaded); 65536 requests then split evenly over the resident CTAs
-        per_sm = 6 if launch["registers"] is None else min(6, sass_tool().resident_ctas(launch["registers"], 256, 0))
-        assert launch["ctas"] == 16 * per_sm and launch["grid_barriers"] == 1
+        # the plan sizes for the largest chunk's shared memory: 5 CTAs per SM; 4 at the GPU build's 64 registers
+        # (when the SASS report is loaded); 65536 requests then split over the resident CTAs in chunks of whole
+        # warps of requests (so the last resident CTA may go unused)
+        per_sm = 5 if launch["registers"] is None else min(5, sass_tool().resident_ctas(launch["registers"], 256, 0))
+        assert 16 * per_sm - 1 <= launch["ctas"] <= 16 * per_sm and launch["grid_barriers"] == 1
     else:
         o = _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)
     assert int(o.cu_out[-1]) > 2 ** 17
@@ -623,7 +624,7 @@ def test_cuda_bytes_and_launches(cuda_device):
     with simt.record() as rec:
         dk.accept_prefix_scan(tokens, seq, backend="cuda", **kw)
     (launch,) = rec.launches
-    assert launch["ctas"] == 1 and launch["threads"] == 1024 and not launch["cooperative"]
+    assert launch["ctas"] == 1 and launch["threads"] == 256 and not launch["cooperative"]
     slots = n * (k + 1)
     written = 4 * (n + 1) + 8 * slots + 4 * n + 8 * n + 4 * slots + 8 * slots + n
     assert launch["bytes_written"] == written == launch["unique_bytes_written"]
@@ -703,3 +704,48 @@ def test_cuda_random_cases(cuda_device, first, stop):
             kw["stop_token_ids"] = torch.randint(0, 60, (int(torch.randint(0, 71, (1,), generator=g)),), generator=g)
         if case >= first:
             _cuda_vs_reference(cuda_device, lambda f: f(), tokens, seq, **kw)
+
+
+def _decode_step_inputs(g, n, k):
+    """What a decode step hands the scan: verify_chain's tokens (accepted drafts, the bonus, -1 after), its accept
+    counts, the verify batch's row offsets, length limits, a stop token."""
+    n_acc = torch.randint(0, k + 1, (n,), generator=g)
+    tokens = torch.randint(0, 1000, (n, k + 1), generator=g)
+    tokens[torch.arange(k + 1).view(1, -1) > n_acc.view(-1, 1)] = -1
+    lens = torch.randint(0, k + 1, (n,), generator=g).maximum(n_acc)
+    vcu = torch.cat([torch.zeros(1, dtype=I64), (lens + 1).cumsum(0)]).to(I32)
+    seq = torch.randint(1, 500, (n,), generator=g).to(I32)
+    mask = torch.arange(k).view(1, -1) < n_acc.view(-1, 1)
+    mask |= (torch.rand(n, k, generator=g) < 0.5) & (torch.arange(k).view(1, -1) > n_acc.view(-1, 1))
+    kw = dict(verify_cu_seqlens=vcu, max_seq_lens=seq + 300, stop_token_ids=t([7]))
+    return tokens, seq, n_acc, mask, kw
+
+
+@pytest.mark.parametrize("n,k", [(1, 7), (32, 7), (256, 7), (256, 15)])
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_cuda_access(cuda_device, n, k, use_mask):
+    """The harness's access rule (python_tests/access.py) on the decode shapes: every per-request load and store
+    covers 32 consecutive requests, the tokens and the accept mask are read a warp's contiguous span at a time
+    (the mask 16 bytes a lane), shared memory has no bank conflict. The packed outputs start at a
+    data-dependent offset, so a warp's store may touch one sector more than its bytes need: those lines are held to
+    1.5x (a 64-byte run across a sector boundary is 3 sectors for 2), and the whole launch to one extra sector per
+    store instruction. One launch, one CTA, every input read once (but the verify row offset a warp's last lane
+    loads beside the next warp's first), every output written once."""
+    if cuda_device.type != "cpu":
+        pytest.skip("the harness's counters")
+    from access import ideal_access
+    g = torch.Generator().manual_seed(n + k + use_mask)
+    tokens, seq, n_acc, mask, kw = _decode_step_inputs(g, n, k)
+    kw.update(accept_mask=mask) if use_mask else kw.update(num_accepted=n_acc)
+    out, rec = ideal_access(lambda: dk.accept_prefix_scan(tokens, seq, backend="cuda", **kw), sector_slack=1.5)
+    ref = dk.accept_prefix_scan(tokens, seq, backend="reference", **kw)
+    assert all(torch.equal(a, b) for a, b in zip(out, ref) if a is not None)
+    (launch,) = rec.launches
+    assert launch["ctas"] == 1 and launch["grid_barriers"] == 0 and not launch["cooperative"]
+    assert launch["barriers"] == 5  # per request, per slot, the scan, per slot, per request
+    assert launch["global_sectors"] <= launch["global_sectors_ideal"] + launch["global_instructions"]
+    inputs = sum(x.numel() * x.element_size() for x in [tokens, seq] + [v for v in kw.values()])
+    assert launch["unique_bytes_read"] == inputs
+    assert launch["bytes_read"] == inputs + 4 * ((n - 1) // 32)
+    slots = n * (k + 1)
+    assert launch["bytes_written"] == launch["unique_bytes_written"] == 4 * (n + 1) + 12 * slots + 13 * n

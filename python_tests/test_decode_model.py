@@ -3,12 +3,14 @@
 import pytest
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dspark_kernels.decode.checkpoint import load_target, save_target
 from dspark_kernels.decode.decoder import SpeculativeDecoder
 from dspark_kernels.decode.hf_target import HFTarget
 from dspark_kernels.decode.model import greedy_reference
-from dspark_kernels.decode.testing import OracleDrafter, tiny_drafter_config, tiny_target
+from dspark_kernels.decode.kv_cache import sdpa_gqa
+from dspark_kernels.decode.testing import OracleDrafter, tiny_drafter, tiny_drafter_config, tiny_target
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -94,3 +96,75 @@ def test_hf_adapter_as_target():
     assert res.stats.acceptance_length > 1.5
     with pytest.raises(ValueError, match="single request"):
         dec.generate([prompt, prompt], 4)
+
+
+def _block_over_concatenated_keys(dr, anchor, anchor_pos, kv_len):
+    """The drafter's block forward with each layer's keys ``[context (positions < kv_len); block]`` concatenated,
+    the context masked at ``anchor_pos``: the meaning ``forward_block`` computes over its cache in place."""
+    n, k_len = anchor.shape[0], dr.block_size
+    ids = torch.full((n, k_len), dr.config.mask_token_id)
+    ids[:, 0] = anchor
+    x = dr.embed_tokens(ids)
+    pos = anchor_pos.view(n, 1) + torch.arange(k_len)
+    slots = dr.cache.slots(torch.arange(n).view(n, 1).expand(n, kv_len), torch.arange(kv_len).expand(n, kv_len))
+    ctx = torch.arange(kv_len).view(1, -1) < anchor_pos.view(n, 1)
+    mask = torch.cat([ctx, ctx.new_ones(n, k_len)], 1).view(n, 1, 1, -1)
+    inv_freq = dr.rope(x.device)
+    for i, layer in enumerate(dr.layers):
+        attn, hx = layer.self_attn, layer.input_layernorm(x)
+        q = attn.project_q(hx, pos, inv_freq).transpose(1, 2)
+        kb, vb = attn.project_kv(hx, pos, inv_freq)
+        kc, vc = dr.cache.gather(i, slots)
+        o = sdpa_gqa(q, torch.cat([kc, kb.transpose(1, 2)], 2), torch.cat([vc, vb.transpose(1, 2)], 2), mask,
+                     attn.d ** -0.5)
+        x = x + attn.o_proj(o.transpose(1, 2).flatten(2))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    h = dr.norm(x)
+    return h @ dr.draft_lm_head.t(), h
+
+
+class _Copies(TorchDispatchMode):
+    """The largest output of an op that copies (cat, index_select, clone, dtype conversion)."""
+    COPIES = ("aten::cat", "aten::index_select", "aten::clone", "aten::_to_copy", "aten::gather")
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.name() in self.COPIES:
+            self.largest = max(self.largest, out.numel())
+        return out
+
+
+@pytest.mark.parametrize("shuffle", [None, 2])
+def test_drafter_block_attends_over_its_cache_in_place(shuffle):
+    """forward_block writes the block's K/V at the block's positions and attends over the cache: the same logits as
+    keys [context; block] concatenated (ragged anchors, a loose host bound), the context untouched, the block's
+    rows written; on a contiguous cache no op copies anything near the context's size."""
+    target = tiny_target(seed=0)
+    dr = tiny_drafter(target, block_size=4)
+    cache = target.alloc_cache(3, 64, block_size=4, shuffle_seed=shuffle)
+    dr.alloc_cache(cache)
+    g = torch.Generator().manual_seed(0)
+    dr.cache.k.normal_(generator=g)
+    dr.cache.v.normal_(generator=g)
+    anchor, anchor_pos, kv_len = torch.tensor([5, 9, 30]), torch.tensor([40, 7, 52]), 56
+    want_u, want_h = _block_over_concatenated_keys(dr, anchor, anchor_pos, kv_len)
+    before = dr.cache.k.clone()
+    copies = _Copies()
+    with torch.no_grad(), copies:
+        u, h = dr.forward_block(anchor, anchor_pos, kv_len)
+    torch.testing.assert_close(u, want_u, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h, want_h, rtol=1e-5, atol=1e-5)
+    for r, p in enumerate(anchor_pos.tolist()):
+        ctx = dr.cache.slots(torch.full((p,), r), torch.arange(p))
+        block = dr.cache.slots(torch.full((4,), r), torch.arange(p, p + 4))
+        assert torch.equal(dr.cache.k[:, ctx], before[:, ctx]) and not torch.equal(dr.cache.k[:, block],
+                                                                                    before[:, block])
+    b = dr.config.backbone
+    context = 3 * b.num_key_value_heads * b.head_dim * kv_len
+    assert copies.largest < context / 4 if shuffle is None else copies.largest >= context
+    with pytest.raises(ValueError, match="exceeds the drafter cache"):
+        dr.forward_block(anchor, anchor_pos, 61)

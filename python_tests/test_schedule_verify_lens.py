@@ -680,8 +680,10 @@ def test_cpu_n_zero_and_k_zero():
                       min_gain=0.2)
 
 
+@pytest.mark.harness_slow
 def test_cuda_no_size_cap(cuda_device):
-    """N*K = 262144 (a production batch; the Triton twin stops at 16384): the arrays move to the workspace."""
+    """N*K = 262144 (a production batch; the Triton twin stops at 16384): 128 tiles, the arrays in the workspace
+    (the default run's several-tile cases are test_cuda_random_against_reference's N = 1000)."""
     g = torch.Generator().manual_seed(9)
     table = dk.CostTable([1, 8, 32, 128, 4096, 300000], [10.0, 10.5, 14.0, 40.0, 500.0, 30000.0])
     surv = torch.cumprod(torch.rand(16384, 16, generator=g) * 0.5 + 0.5, 1)
@@ -693,7 +695,7 @@ def test_cuda_no_size_cap(cuda_device):
             o = _cuda_vs_reference(cuda_device, lambda f: f(), surv, cost_table=table, mode="argmax",
                                    budget_survival=budget)
         (launch,) = rec.launches
-        assert launch["ctas"] == 1 and launch["kernel"].endswith("global>")
+        assert launch["ctas"] == 1 and launch["kernel"].endswith("tiles>")
     else:
         o = _cuda_vs_reference(cuda_device, lambda f: f(), surv, cost_table=table, mode="argmax",
                                budget_survival=budget)
@@ -701,8 +703,9 @@ def test_cuda_no_size_cap(cuda_device):
 
 
 def test_cuda_bytes_and_launches(cuda_device):
-    """N = 256, K = 7 (the decode case): one launch, one CTA; reads = the survival + the cost table, writes =
-    verify_lens + cu_seqlens + theta (the sort and the curve stay in shared memory)."""
+    """N = 256, K = 7 (the decode case): one launch, one CTA of 512 threads (4 elements each), no grid barrier;
+    reads = the survival + the cost table, writes = verify_lens + cu_seqlens + theta (the sort and the curve stay
+    in registers and shared memory)."""
     if cuda_device.type != "cpu":
         pytest.skip("byte counters exist in the SIMT harness only")
     from dspark_kernels import simt
@@ -714,7 +717,7 @@ def test_cuda_bytes_and_launches(cuda_device):
         with simt.record() as rec:
             dk.schedule_verify_lens(surv, cost_table=TABLES[0], mode=mode, backend="cuda")
         (launch,) = rec.launches
-        assert launch["ctas"] == 1 and launch["threads"] == 256
+        assert launch["ctas"] == 1 and launch["threads"] == 512
         assert launch["bytes_read"] == n * k * 4 + c.numel() * 8 == launch["unique_bytes_read"]
         assert launch["bytes_written"] == 4 * n + 4 * (n + 1) + 4
         assert launch["grid_barriers"] == 0
@@ -832,8 +835,9 @@ def test_auto_never_picks_a_capped_backend(monkeypatch):
 @pytest.mark.parametrize("n,k", [(128, 15), (256, 8)])
 @pytest.mark.parametrize("mode", ["exact", "argmax"])
 def test_cuda_over_48k_of_shared_memory_with_static(cuda_device, n, k, mode):
-    """Dynamic shared memory under 48 KB (38416 / 40976 bytes) that passes it with the 256-thread kernel's static
-    part: a GPU refuses such a launch unless the kernel opted in to more; the harness enforces that rule."""
+    """Dynamic shared memory under 48 KB that passes it with the 512-thread kernel's static part (the cost table
+    and the scratch): a GPU refuses such a launch unless the kernel opted in to more; the harness enforces that
+    rule."""
     from dspark_kernels import simt
     g = torch.Generator().manual_seed(n * k)
     s = torch.cumprod(torch.rand(n, k, generator=g) * 0.8 + 0.2, dim=1)
@@ -843,4 +847,38 @@ def test_cuda_over_48k_of_shared_memory_with_static(cuda_device, n, k, mode):
     with simt.record() as rec:
         _cuda_vs_reference(cuda_device, lambda f: f(), s, cost_table=LINEAR_TABLE, mode=mode)
     (r,) = rec.launches
-    assert r["threads"] == 256 and r["dynamic_smem"] < 48 * 1024 < r["dynamic_smem"] + r["static_smem"]
+    assert r["threads"] == 512 and r["dynamic_smem"] < 48 * 1024 < r["dynamic_smem"] + r["static_smem"]
+
+
+# a measured-looking cost table (flat to 64 tokens, then rising), as profile_cost_table writes one
+PROFILE_TABLE = dk.CostTable([1, 8, 16, 32, 64, 128, 256, 512], [5.0, 5.1, 5.2, 5.4, 5.9, 7.2, 10.5, 18.0])
+
+
+@pytest.mark.parametrize("n,k", [(1, 7), (8, 7), (256, 7), (64, 16)])
+@pytest.mark.parametrize("mode", ["exact", "argmax", "budget"])
+def test_cuda_access_is_ideal(cuda_device, n, k, mode):
+    """The harness's access rule (python_tests/access.py) on the decode shapes: every warp reads 32 consecutive
+    survivals per load, no shared-memory access of the sort, the curve, the cost table or the admissions has a
+    bank conflict; one launch, one CTA, no grid barrier, the survival (and the budget) and the cost table read
+    once, only the outputs written."""
+    if cuda_device.type != "cpu":
+        pytest.skip("the harness's counters")
+    from access import ideal_access
+    g = torch.Generator().manual_seed(n * k)
+    surv = torch.cumprod(torch.rand(n, k, generator=g) * 0.3 + 0.7, dim=1)
+    kw = dict(cost_table=PROFILE_TABLE, mode="exact" if mode == "exact" else "argmax")
+    budget = torch.cumprod(torch.rand(n, k, generator=g) * 0.3 + 0.7, dim=1) if mode == "budget" else None
+    if budget is not None:
+        kw.update(budget_survival=budget, min_gain=0.05)
+    out, rec = ideal_access(lambda: dk.schedule_verify_lens(surv, backend="cuda", **kw))
+    ref = dk.schedule_verify_lens(surv, backend="reference", **kw)
+    assert torch.equal(out.verify_lens, ref.verify_lens) and torch.equal(out.cu_seqlens, ref.cu_seqlens)
+    (launch,) = rec.launches
+    assert launch["ctas"] == 1 and launch["grid_barriers"] == 0
+    # barriers: load 1, bitonic 10 at 512 threads (none in one warp), curve 1, pick 1, admissions 2; a budget's
+    # curve adds its own 13 (3 in one warp)
+    one_warp = launch["threads"] == 32
+    assert launch["barriers"] == (5 if one_warp else 15) + (0 if budget is None else (3 if one_warp else 13))
+    inputs = surv.numel() * 4 * (2 if budget is not None else 1) + len(PROFILE_TABLE.token_counts) * 8
+    assert launch["bytes_read"] == launch["unique_bytes_read"] == inputs
+    assert launch["bytes_written"] == 4 * n + 4 * (n + 1) + 4

@@ -308,12 +308,18 @@ class SpeculativeDecoder:
             raise ValueError(f"scheduler.draft_margin must be >= 0, got {scheduler.draft_margin}")
         return need
 
-    def _prefill(self, prompts: List[List[int]], max_new_tokens: int, capacity: int) -> _Batch:
-        """Allocate the caches; run the target over prompt tokens 0..P-2 (its KV and the drafter context); the last
-        prompt token of each request is its first anchor."""
+    def _prefill(self, prompts: List[List[int]], max_new_tokens: int, capacity: int,
+                 reuse_caches: bool = False) -> _Batch:
+        """Allocate the caches (or, with ``reuse_caches``, keep the target's and the drafter's, of this batch size
+        and capacity: positions past a prompt are masked until written); run the target over prompt tokens 0..P-2
+        (its KV and the drafter context); the last prompt token of each request is its first anchor."""
         dev, n, k = self.drafter.fc.weight.device, len(prompts), self.drafter.block_size
-        cache = self.target.alloc_cache(n, capacity, block_size=self.kv_block_size, shuffle_seed=self.kv_shuffle_seed)
-        self.drafter.alloc_cache(cache)
+        if reuse_caches:
+            cache = self.target.cache
+        else:
+            cache = self.target.alloc_cache(n, capacity, block_size=self.kv_block_size,
+                                            shuffle_seed=self.kv_shuffle_seed)
+            self.drafter.alloc_cache(cache)
         lens = [len(p) for p in prompts]
         context = max(lens) - 1
         if context > 0:

@@ -4,7 +4,9 @@ Backbone: context = ``hidden_norm(fc(concat of the target's hidden states at tar
 keys/values are ``[context; block]`` and its queries the block ``[anchor, MASK x (K-1)]`` at positions
 ``S-1..S+K-2``; non-causal inside the block; the context is the positions strictly before the anchor
 (``0..S-2``). Context keys/values never change once written, so they live in a paged KV cache that shares the
-target's block table: row at position p goes to the same slot in both caches. The embedding and the LM head are the
+target's block table: row at position p goes to the same slot in both caches. The block's keys/values go to the
+same cache at the block's positions (not yet committed: the commit overwrites them), so attention reads the cache
+in place. The embedding and the LM head are the
 target's (shared, not copied). Parameter names match the published ``dspark_qwen3_*_block7`` checkpoints.
 
 A drafter over a reduced vocabulary (``draft_vocab_size`` Vd < V in its config, as speculators / vLLM drafters
@@ -23,7 +25,7 @@ import torch.nn as nn
 from ..ops.draft_block import draft_to_target_from_offsets
 from . import batch_invariant
 from .batch_invariant import RowLinear
-from .kv_cache import PagedKVCache, sdpa_gqa
+from .kv_cache import PagedKVCache, attention_bias, sdpa_gqa
 from .model import MLP, Attention, ModelConfig, RMSNorm, RopeTable, init_random_
 
 MARKOV_KINDS = ("vanilla", "gated", "rnn")
@@ -197,7 +199,7 @@ class DSparkDrafter(nn.Module):
         b, w = self.config.backbone, self.fc.weight
         self.cache = PagedKVCache(b.num_hidden_layers, b.num_key_value_heads, b.head_dim, 0, target_cache.max_seq_len,
                                   block_size=target_cache.block_size, dtype=w.dtype, device=w.device,
-                                  block_table=target_cache.block_table)
+                                  block_table=target_cache.block_table, contiguous=target_cache.contiguous)
         return self.cache
 
     def write_context(self, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
@@ -208,27 +210,35 @@ class DSparkDrafter(nn.Module):
             self.cache.write(i, slots, k, v)
 
     def forward_block(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, kv_len: int):
-        """anchor ``[N]`` at positions ``anchor_pos [N]`` (context = cached positions ``< anchor_pos``, read up to
-        the host bound ``kv_len``) -> base logits ``U [N, K, Vd]`` (float32) and hidden ``h [N, K, d]``."""
+        """anchor ``[N]`` at positions ``anchor_pos [N]`` (context = cached positions ``< anchor_pos``, with
+        ``anchor_pos <= kv_len``, a host bound) -> base logits ``U [N, K, Vd]`` (float32) and hidden ``h [N, K, d]``.
+
+        The block's keys and values are written into the cache at the block's own positions ``anchor_pos ..
+        anchor_pos + K - 1`` (past the committed context: the next commit overwrites those it keeps) and every
+        layer attends over the cache in place, positions ``0 .. kv_len + K - 1``, those below ``anchor_pos + K``
+        unmasked: no copy of the context, static shapes for a fixed ``kv_len``."""
         n, k_len, dev = anchor.shape[0], self.block_size, anchor.device
+        length = kv_len + k_len
+        if length > self.cache.seq_stride:
+            raise ValueError(f"forward_block: kv_len ({kv_len}) + block ({k_len}) exceeds the drafter cache's "
+                             f"{self.cache.seq_stride} positions a request")
         ids = torch.full((n, k_len), self.config.mask_token_id, dtype=torch.long, device=dev)
         ids[:, 0] = anchor
         x = self.embed_tokens(ids).to(self.fc.weight.dtype)
         pos = anchor_pos.long().view(n, 1) + torch.arange(k_len, device=dev)
-        key_pos, inv_freq = torch.arange(kv_len, device=dev), self.rope(dev)
-        kv_slots = self.cache.slots(torch.arange(n, device=dev).view(n, 1).expand(n, kv_len),
-                                    key_pos.view(1, -1).expand(n, kv_len))
-        ctx_mask = key_pos.view(1, -1) < anchor_pos.long().view(n, 1)
-        mask = torch.cat([ctx_mask, ctx_mask.new_ones(n, k_len)], 1).view(n, 1, 1, kv_len + k_len)
+        req = torch.arange(n, device=dev).view(n, 1)
+        key_pos, inv_freq = torch.arange(length, device=dev), self.rope(dev)
+        kv_slots = self.cache.slots(req.expand(n, length), key_pos.view(1, -1).expand(n, length))
+        block_slots = self.cache.slots(req.expand(n, k_len), pos).view(-1)
+        bias = attention_bias((key_pos.view(1, -1) <= pos[:, -1:]).view(n, 1, 1, length), 1, x.dtype)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             hx = layer.input_layernorm(x)
             q = attn.project_q(hx, pos, inv_freq).transpose(1, 2)
             kb, vb = attn.project_kv(hx, pos, inv_freq)
+            self.cache.write(i, block_slots, kb.flatten(0, 1), vb.flatten(0, 1))
             kc, vc = self.cache.gather(i, kv_slots)
-            kk = torch.cat([kc.to(x.dtype), kb.transpose(1, 2)], 2)
-            vv = torch.cat([vc.to(x.dtype), vb.transpose(1, 2)], 2)
-            o = sdpa_gqa(q, kk, vv, mask, attn.d ** -0.5)
+            o = sdpa_gqa(q, kc.to(x.dtype), vc.to(x.dtype), bias, attn.d ** -0.5)
             x = x + attn.o_proj(o.transpose(1, 2).flatten(2))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         h = self.norm(x)

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kv_cache import PagedKVCache, RaggedBatch, ragged_attention, ragged_batch
+from .kv_cache import PagedKVCache, RaggedBatch, attention_bias, ragged_attention, ragged_batch, uses_row_attention
 from .batch_invariant import RowLinear
 
 
@@ -212,13 +212,17 @@ class TargetModel(nn.Module):
         return self.cache
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_q: int,
-                kv_len: int, logit_rows: Optional[torch.Tensor] = None) -> TargetOutput:
+                kv_len: int, logit_rows: Optional[torch.Tensor] = None, padded: bool = False) -> TargetOutput:
         """tokens, positions ``[T]``; rows ``cu_seqlens[r]:cu_seqlens[r+1]`` belong to request r (at most ``max_q``);
         keys cover positions ``< kv_len`` (host bound). Writes the rows' KV, returns float32 logits of
         ``logit_rows`` (all rows if None) and the hidden states after layers ``self.hidden_layer_ids``
-        (-1 = embeddings; DeepSpec's ``hidden_states[i + 1]``)."""
-        b = ragged_batch(self.cache, positions, cu_seqlens, max_q, kv_len)
+        (-1 = embeddings; DeepSpec's ``hidden_states[i + 1]``). ``padded``: rows from ``cu_seqlens[N]`` on are
+        padding (``kv_cache.ragged_batch``)."""
+        b = ragged_batch(self.cache, positions, cu_seqlens, max_q, kv_len, padded)
         x = self.embed_tokens(tokens)
+        if not uses_row_attention(x, self.cache):  # every layer's additive mask, built once
+            cfg = self.config
+            b = b._replace(bias=attention_bias(b.mask, cfg.num_attention_heads // cfg.num_key_value_heads, x.dtype))
         inv_freq = self.rope(x.device)
         keep = {i: None for i in self.hidden_layer_ids}
         if -1 in keep:

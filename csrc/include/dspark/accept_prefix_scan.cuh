@@ -1,23 +1,31 @@
 // dspark/accept_prefix_scan.cuh: verification results -> the batch's bookkeeping, in ONE launch (no torch).
 // Meaning: dspark_kernels/reference/accept_prefix_scan.py (the spec).
 //
-// Structure. The N requests are cut into G contiguous chunks of <= 1024 requests, one CTA each; the per-request
-// values of a chunk (S, verify rows, e_r, its prefix, stop flag: 36 bytes each) stay in shared memory:
-//   N <= 1024 (the launch-bound decode case): G = 1, one CTA of 1024 threads, a plain launch, no grid barrier;
+// Structure. The N requests are cut into G contiguous chunks of <= 1024 requests (a multiple of 32), one CTA each,
+// whose per-request values (S, last token, first verify row, verify rows, room, accepted drafts then the stop flag,
+// e_r, its prefix: 40 bytes each) stay in shared memory:
+//   N <= 1024 (the launch-bound decode case): G = 1, one CTA of 32 (N <= 32), 256 (N <= 256) or 1024 threads, a
+//            plain launch, no grid barrier;
 //   N > 1024: G = min(resident CTAs, N / 256) CTAs of 256 threads in a cooperative launch (N up to ~800k on an
-//            H200; 65536 -> 256 CTAs of 256 requests);
-//   phase 1: each CTA computes e_r (accepted count from num_accepted or the leading run of accept_mask, the bonus
-//            test, the length limit) for its chunk, and its chunk total; G > 1: the totals go to the workspace,
-//            one grid barrier, and every CTA reads the G totals (its exclusive prefix and the batch total);
-//   phase 2: a block scan of e over the chunk, then one thread per (request, emitted index i) of the chunk's dense
-//            [rows, K+1] tile, 4 slots per thread with their token and block-table loads in flight together:
-//            kept tokens (i < e_r) are written at cu_out[r] + i with their verify row and paged-KV slot; the dense
-//            slots >= cu_out[N] that fall in the chunk's tile get -1 (so every slot of out_tokens / hidden_rows /
-//            kv_slots is written exactly once, and tokens past e_r are never read); per request: cu_out[r+1],
-//            new_seq_lens, next_anchor, finished (stop tokens from shared memory when there are <= 64).
-// Integer inputs are int32 or int64 (a flag per array); all index arithmetic is 64-bit. Reads that could go out of
-// bounds with inconsistent values (num_accepted, block-table columns) are clamped or skipped as the reference
-// defines. The workspace holds the G chunk totals (int64), written before being read: no zeroing needed.
+//            H200), one grid barrier for the chunks' totals.
+// Phases (one barrier after each; the decode case has 5):
+//   A. per request, 32 consecutive requests a warp, every load coalesced: S, the length limit, the verify rows
+//      (cu[r] loaded by lane r, cu[r+1] taken from lane r+1), the accepted drafts (num_accepted, or the leading
+//      run of accept_mask: each lane reads 16 bytes of the warp's 32 rows and each row takes its bits of the
+//      lanes holding it by two shuffles);
+//   B. per verify slot (r, i) of the dense [rows, K+1] tile, 16 slots a thread (4 with 1024 threads) with their
+//      token loads in flight together: the slot i = n_r decides the bonus, so e_r = min(n_r + (tokens[r, n_r] >= 0),
+//      room);
+//   C. the exclusive prefix sums of e over the chunk (one block scan per 1024 requests);
+//   D. per verify slot again (the tokens still in registers when the tile fits one round of the block): kept
+//      tokens (i < e_r) are written at cu_out[r] + i with their verify row and paged-KV slot, the dense slots
+//      >= cu_out[N] that fall in the tile get -1 (every slot of out_tokens / hidden_rows / kv_slots is written
+//      exactly once); the last kept token and the stop test go to shared memory;
+//   E. per request, coalesced: cu_out (cu_out[r] by thread r; cu_out[N] by the last), new_seq_lens, next_anchor,
+//      finished.
+// Integer inputs are int32 or int64 (a flag per array); index arithmetic that can pass 2^31 is 64-bit. Reads that
+// could go out of bounds with inconsistent values (num_accepted, block-table columns) are clamped or skipped as
+// the reference defines. The workspace holds the G chunk totals (int64), written before being read.
 #pragma once
 
 #include <stdint.h>
@@ -61,13 +69,19 @@ struct AcceptPrefixScanParams {
 };
 
 namespace scan {
-constexpr int kSmallThreads = 1024;        // the single-CTA launch (N <= 1024)
 constexpr int kThreads = 256;              // the cooperative launch
-constexpr int64_t kMaxChunk = 1024;        // requests per CTA (shared memory: 36 bytes each)
+constexpr int64_t kMaxChunk = 1024;        // requests per CTA
 constexpr int64_t kSingleCtaMaxN = 1024;   // up to here: one CTA, no grid barrier
 constexpr int kMaxSmemStops = 64;
-constexpr int kUnroll = 4;                 // slots whose loads are in flight together
-constexpr size_t kSmemPerRequest = 3 * sizeof(int64_t) + 3 * sizeof(int32_t);
+// Verify slots a thread handles per round (their loads in flight together): one round covers N (K+1) slots for
+// K <= 15 at N <= the CTA's threads up to 256, and K <= 3 with 1024 threads (64 registers a thread there).
+template <int kT>
+constexpr int kSlots = kT <= 256 ? 16 : 4;
+constexpr int64_t kMaxMaskK = 16;          // accept_mask rows up to this K: 16-byte loads and shuffles
+constexpr size_t kSmemPerRequest = 2 * sizeof(int64_t) + 6 * sizeof(int32_t);
+
+// Threads of the single-CTA launch for N requests.
+DSPARK_HOST_DEVICE_FN int threads_for(int64_t n) { return n <= 32 ? 32 : (n <= 256 ? 256 : 1024); }
 
 struct Plan {
   int64_t grid, chunk;
@@ -77,171 +91,264 @@ struct Plan {
 }  // namespace scan
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
-template <int kThreads>
-__global__ void __launch_bounds__(kThreads)
-    accept_prefix_scan_kernel(AcceptPrefixScanParams p, int64_t chunk, int64_t* __restrict__ chunk_totals) {
-  DSPARK_DYNAMIC_SMEM(int64_t, smem);
-  int64_t* seq_s = smem;                     // [chunk] committed length S
-  int64_t* rs_s = smem + chunk;              // [chunk] first verify row of the request
-  int64_t* re_s = smem + 2 * chunk;          // [chunk] end of its verify rows
-  int32_t* e_s = reinterpret_cast<int32_t*>(smem + 3 * chunk);  // [chunk] emitted count
-  int32_t* cu_s = e_s + chunk;               // [chunk] exclusive prefix within the chunk
-  int32_t* fl_s = e_s + 2 * chunk;           // [chunk] an emitted token is a stop token
-  DSPARK_SHARED_ARRAY(int64_t, scratch, 32);
-  DSPARK_SHARED_ARRAY(int64_t, stops_s, scan::kMaxSmemStops);
-  constexpr int U = scan::kUnroll;
+namespace scan {
 
+// The per-request arrays of a chunk in dynamic shared memory. Values that only meet small counts are kept small:
+// the first verify row's low 32 bits (hidden_rows is int32), the verify rows and the room clamped to K+1 and K+2
+// (the emitted count is at most K+1, so comparisons with it are unchanged).
+struct Chunk {
+  int64_t *seq, *last;  // S, the last emitted token
+  int32_t *row0, *rows, *room;  // first verify row, verify rows (<= K+1), length room (<= K+2)
+  int32_t *acc;         // accepted drafts (phases A, B), then whether an emitted token is a stop token (C-E)
+  int32_t *e, *cu;      // emitted count, its prefix in the chunk
+  DSPARK_DEVICE Chunk(int64_t* smem, int64_t chunk) {
+    seq = smem;
+    last = smem + chunk;
+    row0 = reinterpret_cast<int32_t*>(smem + 2 * chunk);
+    rows = row0 + chunk;
+    room = rows + chunk;
+    acc = room + chunk;
+    e = acc + chunk;
+    cu = e + chunk;
+  }
+};
+
+// Bit b of the result: byte b of the 16 is 0.
+DSPARK_DEVICE uint32_t zero_bytes(const uint4& v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint32_t z = 0;
+DSPARK_UNROLL
+  for (int i = 0; i < 16; ++i) z |= (((w[i >> 2] >> (8 * (i & 3))) & 0xffu) == 0 ? 1u : 0u) << i;
+  return z;
+}
+
+// The leading run of True of row rw + lane of accept_mask [N, K], K <= kMaxMaskK, for the warp's rows rw ..
+// rw + 31 (rw a multiple of 32, so their 32 K bytes start on a 32-byte boundary): lane l reads the l-th 16 bytes
+// of them, and each row takes the zero bits of the (at most two) lanes holding its bytes.
+DSPARK_DEVICE int64_t mask_run(const uint8_t* mask, int64_t N, int64_t K, int64_t rw) {
+  const int lane = threadIdx.x & 31;
+  const int64_t bytes = N * K, first = rw * K, at = first + 16 * lane;
+  uint32_t zero = 0;
+  if (lane < 2 * K && at < bytes) {
+    if (at + 16 <= bytes && is_aligned16(mask)) {
+      zero = zero_bytes(ldg(reinterpret_cast<const uint4*>(mask + at)));
+    } else {
+      for (int b = 0; b < 16 && at + b < bytes; ++b) zero |= (ldg(mask + at + b) == 0 ? 1u : 0u) << b;
+    }
+  }
+  const int off = lane * static_cast<int>(K), a = off >> 4, sft = off & 15;
+  const uint32_t z0 = __shfl_sync(0xffffffffu, zero, a);
+  const uint32_t z1 = __shfl_sync(0xffffffffu, zero, a + 1 < 32 ? a + 1 : 31);
+  const uint32_t bits = ((z0 | (z1 << 16)) >> sft) & ((1u << K) - 1u);
+  return bits ? __ffs(static_cast<int>(bits)) - 1 : K;
+}
+
+// Phase A for the chunk's requests [b, b + kT): what the later phases need per request.
+template <int kT>
+DSPARK_DEVICE void load_requests(const AcceptPrefixScanParams& p, const Chunk& s, int64_t r0, int64_t cnt,
+                                 int64_t b) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int64_t rr = b + tid, r = r0 + rr, kp1 = p.K + 1;
+  const bool in = rr < cnt;
+  int64_t seq = 0, room = INT64_MAX, row0 = r * kp1, row1 = row0 + kp1;
+  if (in) {
+    seq = p.seq_lens.at(r);
+    if (p.max_seq_lens.present()) {
+      room = p.max_seq_lens.at(r) - seq;
+      room = room < 0 ? 0 : room;
+    }
+  }
+  if (p.verify_cu_seqlens.present()) {  // cu[r] by lane r, cu[r+1] from lane r+1 (lane 31 loads its own)
+    row0 = rr <= cnt && r <= p.N ? p.verify_cu_seqlens.at(r) : 0;
+    row1 = __shfl_down_sync(0xffffffffu, row0, 1);
+    if (lane == 31 && in) row1 = p.verify_cu_seqlens.at(r + 1);
+  }
+  int64_t acc = p.K;
+  if (p.num_accepted.present()) {
+    if (in) {
+      acc = p.num_accepted.at(r);
+      acc = acc < 0 ? 0 : (acc > p.K ? p.K : acc);
+    }
+  } else if (p.K <= kMaxMaskK) {
+    acc = mask_run(p.accept_mask, p.N, p.K, r - lane);
+  } else if (in) {  // long rows: every flag loaded (independent loads), the first False wins
+    for (int64_t j = 0; j < p.K; ++j)
+      if (ldg(p.accept_mask + r * p.K + j) == 0 && acc == p.K) acc = j;
+  }
+  if (in) {
+    const int64_t rows = row1 - row0;
+    s.seq[rr] = seq;
+    s.row0[rr] = static_cast<int32_t>(row0);
+    s.rows[rr] = static_cast<int32_t>(rows < 0 ? 0 : (rows > kp1 ? kp1 : rows));
+    s.room[rr] = static_cast<int32_t>(room < kp1 + 1 ? room : kp1 + 1);
+    s.acc[rr] = static_cast<int32_t>(acc);
+  }
+}
+
+// Whether token t is a stop token.
+DSPARK_DEVICE bool is_stop(const AcceptPrefixScanParams& p, const int64_t* stops_s, int64_t t) {
+  bool stop = false;
+  if (p.num_stops <= kMaxSmemStops) {
+    for (int64_t s = 0; s < p.num_stops; ++s) stop |= stops_s[s] == t;
+  } else {
+    for (int64_t s = 0; s < p.num_stops; ++s) stop |= p.stop_token_ids.at(s) == t;
+  }
+  return stop;
+}
+
+// Phase D for one round of slots q0 + u kT of the chunk's dense tile (tok: their tokens).
+template <int kT>
+DSPARK_DEVICE void write_slots(const AcceptPrefixScanParams& p, const Chunk& s, const int64_t* stops_s, int64_t r0,
+                               int64_t tile, int64_t q0, const int64_t (&tok)[kSlots<kT>], int64_t prefix,
+                               int64_t total) {
+  const uint32_t kp1 = static_cast<uint32_t>(p.K + 1);
+  const int64_t dense0 = r0 * (p.K + 1);
+  const bool has_table = p.has_block_table && p.kv_slots != nullptr;
+  int64_t bid[kSlots<kT>];
+DSPARK_UNROLL
+  for (int u = 0; u < kSlots<kT>; ++u) {  // the block-table loads of the kept slots, in flight together
+    const int64_t q = q0 + int64_t(u) * kT;
+    bid[u] = -1;
+    if (!has_table || q >= tile) continue;
+    const uint32_t rr = static_cast<uint32_t>(q) / kp1, i = static_cast<uint32_t>(q) - rr * kp1;
+    const int64_t pos = s.seq[rr] - 1 + i;
+    if (i < static_cast<uint32_t>(s.e[rr]) && pos >= 0 && pos / p.block_size < p.max_blocks)
+      bid[u] = p.block_table.at((r0 + rr) * p.max_blocks + pos / p.block_size);
+  }
+DSPARK_UNROLL
+  for (int u = 0; u < kSlots<kT>; ++u) {
+    const int64_t q = q0 + int64_t(u) * kT;
+    if (q >= tile) continue;
+    const uint32_t rr = static_cast<uint32_t>(q) / kp1, i = static_cast<uint32_t>(q) - rr * kp1;
+    const int64_t e = s.e[rr], d = dense0 + q, o = prefix + s.cu[rr] + i, pos = s.seq[rr] - 1 + i;
+    const int64_t row = i < static_cast<uint32_t>(s.rows[rr]) ? s.row0[rr] + int64_t(i) : -1;
+    if (d >= total) {  // past the last emitted token: -1
+      stg(p.out_tokens + d, int64_t(-1));
+      stg(p.hidden_rows + d, int32_t(-1));
+      if (has_table) stg(p.kv_slots + d, int64_t(-1));
+    }
+    if (i >= e) continue;
+    stg(p.out_tokens + o, tok[u]);
+    stg(p.hidden_rows + o, static_cast<int32_t>(row));
+    if (has_table) stg(p.kv_slots + o, bid[u] >= 0 ? bid[u] * p.block_size + pos % p.block_size : int64_t(-1));
+    if (i + 1 == e) s.last[rr] = tok[u];
+    if (is_stop(p, stops_s, tok[u])) s.acc[rr] = 1;  // the stop flag (every writer stores 1)
+  }
+}
+
+}  // namespace scan
+
+template <int kT>
+__global__ void __launch_bounds__(kT)
+    accept_prefix_scan_kernel(AcceptPrefixScanParams p, int64_t chunk, int64_t* __restrict__ chunk_totals) {
+  using namespace scan;
+  DSPARK_DYNAMIC_SMEM(int64_t, smem);
+  DSPARK_SHARED_ARRAY(int64_t, scratch, 64);  // two block-scan scratches
+  DSPARK_SHARED_ARRAY(int64_t, stops_s, kMaxSmemStops);
+  const Chunk s(smem, chunk);
   const int tid = threadIdx.x;
-  const int64_t N = p.N, K = p.K, kp1 = K + 1;
+  const int64_t N = p.N, kp1 = p.K + 1;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t left = N - r0;
   const int64_t cnt = left < chunk ? (left > 0 ? left : 0) : chunk;
-  const bool smem_stops = p.num_stops <= scan::kMaxSmemStops;
-  if (smem_stops)
-    for (int64_t s = tid; s < p.num_stops; s += kThreads) stops_s[s] = p.stop_token_ids.at(s);
+  const int64_t tile = cnt * kp1, dense0 = r0 * kp1;
+  const bool one_round = tile <= int64_t(kSlots<kT>) * kT;
+  if (p.num_stops <= kMaxSmemStops)
+    for (int64_t i = tid; i < p.num_stops; i += kT) stops_s[i] = p.stop_token_ids.at(i);
 
-  // ---- phase 1: e_r (and what phase 2 needs per request) for the chunk
-  int64_t local = 0;
-  for (int64_t rr = tid; rr < cnt; rr += kThreads) {
-    const int64_t r = r0 + rr;
-    int64_t n_acc;
-    if (p.num_accepted.present()) {
-      n_acc = p.num_accepted.at(r);
-      n_acc = n_acc < 0 ? 0 : (n_acc > K ? K : n_acc);
-    } else {  // the leading run of True: all K flags are loaded (independent loads), the first False wins
-      n_acc = K;
-      for (int64_t j = 0; j < K; ++j)
-        if (ldg(p.accept_mask + r * K + j) == 0 && n_acc == K) n_acc = j;
+  // A. per request
+  for (int64_t b = 0; b < cnt; b += kT) load_requests<kT>(p, s, r0, cnt, b);
+  __syncthreads();
+
+  // B. per verify slot: the bonus test at slot i = n_r gives e_r
+  int64_t tok[kSlots<kT>];
+  for (int64_t q0 = tid; q0 < tile; q0 += int64_t(kSlots<kT>) * kT) {
+DSPARK_UNROLL
+    for (int u = 0; u < kSlots<kT>; ++u) {
+      const int64_t q = q0 + int64_t(u) * kT;
+      tok[u] = q < tile ? p.tokens.at(dense0 + q) : -1;
     }
-    const int64_t seq = p.seq_lens.at(r);
-    int64_t e = n_acc + (p.tokens.at(r * kp1 + n_acc) >= 0 ? 1 : 0);
-    if (p.max_seq_lens.present()) {
-      int64_t room = p.max_seq_lens.at(r) - seq;
-      room = room < 0 ? 0 : room;
-      e = e < room ? e : room;
+DSPARK_UNROLL
+    for (int u = 0; u < kSlots<kT>; ++u) {
+      const int64_t q = q0 + int64_t(u) * kT;
+      if (q >= tile) continue;
+      const uint32_t rr = static_cast<uint32_t>(q) / static_cast<uint32_t>(kp1);
+      const int64_t acc = s.acc[rr], room = s.room[rr];
+      if (static_cast<int64_t>(q) - int64_t(rr) * kp1 != acc) continue;
+      const int64_t e = acc + (tok[u] >= 0 ? 1 : 0);
+      s.e[rr] = static_cast<int32_t>(e < room ? e : room);
     }
-    int64_t rs = r * kp1, re = rs + kp1;
-    if (p.verify_cu_seqlens.present()) {
-      rs = p.verify_cu_seqlens.at(r);
-      re = p.verify_cu_seqlens.at(r + 1);
-    }
-    seq_s[rr] = seq;
-    rs_s[rr] = rs;
-    re_s[rr] = re;
-    e_s[rr] = static_cast<int32_t>(e);
-    fl_s[rr] = 0;
-    local += e;
   }
-  int64_t prefix = 0, total = 0;
-  if (gridDim.x == 1) {
-    total = block_sum_int(local, scratch);
-  } else {
-    const int64_t mine = block_sum_int(local, scratch);
-    if (tid == 0) stg(chunk_totals + blockIdx.x, mine);
+  __syncthreads();
+
+  // C. exclusive prefix sums of e over the chunk, then across chunks
+  int64_t local = 0;
+  for (int64_t b = 0, k = 0; b < cnt; b += kT, k ^= 1) {
+    const int64_t rr = b + tid;
+    int64_t sum;
+    const int64_t excl = block_exclusive_scan<int64_t>(rr < cnt ? s.e[rr] : 0, scratch + 32 * k, &sum);
+    if (rr < cnt) {
+      s.cu[rr] = static_cast<int32_t>(local + excl);
+      s.acc[rr] = 0;  // from here on: the stop flag
+    }
+    local += sum;
+  }
+  int64_t prefix = 0, total = local;
+  if (gridDim.x > 1) {  // the chunks' totals: this chunk's prefix and the batch's total (the grid barrier frees
+                        // both scratches)
+    if (tid == 0) stg(chunk_totals + blockIdx.x, local);
     grid_sync();
     int64_t before = 0, all = 0;
-    for (int64_t b = tid; b < gridDim.x; b += kThreads) {
-      const int64_t v = ld_coherent(chunk_totals + b);
+    for (int64_t g = tid; g < gridDim.x; g += kT) {
+      const int64_t v = ld_coherent(chunk_totals + g);
       all += v;
-      if (b < blockIdx.x) before += v;
+      before += g < blockIdx.x ? v : 0;
     }
-    prefix = block_sum_int(before, scratch);
-    total = block_sum_int(all, scratch);
-  }
-
-  // ---- block scan of e over the chunk: thread t owns a contiguous run of requests
-  const int64_t per = (cnt + kThreads - 1) / kThreads;
-  const int64_t lo = tid * per, hi = (lo + per < cnt ? lo + per : cnt);
-  int64_t run = 0;
-  for (int64_t rr = lo; rr < hi; ++rr) run += e_s[rr];
-  int64_t off = block_exclusive_scan(run, scratch, static_cast<int64_t*>(nullptr));
-  for (int64_t rr = lo; rr < hi; ++rr) {
-    cu_s[rr] = static_cast<int32_t>(off);
-    off += e_s[rr];
+    (void)block_exclusive_scan<int64_t>(before, scratch, &prefix);
+    (void)block_exclusive_scan<int64_t>(all, scratch + 32, &total);
   }
   __syncthreads();
 
-  // ---- phase 2a: the chunk's dense [cnt, K+1] tile, one thread per (request, emitted index); U slots per thread
-  // have their token and block-table loads in flight together
-  const int64_t tile = cnt * kp1;
-  const int64_t dense0 = r0 * kp1;
-  const bool has_table = p.has_block_table && p.kv_slots != nullptr;
-  for (int64_t q0 = tid; q0 < tile; q0 += int64_t(U) * kThreads) {
-    int64_t tok[U], bid[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t q = q0 + int64_t(u) * kThreads;
-      tok[u] = -1;
-      bid[u] = -1;
-      if (q >= tile) continue;
-      const int64_t rr = q / kp1, i = q - rr * kp1, r = r0 + rr;
-      if (i >= e_s[rr]) continue;
-      tok[u] = p.tokens.at(r * kp1 + i);
-      if (has_table) {
-        const int64_t pos = seq_s[rr] - 1 + i;
-        if (pos >= 0 && pos / p.block_size < p.max_blocks) bid[u] = p.block_table.at(r * p.max_blocks + pos / p.block_size);
+  // D. per verify slot: packed outputs, and -1 past the end
+  for (int64_t q0 = tid; q0 < tile; q0 += int64_t(kSlots<kT>) * kT) {
+    if (!one_round) {
+DSPARK_UNROLL
+      for (int u = 0; u < kSlots<kT>; ++u) {
+        const int64_t q = q0 + int64_t(u) * kT;
+        tok[u] = q < tile ? p.tokens.at(dense0 + q) : -1;
       }
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t q = q0 + int64_t(u) * kThreads;
-      if (q >= tile) continue;
-      const int64_t rr = q / kp1, i = q - rr * kp1, r = r0 + rr;
-      const int64_t e = e_s[rr];
-      const int64_t d = dense0 + q;  // this thread's dense slot (for the -1 tail)
-      if (d >= total) {
-        stg(p.out_tokens + d, int64_t(-1));
-        stg(p.hidden_rows + d, int32_t(-1));
-        if (has_table) stg(p.kv_slots + d, int64_t(-1));
-      }
-      if (i >= e) continue;
-      const int64_t o = prefix + cu_s[rr] + i;
-      stg(p.out_tokens + o, tok[u]);
-      if (i == e - 1) stg(p.next_anchor + r, tok[u]);
-      const int64_t row = rs_s[rr] + i;
-      stg(p.hidden_rows + o, static_cast<int32_t>(row < re_s[rr] ? row : -1));
-      if (has_table) {
-        const int64_t pos = seq_s[rr] - 1 + i;
-        stg(p.kv_slots + o, bid[u] >= 0 ? bid[u] * p.block_size + pos % p.block_size : int64_t(-1));
-      }
-      bool stop = false;
-      if (smem_stops) {
-        for (int64_t s = 0; s < p.num_stops; ++s) stop |= stops_s[s] == tok[u];
-      } else {
-        for (int64_t s = 0; s < p.num_stops; ++s) stop |= p.stop_token_ids.at(s) == tok[u];
-      }
-      if (stop) fl_s[rr] = 1;  // benign: every writer stores 1
-    }
+    write_slots<kT>(p, s, stops_s, r0, tile, q0, tok, prefix, total);
   }
   __syncthreads();
 
-  // ---- phase 2b: per request
-  if (blockIdx.x == 0 && tid == 0) stg(p.cu_out, int32_t(0));
-  for (int64_t rr = tid; rr < cnt; rr += kThreads) {
+  // E. per request
+  for (int64_t rr = tid; rr <= cnt; rr += kT) {
     const int64_t r = r0 + rr;
-    const int64_t e = e_s[rr];
-    stg(p.cu_out + r + 1, static_cast<int32_t>(prefix + cu_s[rr] + e));
-    const int64_t new_len = seq_s[rr] + e;
+    if (rr == cnt) {  // cu_out[N], by the last chunk
+      if (r == N) stg(p.cu_out + N, static_cast<int32_t>(total));
+      continue;
+    }
+    const int64_t e = s.e[rr], new_len = s.seq[rr] + e;
+    stg(p.cu_out + r, static_cast<int32_t>(prefix + s.cu[rr]));
     stg(p.new_seq_lens + r, static_cast<int32_t>(new_len));
-    if (e == 0) stg(p.next_anchor + r, int64_t(-1));
-    bool fin = fl_s[rr] != 0;
-    if (p.max_seq_lens.present()) fin = fin || new_len >= p.max_seq_lens.at(r);
+    stg(p.next_anchor + r, e > 0 ? s.last[rr] : int64_t(-1));
+    bool fin = s.acc[rr] != 0;
+    if (p.max_seq_lens.present()) fin = fin || e >= s.room[rr];  // S + e >= max_seq_lens[r]
     stg(p.finished + r, static_cast<uint8_t>(fin ? 1 : 0));
   }
 }
-#endif
-
 // How the launch splits N requests (the same on both sides of the workspace query).
 inline scan::Plan accept_prefix_scan_plan(int64_t N) {
   using namespace scan;
-  if (N <= kSingleCtaMaxN) return Plan{1, N > 0 ? N : 1, kSmallThreads, true};
+  if (N <= kSingleCtaMaxN) return Plan{1, N > 0 ? N : 1, threads_for(N), true};
   const size_t smem = size_t(kMaxChunk) * kSmemPerRequest;
   const int per_sm = max_active_blocks_per_sm(accept_prefix_scan_kernel<kThreads>, kThreads, smem);
   if (per_sm < 1) return Plan{1, N, kThreads, false};  // the occupancy query failed: refuse, never guess
   const int64_t resident = int64_t(device_sm_count()) * per_sm;
   int64_t grid = (N + kThreads - 1) / kThreads;  // at least 256 requests per CTA
   if (grid > resident) grid = resident;
-  const int64_t chunk = (N + grid - 1) / grid;
+  const int64_t chunk = ((N + grid - 1) / grid + 31) / 32 * 32;  // a multiple of 32: whole warps of requests
   grid = (N + chunk - 1) / chunk;
   return Plan{grid, chunk, kThreads, chunk <= kMaxChunk};
 }
@@ -251,6 +358,16 @@ inline size_t accept_prefix_scan_workspace_bytes(int64_t N) {
   const scan::Plan plan = accept_prefix_scan_plan(N);
   return plan.grid > 1 ? size_t(plan.grid) * sizeof(int64_t) : 0;
 }
+
+namespace scan {
+template <int kT>
+inline cudaError_t launch_with(const char* name, const AcceptPrefixScanParams& p, const LaunchConfig& cfg,
+                               int64_t chunk, void* workspace) {
+  const cudaError_t e = set_max_dynamic_smem(accept_prefix_scan_kernel<kT>, cfg.smem);  // above 48 KB at 1024
+  if (e != cudaSuccess) return e;
+  return launch(name, accept_prefix_scan_kernel<kT>, cfg, p, chunk, static_cast<int64_t*>(workspace));
+}
+}  // namespace scan
 
 // Launch on `stream`. The caller has checked shapes and dtypes (N >= 0, K >= 0, block_size > 0 with a table,
 // N*(K+1) < 2^31 so cu_out fits int32). Returns cudaErrorInvalidValue when N exceeds what one launch keeps
@@ -267,11 +384,13 @@ inline cudaError_t launch_accept_prefix_scan(const AcceptPrefixScanParams& p, vo
   cfg.smem = size_t(plan.chunk) * kSmemPerRequest;
   cfg.stream = stream;
   cfg.cooperative = plan.grid > 1;
-  if (plan.grid == 1)
-    return launch("accept_prefix_scan_kernel<1 CTA>", accept_prefix_scan_kernel<kSmallThreads>, cfg, p, plan.chunk,
-                  static_cast<int64_t*>(workspace));
-  return launch("accept_prefix_scan_kernel<cooperative>", accept_prefix_scan_kernel<kThreads>, cfg, p, plan.chunk,
-                static_cast<int64_t*>(workspace));
+  if (plan.grid > 1) return launch_with<kThreads>("accept_prefix_scan_kernel<cooperative>", p, cfg, plan.chunk, workspace);
+  switch (plan.threads) {
+    case 32: return launch_with<32>("accept_prefix_scan_kernel<32>", p, cfg, plan.chunk, workspace);
+    case 256: return launch_with<256>("accept_prefix_scan_kernel<256>", p, cfg, plan.chunk, workspace);
+    default: return launch_with<1024>("accept_prefix_scan_kernel<1024>", p, cfg, plan.chunk, workspace);
+  }
 }
+#endif
 
 }  // namespace dspark

@@ -1,36 +1,36 @@
 // dspark/schedule_verify_lens.cuh: the confidence scheduler on the device, one CTA, one launch, no host sync
 // (no torch). Meaning: dspark_kernels/reference/schedule_verify_lens.py (the spec).
 //
-// One CTA does everything (256 threads up to 4096 candidates, 512 above); its arrays (cleaned candidate survival, sort keys, the Theta curve) live
-// in shared memory when they fit (N*K up to about 8000 candidates: the decode case, N = 256, K = 7 is 1792) and in
-// the workspace (global memory, L2-resident) otherwise, so any N*K works (no cap; 20 bytes per candidate).
-//   1. load + clean (NaN -> 0, clamp to [0, 1], -0 -> +0), running minimum along K (or, from conf_logits,
-//      a_k = prod_{i<=k} sigmoid(z_i / T_i)), one thread per request; the survivals of j < min_len are summed,
-//      each candidate (r, j), min_len <= j < max_len, gets the key 0x3F800000 - bits(a): ascending key =
-//      descending survival (non-negative float32 bit patterns order like their values);
-//   2. a stable LSD radix sort of the keys (8-bit digits, up to 4 passes; a pass whose digit is equal in every key
-//      is skipped): each warp owns a contiguous segment, ranks by ballots (peer masks of equal digits), per-warp
-//      digit counters in shared memory, one block scan of the 256 x 32 counters per pass. Stable = ties stay in
-//      flat (r, j) order, the reference's stable sort;
-//   3. the curve: the reference's float64 tau_m = fl(fl(n + fl(sum of j < min_len)) + C_m), C_m its sequential
-//      float64 cumsum of the sorted survivals. The prefix sums are first taken EXACTLY (8 consecutive sorted
-//      survivals per thread, one block scan per 8 x blockDim) in a two-word fixed point (each float32 split into
-//      2^-H and 2^-(H+L) parts, H = L = 62 - log2(n(K+1)): 2^-86 resolution at N*K = 2^18); while every exact
-//      prefix is a float64, the sequential sums never rounded and C_m is that prefix; from the first prefix that
-//      is not (tiny survivals far below the running sum), one thread continues the sequential float64 sum, so C_m
-//      is the reference's cumsum bit for bit (survivals below 2^-(H+L) count as 0 in the exactness test: they can
-//      move tau only where n + the sum lies within ~2^-70 of a float64 rounding midpoint). The sum of j < min_len
-//      is rounded once, which is torch's .sum() whenever its pairwise partial sums are exact; Theta_m = tau_m * SPS(B_m)
-//      with the cost table interpolated by the reference's float64 operations in its order (no FMA contraction;
-//      1000 / x as reciprocal(x) * 1000, as torch evaluates it);
+// Every phase gives each thread 4 elements of a tile of 4 x threads (32 threads up to 128 elements N*K, 128 up to
+// 512, 512 up to 2048: the decode batches, one tile, everything in registers and shared memory; larger batches loop
+// over tiles of 2048 with their arrays in the workspace, L2-resident; 512 threads leave each 128 registers):
+//   1. load + clean: each warp reads 32 consecutive elements of the flat [N, K] survival per load (4 in flight),
+//      cleans them (NaN -> 0, clamp to [0, 1], -0 -> +0) and takes the running minimum along K as a segmented
+//      scan (shuffles, one barrier for the warps' totals); from conf_logits the survival is the segmented product
+//      of sigmoid(z / T) in float64, rounded once. Candidates (r, j), min_len <= j < max_len, get the key
+//      0x3F800000 - bits(a) (ascending key = descending survival: non-negative float32 bits order like their
+//      values), the others 0xFFFFFFFF (after every candidate); the survivals of j < min_len are summed exactly;
+//   2. sort: a bitonic network over the tile's keys, strides below 4 inside a thread, up to 64 by shuffles,
+//      larger ones through shared memory (one barrier each: log2(tile / 128) (log2(tile / 128) + 1) / 2 of them;
+//      10 at N = 256, K = 7). Only the sorted values matter (ties are equal values); the flat tie order comes
+//      back in step 5. Larger batches merge tiles with passes over the workspace;
+//   3. the curve, 4 consecutive admissions a thread: the reference's float64 tau_m = fl(fl(n + fl(sum of
+//      j < min_len)) + C_m), C_m its sequential cumsum of the sorted survivals. The prefix sums are taken EXACTLY
+//      (one block scan) in a two-word fixed point (each float32 split into 2^-H and 2^-(H+L) parts,
+//      H = L = 62 - log2(n(K+1))); while every exact prefix is a float64 the sequential sums never rounded and C_m
+//      is that prefix; from the first prefix that is not (tiny survivals far below the running sum: rare) one
+//      thread continues the sequential float64 sum, so C_m is the reference's cumsum bit for bit. Theta_m =
+//      tau_m * SPS(B_m), the cost table interpolated with the reference's float64 operations in its order (no FMA
+//      contraction; 1000 / x as reciprocal(x) * 1000); each warp finds its segment once (every lane reading the
+//      same entries) and each thread walks from there;
 //   4. m*: exact = the first admission that does not strictly raise Theta; argmax = the first maximum (on the
 //      budget survival's own curve, computed first with the same code, when given; clamped to M), then the
-//      min_gain fall-back to "verify everything";
-//   5. per request: admitted = candidates whose key precedes the m*-th key: all with a > v* plus the first
-//      (m* - #{a > v*}) candidates with a == v* in flat order (a block scan of the per-request tie counts), and
-//      the exclusive prefix sums of 1 + L_r.
-// Float inputs are fp32 / bf16 / fp16 (dspark::DType, per array). Outputs: verify_lens int32 [N], cu_seqlens
-// int32 [N+1], theta float32 [].
+//      min_gain fall-back to "verify everything": one block reduction of each thread's candidates;
+//   5. admitted = candidates whose key precedes the m*-th key: all with a > v* plus the first (m* - #{a > v*})
+//      candidates with a == v* in flat order: one block scan of the (a > v*, a == v*) counts in flat order gives,
+//      at each row's last candidate, the admissions up to it; then L_r and cu_seqlens per request.
+// Barriers at N = 256, K = 7 (512 threads): 1 + 10 + 1 + 1 + 2. Float inputs are fp32 / bf16 / fp16
+// (dspark::DType, per array). Outputs: verify_lens int32 [N], cu_seqlens int32 [N+1], theta float32 [].
 #pragma once
 
 #include <math.h>
@@ -67,33 +67,92 @@ struct ScheduleVerifyLensParams {
 };
 
 namespace sched {
-constexpr int kSmallThreads = 256;            // M <= kSmallM: a 256-thread CTA (fewer warps in every barrier)
-constexpr int kThreads = 512;                 // larger M (512: up to 128 registers, no spills)
-constexpr int64_t kSmallM = 4096;
-constexpr int kItems = 8;                     // consecutive sorted survivals per thread in the Theta scan
-constexpr int kTableSmem = 256;               // cost-table points cached in shared memory
-constexpr size_t kSmemLimit = 160 * 1024;     // arrays in shared memory up to this size
-constexpr uint32_t kOneBits = 0x3F800000u;    // bits of 1.0f: key = kOneBits - bits(a)
+constexpr int kItems = 4;                          // elements per thread in every phase
+constexpr int kMaxThreads = 512;
+constexpr int64_t kMaxTile = int64_t(kItems) * kMaxThreads;
+constexpr int kTableSmem = 256;                    // cost-table points cached in shared memory
+constexpr uint32_t kOneBits = 0x3F800000u;         // bits of 1.0f: key = kOneBits - bits(a)
+constexpr uint32_t kPadKey = 0xFFFFFFFFu;          // not a candidate: sorts after every candidate
 
-// Sizes of one launch.
-struct Layout {
-  int64_t M, Mb, Mmax;  // candidates of the survival, of the budget, the larger
-  size_t bytes;         // theta (double) [Mmax+1], keys (u32) [2 Mmax], cleaned survival (float) [M]
-  bool smem;
+// One survival the launch schedules on: the step's own, or the budget's (argmax).
+struct Curve {
+  const void* x;
+  DType dtype;
+  bool from_conf;           // x holds confidence logits
+  const void* temps;        // [K] STS temperatures or null (from_conf only)
+  DType temps_dtype;
+  int64_t n, K, lo, hi;     // candidates j in [lo, hi)
 };
+
+DSPARK_HOST_DEVICE_FN bool uses_budget(const ScheduleVerifyLensParams& p) { return !p.exact && p.has_budget; }
+
+DSPARK_HOST_DEVICE_FN Curve main_curve(const ScheduleVerifyLensParams& p) {
+  const bool conf = p.survival == nullptr;
+  return Curve{conf ? p.conf_logits : p.survival, conf ? p.conf_dtype : p.survival_dtype, conf,
+               p.sts_temperatures, p.sts_dtype, p.N, p.K, p.min_len, p.max_len};
+}
+
+DSPARK_HOST_DEVICE_FN Curve budget_curve(const ScheduleVerifyLensParams& p) {
+  const int64_t hi = p.max_len < p.KB ? p.max_len : p.KB;
+  const int64_t lo = p.min_len < hi ? p.min_len : hi;
+  return Curve{p.budget_survival, p.budget_dtype, false, nullptr, DType::kFloat32, p.NB, p.KB, lo, hi};
+}
+
+DSPARK_HOST_DEVICE_FN int threads_for(int64_t elements) {
+  return elements <= 128 ? 32 : (elements <= 512 ? 128 : kMaxThreads);
+}
+
+DSPARK_HOST_DEVICE_FN int64_t next_pow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+// Sizes and places of one launch's arrays. One tile: all in dynamic shared memory. Several tiles (multi): the
+// sort's trading buffer in shared memory, the rest in the workspace.
+struct Layout {
+  int threads;
+  bool multi;
+  int64_t elements;   // the larger curve's N*K
+  int64_t tile;       // elements a pass holds
+  int64_t sort_len;   // keys the sort orders (a power of two)
+  int64_t theta_len;  // Theta slots: one per admission, striped per tile, then Theta_0
+  size_t theta_off, sorted_off, ukeys_off, admit_off, xbuf_off;  // byte offsets in their region
+  size_t smem, workspace;
+};
+
 DSPARK_HOST_DEVICE_FN Layout layout(const ScheduleVerifyLensParams& p) {
   Layout l;
-  l.M = p.N * (p.max_len - p.min_len);
-  l.Mb = 0;
-  if (!p.exact && p.has_budget) {
-    const int64_t hib = p.max_len < p.KB ? p.max_len : p.KB;
-    const int64_t lob = p.min_len < hib ? p.min_len : hib;
-    l.Mb = p.NB * (hib - lob);
+  const Curve c = main_curve(p);
+  int64_t e = c.n * c.K;
+  if (uses_budget(p)) {
+    const Curve b = budget_curve(p);
+    e = b.n * b.K > e ? b.n * b.K : e;
   }
-  l.Mmax = l.M > l.Mb ? l.M : l.Mb;
-  l.bytes = size_t(l.Mmax + 1) * 8 + size_t(l.Mmax) * 8 + size_t(l.M) * 4;
-  l.bytes = (l.bytes + 15) / 16 * 16;
-  l.smem = l.bytes <= kSmemLimit;
+  l.elements = e;
+  l.multi = e > kMaxTile;
+  l.threads = l.multi ? kMaxThreads : threads_for(e);
+  l.tile = int64_t(kItems) * l.threads;
+  l.sort_len = l.multi ? next_pow2(e) : l.tile;
+  const int64_t tiles = l.multi ? (e + l.tile - 1) / l.tile : 1;
+  l.theta_len = tiles * l.tile + 1;
+  const size_t theta = size_t(l.theta_len) * 8, sorted = size_t(l.sort_len) * 4;
+  const size_t ukeys = l.multi ? size_t(e) * 4 : 0, admit = size_t(p.N) * 4, xbuf = size_t(l.tile) * 8;
+  auto up16 = [](size_t x) { return (x + 15) / 16 * 16; };
+  l.theta_off = 0;
+  l.sorted_off = up16(theta);
+  l.ukeys_off = l.sorted_off + up16(sorted);
+  l.admit_off = l.ukeys_off + up16(ukeys);
+  const size_t end = l.admit_off + up16(admit);
+  if (l.multi) {
+    l.xbuf_off = 0;
+    l.smem = xbuf;
+    l.workspace = end;
+  } else {
+    l.xbuf_off = end;
+    l.smem = end + xbuf;
+    l.workspace = 0;
+  }
   return l;
 }
 
@@ -145,19 +204,34 @@ DSPARK_HOST_DEVICE_FN int ceil_log2(uint64_t x) {
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
 namespace sched {
 
-template <bool kSmem, typename T>
-DSPARK_DEVICE T bld(const T* p) {
-  if constexpr (kSmem) return *p;
-  else return ld_coherent(p);
+// Loads and stores of an array in shared memory (kGlobal false) or in the workspace, written earlier in this
+// launch (so never through the read-only path).
+template <bool kGlobal, typename T>
+DSPARK_DEVICE T mld(const T* p) {
+  if constexpr (kGlobal) return ld_coherent(p);
+  else return *p;
 }
-template <bool kSmem, typename T>
-DSPARK_DEVICE void bst(T* p, T v) {
-  if constexpr (kSmem) *p = v;
-  else stg(p, v);
+template <bool kGlobal, typename T>
+DSPARK_DEVICE void mst(T* p, T v) {
+  if constexpr (kGlobal) stg(p, v);
+  else *p = v;
 }
 
 // NaN -> 0, clamped to [0, 1], -0 -> +0.
 DSPARK_DEVICE float clean(float x) { return x > 0.0f ? (x < 1.0f ? x : 1.0f) : 0.0f; }
+
+DSPARK_DEVICE float key_value(uint32_t key) {
+  const uint32_t bits = kOneBits - key;
+  float v;
+  memcpy(&v, &bits, 4);
+  return v;
+}
+
+DSPARK_DEVICE uint32_t key_of(float a) {
+  uint32_t bits;
+  memcpy(&bits, &a, 4);
+  return kOneBits - bits;
+}
 
 // The cost table, in shared memory up to kTableSmem points.
 struct Table {
@@ -169,19 +243,30 @@ struct Table {
   double overhead;
   DSPARK_DEVICE double c(int64_t i) const { return P <= kTableSmem ? c_s[i] : static_cast<double>(ldg(c_g + i)); }
   DSPARK_DEVICE double t(int64_t i) const { return P <= kTableSmem ? t_s[i] : static_cast<double>(ldg(t_g + i)); }
-  // SPS(x) = 1000 / (interpolated time + overhead), the reference's float64 operations in its order.
-  DSPARK_DEVICE double sps(double x) const {
+  // #{i : c_i <= x} (torch.searchsorted(right=True)) by bisection: where x is the same in every lane, every lane
+  // reads the same entries.
+  DSPARK_DEVICE int64_t count_le(double x) const {
+    int64_t lo = 0, hi = P;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if (c(mid) <= x) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+  // count_le(x) from cnt = count_le(x') for some x' <= x: a short walk (the warp's lanes read neighbouring entries).
+  DSPARK_DEVICE int64_t advance(int64_t cnt, double x) const {
+    while (cnt < P && c(cnt) <= x) ++cnt;
+    return cnt;
+  }
+  // SPS(x) = 1000 / (interpolated time + overhead), cnt = count_le(x): the reference's float64 operations in its
+  // order.
+  DSPARK_DEVICE double sps(double x, int64_t cnt) const {
     double time;
     if (P == 1) {
       time = t(0);
     } else {
-      int64_t lo = 0, hi = P;  // searchsorted(c, x, right=True): how many c_i <= x
-      while (lo < hi) {
-        const int64_t mid = (lo + hi) >> 1;
-        if (c(mid) <= x) lo = mid + 1;
-        else hi = mid;
-      }
-      int64_t seg = lo - 1;
+      int64_t seg = cnt - 1;
       seg = seg < 0 ? 0 : (seg > P - 2 ? P - 2 : seg);
       const double c0 = c(seg), c1 = c(seg + 1), t0 = t(seg), t1 = t(seg + 1);
       const double slope = ddiv(dsub(t1, t0), dsub(c1, c0));
@@ -252,384 +337,656 @@ DSPARK_DEVICE Fixed make_fixed(int64_t n, int64_t hi_len) {
   return f;
 }
 
-DSPARK_DEVICE float key_value(uint32_t key) {
-  const uint32_t bits = kOneBits - key;
-  float v;
-  memcpy(&v, &bits, 4);
-  return v;
+// What step 4 needs of a curve, per thread and then reduced over the block.
+struct Pick {
+  int64_t fail;         // exact: the first m with Theta_{m+1} <= Theta_m, or M (INT64_MAX: none seen)
+  double fail_theta;    // Theta_fail
+  int64_t best;         // argmax: the first maximum (-1: none seen)
+  double best_theta;
+  double at[2];         // Theta at two requested admission counts
+  int32_t has;          // bit i: at[i] is set
+  int64_t inexact;      // the first admission whose exact prefix is not a float64 (INT64_MAX: none)
+};
+
+DSPARK_DEVICE Pick empty_pick() { return Pick{INT64_MAX, 0.0, -1, 0.0, {0.0, 0.0}, 0, INT64_MAX}; }
+
+DSPARK_DEVICE Pick combine(Pick a, const Pick& b) {
+  if (b.fail < a.fail) {
+    a.fail = b.fail;
+    a.fail_theta = b.fail_theta;
+  }
+  if (b.best >= 0 && (a.best < 0 || b.best_theta > a.best_theta || (b.best_theta == a.best_theta && b.best < a.best))) {
+    a.best = b.best;
+    a.best_theta = b.best_theta;
+  }
+  for (int i = 0; i < 2; ++i)
+    if ((b.has >> i) & 1) a.at[i] = b.at[i];
+  a.has |= b.has;
+  a.inexact = b.inexact < a.inexact ? b.inexact : a.inexact;
+  return a;
 }
 
-// The lowest lane of each group of lanes holding the same 8-bit digit, and the group's mask.
-DSPARK_DEVICE unsigned peer_mask(bool valid, unsigned d) {
-  unsigned peers = __ballot_sync(0xffffffffu, valid);
-#pragma unroll
-  for (int b = 0; b < 8; ++b) {
-    const bool bit = (d >> b) & 1u;
-    const unsigned bb = __ballot_sync(0xffffffffu, bit);
-    peers &= bit ? bb : ~bb;
+// Adds Theta at admission counts m0 .. m0+4 (th[i] at m0 + i, those <= M) to the thread's pick.
+DSPARK_DEVICE void add_thetas(Pick& pk, int64_t m0, const double (&th)[kItems + 1], int64_t M, int64_t want0,
+                              int64_t want1) {
+DSPARK_UNROLL
+  for (int i = 0; i <= kItems; ++i) {
+    const int64_t m = m0 + i;
+    if (m > M) break;
+    if (m == want0) pk.at[0] = th[i], pk.has |= 1;
+    if (m == want1) pk.at[1] = th[i], pk.has |= 2;
+    if (pk.best < 0 || th[i] > pk.best_theta) pk.best = m, pk.best_theta = th[i];
+    if (pk.fail == INT64_MAX && (m == M || (i < kItems && !(th[i + 1] > th[i])))) pk.fail = m, pk.fail_theta = th[i];
   }
-  return peers;
 }
 
-// One stable LSD pass over keys src[0, M) -> dst by the digit (key >> shift) & 255.
-template <int kThreads, bool kSmem>
-DSPARK_DEVICE void radix_pass(const uint32_t* src, uint32_t* dst, int64_t M, int shift, int32_t* counts,
-                              int64_t* scratch) {
-  constexpr int kWarps = kThreads / 32;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t seg = (M + kWarps - 1) / kWarps;
-  const int64_t s0 = warp * seg, s1 = (s0 + seg < M ? s0 + seg : M);
-  for (int i = tid; i < 256 * kWarps; i += kThreads) counts[i] = 0;
-  __syncthreads();
-  for (int64_t base = s0; base < s1; base += 32) {
-    const int64_t idx = base + lane;
-    const bool valid = idx < s1;
-    const unsigned d = valid ? (bld<kSmem>(src + idx) >> shift) & 255u : 0u;
-    const unsigned peers = peer_mask(valid, d);
-    if (valid && (__ffs(static_cast<int>(peers)) - 1) == lane) counts[d * kWarps + warp] += __popc(peers);
-    __syncwarp(0xffffffffu);
-  }
-  __syncthreads();
-  // exclusive scan of counts in (digit, warp) order; 8 entries per thread
-  constexpr int kPer = 256 * kWarps / kThreads;
-  int32_t loc[kPer];
-  int64_t sum = 0;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    loc[k] = counts[tid * kPer + k];
-    sum += loc[k];
-  }
-  int64_t run = block_exclusive_scan(sum, scratch, static_cast<int64_t*>(nullptr));
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    counts[tid * kPer + k] = static_cast<int32_t>(run);
-    run += loc[k];
-  }
-  __syncthreads();
-  for (int64_t base = s0; base < s1; base += 32) {
-    const int64_t idx = base + lane;
-    const bool valid = idx < s1;
-    const uint32_t key = valid ? bld<kSmem>(src + idx) : 0u;
-    const unsigned d = (key >> shift) & 255u;
-    const unsigned peers = peer_mask(valid, d);
-    const bool leader = valid && (__ffs(static_cast<int>(peers)) - 1) == lane;
-    if (valid) {
-      const int32_t rank = counts[d * kWarps + warp] + __popc(peers & ((1u << lane) - 1u));
-      bst<kSmem>(dst + rank, key);
-    }
-    __syncwarp(0xffffffffu);
-    if (leader) counts[d * kWarps + warp] += __popc(peers);
-    __syncwarp(0xffffffffu);
-  }
-  __syncthreads();
+template <typename T>
+DSPARK_DEVICE T shfl_xor(T v, int o) {
+  return __shfl_xor_sync(0xffffffffu, v, o);
 }
 
-template <int kThreads>
-DSPARK_DEVICE uint32_t block_or_u32(uint32_t v, int64_t* scratch) {
-  constexpr int kWarps = kThreads / 32;
-  v = __reduce_or_sync(0xffffffffu, v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) scratch[warp] = static_cast<int64_t>(v);
+DSPARK_DEVICE Pick warp_pick(Pick p) {
+DSPARK_UNROLL
+  for (int o = 16; o > 0; o >>= 1) {
+    Pick q;
+    q.fail = shfl_xor(p.fail, o);
+    q.fail_theta = shfl_xor(p.fail_theta, o);
+    q.best = shfl_xor(p.best, o);
+    q.best_theta = shfl_xor(p.best_theta, o);
+    q.at[0] = shfl_xor(p.at[0], o);
+    q.at[1] = shfl_xor(p.at[1], o);
+    q.has = shfl_xor(p.has, o);
+    q.inexact = shfl_xor(p.inexact, o);
+    p = combine(p, q);
+  }
+  return p;
+}
+
+// Shared scratch of the block-wide steps (two of each, alternated: see block_scan.cuh).
+struct Scratch {
+  int32_t seg_flag[2][32];
+  double seg_val[2][32];
+  int64_t sum_hi[2][32], sum_lo[2][32];
+  uint64_t counts[2][32];
+  int64_t tau_hi[32], tau_lo[32];
+  Pick picks[32];
+};
+
+// Which of the two scratch copies the next block-wide step uses (every thread flips it alike).
+struct Phase {
+  int p = 0;
+  DSPARK_DEVICE int next() {
+    p ^= 1;
+    return p;
+  }
+};
+
+DSPARK_DEVICE Pick block_pick(Pick p, Scratch& s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  p = warp_pick(p);
+  if (lane == 0) s.picks[warp] = p;
   __syncthreads();
-  uint32_t r = 0;
-  for (int w = 0; w < kWarps; ++w) r |= static_cast<uint32_t>(scratch[w]);
-  __syncthreads();
+  Pick r = s.picks[0];
+  for (int w = 1; w < nwarps; ++w) r = combine(r, s.picks[w]);
   return r;
 }
 
-// The admission curve of one survival: cleaned candidates -> sorted keys (returned) and theta[0..M].
-// Returns the buffer holding the sorted keys. abuf (optional) receives the cleaned candidates [n, W].
-template <int kThreads, bool kSmem>
-DSPARK_DEVICE const uint32_t* curve(const ScheduleVerifyLensParams& p, bool budget, const Table& tb, double* theta,
-                                    uint32_t* ka, uint32_t* kb, float* abuf, int32_t* counts, int64_t* scratch) {
-  const int tid = threadIdx.x;
-  const int64_t n = budget ? p.NB : p.N;
-  const int64_t K = budget ? p.KB : p.K;
-  int64_t hi = p.max_len, lo = p.min_len;
-  if (budget) {
-    hi = p.max_len < p.KB ? p.max_len : p.KB;
-    lo = p.min_len < hi ? p.min_len : hi;
-  }
-  const int64_t W = hi - lo, M = n * W;
-  const Fixed fx = make_fixed(n, hi);
-  // 1. clean, running minimum, keys
-  int64_t h0 = 0, l0 = 0;
-  uint32_t kor = 0, kand = 0xffffffffu;
-  for (int64_t r = tid; r < n; r += kThreads) {
-    float run = 0.0f;
-    double prod = 1.0;
-    for (int64_t j = 0; j < hi; ++j) {
-      float x;
-      if (!budget && p.survival == nullptr) {  // survival = cumprod(sigmoid(z / T)) in float32 (double product)
-        float z = load_float(p.conf_logits, p.conf_dtype, r * K + j);
-        if (p.sts_temperatures) z = z / load_float(p.sts_temperatures, p.sts_dtype, j);
-        const float s = 1.0f / (1.0f + expf(-z));
-        prod *= static_cast<double>(s);
-        x = static_cast<float>(prod);
-      } else {
-        x = budget ? load_float(p.budget_survival, p.budget_dtype, r * K + j)
-                   : load_float(p.survival, p.survival_dtype, r * K + j);
-      }
-      x = clean(x);
-      run = j == 0 ? x : (x < run ? x : run);
-      if (j < lo) {
-        int64_t a, b;
-        fx.split(run, &a, &b);
-        h0 += a;
-        l0 += b;
-      } else {
-        uint32_t bits;
-        memcpy(&bits, &run, 4);
-        const uint32_t key = kOneBits - bits;
-        bst<kSmem>(ka + r * W + (j - lo), key);
-        if (abuf) bst<kSmem>(abuf + r * W + (j - lo), run);
-        kor |= key;
-        kand &= key;
+// Running minimum along K (of cleaned survivals) and running product (of sigmoids), as scan operators.
+struct MinOp {
+  using V = float;
+  static DSPARK_DEVICE V id() { return INFINITY; }
+  static DSPARK_DEVICE V f(V a, V b) { return b < a ? b : a; }
+};
+struct MulOp {
+  using V = double;
+  static DSPARK_DEVICE V id() { return 1.0; }
+  static DSPARK_DEVICE V f(V a, V b) { return dmul(a, b); }
+};
+
+// Inclusive segmented scan of a tile in flat order (thread's element u is u * 32 + lane of its warp's 128),
+// continuing `carry` (the scan at the end of the previous tile; updated). A row starts where start[u]. One barrier.
+template <typename Op>
+DSPARK_DEVICE void segmented_scan(typename Op::V (&v)[kItems], const bool (&start)[kItems], typename Op::V& carry,
+                                  Scratch& s, Phase& ph) {
+  using V = typename Op::V;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  bool seen[kItems];  // a row starts at or before this element in the warp's span
+  int gf = 0;         // the warp's earlier groups: a row started there, and their running value
+  V gv = Op::id();
+DSPARK_UNROLL
+  for (int u = 0; u < kItems; ++u) {
+    int f = start[u] ? 1 : 0;
+    V x = v[u];
+DSPARK_UNROLL
+    for (int o = 1; o < 32; o <<= 1) {
+      const V y = __shfl_up_sync(0xffffffffu, x, o);
+      const int g = __shfl_up_sync(0xffffffffu, f, o);
+      if (lane >= o) {
+        if (!f) x = Op::f(y, x);
+        f |= g;
       }
     }
+    if (!f) x = Op::f(gv, x);
+    f |= gf;
+    v[u] = x;
+    seen[u] = f != 0;
+    gf = __shfl_sync(0xffffffffu, f, 31);
+    gv = __shfl_sync(0xffffffffu, x, 31);
   }
-  h0 = block_sum_int(h0, scratch);
-  l0 = block_sum_int(l0, scratch);
-  const uint32_t diff = block_or_u32<kThreads>(kor, scratch) & block_or_u32<kThreads>(~kand, scratch);  // bits that differ
-  // 2. stable radix sort of the keys (ascending key = descending survival, ties in flat order)
-  uint32_t* src = ka;
-  uint32_t* dst = kb;
-  if (M > 1) {
-    for (int shift = 0; shift < 32; shift += 8) {
-      if (((diff >> shift) & 255u) == 0) continue;  // every key has the same digit: the pass is the identity
-      radix_pass<kThreads, kSmem>(src, dst, M, shift, counts, scratch);
-      uint32_t* t = src;
-      src = dst;
-      dst = t;
-    }
-  }
-  // 3. Theta after each admission, rounded as the reference rounds: tau0 = n + fl(sum of j < min_len),
-  // C_m = its sequential float64 cumsum of the sorted survivals, tau_m = tau0 + C_m. The exact prefix sums give
-  // C_m wherever every prefix up to m is exactly a float64 (then the sequential sums never rounded); from the
-  // first prefix that is not, one thread continues the sequential float64 sum (tiny survivals far below the
-  // running sum: rare, and short).
-  const double tau0 = dadd(static_cast<double>(n), fx.value(h0, l0));
-  const double b0 = static_cast<double>(n * (1 + lo));
-  if (tid == 0) bst<kSmem>(theta, dmul(tau0, tb.sps(b0)));
-  int64_t carry_h = 0, carry_l = 0, first_inexact = M;
-  for (int64_t base = 0; base < M; base += int64_t(kThreads) * kItems) {
-    const int64_t q0 = base + int64_t(tid) * kItems;  // this thread's kItems consecutive admissions
-    int64_t sa = 0, sb = 0;
-    for (int u = 0; u < kItems && q0 + u < M; ++u) {
-      int64_t a, b;
-      fx.split(key_value(bld<kSmem>(src + q0 + u)), &a, &b);
-      sa += a;
-      sb += b;
-    }
-    int64_t th, tl;
-    int64_t ea = block_exclusive_scan(sa, scratch, &th);
-    int64_t eb = block_exclusive_scan(sb, scratch, &tl);
-    for (int u = 0; u < kItems && q0 + u < M; ++u) {
-      const int64_t q = q0 + u;
-      int64_t a, b;
-      fx.split(key_value(bld<kSmem>(src + q)), &a, &b);
-      ea += a;
-      eb += b;
-      const int64_t A = carry_h + ea, Ls = carry_l + eb;
-      if (!fx.exact(A, Ls) && q < first_inexact) first_inexact = q;
-      bst<kSmem>(theta + q + 1, fx.value(A, Ls));  // C_{q+1}
-    }
-    carry_h += th;
-    carry_l += tl;
-  }
-  first_inexact = block_min_int(first_inexact, scratch);
-  if (first_inexact < M && tid == 0) {
-    // (0 admissions of 1792 at N = 256, K = 7 with calibrated survival; ~500 of 4096 at K = 16 when the
-    // confidences are uniform on (0, 1) and the deep survivals reach 1e-20; the loads are independent of c)
-    double c = first_inexact == 0 ? 0.0 : bld<kSmem>(theta + first_inexact);
-#pragma unroll 4
-    for (int64_t q = first_inexact; q < M; ++q) {
-      c = dadd(c, static_cast<double>(key_value(bld<kSmem>(src + q))));
-      bst<kSmem>(theta + q + 1, c);
-    }
+  const int b = ph.next();
+  if (lane == 0) {
+    s.seg_flag[b][warp] = gf;
+    s.seg_val[b][warp] = static_cast<double>(gv);
   }
   __syncthreads();
-  for (int64_t q = tid; q < M; q += kThreads) {
-    const double c = bld<kSmem>(theta + q + 1);
-    bst<kSmem>(theta + q + 1, dmul(dadd(tau0, c), tb.sps(dadd(b0, static_cast<double>(q + 1)))));
+  V in = carry, out = carry;
+  for (int w = 0; w < nwarps; ++w) {
+    const V wv = static_cast<V>(s.seg_val[b][w]);
+    out = s.seg_flag[b][w] ? wv : Op::f(out, wv);
+    if (w + 1 == warp) in = out;
   }
-  __syncthreads();
-  return src;
+DSPARK_UNROLL
+  for (int u = 0; u < kItems; ++u)
+    if (!seen[u]) v[u] = Op::f(in, v[u]);
+  carry = out;
 }
 
-// First maximum of theta[0..M] (every thread gets the index).
-template <int kThreads, bool kSmem>
-DSPARK_DEVICE int64_t first_argmax(const double* theta, int64_t M, double* dscratch, int64_t* scratch) {
-  constexpr int kWarps = kThreads / 32;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  double best = -INFINITY;
-  int64_t bi = INT64_MAX;
-  for (int64_t q = tid; q <= M; q += kThreads) {
-    const double v = bld<kSmem>(theta + q);
-    if (v > best || bi == INT64_MAX) {
-      best = v;
-      bi = q;
+// Bitonic stages k = k_lo .. k_hi (powers of two) of an ascending sort, over the 4 keys of each thread: element
+// base + 4 tid + u (base a multiple of the tile). A stage's first stride is min(k, tile) / 2. Strides of other
+// warps trade through xbuf (two tiles of keys, alternated: one barrier each).
+template <int kT>
+DSPARK_DEVICE void bitonic(uint32_t (&x)[kItems], int64_t base, int64_t k_lo, int64_t k_hi, uint32_t* xbuf,
+                           Phase& ph) {
+  constexpr int64_t kTile = int64_t(kItems) * kT;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int64_t i0 = base + 4 * tid;
+  for (int64_t k = k_lo; k <= k_hi; k <<= 1) {
+    for (int64_t d = (k < kTile ? k : kTile) >> 1; d > 0; d >>= 1) {
+      if (d >= 128) {
+        uint32_t* buf = xbuf + ph.next() * kTile;
+        *reinterpret_cast<uint4*>(buf + 4 * tid) = make_uint4(x[0], x[1], x[2], x[3]);
+        __syncthreads();
+        const int m = static_cast<int>(d >> 2);
+        const uint4 y4 = *reinterpret_cast<const uint4*>(buf + 4 * (tid ^ m));
+        const uint32_t y[kItems] = {y4.x, y4.y, y4.z, y4.w};
+        const bool lower = (tid & m) == 0;
+DSPARK_UNROLL
+        for (int u = 0; u < kItems; ++u) {
+          const bool asc = ((i0 + u) & k) == 0;
+          x[u] = (lower == asc) ? (y[u] < x[u] ? y[u] : x[u]) : (y[u] > x[u] ? y[u] : x[u]);
+        }
+      } else if (d >= kItems) {
+        const int m = static_cast<int>(d >> 2);
+        const bool lower = (lane & m) == 0;
+DSPARK_UNROLL
+        for (int u = 0; u < kItems; ++u) {
+          const uint32_t y = __shfl_xor_sync(0xffffffffu, x[u], m);
+          const bool asc = ((i0 + u) & k) == 0;
+          x[u] = (lower == asc) ? (y < x[u] ? y : x[u]) : (y > x[u] ? y : x[u]);
+        }
+      } else {
+DSPARK_UNROLL
+        for (int u = 0; u < kItems; ++u) {
+          const int v = u | static_cast<int>(d);
+          if ((u & d) != 0) continue;
+          const bool asc = ((i0 + u) & k) == 0;
+          const uint32_t a = x[u] < x[v] ? x[u] : x[v], b = x[u] < x[v] ? x[v] : x[u];
+          x[u] = asc ? a : b;
+          x[v] = asc ? b : a;
+        }
+      }
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const double ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > best || (ov == best && oi < bi)) {
-      best = ov;
-      bi = oi;
+}
+
+// Where the arrays of one launch live (see Layout).
+struct Bufs {
+  double* theta;     // [theta_len]
+  uint32_t* sorted;  // [sort_len]
+  uint32_t* ukeys;   // [elements] (multi only: the keys in flat order)
+  int32_t* admit;    // [N]: admissions up to each row's last candidate
+  uint32_t* xbuf;    // [2 tile] (shared)
+  int64_t theta_len, sort_len;
+};
+
+template <int kT>
+DSPARK_DEVICE int64_t theta_slot(int64_t m, int64_t theta_len) {
+  constexpr int64_t kTile = int64_t(kItems) * kT;
+  if (m == 0) return theta_len - 1;
+  const int64_t q = m - 1, b = q / kTile * kTile, r = q - b;
+  return b + (r & 3) * kT + (r >> 2);
+}
+
+// Step 1 over one tile (element base + u * 32 + lane of each warp's 128): keys (kPadKey where not a candidate)
+// and the exact sums of the survivals of j < lo; cmin / cmul carry the running scans between tiles.
+DSPARK_DEVICE void load_keys(const Curve& c, int64_t base, const Fixed& fx, uint32_t (&key)[kItems], float& cmin,
+                             double& cmul, int64_t& h0, int64_t& l0, Scratch& s, Phase& ph) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t E = c.n * c.K;
+  bool valid[kItems], start[kItems];
+  uint32_t j[kItems];
+  int64_t f[kItems];
+DSPARK_UNROLL
+  for (int u = 0; u < kItems; ++u) {
+    f[u] = base + warp * 128 + u * 32 + lane;
+    valid[u] = f[u] < E;
+    j[u] = valid[u] ? static_cast<uint32_t>(static_cast<uint32_t>(f[u]) % static_cast<uint32_t>(c.K)) : 0u;
+    start[u] = j[u] == 0;
+  }
+  float a[kItems];
+  if (!c.from_conf) {
+DSPARK_UNROLL
+    for (int u = 0; u < kItems; ++u) a[u] = valid[u] ? clean(load_float(c.x, c.dtype, f[u])) : INFINITY;
+    segmented_scan<MinOp>(a, start, cmin, s, ph);
+  } else {  // survival = cumprod(sigmoid(z / T)) in float64, rounded once (never increasing: no running minimum)
+    double prod[kItems];
+DSPARK_UNROLL
+    for (int u = 0; u < kItems; ++u) {
+      float z = valid[u] ? load_float(c.x, c.dtype, f[u]) : 0.0f;
+      if (valid[u] && c.temps) z = z / load_float(c.temps, c.temps_dtype, j[u]);
+      prod[u] = valid[u] ? static_cast<double>(1.0f / (1.0f + expf(-z))) : 1.0;
+    }
+    segmented_scan<MulOp>(prod, start, cmul, s, ph);
+DSPARK_UNROLL
+    for (int u = 0; u < kItems; ++u) a[u] = clean(static_cast<float>(prod[u]));
+  }
+DSPARK_UNROLL
+  for (int u = 0; u < kItems; ++u) {
+    key[u] = kPadKey;
+    if (!valid[u]) continue;
+    if (j[u] < c.lo) {
+      int64_t h, l;
+      fx.split(a[u], &h, &l);
+      h0 += h;
+      l0 += l;
+    } else if (j[u] < c.hi) {
+      key[u] = key_of(a[u]);
     }
   }
+}
+
+// Exclusive scan over the block of the pair (a, b) in thread order, one barrier; ta / tb get the block's sums.
+DSPARK_DEVICE void pair_exclusive_scan(int64_t& a, int64_t& b, int64_t& ta, int64_t& tb, Scratch& s, Phase& ph) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int64_t ia = warp_inclusive_scan(a), ib = warp_inclusive_scan(b);
+  const int k = ph.next();
+  if (lane == 31) {
+    s.sum_hi[k][warp] = ia;
+    s.sum_lo[k][warp] = ib;
+  }
+  __syncthreads();
+  int64_t ba = 0, bb = 0;
+  ta = tb = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    const int64_t va = s.sum_hi[k][w], vb = s.sum_lo[k][w];
+    ba += w < warp ? va : 0;
+    bb += w < warp ? vb : 0;
+    ta += va;
+    tb += vb;
+  }
+  a = ba + ia - a;
+  b = bb + ib - b;
+}
+
+// The sort of a launch with several tiles: the stages up to the tile one tile at a time, then each larger stage's
+// strides of a tile or more as passes over the workspace, and its smaller ones per tile again.
+template <int kT>
+DSPARK_DEVICE void sort_tiles(const Bufs& b, int64_t E, int64_t sort_len, Phase& ph) {
+  constexpr int64_t kTile = int64_t(kItems) * kT;
+  const int tid = threadIdx.x;
+  __syncthreads();  // every thread's keys are in b.sorted
+  for (int64_t k = kTile; k <= sort_len; k <<= 1) {
+    if (k > kTile) {
+      for (int64_t d = k >> 1; d >= kTile; d >>= 1) {
+        for (int64_t idx = tid; idx < sort_len / 2; idx += kT) {
+          const int64_t i = idx / d * 2 * d + idx % d;
+          const uint32_t x = ld_coherent(b.sorted + i), y = ld_coherent(b.sorted + i + d);
+          const bool asc = (i & k) == 0;
+          stg(b.sorted + i, asc == (x < y) ? x : y);
+          stg(b.sorted + i + d, asc == (x < y) ? y : x);
+        }
+        __syncthreads();
+      }
+    }
+    for (int64_t base = 0; base < sort_len; base += kTile) {
+      uint32_t x[kItems];
+DSPARK_UNROLL
+      for (int u = 0; u < kItems; ++u) {
+        const int64_t i = base + 4 * tid + u;
+        x[u] = (k > kTile || i < E) ? ld_coherent(b.sorted + i) : kPadKey;
+      }
+      bitonic<kT>(x, base, k == kTile ? 2 : k, k, b.xbuf, ph);
+DSPARK_UNROLL
+      for (int u = 0; u < kItems; ++u) stg(b.sorted + base + 4 * tid + u, x[u]);
+    }
+    __syncthreads();
+  }
+}
+
+// Thread 0 continues the sequential float64 cumsum from the first admission whose exact prefix is not a float64
+// (that prefix, before it, still is), rewriting Theta from there on.
+template <int kT, bool kMulti>
+DSPARK_DEVICE void sequential_tail(const Curve& c, const Table& tb, const Fixed& fx, const Bufs& b, double tau0,
+                                   int64_t first) {
+  const int64_t M = c.n * (c.hi - c.lo);
+  const double b0 = static_cast<double>(c.n * (1 + c.lo));
+  int64_t A = 0, L = 0;
+  for (int64_t q = 0; q < first; ++q) {
+    int64_t h, l;
+    fx.split(key_value(mld<kMulti>(b.sorted + q)), &h, &l);
+    A += h;
+    L += l;
+  }
+  double sum = fx.value(A, L);
+  int64_t cnt = tb.count_le(b0 + static_cast<double>(first));
+  for (int64_t q = first; q < M; ++q) {
+    sum = dadd(sum, static_cast<double>(key_value(mld<kMulti>(b.sorted + q))));
+    const double x = b0 + static_cast<double>(q + 1);
+    cnt = tb.advance(cnt, x);
+    mst<kMulti>(b.theta + theta_slot<kT>(q + 1, b.theta_len), dmul(dadd(tau0, sum), tb.sps(x, cnt)));
+  }
+}
+
+// Step 1 over the curve's tiles: the keys (in ukey for a one-tile launch; in b.sorted and b.ukeys otherwise) and
+// each warp's exact sum of the survivals of j < lo (s.tau_*, read after the next barrier).
+template <int kT, bool kMulti>
+DSPARK_DEVICE void keys_pass(const Curve& c, const Fixed& fx, const Bufs& b, Scratch& s, Phase& ph,
+                             uint32_t (&ukey)[kItems]) {
+  constexpr int64_t kTile = int64_t(kItems) * kT;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t E = c.n * c.K;
+  int64_t h0 = 0, l0 = 0;
+  float cmin = MinOp::id();
+  double cmul = MulOp::id();
+  for (int64_t base = 0; base == 0 || (kMulti && base < E); base += kTile) {
+    load_keys(c, base, fx, ukey, cmin, cmul, h0, l0, s, ph);
+    if constexpr (kMulti) {
+DSPARK_UNROLL
+      for (int u = 0; u < kItems; ++u) {
+        const int64_t f = base + warp * 128 + u * 32 + lane;
+        if (f < E) {
+          stg(b.sorted + f, ukey[u]);
+          stg(b.ukeys + f, ukey[u]);
+        }
+      }
+    }
+  }
+  h0 = warp_sum(h0);
+  l0 = warp_sum(l0);
   if (lane == 0) {
-    dscratch[warp] = best;
-    scratch[warp] = bi;
+    s.tau_hi[warp] = h0;
+    s.tau_lo[warp] = l0;
   }
-  __syncthreads();
-  double rb = dscratch[0];
-  int64_t ri = scratch[0];
-  for (int w = 1; w < kWarps; ++w) {
-    if (dscratch[w] > rb || (dscratch[w] == rb && scratch[w] < ri)) {
-      rb = dscratch[w];
-      ri = scratch[w];
+}
+
+// Step 3 over the sorted keys (x: this thread's 4 of a one-tile launch): Theta after each admission count m,
+// 4 consecutive admissions a thread (and m = q0, before them), kept in b.theta; the thread's pick.
+template <int kT, bool kMulti>
+DSPARK_DEVICE Pick theta_pass(const Curve& c, const Table& tb, const Fixed& fx, const Bufs& b, Scratch& s, Phase& ph,
+                              uint32_t (&x)[kItems], int64_t want0, int64_t want1, double& tau0) {
+  constexpr int64_t kTile = int64_t(kItems) * kT;
+  const int tid = threadIdx.x, warp = tid >> 5, nwarps = kT / 32;
+  const int64_t M = c.n * (c.hi - c.lo);
+  const double b0 = static_cast<double>(c.n * (1 + c.lo));
+  int64_t carry_h = 0, carry_l = 0;
+  Pick pk = empty_pick();
+  for (int64_t base = 0; base == 0 || (kMulti && base < M); base += kTile) {
+    const int64_t q0 = base + 4 * tid;
+    if constexpr (kMulti) {
+      const uint4 v = ld_coherent(reinterpret_cast<const uint4*>(b.sorted + q0));
+      x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+    }
+    int64_t hi[kItems], lo[kItems], sa = 0, sb = 0, ta, tl;
+DSPARK_UNROLL
+    for (int u = 0; u < kItems; ++u) {
+      hi[u] = lo[u] = 0;
+      if (q0 + u < M) fx.split(key_value(x[u]), &hi[u], &lo[u]);
+      sa += hi[u];
+      sb += lo[u];
+    }
+    pair_exclusive_scan(sa, sb, ta, tl, s, ph);
+    if (base == 0) {  // the survivals of j < lo, published by the scan's barrier
+      int64_t th = 0, tlo = 0;
+      for (int w = 0; w < nwarps; ++w) th += s.tau_hi[w], tlo += s.tau_lo[w];
+      tau0 = dadd(static_cast<double>(c.n), fx.value(th, tlo));
+    }
+    if (q0 <= M) {
+      int64_t A = carry_h + sa, L = carry_l + sb;
+      double theta[kItems + 1];
+      double xq = b0 + static_cast<double>(q0);
+      int64_t cnt = tb.advance(tb.count_le(b0 + static_cast<double>(base + 128 * warp)), xq);
+      theta[0] = dmul(dadd(tau0, fx.value(A, L)), tb.sps(xq, cnt));
+      if (q0 == 0) mst<kMulti>(b.theta + theta_slot<kT>(0, b.theta_len), theta[0]);
+DSPARK_UNROLL
+      for (int u = 0; u < kItems; ++u) {
+        const int64_t q = q0 + u;
+        if (q >= M) break;
+        A += hi[u];
+        L += lo[u];
+        if (pk.inexact == INT64_MAX && !fx.exact(A, L)) pk.inexact = q;
+        xq = b0 + static_cast<double>(q + 1);
+        cnt = tb.advance(cnt, xq);
+        theta[u + 1] = dmul(dadd(tau0, fx.value(A, L)), tb.sps(xq, cnt));
+        mst<kMulti>(b.theta + theta_slot<kT>(q + 1, b.theta_len), theta[u + 1]);
+      }
+      add_thetas(pk, q0, theta, M, want0, want1);
+    }
+    carry_h += ta;
+    carry_l += tl;
+  }
+  return pk;
+}
+
+// The thread's pick again, from b.theta (after sequential_tail rewrote part of it).
+template <int kT, bool kMulti>
+DSPARK_DEVICE Pick repick(const Curve& c, const Bufs& b, int64_t want0, int64_t want1) {
+  constexpr int64_t kTile = int64_t(kItems) * kT;
+  const int64_t M = c.n * (c.hi - c.lo);
+  Pick pk = empty_pick();
+  for (int64_t base = 0; base == 0 || (kMulti && base < M); base += kTile) {
+    const int64_t q0 = base + 4 * threadIdx.x;
+    if (q0 > M) continue;
+    double theta[kItems + 1];
+DSPARK_UNROLL
+    for (int i = 0; i <= kItems; ++i)
+      theta[i] = q0 + i <= M ? mld<kMulti>(b.theta + theta_slot<kT>(q0 + i, b.theta_len)) : 0.0;
+    add_thetas(pk, q0, theta, M, want0, want1);
+  }
+  return pk;
+}
+
+// Steps 1-4 for one curve: the keys (in ukey for a one-tile launch, in b.ukeys otherwise), their sort
+// (b.sorted), Theta at every admission count, and the block's pick (the same in every thread), which also holds
+// Theta at admission counts want0 and want1.
+template <int kT, bool kMulti>
+DSPARK_DEVICE Pick curve(const Curve& c, const Table& tb, const Bufs& b, Scratch& s, Phase& ph, int64_t want0,
+                         int64_t want1, uint32_t (&ukey)[kItems]) {
+  constexpr int64_t kTile = int64_t(kItems) * kT;
+  const int64_t M = c.n * (c.hi - c.lo);
+  const Fixed fx = make_fixed(c.n, c.hi);
+  keys_pass<kT, kMulti>(c, fx, b, s, ph, ukey);
+  uint32_t x[kItems] = {ukey[0], ukey[1], ukey[2], ukey[3]};
+  if constexpr (!kMulti) {
+    bitonic<kT>(x, 0, 2, kTile, b.xbuf, ph);
+    *reinterpret_cast<uint4*>(b.sorted + 4 * threadIdx.x) = make_uint4(x[0], x[1], x[2], x[3]);
+  } else {
+    sort_tiles<kT>(b, c.n * c.K, b.sort_len, ph);
+  }
+  double tau0 = 0.0;
+  Pick pk = block_pick(theta_pass<kT, kMulti>(c, tb, fx, b, s, ph, x, want0, want1, tau0), s);
+  if (pk.inexact < M) {  // an exact prefix was not a float64: the sequential sums from there, and pick again
+    if (threadIdx.x == 0) sequential_tail<kT, kMulti>(c, tb, fx, b, tau0, pk.inexact);
+    __syncthreads();
+    pk = block_pick(repick<kT, kMulti>(c, b, want0, want1), s);
+  }
+  return pk;
+}
+
+// Step 5: at each row's last candidate, the admissions up to it (all candidates with a key below kstar, and the
+// first `ties` with kstar, in flat order), by one block scan of the two counts a tile.
+template <int kT, bool kMulti>
+DSPARK_DEVICE void admissions(const Curve& c, uint32_t kstar, int64_t ties, const uint32_t (&ukey)[kItems],
+                              const Bufs& b, Scratch& s, Phase& ph) {
+  constexpr int64_t kTile = int64_t(kItems) * kT;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = kT / 32;
+  const int64_t E = c.n * c.K;
+  uint64_t carry = 0;
+  for (int64_t base = 0; base == 0 || (kMulti && base < E); base += kTile) {
+    uint64_t incl[kItems], g = 0;
+    bool last[kItems];
+    int64_t row[kItems];
+DSPARK_UNROLL
+    for (int u = 0; u < kItems; ++u) {
+      const int64_t f = base + warp * 128 + u * 32 + lane;
+      const bool valid = f < E;
+      uint32_t key = kPadKey, j = 0;
+      if (valid) {
+        key = kMulti ? ld_coherent(b.ukeys + f) : ukey[u];
+        j = static_cast<uint32_t>(f) % static_cast<uint32_t>(c.K);
+      }
+      const bool cand = valid && j >= c.lo && j < c.hi;
+      const uint64_t v = cand ? (uint64_t(key < kstar) << 32) | uint64_t(key == kstar) : 0;
+      incl[u] = warp_inclusive_scan(v) + g;
+      g = __shfl_sync(0xffffffffu, incl[u], 31);
+      last[u] = cand && j + 1 == c.hi;
+      row[u] = valid ? static_cast<int64_t>(static_cast<uint32_t>(f) / static_cast<uint32_t>(c.K)) : 0;
+    }
+    const int k = ph.next();
+    if (lane == 31) s.counts[k][warp] = g;
+    __syncthreads();
+    uint64_t before = carry;
+    for (int w = 0; w < nwarps; ++w) {
+      const uint64_t v = s.counts[k][w];
+      before += w < warp ? v : 0;
+      carry += v;
+    }
+DSPARK_UNROLL
+    for (int u = 0; u < kItems; ++u) {
+      if (!last[u]) continue;
+      const uint64_t t = before + incl[u];
+      const int64_t lt = static_cast<int64_t>(t >> 32), eq = static_cast<int64_t>(t & 0xffffffffu);
+      mst<kMulti>(b.admit + row[u], static_cast<int32_t>(lt + (eq < ties ? eq : ties)));
     }
   }
   __syncthreads();
-  return ri;
 }
 
 }  // namespace sched
 
-template <int kThreads, bool kSmem>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int kT, bool kMulti>
+__global__ void __launch_bounds__(kT)
     schedule_verify_lens_kernel(ScheduleVerifyLensParams p, void* __restrict__ workspace) {
   using namespace sched;
-  DSPARK_SHARED_ARRAY(int32_t, counts, 256 * (kThreads / 32));
-  DSPARK_SHARED_ARRAY(int64_t, scratch, 32);
-  DSPARK_SHARED_ARRAY(double, dscratch, 32);
   DSPARK_SHARED_ARRAY(double, table_c, kTableSmem);
   DSPARK_SHARED_ARRAY(double, table_t, kTableSmem);
+  DSPARK_SHARED(Scratch, s);
   DSPARK_DYNAMIC_SMEM(unsigned char, dyn);
   const Layout lay = layout(p);
-  unsigned char* base = kSmem ? dyn : static_cast<unsigned char*>(workspace);
-  double* theta = reinterpret_cast<double*>(base);
-  uint32_t* ka = reinterpret_cast<uint32_t*>(theta + lay.Mmax + 1);
-  uint32_t* kb = ka + lay.Mmax;
-  float* abuf = reinterpret_cast<float*>(kb + lay.Mmax);
+  unsigned char* arrays = kMulti ? static_cast<unsigned char*>(workspace) : dyn;
+  const Bufs b{reinterpret_cast<double*>(arrays + lay.theta_off), reinterpret_cast<uint32_t*>(arrays + lay.sorted_off),
+               reinterpret_cast<uint32_t*>(arrays + lay.ukeys_off), reinterpret_cast<int32_t*>(arrays + lay.admit_off),
+               reinterpret_cast<uint32_t*>(dyn + lay.xbuf_off), lay.theta_len, lay.sort_len};
   const int tid = threadIdx.x;
-
-  for (int64_t i = tid; i < p.P && i < kTableSmem; i += kThreads) {
+  for (int64_t i = tid; i < p.P && i < kTableSmem; i += kT) {  // published by step 1's barrier
     table_c[i] = static_cast<double>(ldg(p.token_counts + i));
     table_t[i] = static_cast<double>(ldg(p.step_time_ms + i));
   }
-  __syncthreads();
   const Table tb{table_c, table_t, p.token_counts, p.step_time_ms, p.P, p.fixed_overhead_ms};
-  const int64_t M = lay.M, W = p.max_len - p.min_len;
+  Phase ph;
+  uint32_t ukey[kItems];
+  const Curve c = main_curve(p);
+  const int64_t M = c.n * (c.hi - c.lo);
 
-  int64_t m_budget = 0;
-  if (!p.exact && p.has_budget) {
-    curve<kThreads, kSmem>(p, true, tb, theta, ka, kb, nullptr, counts, scratch);
-    m_budget = first_argmax<kThreads, kSmem>(theta, lay.Mb, dscratch, scratch);
+  int64_t budget = -1;  // argmax with a budget: the admission count found on the budget's own curve
+  if (uses_budget(p)) {
+    const Pick pb = curve<kT, kMulti>(budget_curve(p), tb, b, s, ph, -1, -1, ukey);
+    budget = pb.best < M ? pb.best : M;
   }
-  const uint32_t* sorted = curve<kThreads, kSmem>(p, false, tb, theta, ka, kb, abuf, counts, scratch);
-
-  int64_t m_star;
+  const Pick pk = curve<kT, kMulti>(c, tb, b, s, ph, M, budget, ukey);
+  int64_t m;
+  double theta;
   if (p.exact) {
-    int64_t first = M;
-    for (int64_t q = tid; q < M; q += kThreads)
-      if (!(bld<kSmem>(theta + q + 1) > bld<kSmem>(theta + q)) && q < first) first = q;
-    m_star = block_min_int(first, scratch);
+    m = pk.fail;
+    theta = pk.fail_theta;
   } else {
-    m_star = p.has_budget ? (m_budget < M ? m_budget : M) : first_argmax<kThreads, kSmem>(
-                                                                      theta, M, dscratch, scratch);
-    if (bld<kSmem>(theta + m_star) < dmul(p.gain, bld<kSmem>(theta + M))) m_star = M;
-  }
-  if (tid == 0) stg(p.theta, static_cast<float>(bld<kSmem>(theta + m_star)));
-
-  // the m*-th admission: its survival v*, and how many of its ties are admitted
-  float v_star = 2.0f;  // m* = 0: nothing is admitted (every survival <= 1 < 2)
-  int64_t ties_admitted = 0;
-  if (m_star > 0) {
-    const uint32_t key = bld<kSmem>(sorted + m_star - 1);
-    int64_t before = 0;
-    for (int64_t q = tid; q < M; q += kThreads) before += bld<kSmem>(sorted + q) < key ? 1 : 0;
-    before = block_sum_int(before, scratch);  // candidates with a > v*
-    ties_admitted = m_star - before;
-    const uint32_t bits = kOneBits - key;
-    memcpy(&v_star, &bits, 4);
-  }
-
-  // per request: L_r and the prefix sums of 1 + L_r
-  if (tid == 0) stg(p.cu_seqlens, int32_t(0));
-  int64_t carry_eq = 0, carry_rows = 0;
-  for (int64_t r0 = 0; r0 < p.N; r0 += kThreads) {
-    const int64_t r = r0 + tid;
-    int64_t gt = 0, eq = 0;
-    if (r < p.N) {
-      for (int64_t c = 0; c < W; ++c) {
-        const float a = bld<kSmem>(abuf + r * W + c);
-        gt += a > v_star ? 1 : 0;
-        eq += a == v_star ? 1 : 0;
-      }
+    m = budget >= 0 ? budget : pk.best;
+    theta = budget >= 0 ? pk.at[1] : pk.best_theta;
+    if (theta < dmul(p.gain, pk.at[0])) {  // the fall-back: verify everything unless the schedule beats it
+      m = M;
+      theta = pk.at[0];
     }
-    int64_t tile_eq, tile_rows;
-    const int64_t eq_before = carry_eq + block_exclusive_scan(eq, scratch, &tile_eq);
-    int64_t adm = ties_admitted - eq_before;
-    adm = adm < 0 ? 0 : (adm > eq ? eq : adm);
-    const int64_t len = p.min_len + gt + adm;
-    const int64_t rows = r < p.N ? 1 + len : 0;
-    const int64_t rows_before = carry_rows + block_exclusive_scan(rows, scratch, &tile_rows);
-    if (r < p.N) {
-      stg(p.verify_lens + r, static_cast<int32_t>(len));
-      stg(p.cu_seqlens + r + 1, static_cast<int32_t>(rows_before + rows));
+  }
+  if (tid == 0) stg(p.theta, static_cast<float>(theta));
+
+  // the m*-th admission's key, and how many candidates of that key are admitted (lower_bound: every lane reads
+  // the same keys)
+  uint32_t kstar = 0;
+  int64_t ties = 0;
+  if (m > 0) {
+    kstar = mld<kMulti>(b.sorted + m - 1);
+    int64_t lo = 0, hi = m - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if (mld<kMulti>(b.sorted + mid) < kstar) lo = mid + 1;
+      else hi = mid;
     }
-    carry_eq += tile_eq;
-    carry_rows += tile_rows;
+    ties = m - lo;
+  }
+  admissions<kT, kMulti>(c, kstar, ties, ukey, b, s, ph);
+
+  // per request: L_r and the prefix sums of 1 + L_r (A_r = admissions up to row r's last candidate)
+  const bool any = c.hi > c.lo;
+  for (int64_t r = tid; r <= c.n; r += kT) {
+    const int64_t prev = any && r > 0 ? mld<kMulti>(b.admit + r - 1) : 0;
+    if (r < c.n) {
+      const int64_t cur = any ? mld<kMulti>(b.admit + r) : 0;
+      stg(p.verify_lens + r, static_cast<int32_t>(c.lo + cur - prev));
+    }
+    stg(p.cu_seqlens + r, static_cast<int32_t>(r * (1 + c.lo) + prev));
   }
 }
 #endif
 
-// Workspace bytes (0 when the arrays fit in shared memory).
+// Workspace bytes (0 for a one-tile launch: N*K, and N'*K' of a budget, up to 2048).
 inline size_t schedule_verify_lens_workspace_bytes(const ScheduleVerifyLensParams& p) {
-  const sched::Layout l = sched::layout(p);
-  return l.smem ? 0 : l.bytes;
+  return sched::layout(p).workspace;
 }
 
+#if defined(__CUDACC__) || defined(DSPARK_SIMT)
 namespace sched {
-// Opt `kernel` in to `bytes` of dynamic shared memory before each launch that uses any (a host-side attribute, no
-// sync): a GPU limits static + dynamic shared memory to 48 KB without it, and the kernel's static part (its
-// block-scan scratch) counts too, so no dynamic size is safe to leave out.
-template <typename Kernel>
-inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  return bytes > 0 ? set_max_dynamic_smem(kernel, bytes) : cudaSuccess;
+// Opt the kernel in to its dynamic shared memory before each launch that uses any (a host-side attribute, no
+// sync): a GPU limits static + dynamic shared memory to 48 KB without it, and the static part (the scratch and
+// the cost table) counts too, so no dynamic size is safe to leave out.
+template <int kT, bool kMulti>
+inline cudaError_t launch_with(const char* name, const ScheduleVerifyLensParams& p, void* workspace,
+                               const LaunchConfig& cfg) {
+  if (cfg.smem > 0) {
+    const cudaError_t e = set_max_dynamic_smem(schedule_verify_lens_kernel<kT, kMulti>, cfg.smem);
+    if (e != cudaSuccess) return e;
+  }
+  return launch(name, schedule_verify_lens_kernel<kT, kMulti>, cfg, p, workspace);
 }
 }  // namespace sched
 
-// Launch on `stream`; the caller has checked the arguments (see ScheduleVerifyLensParams). One CTA.
+// Launch on `stream`; the caller has checked the arguments (see ScheduleVerifyLensParams; N*K and N'*K' below
+// 2^31). One CTA.
 inline cudaError_t launch_schedule_verify_lens(const ScheduleVerifyLensParams& p, void* workspace,
                                                cudaStream_t stream) {
   using namespace sched;
   const Layout l = layout(p);
-  if (!l.smem && workspace == nullptr) return cudaErrorInvalidValue;
+  if (l.workspace > 0 && workspace == nullptr) return cudaErrorInvalidValue;
   LaunchConfig cfg;
   cfg.grid = dim3(1);
+  cfg.block = dim3(l.threads);
+  cfg.smem = l.smem;
   cfg.stream = stream;
-  cfg.smem = l.smem ? l.bytes : 0;
-  if (l.Mmax <= kSmallM && l.smem) {
-    cfg.block = dim3(kSmallThreads);
-    const cudaError_t e = allow_dynamic_smem(schedule_verify_lens_kernel<kSmallThreads, true>, cfg.smem);
-    if (e != cudaSuccess) return e;
-    return launch("schedule_verify_lens_kernel<256, smem>", schedule_verify_lens_kernel<kSmallThreads, true>, cfg, p,
-                  workspace);
+  if (l.multi) return launch_with<kMaxThreads, true>("schedule_verify_lens_kernel<512, tiles>", p, workspace, cfg);
+  switch (l.threads) {
+    case 32: return launch_with<32, false>("schedule_verify_lens_kernel<32>", p, workspace, cfg);
+    case 128: return launch_with<128, false>("schedule_verify_lens_kernel<128>", p, workspace, cfg);
+    default: return launch_with<kMaxThreads, false>("schedule_verify_lens_kernel<512>", p, workspace, cfg);
   }
-  cfg.block = dim3(kThreads);
-  if (l.smem) {
-    const cudaError_t e = allow_dynamic_smem(schedule_verify_lens_kernel<kThreads, true>, cfg.smem);
-    if (e != cudaSuccess) return e;
-    return launch("schedule_verify_lens_kernel<512, smem>", schedule_verify_lens_kernel<kThreads, true>, cfg, p,
-                  workspace);
-  }
-  return launch("schedule_verify_lens_kernel<512, global>", schedule_verify_lens_kernel<kThreads, false>, cfg, p,
-                workspace);
 }
+#endif
 
 }  // namespace dspark

@@ -1,0 +1,33 @@
+"""bench/step.py: the end-to-end GPU benchmark's pipeline at its tiny shape on the CPU, and its JSON."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_KEYS = {"batch", "tau", "target_tokens_per_s", "spec_tokens_per_s", "speedup", "ops_share", "target_floor_ratio",
+            "greedy_equal"}
+
+
+def test_tiny_run_writes_the_record(tmp_path):
+    """Forced acceptance at tau = 6.2 on a tiny random pair: the record has the machine (commit included) and one
+    run per (batch, tau) with the fields the README's table reads; the greedy outputs are the target's."""
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "step.py"), "--tiny", "--batch", "2", "--tau", "6.2",
+           "--prompt-len", "6", "--new-tokens", "8", "--out-dir", str(tmp_path), "--name", "t", "--device", "cpu"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "t_step.json") as f:
+        rec = json.load(f)
+    assert {"git_commit", "git_dirty", "device"} <= set(rec["machine"]) and rec["machine"]["forced_acceptance"]
+    (run,) = rec["runs"]
+    assert RUN_KEYS <= set(run) and (run["batch"], run["tau"]) == (2, 6.2)
+    assert run["greedy_equal"] is True
+    assert run["speedup"] == pytest.approx(run["spec_tokens_per_s"] / run["target_tokens_per_s"], rel=1e-2)
+    assert 0.0 <= run["ops_share"] <= 1.0 and run["target_floor_ratio"] > 0
+    assert run["measured_tokens_per_step"] > 1.0  # the forced drafts are accepted
+    assert set(run["spec_step_split_ms"]) == {"drafter", "draft_block", "schedule_verify_lens", "target",
+                                              "verify_chain", "accept_prefix_scan", "rest"}
