@@ -347,9 +347,11 @@ def _head_kernel(tokens_ptr, anchor_ptr, w1_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr,
 def _w2_tile(w2_ptr, rows, vmask, rs, rmask, R, W2_FP8: tl.constexpr):
     """W2's rows ``rows`` at columns ``rs`` as stored (an fp8 W2's bytes decoded to float32; zero outside)."""
     wmask = vmask[:, None] & rmask[None, :]
-    if W2_FP8:
-        return _e4m3_to_f32(tl.load(w2_ptr + rows[:, None] * R + rs[None, :], mask=wmask, other=0).to(tl.int32))
-    return tl.load(w2_ptr + rows[:, None] * R + rs[None, :], mask=wmask, other=0.0)
+    if W2_FP8:  # one return: the compiler types a function's returns alike, this branch's float32 and W2's own
+        w = _e4m3_to_f32(tl.load(w2_ptr + rows[:, None] * R + rs[None, :], mask=wmask, other=0).to(tl.int32))
+    else:
+        w = tl.load(w2_ptr + rows[:, None] * R + rs[None, :], mask=wmask, other=0.0)
+    return w
 
 
 @triton.jit
@@ -511,13 +513,14 @@ def _conf_kernel(tokens_ptr, anchor_ptr, w1_ptr, hidden_ptr, cw_ptr, cb_ptr, sts
         prev = tl.load(tokens_ptr + n * K + k)
 
 
-def _sweep_blocks(n: int, vocab: int, rank: int, on_gpu: bool) -> tuple[int, int, int]:
+def _sweep_blocks(n: int, vocab: int, rank: int, on_gpu: bool, fp32_dot: bool) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_V, BLOCK_R) of the sweep: every dimension at least 16 (tl.dot); on a GPU a register-sized
-    BLOCK_N x BLOCK_V accumulator and 64-wide r blocks; in the interpreter (CPU tensors) blocks of many rows, since
-    a program costs per operation, not per element."""
+    BLOCK_N x BLOCK_V accumulator (4096 elements, 2048 for an fp32 W2's float32 dot, whose operands take registers
+    too: sized so that 8 warps compile with no spills on sm_80 and sm_90) and 64-wide r blocks; in the interpreter
+    (CPU tensors) blocks of many rows, since a program costs per operation, not per element."""
     block_r = min(64, max(16, triton.next_power_of_2(max(rank, 1))))
     block_n = min(64, max(16, triton.next_power_of_2(max(n, 1))))
-    budget = 8192 if on_gpu else 1 << 16
+    budget = (2048 if fp32_dot else 4096) if on_gpu else 1 << 16
     block_v = min(max(16, triton.next_power_of_2(vocab)), max(16, budget // block_n), 128 if on_gpu else 1 << 16)
     return block_n, block_v, block_r
 
@@ -537,7 +540,8 @@ def _full_proposal(base, anchor_tokens, head_kind, w1, w2, w2_scale, draft_to_ta
     d = hidden.shape[2] if hidden is not None else 0
     dev = base.device
     on_gpu = dev.type == "cuda"
-    block_n, block_v, block_r = _sweep_blocks(n, v, rank, on_gpu)
+    dot = _dot_mode(head_kind, w1, w2)
+    block_n, block_v, block_r = _sweep_blocks(n, v, rank, on_gpu, dot == 0)
     blocks = triton.cdiv(v, block_v)
     part = torch.empty(n, blocks, 5, dtype=torch.float32, device=dev)
     ids = torch.empty(n, blocks, dtype=torch.int32, device=dev)
@@ -560,7 +564,7 @@ def _full_proposal(base, anchor_tokens, head_kind, w1, w2, w2_scale, draft_to_ta
             rank,
             V_W1=head_kind == "vanilla", W2_FP8=fp8, HAS_SCALE=w2_scale is not None,
             HAS_TEMP=temperature is not None, RETURN_LOGITS=bool(return_logits),
-            DOT=_dot_mode(head_kind, w1, w2), F32=not on_gpu, BLOCK_N=block_n, BLOCK_V=block_v, BLOCK_R=block_r,
+            DOT=dot, F32=not on_gpu, BLOCK_N=block_n, BLOCK_V=block_v, BLOCK_R=block_r,
             num_warps=_NUM_WARPS)
         _merge_kernel[(n,)](part, ids, draft_to_target if draft_to_target is not None else dummy, tokens, logprobs, k,
                             k_len, blocks, min(v + block_v, 2 ** 31 - 1), HAS_MAP=draft_to_target is not None,
