@@ -139,13 +139,6 @@ inline WorkspaceLayout workspace_layout(const DraftBlockParams& p, int slices) {
 }
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
-// The top-k walk's phases are separate functions on the GPU, so that each gets the whole register file.
-#if defined(DSPARK_SIMT)
-#define DSPARK_DRAFT_PHASE DSPARK_DEVICE
-#else
-#define DSPARK_DRAFT_PHASE __device__ __noinline__
-#endif
-
 // ------------------------------------------------------------------------------------------------ helpers
 DSPARK_DEVICE const void* offset_row(const void* p, DType t, int64_t elems) {
   return static_cast<const char*>(p) + elems * static_cast<int64_t>(dtype_size(t));

@@ -55,7 +55,7 @@ using top_select::SelectScratch;
 // Phase 1 for row `row` of U: C's draft ids, increasing, into the workspace. One read of the row
 // (top_select::select_top: the keys above a rising floor into the shared buffer, cut back to the top_k when the next
 // chunk might not fit), then the top_k keys sorted by id. The whole block.
-DSPARK_DRAFT_PHASE void select_row(const DraftBlockParams& p, const Workspace& ws, int64_t row, SelectScratch& s) {
+DSPARK_DEVICE void select_row(const DraftBlockParams& p, const Workspace& ws, int64_t row, SelectScratch& s) {
   const int64_t V = p.V, top = p.top_k;
   const void* urow = draft::offset_row(p.base, p.base_dtype, row * V);
   top_select::select_top(s, V, top, [&](int64_t c0, int64_t c1, uint64_t floor) {
@@ -113,7 +113,7 @@ DSPARK_DEVICE const float* head_vector(const DraftBlockParams& p, int64_t n, int
 }
 
 // Phase 2: request n's walk over its K positions. The whole block; smem: smem_floats(p) floats.
-DSPARK_DRAFT_PHASE void walk(const DraftBlockParams& p, const Workspace& ws, int64_t n, float* smem,
+DSPARK_DEVICE void walk(const DraftBlockParams& p, const Workspace& ws, int64_t n, float* smem,
                              Part* part_scratch, float* sum_scratch, const rng::Philox& ph) {
   const int64_t K = p.K, R = p.R, top = p.top_k;
   float* zs = smem;
