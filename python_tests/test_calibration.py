@@ -1,7 +1,6 @@
 """dk.CostTable, dk.survival_from_conf, dk.expected_calibration_error, dk.fit_sts."""
 
 import json
-import math
 
 import pytest
 import torch

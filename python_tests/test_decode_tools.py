@@ -5,7 +5,6 @@ import re
 import warnings
 
 import pytest
-import torch
 import tokenizers
 
 import dspark_kernels as dk

@@ -61,6 +61,7 @@ def batch_of(row):
     return row["batch"]  # a step verifies at least the anchor row of every request
 
 
+@pytest.mark.slow  # the whole demo: a minute on 2 cores; its pieces (weights, greedy equality) run by default
 def test_quick_demo_end_to_end(tmp_path):
     assert demo.main(["--quick", "--threads", "1", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "demo.json").read_text())
@@ -88,6 +89,7 @@ def _tiny_config():
                              calib_prompts=2, calib_tokens=8, draft_vocab=100)
 
 
+@pytest.mark.slow  # two whole training runs (the determinism check)
 def test_training_pieces_on_a_tiny_corpus(tmp_path):
     c = _tiny_config()
     res = train.run(c, str(tmp_path), log=lambda s: None)
