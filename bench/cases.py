@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List
 
 import torch
@@ -34,19 +34,20 @@ REDUCED_VD, TOPK_K = 32768, 64
 GRIDS = {
     # the headline grid; ops use the dimensions they have (scan: N, K; schedule: N, K; rng_uniform: N, K, V)
     "full": dict(N=[1, 8, 64, 256], K=[3, 7, 15], V=[32000, 151936], dtype=["bf16", "fp32"],
-                 mode=["greedy", "sampled"], w2=["same", "fp8"], top_k=[0, 64], forms=list(VERIFY_FORMS),
+                 mode=["greedy", "sampled"], w2=["same", "fp8"], top_k=[0, 64], conf=[0, 1], forms=list(VERIFY_FORMS),
                  form_shapes=dict(K=7, V=151936, dtype="bf16")),
     "quick": dict(N=[1, 8, 64], K=[7], V=[32000], dtype=["fp32"], mode=["greedy", "sampled"], top_k=[0, 64],
-                  forms=list(VERIFY_FORMS)),
+                  conf=[0, 1], forms=list(VERIFY_FORMS)),
 }
 RANK, HIDDEN = 256, {"full": 4096, "quick": 256}
 QWEN3_VOCAB = 151936
 
 
-CASE_KEYS = ["N", "K", "V", "P", "dtype", "mode", "form", "w2", "top_k", "sched", "r", "d"]  # a case's parameters
+CASE_KEYS = ["N", "K", "V", "P", "dtype", "mode", "form", "w2", "top_k", "conf", "head", "sched", "r",
+             "d"]  # a case's name
 SHARDS = 4   # the vocabulary-parallel rows: shard 1 of P = 4
-BACKENDS = ["cuda", "triton", "cpu", "reference", "flashinfer"]
-PEERS = {"flashinfer": ["verify_chain"]}   # external peers and the ops they have
+BACKENDS = ["cuda", "triton", "cpu", "reference", "flashinfer", "cublas"]
+PEERS = {"flashinfer": ["verify_chain"], "cublas": ["draft_block"]}   # external peers and the ops they have
 
 
 @dataclass
@@ -56,6 +57,8 @@ class Case:
     floor: floors.Floor
     inputs: Callable[[], dict]                  # builds the tensors (lazily, per case)
     run: Callable[[str, dict], object]          # (backend, inputs) -> result
+    peers: Dict[str, Callable[[dict], object]] = field(default_factory=dict)  # peer name -> run(inputs)
+    peer_notes: Dict[str, str] = field(default_factory=dict)  # peer name -> what it runs, or why it is missing
 
 
 def _gen(seed: int = 0, dev="cpu") -> torch.Generator:
@@ -77,36 +80,84 @@ def rng_uniform_cases(dev, grid):
 
 def draft_block_cases(dev, grid, d):
     """W2 of the grid's dtype ("same"), or fp8 e4m3 with per-row scales ("fp8": bf16 grids only; a w2 key); the full
-    proposal (top_k 0) or top-k proposals (a top_k key; with W2 of the grid's dtype only)."""
-    for n, k, v, dt, mode, w2, top_k in itertools.product(grid["N"], grid["K"], grid["V"], grid["dtype"],
-                                                          grid["mode"], grid.get("w2", ["same"]),
-                                                          grid.get("top_k", [0])):
+    proposal (top_k 0) or top-k proposals (a top_k key; with W2 of the grid's dtype only); the kernel alone (conf 0)
+    or with the confidence head over d-wide hidden states (conf 1); the vanilla head, or a grid's "head" (a head key).
+    Greedy full-proposal rows of the vanilla kernel alone have the cuBLAS peer (cublas_draft_peer)."""
+    for n, k, v, dt, mode, w2, top_k, conf, kind in itertools.product(
+            grid["N"], grid["K"], grid["V"], grid["dtype"], grid["mode"], grid.get("w2", ["same"]),
+            grid.get("top_k", [0]), grid.get("conf", [1]), grid.get("head", ["vanilla"])):
         if (w2 == "fp8" and dt != "bf16") or (w2 == "fp8" and top_k):
             continue
         dtype, sampled, fp8 = DTYPES[dt], mode == "sampled", w2 == "fp8"
         esize = torch.empty(0, dtype=dtype).element_size()
-        fl = floors.draft_block(n, k, v, RANK, d=d, u_bytes=esize, w_bytes=esize, confidence=True,
-                                return_logits=sampled, w2_fp8=fp8, top_k=top_k)
+        hidden_d = d if conf or kind != "vanilla" else 0
+        fl = floors.draft_block(n, k, v, RANK, d=hidden_d, head=kind, u_bytes=esize, w_bytes=esize,
+                                confidence=bool(conf), return_logits=sampled, w2_fp8=fp8, top_k=top_k)
 
-        def inputs(n=n, k=k, v=v, dtype=dtype, fp8=fp8):
+        def inputs(n=n, k=k, v=v, dtype=dtype, fp8=fp8, conf=conf, kind=kind, hd=hidden_d):
             g = _gen(0, dev)
             w1, w2 = _randn((v, RANK), dev, dtype, g) * 0.05, _randn((v, RANK), dev, dtype, g) * 0.05
+            extra = {}
+            if kind == "gated":
+                extra = dict(wg=_randn((RANK, hd + RANK), dev, dtype, g) * 0.02, bg=_randn((RANK,), dev, dtype, g))
+            elif kind == "rnn":
+                extra = dict(wj=_randn((3 * RANK, 2 * RANK + hd), dev, dtype, g) * 0.02,
+                             bj=_randn((3 * RANK,), dev, dtype, g))
             if fp8:
                 q, scale = dk.quantize_w2(w2)
-                head = dk.MarkovHead("vanilla", w1, q, w2_scale=scale)
+                head = dk.MarkovHead(kind, w1, q, w2_scale=scale, **extra)
             else:
-                head = dk.MarkovHead("vanilla", w1, w2)
+                head = dk.MarkovHead(kind, w1, w2, **extra)
             return dict(base=_randn((n, k, v), dev, dtype, g),
                         anchors=torch.randint(0, v, (n,), generator=g, device=dev), head=head,
-                        hidden=_randn((n, k, d), dev, dtype, g),
-                        conf=dk.ConfidenceHead(_randn((d + RANK,), dev, dtype, g) * 0.02, 0.0))
+                        hidden=_randn((n, k, hd), dev, dtype, g) if hd else None,
+                        conf=dk.ConfidenceHead(_randn((hd + RANK,), dev, dtype, g) * 0.02, 0.0) if conf else None)
 
-        params = dict(N=n, K=k, V=v, dtype=dt, mode=mode, r=RANK, d=d, **({"w2": "fp8"} if fp8 else {}),
-                      **({"top_k": top_k} if top_k else {}))
+        params = dict(N=n, K=k, V=v, dtype=dt, mode=mode, r=RANK, d=hidden_d, conf=conf,
+                      **({"w2": "fp8"} if fp8 else {}), **({"top_k": top_k} if top_k else {}),
+                      **({"head": kind} if kind != "vanilla" else {}))
+        peer = not sampled and not fp8 and not top_k and not conf and kind == "vanilla"
         yield Case("draft_block", params, fl, inputs,
                    lambda b, x, t=1.0 if sampled else 0.0, s=sampled, tk=top_k or None: dk.draft_block(
                        x["base"], x["anchors"], x["head"], hidden=x["hidden"], confidence=x["conf"], temperature=t,
-                       seed=1, offset=0, return_logits=s, top_k=tk, backend=b))
+                       seed=1, offset=0, return_logits=s, top_k=tk, backend=b),
+                   peers={"cublas": cublas_draft_peer} if peer else {},
+                   peer_notes={"cublas": CUBLAS_NOTE if peer else
+                               "no cuBLAS peer here (it has greedy full-proposal rows of the vanilla head alone)"})
+
+
+CUBLAS_NOTE = ("per position W1 rows gathered, torch.addmm(U[:, k], W1[x], W2^T) and argmax; the K positions in one "
+               "CUDA graph on a GPU (eager on the CPU)")
+
+
+def _cublas_block(x) -> torch.Tensor:
+    """The Markov head as a user would write it with cuBLAS: per position the N rows of W1 of the previous tokens
+    times W2 transposed plus U[:, k] (one addmm in the inputs' dtype), then argmax; tokens int64 [N, K]."""
+    base, head = x["base"], x["head"]
+    tok, out = x["anchors"], []
+    for k in range(base.shape[1]):
+        tok = torch.addmm(base[:, k], head.w1[tok], head.w2.t()).argmax(-1)
+        out.append(tok)
+    return torch.stack(out, 1)
+
+
+def cublas_draft_peer(x):
+    """_cublas_block, captured once per inputs into a CUDA graph and replayed (a GPU), or run eagerly (the CPU)."""
+    if x["base"].device.type != "cuda":
+        return _cublas_block(x)
+    if "_cublas_graph" not in x:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            _cublas_block(x)  # warm-up outside the capture (cuBLAS handles, workspaces)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = _cublas_block(x)
+        x["_cublas_graph"] = (graph, out)
+    graph, out = x["_cublas_graph"]
+    graph.replay()
+    return out
 
 
 def _verify_forms(grid, k, v, dt):

@@ -15,7 +15,9 @@ the achieved bandwidth against that floor, that bandwidth as a percentage of thi
 (measured in the same run with a large tensor copy), the floor's time at that copy bandwidth, and the speed-up
 against the best other backend or peer of the same case. Peers: the reference ops on the same device (what a
 PyTorch engine would write), the CPU kernels (on the CPU), the Triton twins, FlashInfer's
-``chain_speculative_sampling`` for verify_chain; a peer that is missing is a row saying so.
+``chain_speculative_sampling`` for verify_chain, and for draft_block ``cublas`` (per position torch.addmm of the
+previous tokens' W1 rows by W2^T plus U[:, k], then argmax, the K positions in one CUDA graph; greedy rows without
+the confidence head); a peer that is missing is a row saying so.
 
 Also: a structural report (per op, bytes moved by the CUDA kernels under the SIMT harness against the floor, CTAs
 at N = 1, registers and spills from ptxas via ``tools/check_cuda.py --json``) and end-to-end rows (the decode

@@ -146,6 +146,12 @@ def run_case(case: Case, backends, dev, timer, fi) -> List[dict]:
                 continue
             row["note"] = "softmax of target and draft logits included (FlashInfer takes probabilities)"
             call = (lambda fn=fn, x=x: fn(x))
+        elif b in case.peer_notes:  # a peer the case builds on its own inputs (cases.py)
+            if b not in case.peers:
+                rows.append(dict(row, status="missing", note=case.peer_notes[b]))
+                continue
+            row["note"] = case.peer_notes[b]
+            call = (lambda fn=case.peers[b], x=x: fn(x))
         elif b == "cuda" and dev.type != "cuda":
             rows.append(dict(row, status="skipped", note="timing needs a GPU (see the structural report)"))
             continue

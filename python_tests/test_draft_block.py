@@ -521,84 +521,109 @@ def _nbytes(*ts):
     return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
-@pytest.mark.parametrize("kind,n,k,vocab,rank,d,dtype,min_ctas", [
-    ("vanilla", 1, 3, 32003, 64, 0, torch.bfloat16, 132),   # N = 1 fills a 132-SM GPU
-    ("gated", 1, 2, 32003, 64, 40, torch.bfloat16, 132),
-    ("rnn", 17, 2, 32003, 64, 33, torch.float32, 132),
-])
-def test_cuda_bytes_ctas_and_one_launch(cuda_device, kind, n, k, vocab, rank, d, dtype, min_ctas):
-    """One launch for the whole block, K grid barriers (3K with a gate / rnn), N = 1 on 132+ CTAs, and the global traffic within 1.1x
-    of the floor: U once + W2 once per position + outputs + small weights (W1 rows gathered, gate / rnn /
-    confidence weights once per position, hidden once). What sits above the floor, all O(N * r * CTAs) or
-    O(N * CTAs) per position: the v rows every CTA reads (from L2 on a GPU), the temperatures, and the split-V
-    partials."""
+def _bench_floors():
+    """bench/floors.py (the benchmark's bytes floors)."""
+    import importlib.util
+    import os
+    import sys
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "floors.py")
+    if "dspark_bench_floors" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("dspark_bench_floors", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["dspark_bench_floors"] = mod  # dataclasses look their module up there
+        spec.loader.exec_module(mod)
+    return sys.modules["dspark_bench_floors"]
+
+
+def _sweep_name(n, w2_dtype, rank=64):
+    """The sweep draft_block runs: tensor cores past 4 requests with a 16-bit or fp8 W2 of rank <= 2048."""
+    return "draft_sweep[mma]" if n > 4 and w2_dtype != torch.float32 and rank <= 2048 else "draft_sweep[gemv]"
+
+
+@pytest.mark.parametrize("kind,n,dtype", [("vanilla", 1, torch.bfloat16), ("gated", 1, torch.bfloat16),
+                                          ("rnn", 17, torch.float32), ("vanilla", 9, torch.float16)])
+def test_cuda_launches_pdl_and_ctas(cuda_device, kind, n, dtype):
+    """K + 2 launches with the vanilla head (draft_setup, a sweep a position, draft_finish), 2K + 2 with a gate / rnn
+    (a draft_head before each sweep); none cooperative, no grid barrier; every launch after the first a programmatic
+    dependent launch (the harness fails one that reads what the launch before it wrote, or writes global memory,
+    before its grid_dependency_wait). The sweeps of N = 1 run at least 2 CTAs an SM of the harness's device."""
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
     from dspark_kernels import simt
-    conf = "sts" if d else "none"
-    base, anchors, head, hidden, confidence, temperature = make_triton_case(kind, n, k, vocab, rank, max(d, 1), dtype,
-                                                                            "mixed", conf, seed=2)
-    hidden = hidden if d else None
+    k, vocab, rank = 3, 32003 if n == 1 else 4099, 64  # (N = 1: enough rows for 2 CTAs an SM at 64 rows a CTA)
+    base, anchors, head, hidden, confidence, temperature = make_triton_case(kind, n, k, vocab, rank, 40, dtype,
+                                                                            "mixed", "sts", seed=2)
+    kw = dict(hidden=hidden, confidence=confidence, temperature=temperature, seed=1)
     with simt.record() as rec:
-        out = dk.draft_block(base, anchors, head, hidden=hidden, confidence=confidence, temperature=temperature,
-                             seed=1, backend="cuda")
-    assert len(rec.launches) == 1, rec.kernels()
-    launch = rec.launches[0]
-    assert launch["kernel"] == ("draft_block_kernel[fma]" if dtype == torch.float32 else "draft_block_kernel[mma]")
-    assert launch["ctas"] >= min_ctas
-    assert launch["grid_barriers"] == (1 if kind == "vanilla" else 3) * k
-    small = _nbytes(head.wg, head.bg, head.wj, head.bj) + (_nbytes(confidence.weight, confidence.sts_temperatures)
-                                                          if confidence is not None else 0)
-    floor = (_nbytes(base, anchors, hidden) + k * _nbytes(head.w2) + k * small + n * k * rank * head.w1.element_size()
-             + _nbytes(out.tokens, out.draft_logprobs, out.conf_logits, out.survival))
-    moved = rec.bytes_read + rec.bytes_written
-    assert moved <= 1.1 * floor, (moved, floor, moved / floor)
-    assert _nbytes(base, head.w2) <= rec.bytes_read  # the counters see the streams
+        out = dk.draft_block(base, anchors, head, backend="cuda", **kw)
+    assert torch.equal(out.tokens, dk.draft_block(base, anchors, head, backend="reference", **kw).tokens)
+    sweep = _sweep_name(n, dtype)
+    per_position = ([f"draft_head[{kind}]"] if kind != "vanilla" else []) + [sweep]
+    assert rec.kernels() == ["draft_setup"] + per_position * k + ["draft_finish"]
+    assert not any(r["cooperative"] or r["grid_barriers"] for r in rec.launches)
+    assert [r["pdl"] for r in rec.launches] == [False] + [True] * (len(rec.launches) - 1)
+    if n == 1:
+        sms = simt.settings()["sm_count"]
+        assert all(r["ctas"] >= 2 * sms for r in rec.launches if r["kernel"] == sweep), rec.launches
 
 
-@pytest.mark.parametrize("kind,dtype,n,conf,fp8", [("vanilla", torch.float32, 1, "none", False),
-                                                   ("vanilla", torch.float32, 64, "none", False),
-                                                   ("gated", torch.bfloat16, 5, "sts", False),
-                                                   ("rnn", torch.bfloat16, 40, "sts", False),
-                                                   ("vanilla", torch.bfloat16, 64, "none", True),
-                                                   ("gated", torch.bfloat16, 9, "conf", True)])
-def test_cuda_launch_has_no_bank_conflict(cuda_device, kind, dtype, n, conf, fp8):
-    """Every shared-memory access of a launch costs the conflict-free wavefronts of its words: the float32 W2 sweep
-    (FMA; W2 rows staged 36 floats apart with 16-byte stores, a quarter-warp filling 128 contiguous bytes of one row),
-    the tensor-core sweep (with an fp8 W2 too: its raw 64-byte rows copied and widened, two rows a quarter-warp), the
-    gate / rnn products, the e gather and the confidence dot product (element by element, consecutive lanes on
-    consecutive words)."""
+@pytest.mark.parametrize("n,vocab", [(1, 32003), (64, 4096), (256, 4096)])
+def test_cuda_bytes_at_the_floor(cuda_device, n, vocab):
+    """The whole op's estimated DRAM traffic (each launch's reads an L2 of 2 MB would not hold, plus its distinct
+    bytes written) within 1.05x of bench/floors.py's floor (U once, W2 once per position, the W1 rows of the tokens,
+    the tokens) and the log-probabilities. Above the floor: the packed winners and each sweep CTA's statistics of its
+    requests (16 bytes a request and CTA a position, written and read once). The harness's device has 132 V / 151936
+    SMs here, so that slices stand to V as on a 132-SM GPU at V = 151936. At N = 256 one CTA a slice sweeps all 256
+    requests (W2 streamed once per position; more than 48 KB of shared memory). Tokens equal the reference's."""
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
     from dspark_kernels import simt
+    k, rank = 2, 64
+    base, anchors, head, _, _, _ = make_triton_case("vanilla", n, k, vocab, rank, 1, torch.bfloat16, "greedy", "none",
+                                                    seed=n)
+    old = simt.configure(l2_bytes=2 << 20)
+    try:
+        with simt.record(dram=True, sm_count=max(1, 132 * vocab // 151936)) as rec:
+            out = dk.draft_block(base, anchors, head, seed=1, backend="cuda")
+    finally:
+        simt.configure(**old)
+    assert torch.equal(out.tokens, dk.draft_block(base, anchors, head, backend="reference").tokens)
+    floor = _bench_floors().draft_block(n, k, vocab, rank).total + _nbytes(out.draft_logprobs)
+    assert rec.dram_bytes <= 1.05 * floor, (rec.dram_bytes, floor, rec.dram_bytes / floor)
+    assert k * _nbytes(head.w2) + _nbytes(base) <= rec.bytes_read  # the counters see the streams
+    sweeps = [r for r in rec.launches if r["kernel"] == _sweep_name(n, torch.bfloat16)]
+    assert len(sweeps) == k
+    if n == 256:
+        assert all(r["grid"][0] == 1 and r["dynamic_smem"] > 48 * 1024 for r in sweeps), sweeps
+
+
+ACCESS_CASES = [  # head, W2 dtype, N, K, V, confidence, temperatures, return_logits, fp8 W2
+    ("vanilla", torch.float32, 1, 2, 1024, "none", "mixed", False, False),    # CUDA cores, fp32 W2
+    ("vanilla", torch.bfloat16, 3, 2, 1024, "sts", "mixed", True, False),     # CUDA cores, logits, confidence
+    ("vanilla", torch.bfloat16, 2, 2, 1024, "none", "mixed", False, True),    # CUDA cores, fp8 W2
+    ("vanilla", torch.bfloat16, 64, 2, 1024, "none", "greedy", False, False),  # tensor cores, W1's rows as v
+    ("rnn", torch.bfloat16, 40, 2, 1024, "sts", "mixed", True, False),        # tensor cores with lo rows
+    ("gated", torch.float16, 9, 2, 1024, "conf", "mixed", False, True),       # tensor cores, fp8 W2 widened
+    ("vanilla", torch.bfloat16, 256, 1, 256, "none", "mixed", False, False),  # 256 requests a CTA
+]
+
+
+@pytest.mark.parametrize("kind,dtype,n,k,vocab,conf,temps,logits,fp8", ACCESS_CASES)
+def test_cuda_ideal_access(cuda_device, kind, dtype, n, k, vocab, conf, temps, logits, fp8):
+    """Every launch (draft_setup, draft_head, the sweeps, draft_finish) at the access rule (python_tests/access.py):
+    shared-memory wavefronts at the ideal (no bank conflict: the staged W2 chunks and v rows of ldmatrix, the fp8
+    widening, the gate / rnn inputs, the partials' slots) and global sectors within 1.05x of the ideal, line by line.
+    Tokens equal the reference's."""
+    if cuda_device.type != "cpu":
+        pytest.skip("counts come from the SIMT harness")
+    from access import ideal_access
     make = fp8_case if fp8 else make_triton_case
-    base, anchors, head, hidden, confidence, temperature = make(kind, n, 2, 1024, 64, 16, dtype, "mixed", conf,
+    base, anchors, head, hidden, confidence, temperature = make(kind, n, k, vocab, 64, 16, dtype, temps, conf,
                                                                 seed=n + 3)
-    with simt.record(access=True) as rec:
-        out = dk.draft_block(base, anchors, head, hidden=hidden, confidence=confidence, temperature=temperature,
-                             seed=1, backend="cuda")
-    ref = dk.draft_block(base, anchors, head, hidden=hidden, confidence=confidence, temperature=temperature, seed=1,
-                         backend="reference")
-    assert torch.equal(out.tokens, ref.tokens)
-    launch = rec.launches[0]
-    if launch.get("shared_wavefronts") is None:
-        pytest.skip("needs the harness's warp access model (the counting SIMT build of a harness that has it)")
-    assert launch["kernel"] == ("draft_block_kernel[fma]" if dtype == torch.float32 else "draft_block_kernel[mma]")
-    assert launch["shared_instructions"] > 0
-    assert launch["shared_wavefronts"] == launch["shared_wavefronts_ideal"], {
-        line: c for line, c in launch["by_line"].items() if c["shared_wavefronts"] != c["shared_wavefronts_ideal"]}
-
-
-def test_cuda_fp32_w2_above_48kb_shared_memory_launches(cuda_device, simt_check):
-    """fp32 W2 with r = 100 and N = 50 needs more than 48 KB of dynamic shared memory (the opt-in attribute)."""
-    case = make_triton_case("vanilla", 50, 2, 300, 100, 1, torch.float32, "mixed", "none", seed=4)
-    if cuda_device.type == "cpu":
-        from dspark_kernels import simt
-        with simt.record() as rec:
-            run_both(cuda_device, *case, True, backend="cuda")
-        assert rec.launches[0]["dynamic_smem"] > 48 * 1024, rec.launches[0]["dynamic_smem"]
-    ref, out = run_both(cuda_device, *case, True, backend="cuda", wrap=simt_check)
-    assert_matches(ref, out, *case[:4], case[5])
+    kw = dict(hidden=hidden, confidence=confidence, temperature=temperature, seed=1, return_logits=logits)
+    out, rec = ideal_access(lambda: dk.draft_block(base, anchors, head, backend="cuda", **kw))
+    assert torch.equal(out.tokens, dk.draft_block(base, anchors, head, backend="reference", **kw).tokens)
+    assert _sweep_name(n, dtype) in rec.kernels()
 
 
 def test_cuda_opcheck(cuda_device):
@@ -632,10 +657,10 @@ def test_cuda_tensor_core_bias_error(cuda_device, w2_dtype):
         from dspark_kernels import simt
         with simt.record() as rec:
             out = run(dk.MarkovHead("vanilla", dev(w1), dev(w2)))
-        assert rec.kernels() == ["draft_block_kernel[mma]"], rec.kernels()
+        assert "draft_sweep[mma]" in rec.kernels(), rec.kernels()
         with simt.record() as rec:
             run(dk.MarkovHead("vanilla", dev(w1), dev(w2.float())))
-        assert rec.kernels() == ["draft_block_kernel[fma]"], rec.kernels()
+        assert "draft_sweep[gemv]" in rec.kernels(), rec.kernels()
     else:
         out = run(dk.MarkovHead("vanilla", dev(w1), dev(w2)))
     v = w1[anchors].double()
@@ -650,23 +675,26 @@ def test_cuda_tensor_core_bias_error(cuda_device, w2_dtype):
 
 
 @pytest.mark.sass
-def test_sass_sweeps_stage_w2_with_cp_async_and_keep_loops_out_of_local_memory():
+def test_sass_sweeps_load_w2_in_16_bytes_and_keep_loops_out_of_local_memory():
     """sm_90a SASS (tools/check_cuda.py's report), one fact per design choice: the tensor-core sweeps stage W2 with
-    cp.async (LDGSTS) and multiply with ldmatrix + mma.sync in a loop; no instance spills or touches local memory in
-    an innermost loop; the FMA sweeps use no tensor core."""
+    cp.async (LDGSTS) and multiply with ldmatrix + mma.sync in a loop; the CUDA-core sweeps read W2 with 16-byte loads
+    in a loop (8-byte ones for fp8) and use no tensor core; no instance spills or touches local memory in an innermost
+    loop (the reduce-scatter's halves picked by mask, not by address)."""
     from sass_facts import sass_facts
-    kernels = sass_facts("draft::draft_block_kernel<")
-    mma = [k for k in kernels if k["demangled"].split(">")[0].endswith("true")]
-    fma = [k for k in kernels if k["demangled"].split(">")[0].endswith("false")]
-    assert mma and fma
+    kernels = sass_facts("draft::sweep_")
+    mma = [k for k in kernels if "sweep_mma_kernel" in k["demangled"]]
+    gemv = [k for k in kernels if "sweep_gemv_kernel" in k["demangled"]]
+    assert mma and gemv
     for k in kernels:
         assert k["spill_bytes"] == 0, k["demangled"]
         assert all(lp["LDL"] == 0 and lp["STL"] == 0 for lp in k["sass"]["loops"]), k["demangled"]
     for k in mma:
         assert k["sass"]["LDGSTS"] > 0, k["demangled"]
         assert any(lp["HMMA"] > 0 and lp["LDSM"] > 0 for lp in k["sass"]["loops"]), k["demangled"]
-    for k in fma:
-        assert k["sass"]["LDSM"] == 0 and k["sass"]["HMMA"] == 0 and k["sass"]["LDGSTS"] == 0, k["demangled"]
+    for k in gemv:
+        assert k["sass"]["HMMA"] == 0, k["demangled"]
+        if "fp8" not in k["demangled"]:  # (8-byte loads of an fp8 row)
+            assert any(lp["LDG.E.128"] > 0 for lp in k["sass"]["loops"]), k["demangled"]
 
 
 # ---------------------------------------------------------------- a reduced draft vocabulary (draft_to_target)
@@ -876,36 +904,26 @@ def test_cuda_fp8_w2_samples_follow_the_draft_softmax(cuda_device, simt_check):
     assert not passes(counts(logits[:, 0].argmax(-1), vocab), p0 * trials)
 
 
-def _launch_with_small_l2(base, anchors, head, temperature):
-    """draft_block on the SIMT harness with the DRAM estimate on and an L2 of 132 x 16 KB, too small to keep W2
-    between positions: (output, recording)."""
+def test_cuda_fp8_w2_halves_the_w2_bytes(cuda_device):
+    """The sweep reads the fp8 W2 itself (1 byte an element, plus 4 bytes of scale a row), once per position: with
+    an L2 too small to keep W2 between positions, the harness's DRAM estimate stays within 1.05x of that floor."""
+    if cuda_device.type != "cpu":
+        pytest.skip("counts come from the SIMT harness")
     from dspark_kernels import simt
+    n, k, vocab, rank = 1, 2, 32003, 64
+    base, anchors, head, _, _, temperature = fp8_case("vanilla", n, k, vocab, rank, 1, torch.bfloat16, "mixed",
+                                                      "none", seed=4)
     old = simt.configure(l2_bytes=132 * 16 * 1024)
     try:
         with simt.record(dram=True) as rec:
             out = dk.draft_block(base, anchors, head, temperature=temperature, seed=1, backend="cuda")
     finally:
         simt.configure(**old)
-    return out, rec
-
-
-def test_cuda_fp8_w2_halves_the_w2_bytes(cuda_device):
-    """The sweep reads the fp8 W2 itself (1 byte an element, plus 4 bytes of scale a row), once per position: with
-    an L2 too small to keep W2 between positions, the harness's DRAM estimate stays within 1.1x of that floor (plus
-    the split-V partials it counts as written)."""
-    if cuda_device.type != "cpu":
-        pytest.skip("counts come from the SIMT harness")
-    n, k, vocab, rank = 1, 2, 32003, 64
-    base, anchors, head, _, _, temperature = fp8_case("vanilla", n, k, vocab, rank, 1, torch.bfloat16, "mixed",
-                                                      "none", seed=4)
-    out, rec = _launch_with_small_l2(base, anchors, head, temperature)
-    (launch,) = rec.launches
     w2_bytes = _nbytes(head.w2, head.w2_scale)
     assert w2_bytes == vocab * (rank + 4)
     floor = (_nbytes(base, anchors) + k * w2_bytes + n * k * rank * head.w1.element_size()
              + _nbytes(out.tokens, out.draft_logprobs))
-    partials = k * launch["ctas"] * n * (32 + 8)  # a Part and its packed winner, written once a position
-    assert k * w2_bytes <= rec.bytes_read and rec.dram_bytes - partials <= 1.1 * floor, (rec.dram_bytes, floor)
+    assert k * w2_bytes <= rec.bytes_read and rec.dram_bytes <= 1.05 * floor, (rec.dram_bytes, floor)
 
 
 def test_fp8_w2_opcheck():

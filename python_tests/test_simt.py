@@ -198,6 +198,21 @@ def test_grid_barrier_needs_a_cooperative_launch(harness):
         selftest(harness, "grid_barrier", grid=5, block=64, aux=5, variant=1)
 
 
+@pytest.mark.parametrize("variant,error", [(1, "read memory the launch before it wrote"),
+                                           (2, "wrote global memory before grid_dependency_wait"),
+                                           (3, "launch_dependents .* before grid_dependency_wait")])
+def test_programmatic_dependent_launch_rule(harness, variant, error):
+    """A pdl launch runs after the launch before it (stream order), and the harness holds it to the GPU's rule: no
+    read of what that launch wrote, no global write and no launch_dependents before grid_dependency_wait."""
+    x = torch.arange(64, dtype=torch.float32)
+    with simt.record() as rec:
+        y, aux = selftest(harness, "pdl", x=x, grid=1, block=64, aux=64, variant=0)
+    assert torch.equal(y[:64], 2 * x) and torch.equal(aux, 2 * x + 1)
+    assert [r["pdl"] for r in rec.launches] == [False, True]
+    with pytest.raises(RuntimeError, match="pdl_reader_kernel.*" + error):
+        selftest(harness, "pdl", x=x, grid=1, block=64, aux=64, variant=variant)
+
+
 _OOB_SCRIPT = textwrap.dedent("""
     import sys, torch
     from dspark_kernels import simt

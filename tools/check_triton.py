@@ -24,7 +24,8 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from dspark_kernels.triton.accept_prefix_scan import _accept_prefix_scan_kernel
-from dspark_kernels.triton.draft_block import _draft_block_kernel, _topk_kernel
+from dspark_kernels.triton.draft_block import (_conf_kernel, _draft_block_kernel, _head_kernel, _merge_kernel,
+                                               _sweep_kernel, _topk_kernel)
 from dspark_kernels.triton.rng_uniform import _rng_uniform_kernel
 from dspark_kernels.triton.schedule_verify_lens import _schedule_verify_lens_kernel
 from dspark_kernels.triton.verify_chain import _mass_kernel, _rows_kernel, _sample_kernel
@@ -34,8 +35,8 @@ def _draft_signature(w2: str) -> dict:
     """draft_block's kernel with a W2 of Triton type ``w2`` (bf16 inputs otherwise)."""
     return dict(base_ptr="*bf16", anchor_ptr="*i64", w1_ptr="*bf16", w2_ptr=f"*{w2}", w2s_ptr="*fp32", d2t_ptr="*i64",
                 wg_ptr="*bf16", bg_ptr="*bf16", wj_ptr="*bf16", bj_ptr="*bf16", hidden_ptr="*bf16", cw_ptr="*fp32",
-                cb_ptr="*fp32", sts_ptr="*fp32", cand_ptr="*i64", temp_ptr="*fp32", rng_key_ptr="*i64",
-                scratch_ptr="*fp32", tokens_ptr="*i64", logits_ptr="*fp32", conf_ptr="*fp32", surv_ptr="*fp32",
+                cb_ptr="*fp32", sts_ptr="*fp32", cand_ptr="*i64", temp_ptr="*fp32", rng_key_ptr="*i64", seed="i64",
+                offset="i64", KEY_IN_MEMORY="constexpr", scratch_ptr="*fp32", tokens_ptr="*i64", logits_ptr="*fp32", conf_ptr="*fp32", surv_ptr="*fp32",
                 logprob_ptr="*fp32", K="i32", V="i32", W="i32", VT="i32", R="i32", D="i32", HEAD="constexpr",
                 W2_FP8="constexpr", HAS_SCALE="constexpr", HAS_MAP="constexpr", HAS_CONF="constexpr",
                 HAS_STS="constexpr", TOPK="constexpr", RETURN_LOGITS="constexpr", BLOCK_V="constexpr",
@@ -89,19 +90,43 @@ KERNELS = {
     _sample_kernel: [(_SAMPLE_SIGNATURE, grid) for grid in (
         dict(KEY_IN_MEMORY=[True, False], QKIND=[1, 2, 3], BLOCK_V=[512], BLOCK_C=[256], BLOCK_W=[16]),
         dict(KEY_IN_MEMORY=[True], QKIND=[4], BLOCK_V=[256], BLOCK_C=[256], BLOCK_W=[16]))],
+    # the top-k proposals' kernel (the walk over each row's candidates; the full proposal is _sweep_kernel's)
     _draft_block_kernel: [(_draft_signature("bf16"),
-                           dict(HEAD=[0, 1, 2], W2_FP8=[False], HAS_SCALE=[False], HAS_MAP=[False, True], HAS_CONF=[True],
-                                HAS_STS=[True], TOPK=[False], RETURN_LOGITS=[False, True], BLOCK_V=[128], BLOCK_R=[64],
-                                BLOCK_C=[64])),
+                           dict(KEY_IN_MEMORY=[True], HEAD=[0, 1, 2], W2_FP8=[False], HAS_SCALE=[False],
+                                HAS_MAP=[False, True], HAS_CONF=[True], HAS_STS=[True], TOPK=[True],
+                                RETURN_LOGITS=[False, True], BLOCK_V=[64], BLOCK_R=[64], BLOCK_C=[64])),
                           (_draft_signature("u8"),  # an fp8 W2 (its bytes) with its row scales
-                           dict(HEAD=[0, 2], W2_FP8=[True], HAS_SCALE=[True], HAS_MAP=[False], HAS_CONF=[True], HAS_STS=[True],
-                                TOPK=[False], RETURN_LOGITS=[True], BLOCK_V=[128], BLOCK_R=[64], BLOCK_C=[64])),
-                          (_draft_signature("bf16"),  # top-k proposals: the walk over each row's candidates
-                           dict(HEAD=[0, 2], W2_FP8=[False], HAS_SCALE=[False], HAS_MAP=[False, True], HAS_CONF=[True],
-                                HAS_STS=[True], TOPK=[True], RETURN_LOGITS=[True], BLOCK_V=[64], BLOCK_R=[64],
-                                BLOCK_C=[64]))],
+                           dict(KEY_IN_MEMORY=[True], HEAD=[0, 2], W2_FP8=[True], HAS_SCALE=[True], HAS_MAP=[False],
+                                HAS_CONF=[True], HAS_STS=[True], TOPK=[True], RETURN_LOGITS=[True], BLOCK_V=[64],
+                                BLOCK_R=[64], BLOCK_C=[64]))],
     _topk_kernel: (dict(base_ptr="*bf16", cand_ptr="*i64", V="i32", TOP="i32", BLOCK_V="constexpr"),
                    dict(BLOCK_V=[1024])),
+    # the full proposal, a position at a time: the sweep (bf16 W2 with W1's rows, v split into hi + lo, an fp32 W2;
+    # an fp8 W2's bytes), the merge, the gate / rnn head, the confidence head
+    _sweep_kernel: [(dict(base_ptr="*bf16", tokens_ptr="*i64", anchor_ptr="*i64", w1_ptr="*bf16", scratch_ptr="*fp32",
+                          w2_ptr=f"*{w2}", w2s_ptr="*fp32", temp_ptr="*fp32", key_ptr="*i64", seed="i64",
+                          offset="i64", KEY_IN_MEMORY="constexpr", logits_ptr="*fp32", part_ptr="*fp32",
+                          ids_ptr="*i32", k="i32", N="i32", K="i32", V="i32", VT="i32", R="i32", V_W1="constexpr",
+                          W2_FP8="constexpr", HAS_SCALE="constexpr", HAS_TEMP="constexpr",
+                          RETURN_LOGITS="constexpr", DOT="constexpr", F32="constexpr", BLOCK_N="constexpr",
+                          BLOCK_V="constexpr", BLOCK_R="constexpr"),
+                     dict(KEY_IN_MEMORY=[True], V_W1=[v_w1], W2_FP8=[fp8], HAS_SCALE=[fp8], HAS_TEMP=[True],
+                          RETURN_LOGITS=[False, True], DOT=[dot], F32=[False], BLOCK_N=[block_n],
+                          BLOCK_V=[tile // block_n], BLOCK_R=[64]))
+                    for w2, v_w1, fp8, dot, tile in (("bf16", True, False, 2, 4096), ("bf16", False, False, 1, 4096),
+                                                     ("fp32", True, False, 0, 2048), ("u8", False, True, 1, 4096))
+                    for block_n in (32, 64)],  # the launcher's BLOCK_N x BLOCK_V on a GPU (and 16 x 128)
+    _merge_kernel: (dict(part_ptr="*fp32", ids_ptr="*i32", d2t_ptr="*i64", tokens_ptr="*i64", logprob_ptr="*fp32",
+                         k="i32", K="i32", blocks="i32", none="i32", HAS_MAP="constexpr", BLOCK_B="constexpr"),
+                    dict(HAS_MAP=[False, True], BLOCK_B=[1024])),
+    _head_kernel: (dict(tokens_ptr="*i64", anchor_ptr="*i64", w1_ptr="*bf16", wg_ptr="*bf16", bg_ptr="*bf16",
+                        wj_ptr="*bf16", bj_ptr="*bf16", hidden_ptr="*bf16", scratch_ptr="*fp32", k="i32", K="i32",
+                        VT="i32", R="i32", D="i32", HEAD="constexpr", BLOCK_R="constexpr", BLOCK_C="constexpr"),
+                   dict(HEAD=[1, 2], BLOCK_R=[64], BLOCK_C=[64])),
+    _conf_kernel: (dict(tokens_ptr="*i64", anchor_ptr="*i64", w1_ptr="*bf16", hidden_ptr="*bf16", cw_ptr="*fp32",
+                        cb_ptr="*fp32", sts_ptr="*fp32", conf_ptr="*fp32", surv_ptr="*fp32", K="i32", VT="i32",
+                        R="i32", D="i32", HAS_STS="constexpr", BLOCK_C="constexpr"),
+                   dict(HAS_STS=[True], BLOCK_C=[128])),
     _accept_prefix_scan_kernel: (
         dict(tokens_ptr="*i64", seq_ptr="*i32", nacc_ptr="*i32", mask_ptr="*u8", vcu_ptr="*i32", table_ptr="*i32",
              maxlen_ptr="*i64", stops_ptr="*i64", cu_ptr="*i32", out_ptr="*i64", newseq_ptr="*i32",
@@ -122,11 +147,11 @@ KERNELS = {
              BLOCK_R=[256], BLOCK_K=[16], BLOCK_KB=[8]),
     ),
 }
-NUM_WARPS = {_draft_block_kernel: 8}
+NUM_WARPS = {_draft_block_kernel: 8, _sweep_kernel: 8, _merge_kernel: 8, _head_kernel: 8, _conf_kernel: 8}
 # Integer arguments compiled as multiples of 16 (as Triton specialises a launch whose sizes are: vocabularies, hidden
 # sizes and ranks of real models are); every pointer is compiled as 16-byte aligned (torch's allocations are).
-DIVISIBLE_BY_16 = {_draft_block_kernel: ("V", "R", "D"), _rows_kernel: ("V",), _mass_kernel: ("V",),
-                   _sample_kernel: ("V",)}
+DIVISIBLE_BY_16 = {_draft_block_kernel: ("V", "R", "D"), _sweep_kernel: ("V", "R"), _rows_kernel: ("V",),
+                   _mass_kernel: ("V",), _sample_kernel: ("V",)}
 ARCHS = (80, 90)
 
 

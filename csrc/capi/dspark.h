@@ -10,9 +10,9 @@
  * the spec); dtypes are DSPARK_DTYPE_* values; the caller allocates the outputs and a workspace of at least
  * dspark_<op>_workspace_size() bytes (0 is possible: then workspace may be NULL; a non-NULL workspace must be
  * 16-byte aligned, as cudaMalloc's are) - nothing is allocated inside a call and nothing synchronises with the
- * host. accept_prefix_scan, schedule_verify_lens and draft_block enqueue exactly one kernel on the given stream
- * (draft_block's a cooperative launch), verify_chain one to three in stream order. A workspace needs no
- * initialisation (verify_chain's: zeroed once before its first call, see there) and may be reused once the call's
+ * host. accept_prefix_scan and schedule_verify_lens enqueue exactly one kernel on the given stream, verify_chain one
+ * to three and draft_block K + 2 (2K + 2 with a gated or rnn head; 2 with top_k) in stream order. A workspace needs
+ * no initialisation (verify_chain's: zeroed once before its first call, see there) and may be reused once the call's
  * kernels have finished (stream order). Integer outputs equal
  * the reference's exactly. Values that cannot be checked without reading device memory (token ids,
  * temperatures, offsets) are not checked: they get the reference's defined results, stated per entry.
@@ -158,8 +158,8 @@ DSPARK_API int dspark_schedule_verify_lens(const dspark_schedule_verify_lens_arg
                                            size_t workspace_bytes, cudaStream_t stream);
 
 /* ---------------------------------------------------------------------------------------------------------
- * draft_block: the sequential Markov head over a parallel drafter's block of K positions, one cooperative launch
- * for all N requests (dspark_kernels.draft_block; reference: dspark_kernels/reference/draft_block.py). With x the
+ * draft_block: the sequential Markov head over a parallel drafter's block of K positions, a launch per position for
+ * all N requests (dspark_kernels.draft_block; reference: dspark_kernels/reference/draft_block.py). With x the
  * token before a position (the anchor, then the previous draft) and e = W1[x] (a zero row for x outside [0, V)):
  *   vanilla v = e;  gated v = sigmoid(Wg [h_k; e] + bg) * e;
  *   rnn [g, c, o] = Wj [s; e; h_k] + bj, s = sigmoid(g) s + (1 - sigmoid(g)) tanh(c) (s starts at 0), v = tanh(o);
@@ -235,11 +235,13 @@ typedef struct dspark_draft_block_args {
   float* survival;               /* [N, K] survival (required with conf_weight, ignored without) */
 } dspark_draft_block_args;
 
-/* Bytes of workspace (depends on N, R, the head and the device; a few KB per request): 0 when N, K or V is 0.
- * DSPARK_ERR_BAD_SHAPE when no launch configuration fits the device (R too large for shared memory). */
+/* Bytes of workspace (depends on N, K, R, the head and the device: the per-position partials of each CTA, about
+ * 16 K x (2 x SMs) bytes a request): 0 when N, K or V is 0. DSPARK_ERR_BAD_SHAPE when no launch configuration fits
+ * the device. */
 DSPARK_API int dspark_draft_block_workspace_size(const dspark_draft_block_args* args, size_t* bytes);
-/* One cooperative launch (every CTA resident: the call fails with DSPARK_ERR_CUDA where the device or the
- * driver refuses it, e.g. under MPS limits). */
+/* Enqueues draft_setup, then per position (a draft_head for a gated / rnn head and) a sweep, then draft_finish; on
+ * sm_90+ every launch after the first a programmatic dependent launch. The whole call can be captured in a CUDA
+ * graph. */
 DSPARK_API int dspark_draft_block(const dspark_draft_block_args* args, void* workspace, size_t workspace_bytes,
                                   cudaStream_t stream);
 

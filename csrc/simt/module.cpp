@@ -71,6 +71,7 @@ py::list take_records_py() {
         d["dynamic_smem"] = r.dynamic_smem;
         d["static_smem"] = r.static_smem;
         d["cooperative"] = r.cooperative;
+        d["pdl"] = r.pdl;
         d["bytes_read"] = r.bytes_read;
         d["bytes_written"] = r.bytes_written;
         d["unique_bytes_read"] = r.unique_bytes_read;
@@ -161,6 +162,10 @@ void selftest(const std::string& name, const torch::Tensor& x, torch::Tensor& y,
   } else if (name == "reread") {
     cfg.cooperative = variant == 1;
     launch("reread_kernel", selftest::reread_kernel, cfg, xp, yp, x.numel(), variant);
+  } else if (name == "pdl") {  // y = 2 x, then (a programmatic dependent launch) aux = y + 1
+    launch("pdl_writer_kernel", selftest::pdl_writer_kernel, cfg, xp, yp);
+    cfg.pdl = true;
+    launch("pdl_reader_kernel", selftest::pdl_reader_kernel, cfg, yp, ap, variant);
   } else if (name == "grid_barrier") {
     cfg.cooperative = variant == 0;  // the broken variant uses the grid barrier in a plain launch
     launch("grid_barrier_kernel", selftest::grid_barrier_kernel, cfg, ap, yp);

@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 // DSPARK_SIMT_MODEL: the counting build, compiled with GCC's kernel-address instrumentation in call mode, so that
@@ -129,6 +130,7 @@ struct Fiber {
   };
   std::vector<CpAsync> cp_queue;
   uint64_t cp_committed = 0;   // groups committed so far
+  bool dependency_waited = false;  // grid_dependency_wait called (a pdl launch's rule)
 };
 
 struct WarpGroup {
@@ -261,6 +263,9 @@ Settings g_settings;
 std::vector<LaunchRecord> g_records;
 uint64_t g_launch_counter = 0;
 std::vector<std::pair<const void*, size_t>> g_max_dynamic_smem;  // set_max_dynamic_smem, per kernel function
+// The 32-byte sectors of global memory the launch before the running one wrote, and those the running one writes:
+// what a programmatic dependent launch may not read before its grid_dependency_wait.
+std::unordered_set<uintptr_t> g_written_before, g_written_now;
 
 // Nonzero while the running fiber executes kernel code whose accesses the hooks must see (the access model is on,
 // or a cp.async is queued in this launch); what every hook tests first.
@@ -826,6 +831,18 @@ int syncthreads_count(Site site, int pred) {
   return f->barrier_value;
 }
 
+void grid_dependency_wait(Site) {
+  RuntimeScope scope;
+  g_current->dependency_waited = true;
+}
+
+void launch_dependents(Site site) {
+  RuntimeScope scope;
+  const Fiber* f = g_current;
+  if (f->launch->spec.pdl && !f->dependency_waited)
+    fault("launch_dependents (" + where(site) + ") before grid_dependency_wait in a programmatic dependent launch");
+}
+
 void grid_sync(Site site) {
   RuntimeScope scope;
   Fiber* f = g_current;
@@ -929,13 +946,25 @@ void* shared_alloc(const void* key, size_t bytes, size_t align) {
 
 DSPARK_SIMT_UNMODELLED void* dynamic_smem() { return my_block().smem; }
 
+// A pdl launch's read of [a, a + bytes) before its thread's grid_dependency_wait: an error if the launch before
+// wrote any of it.
+static void check_dependent_read(uintptr_t a, size_t bytes) {
+  const Fiber* f = g_current;
+  if (f == nullptr || !f->launch->spec.pdl || f->dependency_waited || g_written_before.empty()) return;
+  for (uintptr_t s = a / 32; s <= (a + bytes - 1) / 32; ++s)
+    if (g_written_before.count(s) != 0)
+      fault("a programmatic dependent launch read memory the launch before it wrote, before grid_dependency_wait");
+}
+
 void count_read(const void* p, size_t bytes) {
   RuntimeScope scope;
+  check_dependent_read(reinterpret_cast<uintptr_t>(p), bytes);
   ctx().record->bytes_read += bytes;
   if (g_settings.record) note_global(reinterpret_cast<uintptr_t>(p), bytes, false, ctx());
 }
 
 bool in_shared_memory(const void* p) {
+  RuntimeScope scope;  // (called from kernel code by the atomics: its own reads are not the kernel's)
   const Fiber* f = g_current;
   return f != nullptr && reinterpret_cast<uintptr_t>(p) - reinterpret_cast<uintptr_t>(f->ctx.block->smem) <
                              smem_arena_bytes();
@@ -948,6 +977,11 @@ void count_mma() {
 
 void count_write(const void* p, size_t bytes) {
   RuntimeScope scope;
+  const Fiber* f = g_current;
+  if (f != nullptr && f->launch->spec.pdl && !f->dependency_waited)
+    fault("a programmatic dependent launch wrote global memory before grid_dependency_wait");
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (uintptr_t s = a / 32; bytes > 0 && s <= (a + bytes - 1) / 32; ++s) g_written_now.insert(s);
   ctx().record->bytes_written += bytes;
   if (g_settings.record) note_global(reinterpret_cast<uintptr_t>(p), bytes, true, ctx());
 }
@@ -1011,6 +1045,9 @@ void launch(const LaunchSpec& spec, const std::function<void()>& body) {
   record.block = spec.block;
   record.dynamic_smem = spec.dynamic_smem;
   record.cooperative = spec.cooperative;
+  record.pdl = spec.pdl;
+  g_written_before.swap(g_written_now);
+  g_written_now.clear();
 
   Launch L;
   L.spec = spec;
@@ -1145,6 +1182,7 @@ DSPARK_SIMT_UNMODELLED void cp_async(void* smem_dst, const void* gmem_src, int b
     fault("cp.async of " + std::to_string(bytes) + " bytes: source and destination must be " + std::to_string(bytes) +
           "-byte aligned");
   f->launch->cp_async_used = true;
+  if (src_bytes > 0) check_dependent_read(s, static_cast<size_t>(src_bytes));
   f->launch->record->bytes_read += static_cast<uint64_t>(src_bytes);
   if (g_settings.record && src_bytes > 0) note_global(s, static_cast<size_t>(src_bytes), false, f->ctx);
   if (f->launch->model) {

@@ -88,6 +88,20 @@ __global__ void reread_kernel(const float* x, float* y, int64_t n, int variant) 
   stg(y + blockIdx.x * int64_t(blockDim.x) + threadIdx.x, acc);
 }
 
+// Programmatic dependent launch: pdl_writer_kernel writes y, then pdl_reader_kernel (a pdl launch) reads it into aux
+// after grid_dependency_wait (variant 0); the broken variants read y (1) or write aux (2) before the wait, or call
+// launch_dependents before it (3).
+__global__ void pdl_writer_kernel(const float* x, float* y) { stg(y + threadIdx.x, 2.0f * ldg(x + threadIdx.x)); }
+__global__ void pdl_reader_kernel(const float* y, float* aux, int variant) {
+  const int t = threadIdx.x;
+  if (variant == 3) launch_dependents();
+  if (variant == 2) stg(aux + t, 0.0f);
+  const float early = variant == 1 ? ldg(y + t) : 0.0f;
+  grid_dependency_wait();
+  launch_dependents();
+  stg(aux + t, ldg(y + t) + 1.0f + 0.0f * early);
+}
+
 }  // namespace selftest
 }  // namespace dspark
 

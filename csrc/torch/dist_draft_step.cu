@@ -27,7 +27,7 @@ std::tuple<Tensor, Tensor, Tensor> launch(const Tensor& base_logits_k, const Ten
   check_tensor(kOp, "v", v, base, at::kFloat, {N, kAnySize});
   const int64_t R = v.size(1);
   TORCH_CHECK(R >= 1 && R <= dspark::dist_draft_step_max_rank(N), kOp, ": v must have r in [1, ",
-              dspark::dist_draft_step_max_rank(N), "] columns (the shared v tile), got ", R);
+              dspark::dist_draft_step_max_rank(N), "] columns, got ", R);
   p.w2_dtype = check_float(kOp, "w2_shard", w2_shard, base, {Vl, R});
   if (temperature) {
     check_tensor(kOp, "temperature", *temperature, base, at::kFloat, {N});
@@ -53,8 +53,9 @@ std::tuple<Tensor, Tensor, Tensor> launch(const Tensor& base_logits_k, const Ten
   p.stats = stats.data_ptr<float>();
   if (return_logits) p.logits = logits.data_ptr<float>();
   const DeviceGuard guard(base);
-  Tensor workspace = at::empty({static_cast<int64_t>(dspark::dist_draft_step_workspace_bytes(N, Vl))},
-                               opts.dtype(at::kByte));
+  const size_t ws_bytes = dspark::dist_draft_step_workspace_bytes(p);
+  TORCH_CHECK(ws_bytes > 0, kOp, ": no launch configuration fits this device");
+  Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, opts.dtype(at::kByte));
   check_launch(dspark::launch_dist_draft_step(p, workspace.data_ptr(), current_stream(base)), kOp);
   return {packed, stats, logits};
 }

@@ -1,4 +1,4 @@
-"""``dk.draft_block``: the sequential Markov head over a parallel drafter's block, in one launch per block."""
+"""``dk.draft_block``: the sequential Markov head over a parallel drafter's block, a launch per block position."""
 
 from __future__ import annotations
 

@@ -1,30 +1,31 @@
-"""Triton draft_block: one program per request walks its K block positions; every vocabulary pass is a BLOCK_V loop.
+"""Triton draft_block: the full proposal as K skinny matrix products, a few launches per position; top-k proposals
+by a walk per request.
 
-Same meaning and randomness as ``dspark_kernels.reference.draft_block`` (read that first). Per request and position
-k, with ``x`` the token before the position (the anchor, then the previous draft):
+Same meaning and randomness as ``dspark_kernels.reference.draft_block`` (read that first). The only dependency between
+positions is N tokens (hence N rows of W1), so the full proposal runs, per position k:
 
-1. the Markov embedding ``e = W1[x]`` (a zero row for ``x`` outside W1's VT rows) and the head's vector ``v``:
-   vanilla reads ``e`` straight from ``W1`` inside the vocabulary loop; gated and rnn compute ``v`` once per
-   position with BLOCK_R x BLOCK_C matrix-vector tiles and park it in a small per-request float32 scratch row (the
-   rnn state lives there too, ping-ponged between two rows so a row block never overwrites state another row block
-   still reads); ``tl.debug_barrier`` orders those writes against the reads of the whole program;
-2. the confidence logit ``z = w . [h_k; e] + b`` and the running survival product ``prod sigmoid(z / T_sts)``;
-3. one pass over the vocabulary in BLOCK_V chunks: ``logits = U_k + W2 @ v`` (a BLOCK_V x BLOCK_R tile of ``W2``
-   per r block), written when asked for, and the running argmax of either the logits (greedy) or the Gumbel-max
-   score ``logits / T - log(-log(u))`` with ``u = uniform(request, k, STREAM_DRAFT, token)`` (T > 0). NaN scores
-   count as -inf (infinities stay) and ties go to the lowest index, so the token equals the reference's
-   ``argmax_nan_low`` whenever the float32 values agree. The same pass keeps per-lane online-softmax statistics of
-   ``logits / T`` (T = 1 for greedy rows) and the scaled logit of each lane's winner, so the drafted token's
-   log-probability ``log_softmax(logits / T)[token]`` comes out with no second pass (NaN for a row with a NaN or
-   +inf logit, or only -inf ones, as torch gives).
+1. (gated / rnn) ``_head_kernel``, a program per request: ``v = sigmoid(Wg [h_k; e] + bg) * e`` or the rnn step
+   (``[g, c, o] = Wj [s; e; h_k] + bj``, the state ping-ponged between two scratch rows), with ``e = W1[x]`` of the
+   token before the position (the anchor, or the previous position's token), into a float32 scratch row;
+2. ``_sweep_kernel`` over (vocabulary blocks x request groups): ``logits = U_k + W2 @ v`` for BLOCK_V rows of W2 and
+   BLOCK_N requests with ``tl.dot`` (v: W1's rows of the tokens for the vanilla head, else the scratch rows; a
+   16-bit W2 multiplies v's rows in W2's type, split into hi + lo rows unless they are W1's rows of that type, an fp32
+   one in float32), the logits stored when asked for, and per (request, block) the winner (the argmax, NaN as -inf,
+   or the Gumbel race of ``logits / T`` with ``u = uniform(request, k, STREAM_DRAFT, token)``), its scaled logit and
+   the softmax statistics of ``logits / T`` (T = 1 for greedy requests) into partials ``[N, blocks]``;
+3. ``_merge_kernel``, a program per request: the blocks' partials merged (ties to the lowest id) into the token (the
+   target id of the drafted id with ``draft_to_target``) and its log-probability (NaN for a row with a NaN or +inf
+   logit, or only -inf ones, as torch gives), written to ``tokens[:, k]``, which the next position reads.
 
-With a draft vocabulary (``draft_to_target``) the pass covers its V draft ids and the drafted id j becomes the token
-``x = draft_to_target[j]`` (HAS_MAP); W1 has VT rows.
+After the block, ``_conf_kernel`` (a program per request) computes every position's confidence logit ``w . [h_k; e] +
+b`` and the survival product ``prod sigmoid(z / T_sts)``: the hidden states are read once.
 
-Top-k proposals (TOPK): ``_topk_kernel`` first writes each row's top_k candidate ids (increasing), and the pass
-covers those ids instead of the vocabulary (W = top_k columns; the logits stored are the sparse ones).
+Top-k proposals (top_k > 0): ``_topk_kernel`` writes each row's top_k candidate ids (increasing), and
+``_draft_block_kernel`` walks each request's K positions over its candidates (one program per request: a position
+reads top_k rows of W2, not V).
 
-Everything is float32 whatever the input dtypes; offsets are 64-bit (N*K*V and V*r may pass 2**31).
+Everything is float32 whatever the input dtypes (tensor-core products of 16-bit operands are exact, sums float32);
+offsets are 64-bit (N*K*V and V*r may pass 2**31).
 """
 
 import torch
@@ -320,6 +321,256 @@ def _topk_kernel(base_ptr, cand_ptr, V, TOP, BLOCK_V: tl.constexpr):
         count += tl.sum(keep.to(tl.int64), axis=0)
 
 
+@triton.jit
+def _head_kernel(tokens_ptr, anchor_ptr, w1_ptr, wg_ptr, bg_ptr, wj_ptr, bj_ptr, hidden_ptr, scratch_ptr, k, K, VT, R,
+                 D, HEAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Request n's head vector v of position k (gated / rnn) into scratch row 0 of n (the rnn state in rows 1, 2)."""
+    n = tl.program_id(0).to(tl.int64)
+    if k == 0:
+        prev = tl.load(anchor_ptr + n).to(tl.int64)
+    else:
+        prev = tl.load(tokens_ptr + n * K + k - 1)
+    e_ok = (prev >= 0) & (prev < VT)
+    e_row = w1_ptr + tl.where(e_ok, prev, 0) * R
+    h_row = hidden_ptr + (n * K + k) * D
+    v_row = scratch_ptr + n * 3 * R
+    rs_ar = tl.arange(0, BLOCK_R).to(tl.int64)
+    cs_ar = tl.arange(0, BLOCK_C).to(tl.int64)
+    if HEAD == HEAD_GATED:
+        _gated_v(v_row, wg_ptr, bg_ptr, h_row, e_row, e_ok, D, R, rs_ar, cs_ar, BLOCK_R, BLOCK_C)
+    else:
+        _rnn_v(v_row, v_row + R * (1 + k % 2), v_row + R * (2 - k % 2), wj_ptr, bj_ptr, h_row, e_row, e_ok, D, R, rs_ar,
+               cs_ar, BLOCK_R, BLOCK_C)
+
+
+@triton.jit
+def _w2_tile(w2_ptr, rows, vmask, rs, rmask, R, W2_FP8: tl.constexpr):
+    """W2's rows ``rows`` at columns ``rs`` as stored (an fp8 W2's bytes decoded to float32; zero outside)."""
+    wmask = vmask[:, None] & rmask[None, :]
+    if W2_FP8:  # one return: the compiler types a function's returns alike, this branch's float32 and W2's own
+        w = _e4m3_to_f32(tl.load(w2_ptr + rows[:, None] * R + rs[None, :], mask=wmask, other=0).to(tl.int32))
+    else:
+        w = tl.load(w2_ptr + rows[:, None] * R + rs[None, :], mask=wmask, other=0.0)
+    return w
+
+
+@triton.jit
+def _bf16_rne(x):
+    """float32 x rounded to the nearest bf16 (ties to even), as float32: a bf16 value, so the conversion to bf16
+    that follows is exact whatever its rounding (the interpreter's is not to nearest); NaN stays NaN."""
+    b = x.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _mm(a, b, F32: tl.constexpr):
+    """a @ b with float32 accumulation: on tensor cores in a's and b's 16-bit type, or (F32: the interpreter, whose dot
+    does not take bf16) their values as float32, the same exact products."""
+    if F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit(do_not_specialize=["seed", "offset"])
+def _sweep_kernel(base_ptr, tokens_ptr, anchor_ptr, w1_ptr, scratch_ptr, w2_ptr, w2s_ptr, temp_ptr, key_ptr, seed,
+                  offset, KEY_IN_MEMORY: tl.constexpr, logits_ptr, part_ptr, ids_ptr, k, N, K, V, VT, R,
+                  V_W1: tl.constexpr, W2_FP8: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_TEMP: tl.constexpr,
+                  RETURN_LOGITS: tl.constexpr, DOT: tl.constexpr, F32: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Program (vocabulary block b, request group g) of position k: logits = U_k + W2 v over BLOCK_V rows x BLOCK_N
+    requests, and per request the block's partial: (key, scaled logit of the winner, max, sum, NaN seen) and the
+    winner's id.
+
+    DOT: 0 float32 products (fp32 W2 or fp16 W2), 1 v split into bf16 hi + lo rows times a bf16 (or fp8-as-bf16) W2,
+    2 W1's bf16 rows as they are times a bf16 W2."""
+    b = tl.program_id(0)
+    blocks = tl.num_programs(0)
+    ns = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    nmask = ns < N
+    cols = (b * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
+    vmask = cols < V
+    if V_W1:
+        if k == 0:
+            prev = tl.load(anchor_ptr + ns, mask=nmask, other=-1).to(tl.int64)
+        else:
+            prev = tl.load(tokens_ptr + ns * K + k - 1, mask=nmask, other=-1)
+        ok = nmask & (prev >= 0) & (prev < VT)
+        vrow = w1_ptr + tl.where(ok, prev, 0) * R
+    else:
+        ok = nmask
+        vrow = scratch_ptr + ns * 3 * R
+    acc = tl.zeros([BLOCK_N, BLOCK_V], tl.float32)
+    for r0 in range(0, R, BLOCK_R):
+        rs = r0 + tl.arange(0, BLOCK_R).to(tl.int64)
+        rmask = rs < R
+        vt = tl.load(vrow[:, None] + rs[None, :], mask=ok[:, None] & rmask[None, :], other=0.0)
+        w = tl.trans(_w2_tile(w2_ptr, cols, vmask, rs, rmask, R, W2_FP8))
+        if DOT == 2:
+            acc += _mm(vt, w.to(tl.bfloat16), F32)
+        elif DOT == 1:
+            vf = vt.to(tl.float32)
+            hi = _bf16_rne(vf)
+            lo = tl.where(hi - hi == 0, _bf16_rne(vf - hi), 0.0)  # (an infinite or NaN hi carries no lo)
+            wb = w.to(tl.bfloat16)
+            acc += _mm(hi.to(tl.bfloat16), wb, F32) + _mm(lo.to(tl.bfloat16), wb, F32)
+        else:
+            acc += tl.dot(vt.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+    if HAS_SCALE:
+        acc = acc * tl.load(w2s_ptr + cols, mask=vmask, other=0.0)[None, :]
+    both = nmask[:, None] & vmask[None, :]
+    rows = (ns * K + k) * V
+    logits = tl.load(base_ptr + rows[:, None] + cols[None, :], mask=both, other=0.0).to(tl.float32) + acc
+    if RETURN_LOGITS:
+        tl.store(logits_ptr + rows[:, None] + cols[None, :], logits, mask=both)
+    safe_t = tl.full([BLOCK_N], 1.0, tl.float32)
+    key = _argmax_key(logits)
+    if HAS_TEMP:
+        t = tl.load(temp_ptr + ns, mask=nmask, other=0.0)
+        sampled = t > 0
+        safe_t = tl.where(sampled, t, 1.0)
+        k0, k1, off_lo = load_key(key_ptr, seed, offset, KEY_IN_MEMORY)
+        u = uniform(k0, k1, off_lo, ns[:, None], k, STREAM_DRAFT, cols[None, :])
+        key = tl.where(sampled[:, None], gumbel_score(logits / safe_t[:, None], u), key)
+    scaled = logits / safe_t[:, None]
+    key = tl.where(vmask[None, :], key, NEG_INF)
+    best = tl.max(key, axis=1)
+    none = V + BLOCK_V
+    win = tl.min(tl.where((key == best[:, None]) & vmask[None, :], cols[None, :], none), axis=1)
+    lwin = tl.sum(tl.where(cols[None, :] == win[:, None], scaled, 0.0), axis=1)
+    bad = tl.max(((scaled != scaled) & vmask[None, :]).to(tl.int32), axis=1)
+    clean = tl.where(vmask[None, :], _argmax_key(scaled), NEG_INF)
+    m = tl.max(clean, axis=1)
+    s = tl.sum(tl.exp(clean - tl.where(m > NEG_INF, m, 0.0)[:, None]), axis=1)   # 0 for a block of no mass
+    out = part_ptr + (ns * blocks + b) * 5
+    tl.store(out + 0, best, mask=nmask)
+    tl.store(out + 1, lwin, mask=nmask)
+    tl.store(out + 2, m, mask=nmask)
+    tl.store(out + 3, s, mask=nmask)
+    tl.store(out + 4, bad.to(tl.float32), mask=nmask)
+    tl.store(ids_ptr + ns * blocks + b, win.to(tl.int32), mask=nmask)
+
+
+@triton.jit
+def _merge_kernel(part_ptr, ids_ptr, d2t_ptr, tokens_ptr, logprob_ptr, k, K, blocks, none, HAS_MAP: tl.constexpr,
+                  BLOCK_B: tl.constexpr):
+    """Request n's partials of position k over the blocks: its token (tokens[n, k]) and log-probability."""
+    n = tl.program_id(0).to(tl.int64)
+    best = tl.full([BLOCK_B], NEG_INF, tl.float32)
+    best_i = tl.full([BLOCK_B], none, tl.int32)
+    best_l = tl.zeros([BLOCK_B], tl.float32)
+    run_m = tl.full([BLOCK_B], NEG_INF, tl.float32)
+    run_s = tl.zeros([BLOCK_B], tl.float32)
+    bad = tl.zeros([BLOCK_B], tl.float32)
+    for b0 in range(0, blocks, BLOCK_B):
+        bs = b0 + tl.arange(0, BLOCK_B)
+        bm = bs < blocks
+        p = part_ptr + (n * blocks + bs) * 5
+        key = tl.load(p + 0, mask=bm, other=NEG_INF)
+        idx = tl.load(ids_ptr + n * blocks + bs, mask=bm, other=none)
+        better = (key > best) | ((key == best) & (idx < best_i))
+        best_l = tl.where(better, tl.load(p + 1, mask=bm, other=0.0), best_l)
+        best = tl.where(better, key, best)
+        best_i = tl.where(better, idx, best_i)
+        m = tl.load(p + 2, mask=bm, other=NEG_INF)
+        s = tl.load(p + 3, mask=bm, other=0.0)
+        bad = tl.maximum(bad, tl.load(p + 4, mask=bm, other=0.0))
+        new_m = tl.maximum(run_m, m)
+        live = new_m > NEG_INF
+        safe = tl.where(live, new_m, 0.0)
+        run_s = tl.where(live, run_s * tl.exp(run_m - safe) + s * tl.exp(m - safe), 0.0)
+        run_m = new_m
+    top = tl.max(best, axis=0)
+    win = tl.min(tl.where(best == top, best_i, none), axis=0)
+    win_l = tl.sum(tl.where(best_i == win, best_l, 0.0), axis=0)
+    top_m = tl.max(run_m, axis=0)
+    ok = (top_m > NEG_INF) & (top_m < float("inf")) & (tl.max(bad, axis=0) == 0)
+    safe_top = tl.where(ok, top_m, 0.0)
+    total = tl.sum(tl.where(run_m > NEG_INF, run_s * tl.exp(run_m - safe_top), 0.0), axis=0)
+    token = win.to(tl.int64)
+    if HAS_MAP:
+        token = tl.load(d2t_ptr + token).to(tl.int64)
+    tl.store(tokens_ptr + n * K + k, token)
+    tl.store(logprob_ptr + n * K + k, tl.where(ok, win_l - (safe_top + tl.log(total)), float("nan")))
+
+
+@triton.jit
+def _conf_kernel(tokens_ptr, anchor_ptr, w1_ptr, hidden_ptr, cw_ptr, cb_ptr, sts_ptr, conf_ptr, surv_ptr, K, VT, R,
+                 D, HAS_STS: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Request n's confidence logits and survival over its K positions (e = W1 of each position's previous token)."""
+    n = tl.program_id(0).to(tl.int64)
+    cs_ar = tl.arange(0, BLOCK_C).to(tl.int64)
+    surv = tl.full([], 1.0, tl.float32)
+    prev = tl.load(anchor_ptr + n).to(tl.int64)
+    for k in range(0, K):
+        e_ok = (prev >= 0) & (prev < VT)
+        e_row = w1_ptr + tl.where(e_ok, prev, 0) * R
+        z_k, c_k = _confidence(cw_ptr, cb_ptr, sts_ptr, k, hidden_ptr + (n * K + k) * D, e_row, e_ok, D, R, cs_ar,
+                               HAS_STS, BLOCK_C)
+        surv = surv * c_k
+        tl.store(conf_ptr + n * K + k, z_k)
+        tl.store(surv_ptr + n * K + k, surv)
+        prev = tl.load(tokens_ptr + n * K + k)
+
+
+def _sweep_blocks(n: int, vocab: int, rank: int, on_gpu: bool, fp32_dot: bool) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_V, BLOCK_R) of the sweep: every dimension at least 16 (tl.dot); on a GPU a register-sized
+    BLOCK_N x BLOCK_V accumulator (4096 elements, 2048 for an fp32 W2's float32 dot, whose operands take registers
+    too: sized so that 8 warps compile with no spills on sm_80 and sm_90) and 64-wide r blocks; in the interpreter
+    (CPU tensors) blocks of many rows, since a program costs per operation, not per element."""
+    block_r = min(64, max(16, triton.next_power_of_2(max(rank, 1))))
+    block_n = min(64, max(16, triton.next_power_of_2(max(n, 1))))
+    budget = (2048 if fp32_dot else 4096) if on_gpu else 1 << 16
+    block_v = min(max(16, triton.next_power_of_2(vocab)), max(16, budget // block_n), 128 if on_gpu else 1 << 16)
+    return block_n, block_v, block_r
+
+
+def _dot_mode(head_kind, w1, w2) -> int:
+    """The sweep's DOT (see _sweep_kernel)."""
+    if w2.dtype == torch.float8_e4m3fn or w2.dtype == torch.bfloat16:
+        return 2 if head_kind == "vanilla" and w1.dtype == torch.bfloat16 else 1
+    return 0
+
+
+def _full_proposal(base, anchor_tokens, head_kind, w1, w2, w2_scale, draft_to_target, wg, bg, wj, bj, hidden,
+                   temperature, rng_key, return_logits, tokens, logits, logprobs):
+    """Positions 0..K-1 of the full proposal, a head launch (gated / rnn), a sweep and a merge each."""
+    n, k_len, v = base.shape
+    rank = w1.shape[1]
+    d = hidden.shape[2] if hidden is not None else 0
+    dev = base.device
+    on_gpu = dev.type == "cuda"
+    dot = _dot_mode(head_kind, w1, w2)
+    block_n, block_v, block_r = _sweep_blocks(n, v, rank, on_gpu, dot == 0)
+    blocks = triton.cdiv(v, block_v)
+    part = torch.empty(n, blocks, 5, dtype=torch.float32, device=dev)
+    ids = torch.empty(n, blocks, dtype=torch.int32, device=dev)
+    scratch = torch.zeros(n, 3, max(rank, 1), dtype=torch.float32, device=dev) if head_kind != "vanilla" else base
+    fp8 = w2.dtype == torch.float8_e4m3fn
+    temps = temperature if temperature is not None else base
+    dummy = base  # never read where its flag / head kind is off
+    key = key_args(rng_key, dev)
+    tile = _TILE if on_gpu else _TILE_INTERPRET
+    _, head_r, head_c = _blocks(1, rank, d + 2 * rank, {"vanilla": 1, "gated": 2, "rnn": 3}[head_kind], tile)
+    for k in range(k_len):
+        if head_kind != "vanilla":
+            _head_kernel[(n,)](tokens, anchor_tokens, w1, wg if wg is not None else dummy,
+                               bg if bg is not None else dummy, wj if wj is not None else dummy,
+                               bj if bj is not None else dummy, hidden, scratch, k, k_len, w1.shape[0], rank, d,
+                               HEAD=_HEAD_IDS[head_kind], BLOCK_R=head_r, BLOCK_C=head_c, num_warps=_NUM_WARPS)
+        _sweep_kernel[(blocks, triton.cdiv(n, block_n))](
+            base, tokens, anchor_tokens, w1, scratch, w2.view(torch.uint8) if fp8 else w2,
+            w2_scale if w2_scale is not None else dummy, temps, *key, logits, part, ids, k, n, k_len, v, w1.shape[0],
+            rank,
+            V_W1=head_kind == "vanilla", W2_FP8=fp8, HAS_SCALE=w2_scale is not None,
+            HAS_TEMP=temperature is not None, RETURN_LOGITS=bool(return_logits),
+            DOT=dot, F32=not on_gpu, BLOCK_N=block_n, BLOCK_V=block_v, BLOCK_R=block_r,
+            num_warps=_NUM_WARPS)
+        _merge_kernel[(n,)](part, ids, draft_to_target if draft_to_target is not None else dummy, tokens, logprobs, k,
+                            k_len, blocks, min(v + block_v, 2 ** 31 - 1), HAS_MAP=draft_to_target is not None,
+                            BLOCK_B=min(1024, max(16, triton.next_power_of_2(blocks))))
+
+
 def _blocks(vocab: int, rank: int, width: int, tiles: int, tile: int = _TILE) -> tuple[int, int, int]:
     """(BLOCK_V, BLOCK_R, BLOCK_C): r blocks of at most 64; a BLOCK_V x BLOCK_R tile of about ``_TILE`` elements
     (half that when r is not a multiple of 16: unvectorised loads need more registers), and ``tiles`` BLOCK_R x
@@ -355,9 +606,18 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_t
         return tokens, logits, conf, survival, logprobs, _candidates(cands, draft_to_target, return_logits)
     base = base_logits
     tile = _TILE if dev.type == "cuda" else _TILE_INTERPRET
-    if top_k > 0:
-        _topk_kernel[(n * k,)](base, cands, v, top_k, BLOCK_V=min(triton.next_power_of_2(v), tile // 8))
-    scratch = torch.zeros(n, 3, max(rank, 1), **f32) if head_kind != "vanilla" else base  # v, rnn state x 2
+    if top_k == 0:
+        _full_proposal(base, anchor_tokens, head_kind, w1, w2, w2_scale, draft_to_target, wg, bg, wj, bj, hidden,
+                       temperature, rng_key, return_logits, tokens, logits, logprobs)
+        if has_conf:
+            block_c = min(triton.next_power_of_2(max(d + rank, 1)), max(16, tile // 64))
+            _conf_kernel[(n,)](tokens, anchor_tokens, w1, hidden, conf_weight, conf_bias.reshape(1),
+                               sts_temperatures if sts_temperatures is not None else base, conf, survival, k,
+                               w1.shape[0], rank, d, HAS_STS=sts_temperatures is not None, BLOCK_C=block_c,
+                               num_warps=_NUM_WARPS)
+        return tokens, logits, conf, survival, logprobs, _candidates(cands, draft_to_target, return_logits)
+    _topk_kernel[(n * k,)](base, cands, v, top_k, BLOCK_V=min(triton.next_power_of_2(v), tile // 8))
+    scratch = torch.zeros(n, 3, max(rank, 1), **f32) if head_kind != "vanilla" else base
     dummy = base  # never read where its flag / head kind is off
     fp8 = w2.dtype == torch.float8_e4m3fn
     cols = max(d + rank, 2 * rank + d if head_kind == "rnn" else 0)
@@ -376,7 +636,7 @@ def draft_block(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_t
         k, v, width, w1.shape[0], rank, d,
         HEAD=_HEAD_IDS[head_kind], W2_FP8=fp8, HAS_SCALE=w2_scale is not None, HAS_MAP=draft_to_target is not None,
         HAS_CONF=has_conf,
-        HAS_STS=sts_temperatures is not None, TOPK=top_k > 0, RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v,
+        HAS_STS=sts_temperatures is not None, TOPK=True, RETURN_LOGITS=bool(return_logits), BLOCK_V=block_v,
         BLOCK_R=block_r, BLOCK_C=block_c,
         num_warps=_NUM_WARPS,
     )

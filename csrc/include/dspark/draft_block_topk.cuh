@@ -1,5 +1,4 @@
-// dspark/draft_block_topk.cuh: draft_block's top-k proposal mode (DraftBlockParams::top_k > 0) in ONE cooperative
-// launch.
+// dspark/draft_block_topk.cuh: draft_block's top-k proposal mode (DraftBlockParams::top_k > 0) in two launches.
 //
 // Meaning: dspark_kernels/reference/draft_block.py with top_k (the spec). Per request n and position k only the
 // candidates C = the top_k largest entries of U_k get a bias: logits_c = U_k[c] + B_c(v) for c in C, in increasing id
@@ -7,15 +6,17 @@
 // those of the softmax over C alone. The ranking is reference.topk_candidates' total order: the float value (-0 equal
 // to +0, NaN below -inf), ties to the lower id; so C is unique whatever U holds.
 //
-// U does not depend on the walk, so the launch (CTAs of 256 threads, every one resident) has two phases:
-//   phase 1 (the N K rows of U, spread over the CTAs; select_row): one read of the row. Every element gets a
+// U does not depend on the walk, so there are two launches of CTAs of 256 threads, in stream order (the second a
+// programmatic dependent launch):
+//   draft_topk_select (a CTA a row of U, N K of them; select_row): one read of the row. Every element gets a
 //     distinct 64-bit rank key (the order key above the inverted id); the keys above a rising floor go to a shared
 //     buffer, which is cut back to its top_k (a bitonic sort) whenever the next chunk might not fit; at the end the
-//     top_k keys are sorted by id and C's ids written to the workspace.
-//   grid barrier
-//   phase 2 (the N requests, spread over the CTAs; walk): request n's Markov walk, K positions in order: e = W1[x],
+//     top_k keys are sorted by id and C's ids and U's values at them (a rank key holds its float) written to the
+//     workspace.
+//   draft_topk_walk (a CTA a request; walk): request n's Markov walk, K positions in order: e = W1[x],
 //     the confidence logit and survival, v (gated / rnn: a warp per output row, the inputs staged in shared
-//     memory), then a warp per candidate for W2[c] . v: top_k rows of W2 per position instead of V, read once.
+//     memory), then a warp per candidate for W2[c] . v (consecutive lanes, consecutive elements): top_k rows of W2 per
+//     position instead of V, read once.
 //     One block reduction of draft::Part over the candidates gives the winner and the softmax statistics.
 // Everything is float32; ties, NaN and -inf rules are those of the dense kernel (draft::Part).
 #pragma once
@@ -37,6 +38,7 @@ static_assert(kThreads == top_select::kThreads, "select_top runs on the whole bl
 
 struct Workspace {
   int32_t* ids;  // [N, K, top_k] the candidates' draft ids, increasing
+  float* vals;   // [N, K, top_k] U at them (from their rank keys: the walk reads them side by side, not gathered)
 };
 
 // Shared memory of the dynamic part, in floats: e, v, the rnn state, the gate / rnn input [s; e; h_k], and the
@@ -53,7 +55,7 @@ using top_select::SelectScratch;
 // Phase 1 for row `row` of U: C's draft ids, increasing, into the workspace. One read of the row
 // (top_select::select_top: the keys above a rising floor into the shared buffer, cut back to the top_k when the next
 // chunk might not fit), then the top_k keys sorted by id. The whole block.
-DSPARK_DRAFT_PHASE void select_row(const DraftBlockParams& p, const Workspace& ws, int64_t row, SelectScratch& s) {
+DSPARK_DEVICE void select_row(const DraftBlockParams& p, const Workspace& ws, int64_t row, SelectScratch& s) {
   const int64_t V = p.V, top = p.top_k;
   const void* urow = draft::offset_row(p.base, p.base_dtype, row * V);
   top_select::select_top(s, V, top, [&](int64_t c0, int64_t c1, uint64_t floor) {
@@ -65,6 +67,7 @@ DSPARK_DRAFT_PHASE void select_row(const DraftBlockParams& p, const Workspace& w
   top_select::sort_kept(s, top, true);  // keys[0, top) hold C, by increasing id
   for (int64_t i = threadIdx.x; i < top; i += kThreads) {
     stg(ws.ids + row * top + i, static_cast<int32_t>(rank_key_id(s.keys[i])));
+    stg(ws.vals + row * top + i, top_select::rank_key_value(s.keys[i]));
   }
   __syncthreads();  // the keys are read before the next row's reset
 }
@@ -110,7 +113,7 @@ DSPARK_DEVICE const float* head_vector(const DraftBlockParams& p, int64_t n, int
 }
 
 // Phase 2: request n's walk over its K positions. The whole block; smem: smem_floats(p) floats.
-DSPARK_DRAFT_PHASE void walk(const DraftBlockParams& p, const Workspace& ws, int64_t n, float* smem,
+DSPARK_DEVICE void walk(const DraftBlockParams& p, const Workspace& ws, int64_t n, float* smem,
                              Part* part_scratch, float* sum_scratch, const rng::Philox& ph) {
   const int64_t K = p.K, R = p.R, top = p.top_k;
   float* zs = smem;
@@ -129,10 +132,10 @@ DSPARK_DRAFT_PHASE void walk(const DraftBlockParams& p, const Workspace& ws, int
   for (int64_t k = 0; k < K; ++k) {
     const int64_t row = n * K + k;
     __syncthreads();  // the previous position is done with zs, vv, cid and lg
-    draft::gather_e(p, x, zs, nullptr);
-    for (int64_t i = t; i < top; i += kThreads) {  // phase 1 wrote them before the grid barrier
+    draft::gather_e(p, x, zs);
+    for (int64_t i = t; i < top; i += kThreads) {  // draft_topk_select wrote them (the launch before)
       cid[i] = ld_coherent(ws.ids + row * top + i);
-      lg[i] = load_float(p.base, p.base_dtype, row * p.V + cid[i]);
+      lg[i] = ld_coherent(ws.vals + row * top + i);
     }
     __syncthreads();
     draft::confidence(p, n, k, zs, sum_scratch);
@@ -161,14 +164,18 @@ DSPARK_DRAFT_PHASE void walk(const DraftBlockParams& p, const Workspace& ws, int
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) draft_topk_kernel(DraftBlockParams p, Workspace ws) {
-  DSPARK_DYNAMIC_SMEM(float, smem);
+__global__ void __launch_bounds__(kThreads, 1) draft_topk_select_kernel(DraftBlockParams p, Workspace ws) {
   DSPARK_SHARED(SelectScratch, sel);
+  for (int64_t row = blockIdx.x; row < p.N * p.K; row += gridDim.x) select_row(p, ws, row, sel);
+  launch_dependents();
+}
+
+__global__ void __launch_bounds__(kThreads, 1) draft_topk_walk_kernel(DraftBlockParams p, Workspace ws) {
+  DSPARK_DYNAMIC_SMEM(float, smem);
   DSPARK_SHARED_ARRAY(Part, part_scratch, 32);
   DSPARK_SHARED_ARRAY(float, sum_scratch, 32);
   DSPARK_SHARED(rng::Philox, ph_s);
-  for (int64_t row = blockIdx.x; row < p.N * p.K; row += gridDim.x) select_row(p, ws, row, sel);
-  grid_sync();
+  grid_dependency_wait();
   if (threadIdx.x == 0) ph_s = p.temperature != nullptr ? rng::load_philox(p.rng_key) : rng::Philox::make(0, 0);
   __syncthreads();
   const rng::Philox ph = ph_s;
@@ -177,28 +184,30 @@ __global__ void __launch_bounds__(kThreads, 1) draft_topk_kernel(DraftBlockParam
 #endif  // __CUDACC__ || DSPARK_SIMT
 
 inline size_t workspace_bytes(const DraftBlockParams& p) {
-  return size_t(p.N) * size_t(p.K) * size_t(p.top_k) * sizeof(int32_t);
+  return size_t(p.N) * size_t(p.K) * size_t(p.top_k) * (sizeof(int32_t) + sizeof(float));
 }
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
 // A size query when workspace is null (then only the configuration is checked).
 inline cudaError_t dispatch(const DraftBlockParams& p, void* workspace, cudaStream_t stream) {
   const size_t smem = size_t(smem_floats(p)) * sizeof(float);
-  const cudaError_t err = set_max_dynamic_smem(draft_topk_kernel, smem);
+  cudaError_t err = set_max_dynamic_smem(draft_topk_walk_kernel, smem);
   if (err != cudaSuccess) return err;
-  const int per_sm = max_active_blocks_per_sm(draft_topk_kernel, kThreads, smem);
-  if (per_sm < 1) return cudaErrorInvalidConfiguration;
+  if (max_active_blocks_per_sm(draft_topk_walk_kernel, kThreads, smem) < 1) return cudaErrorInvalidConfiguration;
   if (workspace == nullptr) return cudaSuccess;
-  const int64_t resident = int64_t(device_sm_count()) * per_sm;
   Workspace ws;
   ws.ids = static_cast<int32_t*>(workspace);
+  ws.vals = reinterpret_cast<float*>(ws.ids + p.N * p.K * p.top_k);
   LaunchConfig cfg;
-  cfg.grid = dim3(static_cast<unsigned>(std::min<int64_t>(p.N * p.K, resident)));
+  cfg.grid = dim3(static_cast<unsigned>(std::min<int64_t>(p.N * p.K, int64_t(1) << 30)));
   cfg.block = dim3(kThreads);
-  cfg.smem = smem;
   cfg.stream = stream;
-  cfg.cooperative = true;
-  return launch("draft_topk_kernel", draft_topk_kernel, cfg, p, ws);
+  err = launch("draft_topk_select", draft_topk_select_kernel, cfg, p, ws);
+  if (err != cudaSuccess) return err;
+  cfg.grid = dim3(static_cast<unsigned>(std::min<int64_t>(p.N, int64_t(1) << 30)));
+  cfg.smem = smem;
+  cfg.pdl = true;
+  return launch("draft_topk_walk", draft_topk_walk_kernel, cfg, p, ws);
 }
 #endif
 

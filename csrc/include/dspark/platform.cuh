@@ -11,7 +11,10 @@
 //     DSPARK_DYNAMIC_SMEM(T, name) (the SIMT build rejects a raw __shared__);
 //   * kernels are launched with dspark::launch (never <<<>>>), so grid, block, shared memory and cooperative-ness
 //     are decided by the same launch code on both sides;
-//   * a persistent kernel synchronises its grid with dspark::grid_sync() inside a cooperative launch.
+//   * a persistent kernel synchronises its grid with dspark::grid_sync() inside a cooperative launch;
+//   * a kernel launched with LaunchConfig::pdl (programmatic dependent launch) may start while the launch before it
+//     in the stream still runs: it calls dspark::grid_dependency_wait() before it reads anything that launch wrote
+//     or writes global memory at all, and dspark::launch_dependents() (if at all) only after that wait.
 #pragma once
 
 #include <stddef.h>
@@ -205,7 +208,14 @@ struct LaunchConfig {
   size_t smem = 0;              // dynamic shared memory, bytes
   cudaStream_t stream = nullptr;
   bool cooperative = false;     // every block resident at once (needed by grid_sync)
+  // Programmatic dependent launch (sm_90+): the launch may start before the one before it in the stream ends (its
+  // blocks wait in grid_dependency_wait); on other devices, and in the SIMT build, an ordinary stream-ordered launch.
+  bool pdl = false;
 };
+
+#if !defined(DSPARK_SIMT)
+inline bool device_supports_pdl();  // compute capability 9.0 or later (below)
+#endif
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)  // launching needs nvcc (or the SIMT runtime)
 // Launch `kernel(args...)` with `cfg`. Returns the launch status on the GPU; in the SIMT build a fault (divergent
@@ -217,7 +227,7 @@ inline cudaError_t launch(const char* name, void (*kernel)(Params...), const Lau
 #if defined(DSPARK_SIMT)
   std::tuple<Params...> params(static_cast<Params>(std::forward<Args>(args))...);
   simt::launch(simt::LaunchSpec{name, cfg.grid, cfg.block, cfg.smem, cfg.cooperative,
-                                reinterpret_cast<const void*>(kernel)},
+                                reinterpret_cast<const void*>(kernel), cfg.pdl},
                [&]() {
                  // the thread's copies of the kernel and its arguments (not modelled accesses)
                  void (*fn)(Params...) = kernel;
@@ -238,8 +248,40 @@ inline cudaError_t launch(const char* name, void (*kernel)(Params...), const Lau
     return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), cfg.grid, cfg.block, ptrs, cfg.smem,
                                        cfg.stream);
   }
+  if (cfg.pdl && device_supports_pdl()) {
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = cfg.grid;
+    lc.blockDim = cfg.block;
+    lc.dynamicSmemBytes = cfg.smem;
+    lc.stream = cfg.stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = attr;
+    lc.numAttrs = 1;
+    return cudaLaunchKernelEx(&lc, kernel, static_cast<Params>(std::forward<Args>(args))...);
+  }
   kernel<<<cfg.grid, cfg.block, cfg.smem, cfg.stream>>>(static_cast<Params>(std::forward<Args>(args))...);
   return cudaGetLastError();
+#endif
+}
+
+// Programmatic dependent launch, device side (LaunchConfig::pdl). grid_dependency_wait: until the launch before this
+// one in the stream has ended and its writes are visible (a no-op without a dependency: an ordinary launch, a device
+// before sm_90, the SIMT build, which checks the rule instead). launch_dependents: this block lets the next launch
+// start (it still waits in its own grid_dependency_wait for this one to end).
+DSPARK_DEVICE void grid_dependency_wait() {
+#if defined(DSPARK_SIMT)
+  simt::grid_dependency_wait(DSPARK_SIMT_SITE);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+DSPARK_DEVICE void launch_dependents() {
+#if defined(DSPARK_SIMT)
+  simt::launch_dependents(DSPARK_SIMT_SITE);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 
@@ -269,6 +311,11 @@ inline int device_attribute(int fallback) {
   }
   return cache[dev];
 }
+#endif
+
+#if !defined(DSPARK_SIMT)
+// Whether the current device takes programmatic dependent launches (compute capability 9.0 or later).
+inline bool device_supports_pdl() { return device_attribute<cudaDevAttrComputeCapabilityMajor>(0) >= 9; }
 #endif
 
 // Multiprocessors of the current device (132 when unknown). The SIMT build reports its setting (132 by default).

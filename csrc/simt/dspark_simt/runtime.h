@@ -84,6 +84,7 @@ struct LaunchRecord {
   dim3 grid{1, 1, 1}, block{1, 1, 1};
   uint64_t dynamic_smem = 0, static_smem = 0;
   bool cooperative = false;
+  bool pdl = false;  // a programmatic dependent launch (dspark::LaunchConfig::pdl)
   uint64_t bytes_read = 0, bytes_written = 0;                // every access, as requested
   uint64_t unique_bytes_read = 0, unique_bytes_written = 0;  // distinct addresses (a perfect cache's traffic)
   bool dram_estimated = false;   // settings().dram was on
@@ -155,6 +156,13 @@ void forget_max_dynamic_smem(const void* kernel);  // as if never set (for the h
 void syncthreads(Site site);
 int syncthreads_count(Site site, int pred);  // number of threads with pred != 0
 void grid_sync(Site site);
+// Programmatic dependent launch. The launches run in stream order, each to its end, so the wait is satisfied when it
+// is called; what the harness checks is the GPU's rule for a launch with LaunchSpec::pdl, which may start while the
+// launch before it still runs: until a thread has called grid_dependency_wait it writes no global memory and reads
+// no byte the launch before wrote (either fails the launch), and it calls launch_dependents only after its wait (so
+// the launch after it cannot start before the one before it has ended).
+void grid_dependency_wait(Site site);
+void launch_dependents(Site site);
 // Warp collective: deposits `value`, waits for the lanes of `mask`, and fills `values[32]` with what each lane of
 // the warp deposited (lanes outside the mask keep the caller's own value). Returns the mask of lanes that arrived.
 unsigned warp_collective(Site site, unsigned mask, uint64_t value, uint64_t* values);
@@ -179,6 +187,7 @@ struct LaunchSpec {
   size_t dynamic_smem;
   bool cooperative;
   const void* func = nullptr;  // the kernel function: what set_max_dynamic_smem keys on
+  bool pdl = false;            // a programmatic dependent launch (grid_dependency_wait's rule applies)
 };
 void launch(const LaunchSpec& spec, const std::function<void()>& body);
 
