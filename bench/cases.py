@@ -14,19 +14,38 @@ import floors
 OPS = ["rng_uniform", "draft_block", "verify_chain", "accept_prefix_scan", "schedule_verify_lens",
        "dist_verify_stats", "dist_verify_decide", "dist_verify_residual", "dist_draft_step"]
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# verify_chain's sampled forms beyond the headline one ("token": token rule, dense float32 draft rows, draft_logprobs):
+# the rule, the draft rows' layout and whether draft_logprobs are given. The forms other than "token" run at
+# grid["form_shapes"] only (every shape when a grid has none).
+VERIFY_FORMS = {
+    "token": ("token", "dense", True),
+    "token-rows": ("token", "dense", False),
+    "block": ("block", "dense", True),
+    "block-rows": ("block", "dense", False),
+    "token-reduced": ("token", "reduced", True),
+    "token-reduced-rows": ("token", "reduced", False),
+    "token-topk": ("token", "topk", True),
+    "token-topk-rows": ("token", "topk", False),
+}
+# a reduced draft vocabulary (DSpark drafters ship 32K; at most V / 2), top-k proposals (at most V)
+REDUCED_VD, TOPK_K = 32768, 64
+
+
 GRIDS = {
     # the headline grid; ops use the dimensions they have (scan: N, K; schedule: N, K; rng_uniform: N, K, V)
     "full": dict(N=[1, 8, 64, 256], K=[3, 7, 15], V=[32000, 151936], dtype=["bf16", "fp32"],
-                 mode=["greedy", "sampled"], w2=["same", "fp8"], top_k=[0, 64], conf=[0, 1]),
+                 mode=["greedy", "sampled"], w2=["same", "fp8"], top_k=[0, 64], conf=[0, 1], forms=list(VERIFY_FORMS),
+                 form_shapes=dict(K=7, V=151936, dtype="bf16")),
     "quick": dict(N=[1, 8, 64], K=[7], V=[32000], dtype=["fp32"], mode=["greedy", "sampled"], top_k=[0, 64],
-                  conf=[0, 1]),
+                  conf=[0, 1], forms=list(VERIFY_FORMS)),
 }
 RANK, HIDDEN = 256, {"full": 4096, "quick": 256}
 QWEN3_VOCAB = 151936
 
 
-CASE_KEYS = ["N", "K", "V", "P", "dtype", "mode", "w2", "top_k", "conf", "head", "sched", "r", "d"]  # a case's name
-SHARDS, TOP_M = 4, 8   # the vocabulary-parallel rows: shard 1 of P = 4, token sampling's candidates
+CASE_KEYS = ["N", "K", "V", "P", "dtype", "mode", "form", "w2", "top_k", "conf", "head", "sched", "r",
+             "d"]  # a case's name
+SHARDS = 4   # the vocabulary-parallel rows: shard 1 of P = 4
 BACKENDS = ["cuda", "triton", "cpu", "reference", "flashinfer", "cublas"]
 PEERS = {"flashinfer": ["verify_chain"], "cublas": ["draft_block"]}   # external peers and the ops they have
 
@@ -141,35 +160,65 @@ def cublas_draft_peer(x):
     return out
 
 
+def _verify_forms(grid, k, v, dt):
+    shape = grid.get("form_shapes")
+    at_shape = shape is None or (k == shape["K"] and v == shape["V"] and dt == shape["dtype"])
+    return [f for f in grid.get("forms", ["token"]) if f == "token" or at_shape]
+
+
 def verify_chain_cases(dev, grid):
+    """Greedy, and the sampled forms (VERIFY_FORMS); the draft logits come from draft_block: float32."""
     for n, k, v, dt, mode in itertools.product(grid["N"], grid["K"], grid["V"], grid["dtype"], grid["mode"]):
-        dtype, sampled = DTYPES[dt], mode == "sampled"
-        esize = torch.empty(0, dtype=dtype).element_size()
-        # the draft logits come from draft_block: float32
-        fl = floors.verify_chain_dense(n, k, v, target_bytes=esize, sampled=sampled,
-                                       draft_logits_bytes=4 if sampled else None,
-                                       draft_logprobs=sampled)
+        for form in (_verify_forms(grid, k, v, dt) if mode == "sampled" else ["greedy"]):
+            yield _verify_case(dev, n, k, v, dt, mode, form)
 
-        def inputs(n=n, k=k, v=v, dtype=dtype, sampled=sampled):
-            g = _gen(1, dev)
-            target = _randn((n, k + 1, v), dev, dtype, g)
-            drafts = torch.randint(0, v, (n, k), generator=g, device=dev)
-            # make most drafts the target's argmax, so chains run a few positions deep
+
+def _verify_case(dev, n, k, v, dt, mode, form):
+    dtype, sampled = DTYPES[dt], mode == "sampled"
+    rule, layout, lp = VERIFY_FORMS.get(form, ("token", "dense", False))
+    width = {"dense": v, "reduced": min(REDUCED_VD, v // 2), "topk": min(TOPK_K, v)}[layout]
+    esize = torch.empty(0, dtype=dtype).element_size()
+    fl = floors.verify_chain_dense(n, k, v, target_bytes=esize, sampled=sampled,
+                                   draft_logits_bytes=4 if sampled else None, draft_logprobs=sampled and lp,
+                                   draft_width=width, map_bytes=4 if layout == "reduced" else 0,
+                                   id_bytes=8 if layout == "topk" else 0)
+
+    def inputs():
+        g = _gen(1, dev)
+        target = _randn((n, k + 1, v), dev, dtype, g)
+        x = dict(target=target, draft_logits=None, layout=layout, rule=rule)
+        # most drafts the draft's own argmax, the draft close to the target, so chains run a few positions deep
+        dense = target[:, :k].float() + 0.5 * _randn((n, k, v), dev, torch.float32, g)
+        if not sampled:
             keep = torch.rand(n, k, generator=g, device=dev) < 0.7
-            drafts = torch.where(keep, target[:, :k].argmax(-1), drafts)
-            x = dict(target=target, drafts=drafts, draft_logits=None)
-            if sampled:
-                x["draft_logits"] = (target[:, :k].float() + 0.5 * _randn((n, k, v), dev, torch.float32, g))
-                lp = torch.log_softmax(x["draft_logits"], -1)
-                x["draft_logprobs"] = lp.gather(-1, drafts[..., None])[..., 0]
+            x["drafts"] = torch.where(keep, target[:, :k].argmax(-1), torch.randint(0, v, (n, k), generator=g,
+                                                                                      device=dev))
             return x
+        if layout == "dense":
+            rows, ids = dense, None
+        elif layout == "reduced":
+            ids = torch.randperm(v, generator=g, device=dev)[:width]
+            rows = dense[..., ids]
+            x["target_to_draft"] = dk.target_to_draft_map(ids, v)
+        else:
+            rows, ids = dense.topk(width, dim=-1)
+            x["draft_candidates"] = ids
+        col = torch.where(torch.rand(n, k, generator=g, device=dev) < 0.7, rows.argmax(-1),
+                          torch.randint(0, width, (n, k), generator=g, device=dev))
+        x["drafts"] = col if ids is None else (ids.expand(n, k, width) if ids.dim() == 1 else ids).gather(
+            -1, col[..., None])[..., 0]
+        x["draft_logits"] = rows
+        if lp:
+            x["draft_logprobs"] = torch.log_softmax(rows, -1).gather(-1, col[..., None])[..., 0]
+        return x
 
-        def run(b, x, t=1.0 if sampled else 0.0):
-            kw = dict(draft_logprobs=x["draft_logprobs"]) if "draft_logprobs" in x else {}
-            return dk.verify_chain(x["target"], x["drafts"], draft_logits=x["draft_logits"], temperature=t, seed=1,
-                                   offset=0, method="token", backend=b, **kw)
+    def run(b, x, t=1.0 if sampled else 0.0):
+        kw = {key: x[key] for key in ("draft_logprobs", "target_to_draft", "draft_candidates") if key in x}
+        return dk.verify_chain(x["target"], x["drafts"], draft_logits=x["draft_logits"], temperature=t, seed=1,
+                               offset=0, method=x["rule"], backend=b, **kw)
 
-        yield Case("verify_chain", dict(N=n, K=k, V=v, dtype=dt, mode=mode), fl, inputs, run)
+    params = dict(N=n, K=k, V=v, dtype=dt, mode=mode, **({"form": form} if sampled and form != "token" else {}))
+    return Case("verify_chain", params, fl, inputs, run)
 
 
 def accept_prefix_scan_cases(dev, grid):
@@ -206,33 +255,33 @@ def _shard_key(dev):
 
 
 def dist_verify_stats_cases(dev, grid):
-    """The first exchange of shard 1 of P: greedy (the argmax fields), sampled with float32 draft rows (top_m 8)."""
+    """The first exchange of shard 1 of P: greedy (the argmax fields), sampled with float32 draft rows."""
     import dspark_kernels.distributed as D
     for n, k, v, dt, mode in itertools.product(grid["N"], grid["K"], grid["V"], grid["dtype"], grid["mode"]):
         dtype, sampled, vl = DTYPES[dt], mode == "sampled", v // SHARDS
         esize = torch.empty(0, dtype=dtype).element_size()
         fl = floors.dist_verify_stats(n, k, vl, target_bytes=esize, sampled=sampled,
-                                      draft_logits_bytes=4 if sampled else None, top_m=TOP_M)
+                                      draft_logits_bytes=4 if sampled else None)
 
         def inputs(n=n, k=k, v=v, vl=vl, dtype=dtype, sampled=sampled):
             g = _gen(4, dev)
             return dict(target=_randn((n, k + 1, vl), dev, dtype, g), drafts=torch.randint(0, v, (n, k), device=dev,
                                                                                            generator=g),
                         draft=_randn((n, k, vl), dev, torch.float32, g) if sampled else None,
-                        temps=torch.ones(n, device=dev) if sampled else None, key=_shard_key(dev), v=v, vl=vl)
+                        temps=torch.ones(n, device=dev) if sampled else None, v=v, vl=vl)
 
         yield Case("dist_verify_stats", dict(N=n, K=k, V=v, P=SHARDS, dtype=dt, mode=mode), fl, inputs,
-                   lambda b, x: D.ops.verify_stats(x["target"], None, x["drafts"], x["draft"], x["temps"], x["key"],
-                                                   x["vl"], x["v"], TOP_M, b))
+                   lambda b, x: D.ops.verify_stats(x["target"], None, x["drafts"], x["draft"], x["temps"], x["vl"],
+                                                   x["v"], b))
 
 
 def dist_verify_decide_cases(dev, grid):
-    """The decide step over P gathered statistics (token method; sampled with draft rows): its work is N K P top_m,
+    """The decide step over P gathered statistics (token method; sampled with draft rows): its work is N K P,
     independent of V, so the statistics come from the reference pass over a 4000-token vocabulary."""
     import dspark_kernels.distributed as D
     for n, k, mode in itertools.product(grid["N"], grid["K"], grid["mode"]):
         sampled, v = mode == "sampled", 4000
-        fl = floors.dist_verify_decide(n, k, SHARDS, sampled=sampled, draft=sampled, top_m=TOP_M)
+        fl = floors.dist_verify_decide(n, k, SHARDS, sampled=sampled, draft=sampled)
 
         def inputs(n=n, k=k, sampled=sampled, v=v):
             g = _gen(5)
@@ -243,7 +292,7 @@ def dist_verify_decide_cases(dev, grid):
             temps = torch.ones(n) if sampled else None
             vl, key = v // SHARDS, _shard_key("cpu")
             stats = torch.stack([D.ops.verify_stats(target[..., a:a + vl], None, drafts, None if draft is None else
-                                                    draft[..., a:a + vl], temps, key, a, v, TOP_M, "reference")
+                                                    draft[..., a:a + vl], temps, a, v, "reference")
                                  for a in range(0, v, vl)])
             shards = torch.tensor([[a, vl] for a in range(0, v, vl)])
             return {name: t.to(dev) if t is not None else None for name, t in dict(
@@ -252,11 +301,11 @@ def dist_verify_decide_cases(dev, grid):
         yield Case("dist_verify_decide", dict(N=n, K=k, P=SHARDS, mode=mode), fl, inputs,
                    lambda b, x: D.ops.verify_decide(x["stats"], x["shards"], None, None, 0, x["drafts"], None, None,
                                                     None, None, x["temps"], x["key"], None, "token", x["draft"],
-                                                    TOP_M, x["v"], b))
+                                                    x["v"], b))
 
 
 def dist_verify_residual_cases(dev, grid):
-    """The exact residual pass of shard 1 of P for block verification: every row of every request planned, float32
+    """The residual pass of shard 1 of P: rows 0..K-1 of every request planned (each on its own draft row), float32
     draft rows."""
     import dspark_kernels.distributed as D
     from dspark_kernels.distributed import layout as L
@@ -324,6 +373,8 @@ def flashinfer_runner():
         return None, f"flashinfer not importable ({type(e).__name__}: {str(e)[:80]})"
 
     def run(x):   # sampled cases only: FlashInfer takes probabilities, so the softmax is part of its time
+        if x.get("layout", "dense") != "dense" or x.get("rule", "token") != "token":
+            raise ValueError("FlashInfer's chain_speculative_sampling takes dense draft rows and the token rule")
         draft_probs = torch.softmax(x["draft_logits"].float(), -1)
         target_probs = torch.softmax(x["target"].float(), -1)
         return chain_speculative_sampling(draft_probs, x["drafts"].int(), target_probs)

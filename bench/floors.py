@@ -76,22 +76,28 @@ def draft_block(n: int, k: int, v: int, r: int, *, d: int = 0, head: str = "vani
 
 
 def verify_chain(verify_lens: Sequence[int], k: int, v: int, *, target_bytes: int = 2, sampled: bool = False,
-                 draft_logits_bytes: Optional[int] = None, draft_logprobs: bool = False) -> Floor:
+                 draft_logits_bytes: Optional[int] = None, draft_logprobs: bool = False,
+                 draft_width: Optional[int] = None, map_bytes: int = 0, id_bytes: int = 0) -> Floor:
     """Greedy: the verified target rows once (``L_r + 1`` rows of request r). Sampling: the same, plus
     - with ``draft_logprobs`` (log q of each drafted token given): one draft row per request (the rejected one, for
       the residual), and the logprobs themselves;
     - with draft logits but no logprobs: every verified draft row (``q(d_j)`` needs row j's normaliser);
     - without draft logits (one-hot q): nothing more.
-    Plus the drafted tokens and the outputs (tokens int64 [N, K+1], num_accepted int32, accept_mask bool)."""
+    Draft rows have ``draft_width`` columns (V when None; Vd of a reduced vocabulary, k of top-k rows), with
+    ``id_bytes`` of candidate id per column (top-k rows), and a reduced vocabulary's target -> draft table (V entries
+    of ``map_bytes``) is read once. Plus the drafted tokens and the outputs (tokens int64 [N, K+1], num_accepted
+    int32, accept_mask bool)."""
     n = len(verify_lens)
     lens = [max(0, min(int(x), k)) for x in verify_lens]
+    width = v if draft_width is None else draft_width
     f = Floor("verify_chain")
     f.add("target rows", sum(x + 1 for x in lens) * v * target_bytes)
     if sampled and draft_logits_bytes is not None:
+        rows = n if draft_logprobs else sum(lens)
+        f.add("draft rows", rows * width * (draft_logits_bytes + id_bytes))
         if draft_logprobs:
-            f.add("draft rows", n * v * draft_logits_bytes).add("draft_logprobs", n * k * F32)
-        else:
-            f.add("draft rows", sum(lens) * v * draft_logits_bytes)
+            f.add("draft_logprobs", n * k * F32)
+        f.add("target_to_draft", v * map_bytes)
     f.add("draft tokens", n * k * I64)
     if sampled:
         f.add("temperature", n * F32)
@@ -142,13 +148,13 @@ def schedule_verify_lens(n: int, k: int, *, table_points: int = 4, from_conf: bo
 # ------------------------------------------------------------------------------------------------ vocabulary shards
 # The local pieces of dspark_kernels.distributed on one shard of Vl = V / P tokens (layout.py's buffers).
 
-def stats_width(sampled: bool, draft: bool, top_m: int) -> int:
+def stats_width(sampled: bool, draft: bool) -> int:
     """Floats per (request, row) of the first exchange (layout.StatsLayout.width)."""
-    return (11 if draft else 7) + (4 if draft else 3) * top_m if sampled else 2
+    return (10 if draft else 6) if sampled else 2
 
 
 def dist_verify_stats(n: int, k: int, vl: int, *, target_bytes: int = 2, sampled: bool = False,
-                      draft_logits_bytes: Optional[int] = None, top_m: int = 8) -> Floor:
+                      draft_logits_bytes: Optional[int] = None) -> Floor:
     """The shard's target rows [N, K+1, Vl] once, its draft rows [N, K, Vl] (with draft logits), the drafts, the
     temperatures, and the send buffer float32 [N, K+1, width]."""
     draft = sampled and draft_logits_bytes is not None
@@ -158,41 +164,35 @@ def dist_verify_stats(n: int, k: int, vl: int, *, target_bytes: int = 2, sampled
     f.add("draft tokens", n * k * I64)
     if sampled:
         f.add("temperature", n * F32)
-    return f.add("stats", n * (k + 1) * stats_width(sampled, draft, top_m) * F32)
+    return f.add("stats", n * (k + 1) * stats_width(sampled, draft) * F32)
 
 
-def dist_verify_decide(n: int, k: int, p: int, *, sampled: bool = False, draft: bool = False, top_m: int = 8,
+def dist_verify_decide(n: int, k: int, p: int, *, sampled: bool = False, draft: bool = False,
                        method: str = "token") -> Floor:
     """What the decide step must read of every shard's statistics [P, N, K+1, width]: the argmax pair of each row
-    (greedy); sampling adds the row's statistics, the values at the draft and the bound (the slots before the
-    candidates) and, for the token method, the candidates of the one row where the request emits. Then the shard
-    table, the drafts and temperatures, and the outputs (tokens, num_accepted, accept_mask, the plan float32
-    [N, R, 9]: R = 1 token, K block). Every row counted: the kernel stops reading a request's rows at its first
-    rejection, so it can move less than this (data-dependent)."""
+    (greedy), every slot of each row (sampling). Then the shard table, the drafts and temperatures, and the outputs
+    (tokens, num_accepted, accept_mask, the plan float32 [N, R, 9]: R = 1 token, K+1 block). Every row counted: the
+    kernel stops reading a request's rows at its first rejection, so it can move less than this (data-dependent)."""
     rows = p * n * (k + 1)
-    f = Floor("dist_verify_decide")
-    if not sampled:
-        f.add("stats (argmax)", rows * 2 * F32)
-    else:
-        head = stats_width(True, draft, 0)          # every slot before the candidates
-        f.add("stats (row slots)", rows * head * F32)
-        if method == "token":
-            f.add("stats (candidates of the emitting row)", p * n * top_m * (4 if draft else 3) * F32)
+    f = Floor("dist_verify_decide").add("stats", rows * stats_width(sampled, draft) * F32)
     f.add("shards", p * 2 * I64).add("draft tokens", n * k * I64)
     if sampled:
-        f.add("temperature", n * F32).add("plan", n * (1 if method == "token" else k) * 9 * F32)
+        f.add("temperature", n * F32).add("plan", n * (1 if method == "token" else k + 1) * 9 * F32)
     return f.add("tokens", n * (k + 1) * I64).add("num_accepted", n * I32).add("accept_mask", n * k * BOOL)
 
 
 def dist_verify_residual(n: int, slots: int, vl: int, *, target_bytes: int = 2,
                          draft_logits_bytes: Optional[int] = None) -> Floor:
-    """The planned slots' target rows (and draft rows) of the shard once, the plan, the temperatures, the second
-    exchange's buffer float32 [N, R, 3] (every slot needed)."""
+    """The planned slots' target rows (and draft rows; one-hot drafts: the draft tokens) of the shard once, the plan,
+    the temperatures, the second exchange's buffer float32 [N, R, 5] (every slot needed, each on its own draft
+    row)."""
     f = Floor("dist_verify_residual").add("target rows", n * slots * vl * target_bytes)
     if draft_logits_bytes is not None:
         f.add("draft rows", n * slots * vl * draft_logits_bytes)
-    f.add("plan", n * slots * 9 * F32).add("temperature", n * F32).add("draft tokens", n * slots * I64)
-    return f.add("residual", n * slots * 3 * F32)
+    else:
+        f.add("draft tokens", n * slots * I64)
+    f.add("plan", n * slots * 9 * F32).add("temperature", n * F32)
+    return f.add("residual", n * slots * 5 * F32)
 
 
 def dist_draft_step(n: int, vl: int, r: int, *, u_bytes: int = 2, w_bytes: int = 2,

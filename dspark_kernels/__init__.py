@@ -29,6 +29,7 @@ from .ops import (
     quantize_w2,
     rng_uniform,
     schedule_verify_lens,
+    target_to_draft_map,
     verify_chain,
 )
 
@@ -38,5 +39,5 @@ __all__ = [
     "rng", "build_info", "CostTable", "expected_calibration_error", "fit_sts", "survival_from_conf",
     "ConfidenceHead", "DraftBlockOutput", "MarkovHead", "ScanOutput", "ScheduleOutput", "VerifyOutput",
     "accept_prefix_scan", "draft_block", "draft_to_target_from_offsets", "quantize_w2",
-    "rng_uniform", "schedule_verify_lens", "verify_chain",
+    "rng_uniform", "schedule_verify_lens", "target_to_draft_map", "verify_chain",
 ]

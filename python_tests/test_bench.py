@@ -98,23 +98,26 @@ def test_scan_schedule_rng_floors_by_hand():
 
 
 def test_vocabulary_shard_floors_by_hand():
-    """The local pieces' floors (N = 2, K = 3, a shard of Vl = 10, P = 4, top_m = 8), term by term."""
+    """The local pieces' floors (N = 2, K = 3, a shard of Vl = 10, P = 4), term by term."""
     from dspark_kernels.distributed import layout as L
-    assert all(floors.stats_width(s, d, m) == L.StatsLayout(s, d, m).width
-               for s in (False, True) for d in (False, True) for m in (1, 8))
+    assert all(floors.stats_width(s, d) == L.StatsLayout(s, d).width for s in (False, True) for d in (False, True))
     # stats, greedy bf16: target 2*4*10*2 = 160, drafts 2*3*8 = 48, buffer 2*4*2*4 = 64
     assert floors.dist_verify_stats(2, 3, 10).total == 160 + 48 + 64
-    # sampled with fp32 draft rows: + draft 2*3*10*4 = 240, temperature 8, buffer width 11 + 4*8 = 43 (not 2)
+    # sampled with fp32 draft rows: + draft 2*3*10*4 = 240, temperature 8, buffer width 10 (not 2)
     assert floors.dist_verify_stats(2, 3, 10, sampled=True, draft_logits_bytes=4).total == \
-        160 + 240 + 48 + 8 + 2 * 4 * 43 * 4
+        160 + 240 + 48 + 8 + 2 * 4 * 10 * 4
     # decide, greedy: argmax pairs 4*2*4*2*4 = 256, shards 64, drafts 48, tokens 64 + 8 + 6
     assert floors.dist_verify_decide(2, 3, 4).total == 256 + 64 + 48 + 64 + 8 + 6
-    # token sampling with draft rows: row slots 4*2*4*11*4 = 1408, one row's candidates 4*2*8*4*4 = 1024, + temps 8,
-    # plan 2*9*4 = 72
+    # token sampling with draft rows: every row's 10 slots 4*2*4*10*4 = 1280, + temps 8, plan 2*1*9*4 = 72
     assert floors.dist_verify_decide(2, 3, 4, sampled=True, draft=True).total == \
-        1408 + 1024 + 64 + 48 + 8 + 72 + 64 + 8 + 6
-    # residual, 3 slots each: target 2*3*10*2 = 120, draft 240, plan 2*3*9*4 = 216, temps 8, drafts 48, out 72
-    assert floors.dist_verify_residual(2, 3, 10, draft_logits_bytes=4).total == 120 + 240 + 216 + 8 + 48 + 72
+        1280 + 64 + 48 + 8 + 72 + 64 + 8 + 6
+    # block: the plan has K+1 = 4 slots, 2*4*9*4 = 288
+    assert floors.dist_verify_decide(2, 3, 4, sampled=True, draft=True, method="block").total == \
+        1280 + 64 + 48 + 8 + 288 + 64 + 8 + 6
+    # residual, 3 slots each: target 2*3*10*2 = 120, draft 240, plan 2*3*9*4 = 216, temps 8, out 2*3*5*4 = 120
+    assert floors.dist_verify_residual(2, 3, 10, draft_logits_bytes=4).total == 120 + 240 + 216 + 8 + 120
+    # one-hot drafts: the draft tokens 2*3*8 = 48 instead of the draft rows
+    assert floors.dist_verify_residual(2, 3, 10).total == 120 + 48 + 216 + 8 + 120
     # draft step, r = 5, bf16, logits: U 40, v 40, W2 100, packed 16, stats 40, logits 80
     assert floors.dist_draft_step(2, 10, 5, return_logits=True).total == 40 + 40 + 100 + 16 + 40 + 80
 

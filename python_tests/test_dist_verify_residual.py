@@ -1,6 +1,6 @@
 """The CUDA kernel of ``dspark_dist::verify_residual`` (csrc/include/dspark/dist_verify_residual.cuh) against the
-reference piece: the exact residual mass and race winner over one vocabulary shard for the planned rows, through the
-SIMT harness on the CPU (or a GPU).
+reference piece: the residual's mass and race winner and the race over p over one vocabulary shard for the planned
+rows, through the SIMT harness on the CPU (or a GPU).
 
 Winners (global ids) and the NEED-cleared slots equal exactly; masses and scores to 1e-5 (sums in another order). The
 sharded verify_chain with this kernel on every rank is in test_distributed.py."""
@@ -32,10 +32,10 @@ def planned_case(method, draft, packed, dtype, device, special=True):
         target, cu = _packed(target, torch.arange(N) % (K + 1))
     dr = inp["draft"].to(dtype) if draft else None
     stats = torch.stack([D.ops.verify_stats(target[..., a:a + b], cu, inp["drafts"], None if dr is None else
-                                            dr[..., a:a + b], inp["temps"], key, a, VOCAB, 1, "reference")
+                                            dr[..., a:a + b], inp["temps"], a, VOCAB, "reference")
                          for a, b in SHARDS.tolist()])
     plan = D.ops.verify_decide(stats, SHARDS, None, cu, target.shape[0] if packed else 0, inp["drafts"], None, None,
-                               None, None, inp["temps"], key, None, method, draft, 1, VOCAB, "reference")[3]
+                               None, None, inp["temps"], key, None, method, draft, VOCAB, "reference")[3]
     plan[..., L.PLAN_NEED] = 1.0              # every slot, so the comparison covers every row ...
     plan[1, 0, L.PLAN_NEED] = 0.0             # ... but one
     plan[0, -1, L.PLAN_ROW] = K + 5.0         # a row past the end reads row K (clamped)
@@ -52,8 +52,8 @@ def test_cuda_verify_residual_matches_reference(cuda_device, simt_check, method,
     args = planned_case(method, draft, packed, dtype, cuda_device)
     ref = D.ops.verify_residual(*args, "reference")
     out = simt_check(lambda: D.ops.verify_residual(*args, "cuda"))
-    assert torch.equal(out[..., L.RES_ID], ref[..., L.RES_ID]), (method, draft, packed)
-    assert out[1, 0].tolist() == [0.0, float("-inf"), float(L.EMPTY_ID)]
+    assert torch.equal(out[..., [L.RES_ID, L.RES_GID]], ref[..., [L.RES_ID, L.RES_GID]]), (method, draft, packed)
+    assert out[1, 0].tolist() == [0.0, float("-inf"), float(L.EMPTY_ID), float("-inf"), float(L.EMPTY_ID)]
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
@@ -72,11 +72,11 @@ def test_cuda_verify_residual_by_hand(cuda_device):
 
 
 def test_cuda_verify_residual_reads_only_planned_rows(cuda_device):
-    """Two launches; a slot not needed reads nothing; the bytes within 1.1x of the needed target and draft rows (the
-    plan, the partials, the output)."""
+    """One launch of (slot, chunk) CTAs; a slot not needed reads nothing; the bytes within 1.05x of the needed target
+    and draft rows (the plan, the partials, the output); every line at the ideal sectors and wavefronts."""
     if cuda_device.type != "cpu":
         pytest.skip("counts come from the SIMT harness")
-    from dspark_kernels import simt
+    from access import ideal_access
     n, k, local = 4, 3, 5000
     g = torch.Generator().manual_seed(0)
     target, draft = torch.randn(n, k + 1, local, generator=g).bfloat16(), torch.randn(n, k, local, generator=g)
@@ -86,12 +86,13 @@ def test_cuda_verify_residual_reads_only_planned_rows(cuda_device):
     plan[:2, :, L.PLAN_NEED] = 1.0                       # requests 0 and 1 only
     args = (target, None, torch.zeros(n, k, dtype=torch.int64), draft, plan, torch.ones(n), make_rng_key(1, 1, "cpu"),
             0, local)
-    with simt.record() as rec:
-        out = D.ops.verify_residual(*args, "cuda")
-    assert [r["kernel"] for r in rec.launches] == ["dist_verify_residual_sweep", "dist_verify_residual_merge"]
+    out, rec = ideal_access(lambda: D.ops.verify_residual(*args, "cuda"))
+    assert rec.kernels() == ["dist_verify_residual"]
     rows = 2 * k * local * (target.element_size() + draft.element_size())
-    assert rows <= rec.bytes_read <= 1.1 * rows + 4 * plan.numel() * 4 + 64 * 1024, (rec.bytes_read, rows)
-    assert torch.equal(out[2:], D.ops.verify_residual(*args, "reference")[2:])
+    assert rows <= rec.bytes_read <= 1.05 * rows + 4 * plan.numel() * 4 + 64 * 1024, (rec.bytes_read, rows)
+    ref = D.ops.verify_residual(*args, "reference")
+    assert torch.equal(out[..., [L.RES_ID, L.RES_GID]], ref[..., [L.RES_ID, L.RES_GID]])
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_cuda_verify_residual_opcheck_and_bad_input(cuda_device):

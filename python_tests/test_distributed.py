@@ -31,7 +31,7 @@ def verify_inputs(n, k, vocab, seed, force_tokens=()):
     t = torch.where(temps > 0, temps, 1.0).view(n, 1, 1)
     drafts = torch.softmax(draft / t, -1).view(-1, vocab).multinomial(1, generator=g).view(n, k)
     drafts[0] = target[0, :k].argmax(-1)
-    drafts[1, -1] = vocab + 3
+    drafts[min(1, n - 1), -1] = vocab + 3
     drafts[min(2, n - 1), min(1, k - 1)] = -1
     logprobs = torch.log_softmax(draft / t, -1).gather(-1, drafts.clamp(0, vocab - 1).unsqueeze(-1)).squeeze(-1)
     return dict(target=target, draft=draft, drafts=drafts, temps=temps, logprobs=logprobs)
@@ -202,29 +202,34 @@ def _group_cuda_pieces(rank, world):
 @pytest.mark.parametrize("world,group,args", [
     (3, "_group_cuda_pieces", ()), (4, "_group_cuda_one_token_shards", ()),
     pytest.param(2, "_group_large_vocab", ("cuda",), marks=pytest.mark.harness_slow),  # V = 32003: CI's slow leg
-    (2, "_certificate_case", ("cuda",))], ids=["P3-every-mode", "P4-one-token", "P2-V32003", "P2-certificate"])
+    (2, "_second_exchange_case", ("cuda",))], ids=["P3-every-mode", "P4-one-token", "P2-V32003", "P2-second-exchange"])
 def test_sharded_ops_with_the_cuda_pieces(cuda_device, world, group, args):
     """P = 3 with every mode; P = 4 with one-token shards; P = 2 over V = 32003 (draft_block feeding verify_chain)
-    and with a certificate failure that forces the second exchange."""
+    and a token only the second exchange gives."""
     if cuda_device.type != "cpu":
         pytest.skip("gloo groups of CPU processes: the SIMT harness on each rank")
     spawn(world, globals()[group], *args)
 
 
-@pytest.mark.parametrize("world,group", [(3, _group_three_ranks), (4, _group_one_token_shards),
+@pytest.mark.parametrize("world,group", [pytest.param(3, _group_three_ranks, marks=pytest.mark.slow),
+                                         (4, _group_one_token_shards),
                                          pytest.param(2, _group_large_vocab, marks=pytest.mark.slow)],
                          ids=["P3-V1000", "P4-one-token", "P2-V32003"])
 def test_sharded_equals_unsharded(world, group):
+    """The reference and Triton pieces on every rank against the unsharded chain. P = 3 (every verify mode and Markov
+    head over three ranks, about 100 CPU seconds) runs in CI's slow leg: the default run keeps the same modes through
+    the CUDA pieces (test_sharded_ops_with_the_cuda_pieces) and each Triton piece against the reference in one
+    process (test_triton_verify_*_equals_the_reference)."""
     spawn(world, group)
 
 
 # ------------------------------------------------------------------------------------------------ second exchange
-def _certificate_case(rank, world, backend="reference"):
+def _second_exchange_case(rank, world, backend="reference"):
     """A flat row rejecting a one-hot draft d whose race key is the row's best, the second best in the same shard:
-    with one candidate per shard the residual race over the candidates cannot be certified (the other shard's head
-    is below shard 0's bound), so the exact second exchange decides, and changes the token. ``backend``: of the
-    pieces (each piece's choice, ops.piece_backend)."""
-    piece = lambda name: D.ops.piece_backend(backend, torch.device("cpu"), name)
+    the first decide call names the emitting row (its token -1), and the second exchange's residual race decides
+    (the second best: the race over p would give d). ``backend``: of the pieces (each piece's choice,
+    ops.piece_backend)."""
+    piece = lambda name: D.ops.piece_backend(backend, torch.device("cpu"), name)  # noqa: E731
     vocab, half = 64, 32
     start, size = shard_spans([half, half])[rank]
     ids = torch.arange(vocab)
@@ -239,17 +244,17 @@ def _certificate_case(rank, world, backend="reference"):
     ref = dk.verify_chain(target, drafts, temperature=temps, seed=5, offset=off, backend="reference")
     assert ref.num_accepted.item() == 0 and ref.tokens[0, 0].item() == top2[1].item()
     out = D.verify_chain(target[..., start:start + size], drafts, vocab_start=start, vocab_size=vocab,
-                         temperature=temps, seed=5, offset=off, top_m=1, backend=backend)
+                         temperature=temps, seed=5, offset=off, backend=backend)
     assert all(torch.equal(a, b) for a, b in zip(ref, out))
-    # the local pieces by hand: the plan asks for the residual, the provisional token is the uncertified one
+    # the local pieces by hand: the plan asks for the emitting row, whose token the second exchange gives
     key = make_rng_key(5, off, "cpu")
     shards = torch.tensor(shard_spans([half, half]))
-    stats = D.comm.all_gather(D.ops.verify_stats(target[..., start:start + size], None, drafts, None, temps, key,
-                                                 start, vocab, 1, piece("verify_stats")), None)
-    args = (None, 0, drafts, None, None, None, None, temps, key, None, "token", False, 1, vocab, piece("verify_decide"))
+    stats = D.comm.all_gather(D.ops.verify_stats(target[..., start:start + size], None, drafts, None, temps, start,
+                                                 vocab, piece("verify_stats")), None)
+    args = (None, 0, drafts, None, None, None, None, temps, key, None, "token", False, vocab, piece("verify_decide"))
     first = D.ops.verify_decide(stats, shards, None, *args)
-    assert first[3][0, 0, L.PLAN_NEED].item() == 1.0
-    assert first[0][0, 0].item() >= half                         # the other shard's head: not the exact winner
+    assert first[3][0, 0, L.PLAN_NEED].item() == 1.0 and first[3][0, 0, L.PLAN_ROW].item() == 0.0
+    assert first[0][0, 0].item() == -1
     res = D.ops.verify_residual(target[..., start:start + size], None, drafts, None, first[3], temps, key, start,
                                 vocab, piece("verify_residual"))
     final = D.ops.verify_decide(stats, shards, D.comm.all_gather(res, None), *args)
@@ -322,13 +327,13 @@ def _bad_input_cases(rank, world):
 
 
 def _second_exchange_and_bad_input(rank, world):
-    _certificate_case(rank, world)
+    _second_exchange_case(rank, world)
     _traffic_case(rank, world)
     _bad_input_cases(rank, world)
 
 
 def test_second_exchange_traffic_and_bad_input():
-    """P = 2: a certificate failure forcing the second exchange, the bytes counted against the model, bad input."""
+    """P = 2: the second exchange of a sampled call, the bytes counted against the model, bad input."""
     spawn(2, _second_exchange_and_bad_input)
 
 
@@ -409,14 +414,13 @@ def test_local_ops_opcheck():
     key = make_rng_key(3, 1, "cpu")
     tgt, dr = inp["target"][..., start:start + size], inp["draft"][..., start:start + size]
     for draft, temps in ((dr, inp["temps"]), (None, inp["temps"]), (None, None)):
-        args = (tgt, None, inp["drafts"], draft, temps, key, start, vocab, 4, "reference")
+        args = (tgt, None, inp["drafts"], draft, temps, start, vocab, "reference")
         torch.library.opcheck(torch.ops.dspark_dist.verify_stats.default, args)
     shards = torch.tensor([[0, 15], [15, 15]])   # two shards' worth of statistics (the same one twice)
     for method, temps in (("token", inp["temps"]), ("block", inp["temps"]), ("token", None)):
-        stats = torch.stack([D.ops.verify_stats(tgt, None, inp["drafts"], dr, temps, key, start, vocab, 4,
-                                                "reference")] * 2)
+        stats = torch.stack([D.ops.verify_stats(tgt, None, inp["drafts"], dr, temps, start, vocab, "reference")] * 2)
         dec = (stats, shards, None, None, 0, inp["drafts"], inp["logprobs"], None, None, None, temps, key, None,
-               method, True, 4, vocab, "reference")
+               method, True, vocab, "reference")
         torch.library.opcheck(torch.ops.dspark_dist.verify_decide.default, dec)
         plan = D.ops.verify_decide(*dec)[3]
         if temps is not None:
@@ -458,7 +462,8 @@ def test_triton_draft_step_equals_the_reference():
 
 def test_triton_verify_residual_equals_the_reference():
     """The Triton residual pass (interpreter on the CPU) against the reference, on the plans the decide step makes:
-    token and block, dense and packed, one-hot drafts and draft rows, a NaN row; winners equal, masses to 1e-5."""
+    token and block, dense and packed, one-hot drafts and draft rows, a NaN row; winners (of both races) equal,
+    masses to 1e-5."""
     vocab, n, k, start, size = 700, 6, 3, 200, 301
     inp = verify_inputs(n, k, vocab, seed=8)
     inp["target"][2, 1, 250] = float("nan")
@@ -472,14 +477,15 @@ def test_triton_verify_residual_equals_the_reference():
             target, cu = _packed(target, torch.arange(n) % (k + 1))
         dr = inp["draft"] if draft else None
         stats = torch.stack([D.ops.verify_stats(target[..., a:a + b], cu, inp["drafts"], None if dr is None else
-                                                dr[..., a:a + b], inp["temps"], key, a, vocab, 1, "reference")
+                                                dr[..., a:a + b], inp["temps"], a, vocab, "reference")
                              for a, b in shards.tolist()])
         plan = D.ops.verify_decide(stats, shards, None, cu, target.shape[0] if packed else 0, inp["drafts"], None,
-                                   None, None, None, inp["temps"], key, None, method, draft, 1, vocab, "reference")[3]
+                                   None, None, None, inp["temps"], key, None, method, draft, vocab, "reference")[3]
         plan[..., L.PLAN_NEED] = 1.0         # every slot, so the comparison covers every row
         args = (sl(target), cu, inp["drafts"], None if dr is None else sl(dr), plan, inp["temps"], key, start, vocab)
         ref, out = D.ops.verify_residual(*args, "reference"), D.ops.verify_residual(*args, "triton")
-        assert torch.equal(out[..., L.RES_ID], ref[..., L.RES_ID]), (method, draft, packed)
+        ids = [L.RES_ID, L.RES_GID]
+        assert torch.equal(out[..., ids], ref[..., ids]), (method, draft, packed)
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True)
     clean = args[:2] + (inp["drafts"].clamp(0, vocab - 1),) + args[3:] + ("triton",)
     torch.library.opcheck(torch.ops.dspark_dist.verify_residual.default, clean)
@@ -509,12 +515,10 @@ def _stats_case_inputs(n, k, local, vocab_start, vocab, dtype, seed):
 def test_triton_verify_stats_equals_the_reference():
     """The Triton stats pass (interpreter on the CPU) writes the reference's StatsLayout buffer: greedy, sampled
     (mixed greedy requests) with one-hot drafts and with draft rows; dense and packed; float32, bfloat16, float16;
-    shards of 1 token, fewer than top_m, 333 and 1000 tokens, vocab_start > 0; one tile and many (block_v = 64:
-    the running top-(M+1) merge). Ids and argmax values exactly; the other floats to rtol 1e-5, atol 1e-6 (sums
-    in another order, the log's rounding)."""
+    shards of 1, 5, 333 and 1000 tokens, vocab_start > 0; one tile and many (block_v = 64). Ids and argmax values
+    exactly; the other floats to rtol 1e-5, atol 1e-6 (sums in another order)."""
     from dspark_kernels.distributed.triton_stats import verify_stats as triton_stats
-    n, k, top_m = 4, 2, 8
-    key = make_rng_key(6, 3, "cpu")
+    n, k = 4, 2
     temps = torch.tensor([0.0, 1.0, 0.7, 1.6])
     for local, start, vocab, dtype, packed, block in ((1, 999, 1000, torch.float32, False, None),
                                                       (5, 0, 1000, torch.bfloat16, True, None),
@@ -526,18 +530,17 @@ def test_triton_verify_stats_equals_the_reference():
         if packed:
             target, cu = _packed(target, torch.tensor([k, 0, 1, k]))
         for t, d in ((None, None), (temps, None), (temps, draft)):
-            args = (target, cu, drafts, d, t, key, start, vocab, top_m)
+            args = (target, cu, drafts, d, t, start, vocab)
             ref = D.ops.verify_stats(*args, "reference")
             out = triton_stats(*args, block_v=block)
             case = (local, start, dtype, packed, block, t is not None, d is not None)
-            lay = L.StatsLayout(t is not None, d is not None, top_m)
-            exact = [L.AMAX_VAL, L.AMAX_ID] + (list(range(lay.width))[lay.cand("id")] if lay.sampled else [])
+            exact = [L.AMAX_VAL, L.AMAX_ID]
             assert torch.equal(out[..., exact], ref[..., exact]), case
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True, msg=lambda m: f"{case}: {m}")
     assert torch.equal(D.ops.verify_stats(*args, "triton"), out)            # the op dispatches to the kernel
     g = torch.Generator().manual_seed(1)
     clean = (torch.randn(3, k + 1, 40, generator=g), None, drafts[:3].clamp(0, 99), torch.randn(3, k, 40, generator=g),
-             temps[:3], key, 60, 100, 4, "triton")                           # opcheck compares NaN != NaN
+             temps[:3], 60, 100, "triton")                                   # opcheck compares NaN != NaN
     torch.library.opcheck(torch.ops.dspark_dist.verify_stats.default, clean)
     torch.library.opcheck(torch.ops.dspark_dist.verify_stats.default, clean[:4] + (None,) + clean[5:])
 
@@ -545,8 +548,7 @@ def test_triton_verify_stats_equals_the_reference():
 def _decide_case_inputs(vocab, n, k, shards):
     """verify_inputs with the rows the decide step's branches need, and the random key: request 0 greedy-accepts
     the stop token 7; request 2's row 0 is flat and its draft is the row's race head, the second best in the same
-    shard (with one candidate per shard no certificate holds: the second exchange decides); request 3's
-    p(d_1) = 0.9 (block's S_1 moves tau); a NaN, a +inf and an all -inf row."""
+    shard; request 3's p(d_1) = 0.9 (block's S_1 moves tau); a NaN, a +inf and an all -inf row."""
     inp = verify_inputs(n, k, vocab, seed=1, force_tokens=(0, 333))
     inp["drafts"][3] = torch.tensor([333, 0, 5])
     inp["target"][4, 1, 500] = float("nan")
@@ -572,7 +574,7 @@ def _decide_case_inputs(vocab, n, k, shards):
     return inp, key
 
 
-def _decide_stats(inp, shards, packed, draft, temps, key, top_m):
+def _decide_stats(inp, shards, packed, draft, temps):
     """(target, cu_seqlens, the gathered first exchange [P, N, K+1, F]) of the reference stats pass over ``shards``;
     packed: request 1 has no row at all, the others 1 to K + 1 rows."""
     target, cu = inp["target"], None
@@ -581,8 +583,8 @@ def _decide_stats(inp, shards, packed, draft, temps, key, top_m):
         target = torch.cat([target[r, :int(c)] for r, c in enumerate(counts)])
         cu = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
     stats = torch.stack([D.ops.verify_stats(target[..., a:a + b], cu, inp["drafts"], None if draft is None else
-                                            draft[..., a:a + b], temps, key, a, inp["target"].shape[-1], top_m,
-                                            "reference") for a, b in shards.tolist()])
+                                            draft[..., a:a + b], temps, a, inp["target"].shape[-1], "reference")
+                         for a, b in shards.tolist()])
     return target, cu, stats
 
 
@@ -600,12 +602,12 @@ def _check_decide(args, case, backend):
 
 def _decide_cases(backend):
     """The decide step of ``backend`` against the reference, on the gathered statistics of three uneven shards (333,
-    1 and 666 tokens of V = 1000; top_m above the one-token shard's width): greedy, token and block with one-hot
-    drafts, draft rows and draft_logprobs; dense and packed (a request without rows) with verify_lens and survival
-    + thresholds; stop tokens, mixed temperatures with greedy requests, NaN / inf rows; the first call (no residual)
-    and the second with the reference residual pass's exchange (certificate failures, block's S_i). tokens,
-    num_accepted, accept_mask equal; the plan to rtol 1e-5, atol 1e-6. Returns the last call's arguments and the
-    inputs of an opcheck (no NaN: opcheck compares NaN != NaN)."""
+    1 and 666 tokens of V = 1000): greedy, token and block with one-hot drafts, draft rows and draft_logprobs;
+    dense and packed (a request without rows) with verify_lens and survival + thresholds; stop tokens, mixed
+    temperatures with greedy requests, NaN / inf rows; the first call (no residual) and the second with the
+    reference residual pass's exchange (the emitted tokens, block's S_i). tokens, num_accepted, accept_mask equal;
+    the plan to rtol 1e-5, atol 1e-6. Returns the last call's arguments and the inputs of an opcheck (no NaN:
+    opcheck compares NaN != NaN)."""
     vocab, n, k = 1000, 6, 3
     shards = torch.tensor([[0, 333], [333, 1], [334, 666]])
     inp, key = _decide_case_inputs(vocab, n, k, shards)
@@ -617,13 +619,12 @@ def _decide_cases(backend):
                                                               (False, True)):
         if logprobs and not draft:
             continue
-        top_m = 1 if packed else 4
         dr = inp["draft"] if draft else None
-        target, cu, stats = _decide_stats(inp, shards, packed, dr, inp["temps"], key, top_m)
+        target, cu, stats = _decide_stats(inp, shards, packed, dr, inp["temps"])
         lens = (torch.tensor([3, 2, 2, 3, 1, 3]), surv, torch.full((k,), 0.2)) if packed else (None, None, None)
         args = lambda res, stats=stats, temps=inp["temps"]: (
             stats, shards, res, cu, target.shape[0] if packed else 0, inp["drafts"],
-            inp["logprobs"] if logprobs else None, *lens, temps, key, stops, method, draft, top_m, vocab)
+            inp["logprobs"] if logprobs else None, *lens, temps, key, stops, method, draft, vocab)
         case = (method, draft, logprobs, packed)
         first = _check_decide(args(None), case + ("first call",), backend)
         residual = torch.stack([D.ops.verify_residual(target[..., a:a + b], cu, inp["drafts"], None if dr is None else
@@ -633,14 +634,14 @@ def _decide_cases(backend):
         needed += int((first[3][..., L.PLAN_NEED] > 0).sum()) if method == "token" else 0
         moved += int((first[1] != second[1]).sum()) if method == "block" else 0
         if method == "token" and not draft:   # greedy: the first exchange holds argmaxes only
-            greedy = _decide_stats(inp, shards, packed, None, None, key, top_m)[2]
+            greedy = _decide_stats(inp, shards, packed, None, None)[2]
             _check_decide(args(None, greedy, None), case + ("greedy",), backend)
-    assert needed > 0 and moved > 0     # certificates failed (the second exchange decided), S_i moved block's tau
+    assert needed > 0 and moved > 0     # the plans asked for rows, S_i moved block's tau
     g = torch.Generator().manual_seed(2)
     clean = dict(inp, target=torch.randn(n, k + 1, vocab, generator=g), draft=torch.randn(n, k, vocab, generator=g))
-    _, _, stats = _decide_stats(clean, shards, False, clean["draft"], inp["temps"], key, 4)
+    _, _, stats = _decide_stats(clean, shards, False, clean["draft"], inp["temps"])
     dec = (stats, shards, None, None, 0, inp["drafts"], inp["logprobs"], None, None, None, inp["temps"], key, stops,
-           "token", True, 4, vocab, backend)
+           "token", True, vocab, backend)
     return args(residual), dec
 
 
@@ -666,6 +667,35 @@ def test_cuda_verify_decide_equals_the_reference(cuda_device):
         wrong[i] = value
         with pytest.raises(RuntimeError, match=msg):
             D.ops.verify_decide(*wrong)
+
+
+def test_cuda_verify_decide_access(cuda_device):
+    """One launch of a one-warp CTA per request: the request's cells of both exchanges copied to shared memory in
+    whole sectors, so the bytes read stay within 1.05x of the cells (at N = 1 nothing else is in the tensors) and
+    every line is at the ideal sectors and wavefronts; with more shards than shared memory holds (P = 300) lane 0
+    reads the cells in place, same outputs."""
+    if cuda_device.type != "cpu":
+        pytest.skip("counts come from the SIMT harness")
+    from access import ideal_access
+    for n, k, vocab, world, method in ((1, 7, 1000, 4, "token"), (5, 3, 1000, 4, "block"), (2, 3, 1200, 300, "token")):
+        inp = verify_inputs(n, k, vocab, seed=4)
+        shards = torch.tensor(shard_spans([vocab // world] * world))
+        target, cu, stats = _decide_stats(inp, shards, False, inp["draft"], inp["temps"])
+        key = make_rng_key(3, 1, "cpu")
+        args = lambda res: (stats, shards, res, None, 0, inp["drafts"], None, None, None, None,  # noqa: E731
+                            inp["temps"], key, None, method, True, vocab)
+        plan = D.ops.verify_decide(*args(None), "reference")[3]
+        residual = torch.stack([D.ops.verify_residual(target[..., a:a + b], None, inp["drafts"],
+                                                      inp["draft"][..., a:a + b], plan, inp["temps"], key, a, vocab,
+                                                      "reference") for a, b in shards.tolist()])
+        ref = D.ops.verify_decide(*args(residual), "reference")
+        out, rec = ideal_access(lambda: D.ops.verify_decide(*args(residual), "cuda"))
+        assert all(torch.equal(a, b) for a, b in zip(ref[:3], out[:3])), (n, world)
+        torch.testing.assert_close(out[3], ref[3], rtol=1e-5, atol=1e-6)
+        assert rec.kernels() == ["dist_verify_decide"] and rec.ctas == n
+        cells = (stats.numel() + residual.numel()) * 4
+        if n == 1:
+            assert cells <= rec.bytes_read <= 1.05 * cells + 1024, (rec.bytes_read, cells)
 
 
 def test_pack_key_orders_like_argmax():

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = sorted(OPS)
 
 # C ABI fields that are sizes of the tensors the schema passes (a tensor knows its shape, a pointer does not)
-CAPI_SIZES = {"N", "K", "V", "VT", "R", "D", "P", "NB", "KB", "total_rows", "max_blocks", "num_stops"}
+CAPI_SIZES = {"N", "K", "V", "VT", "R", "D", "P", "NB", "KB", "total_rows", "max_blocks", "num_stops", "draft_width"}
 # schema parameters the C ABI spells otherwise: draft_block's logits output is NULL instead of return_logits=False
 CAPI_OMITS = {"draft_block": {"return_logits"}}
 

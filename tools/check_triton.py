@@ -28,7 +28,7 @@ from dspark_kernels.triton.draft_block import (_conf_kernel, _draft_block_kernel
                                                _sweep_kernel, _topk_kernel)
 from dspark_kernels.triton.rng_uniform import _rng_uniform_kernel
 from dspark_kernels.triton.schedule_verify_lens import _schedule_verify_lens_kernel
-from dspark_kernels.triton.verify_chain import _verify_chain_kernel
+from dspark_kernels.triton.verify_chain import _mass_kernel, _rows_kernel, _sample_kernel
 
 
 def _draft_signature(w2: str) -> dict:
@@ -43,23 +43,53 @@ def _draft_signature(w2: str) -> dict:
                 BLOCK_R="constexpr", BLOCK_C="constexpr")
 
 
+# verify_chain's three kernels: pass A, block verification's mass pass, pass B
+_ROWS_SIGNATURE = dict(
+    target_ptr="*bf16", cu_ptr="*i32", drafts_ptr="*i64", dl_ptr="*fp32", inv_ptr="*i32", cand_ptr="*i64",
+    lp_ptr="*fp32", lens_ptr="*i32", surv_ptr="*fp32", thr_ptr="*fp32", temp_ptr="*fp32", key_ptr="*i64", seed="i64",
+    offset="i64", KEY_IN_MEMORY="constexpr", stops_ptr="*i64", n_stops="i32", tokens_ptr="*i64", num_acc_ptr="*i32",
+    mask_ptr="*u8", amax_v="*fp32", amax_i="*i64", tpart="*fp32", dpart="*fp32", at_t="*fp32", atq_l="*fp32",
+    atq_c="*i64", rho_ptr="*fp32", rowt="*fp32", rowq="*fp32", si_ptr="*i64", sf_ptr="*fp32", tickets="*i32",
+    total_rows="i32", K="i32", V="i32", W="i32", chunk="i32", chunks="i32", dchunk="i32", dchunks="i32",
+    PACKED="constexpr", HAS_LENS="constexpr", HAS_THR="constexpr", SAMPLING="constexpr", HAS_LOGPROBS="constexpr",
+    DRAFT_STATS="constexpr", QKIND="constexpr", BLOCK_METHOD="constexpr", BLOCK_V="constexpr", BLOCK_K="constexpr",
+    BLOCK_C="constexpr", BLOCK_W="constexpr")
+_ROWS_BLOCKS = dict(HAS_LENS=[True], HAS_THR=[True], BLOCK_V=[1024], BLOCK_K=[8], BLOCK_C=[64], BLOCK_W=[16])
+_MASS_SIGNATURE = dict(
+    target_ptr="*bf16", drafts_ptr="*i64", dl_ptr="*fp32", inv_ptr="*i32", cand_ptr="*i64", key_ptr="*i64",
+    seed="i64", offset="i64", KEY_IN_MEMORY="constexpr", stops_ptr="*i64", n_stops="i32", tokens_ptr="*i64",
+    num_acc_ptr="*i32", mask_ptr="*u8", rho_ptr="*fp32", rowt="*fp32", rowq="*fp32", si_ptr="*i64", sf_ptr="*fp32",
+    masspart="*fp32", tickets="*i32", N="i32", K="i32", V="i32", W="i32", chunk="i32", chunks="i32",
+    QKIND="constexpr", BLOCK_V="constexpr", BLOCK_K="constexpr", BLOCK_C="constexpr", BLOCK_W="constexpr")
+_SAMPLE_SIGNATURE = dict(
+    target_ptr="*bf16", dl_ptr="*fp32", inv_ptr="*i32", cand_ptr="*i64", key_ptr="*i64", seed="i64", offset="i64",
+    KEY_IN_MEMORY="constexpr", tokens_ptr="*i64", si_ptr="*i64", sf_ptr="*fp32", res_v="*fp32", res_i="*i64",
+    gum_v="*fp32", gum_i="*i64", mass_ptr="*fp32", tickets="*i32", N="i32", K="i32", V="i32", W="i32", chunk="i32",
+    chunks="i32", QKIND="constexpr", BLOCK_V="constexpr", BLOCK_C="constexpr", BLOCK_W="constexpr")
+
+
 # kernel -> (signature, {constexpr name: values to try}), or a list of them; NUM_WARPS: what the launchers use
 # (default 4)
 KERNELS = {
     _rng_uniform_kernel: (
         dict(out_ptr="*fp32", rng_key_ptr="*i64", seed="i64", offset="i64", KEY_IN_MEMORY="constexpr", K="i32",
              V="i32", quads_per_row="i32", stream="i32", BLOCK_Q="constexpr"),
-        dict(KEY_IN_MEMORY=[True], BLOCK_Q=[256]),
+        dict(KEY_IN_MEMORY=[True, False], BLOCK_Q=[256]),
     ),
-    _verify_chain_kernel: (
-        dict(target_ptr="*bf16", cu_ptr="*i32", drafts_ptr="*i64", draft_logits_ptr="*fp32", verify_lens_ptr="*i32",
-             survival_ptr="*fp32", thresholds_ptr="*fp32", temp_ptr="*fp32", rng_key_ptr="*i64", seed="i64",
-             offset="i64", KEY_IN_MEMORY="constexpr", stops_ptr="*i64", tokens_ptr="*i64", num_acc_ptr="*i32",
-             mask_ptr="*u8", total_rows="i32", K="i32", V="i32", n_stops="i32", PACKED="constexpr", HAS_DRAFT_LOGITS="constexpr", HAS_VERIFY_LENS="constexpr",
-             HAS_THRESHOLDS="constexpr", BLOCK_METHOD="constexpr", BLOCK_V="constexpr", BLOCK_K="constexpr"),
-        dict(KEY_IN_MEMORY=[True], PACKED=[False, True], HAS_DRAFT_LOGITS=[False, True], HAS_VERIFY_LENS=[True],
-             HAS_THRESHOLDS=[True], BLOCK_METHOD=[False, True], BLOCK_V=[1024], BLOCK_K=[8]),
-    ),
+    _rows_kernel: [(_ROWS_SIGNATURE, variant) for variant in (
+        # greedy; token / block sampling with draft_logprobs (q: one-hot, dense, reduced, top-k); without them
+        dict(KEY_IN_MEMORY=[True], PACKED=[False, True], SAMPLING=[False], HAS_LOGPROBS=[False],
+             DRAFT_STATS=[False], QKIND=[1], BLOCK_METHOD=[False], **_ROWS_BLOCKS),
+        dict(KEY_IN_MEMORY=[True], PACKED=[True], SAMPLING=[True], HAS_LOGPROBS=[True], DRAFT_STATS=[False],
+             QKIND=[1, 2, 3, 4], BLOCK_METHOD=[False, True], **_ROWS_BLOCKS),
+        dict(KEY_IN_MEMORY=[False], PACKED=[False], SAMPLING=[True], HAS_LOGPROBS=[False], DRAFT_STATS=[True],
+             QKIND=[2, 3, 4], BLOCK_METHOD=[False, True], **_ROWS_BLOCKS))],
+    _mass_kernel: [(_MASS_SIGNATURE, grid) for grid in (
+        dict(KEY_IN_MEMORY=[True], QKIND=[1, 2, 3], BLOCK_V=[512], BLOCK_K=[8], BLOCK_C=[64], BLOCK_W=[16]),
+        dict(KEY_IN_MEMORY=[True], QKIND=[4], BLOCK_V=[256], BLOCK_K=[8], BLOCK_C=[64], BLOCK_W=[16]))],
+    _sample_kernel: [(_SAMPLE_SIGNATURE, grid) for grid in (
+        dict(KEY_IN_MEMORY=[True, False], QKIND=[1, 2, 3], BLOCK_V=[512], BLOCK_C=[256], BLOCK_W=[16]),
+        dict(KEY_IN_MEMORY=[True], QKIND=[4], BLOCK_V=[256], BLOCK_C=[256], BLOCK_W=[16]))],
     # the top-k proposals' kernel (the walk over each row's candidates; the full proposal is _sweep_kernel's)
     _draft_block_kernel: [(_draft_signature("bf16"),
                            dict(KEY_IN_MEMORY=[True], HEAD=[0, 1, 2], W2_FP8=[False], HAS_SCALE=[False],
@@ -120,7 +150,8 @@ KERNELS = {
 NUM_WARPS = {_draft_block_kernel: 8, _sweep_kernel: 8, _merge_kernel: 8, _head_kernel: 8, _conf_kernel: 8}
 # Integer arguments compiled as multiples of 16 (as Triton specialises a launch whose sizes are: vocabularies, hidden
 # sizes and ranks of real models are); every pointer is compiled as 16-byte aligned (torch's allocations are).
-DIVISIBLE_BY_16 = {_draft_block_kernel: ("V", "R", "D"), _sweep_kernel: ("V", "R"), _verify_chain_kernel: ("V",)}
+DIVISIBLE_BY_16 = {_draft_block_kernel: ("V", "R", "D"), _sweep_kernel: ("V", "R"), _rows_kernel: ("V",),
+                   _mass_kernel: ("V",), _sample_kernel: ("V",)}
 ARCHS = (80, 90)
 
 

@@ -10,9 +10,10 @@
  * the spec); dtypes are DSPARK_DTYPE_* values; the caller allocates the outputs and a workspace of at least
  * dspark_<op>_workspace_size() bytes (0 is possible: then workspace may be NULL; a non-NULL workspace must be
  * 16-byte aligned, as cudaMalloc's are) - nothing is allocated inside a call and nothing synchronises with the
- * host. accept_prefix_scan and schedule_verify_lens enqueue exactly one kernel on the given stream, verify_chain two
- * or three and draft_block K + 2 (2K + 2 with a gated or rnn head; 2 with top_k) in stream order. The workspace needs
- * no initialisation and may be reused once the call's kernels have finished (stream order). Integer outputs equal
+ * host. accept_prefix_scan and schedule_verify_lens enqueue exactly one kernel on the given stream, verify_chain one
+ * to three and draft_block K + 2 (2K + 2 with a gated or rnn head; 2 with top_k) in stream order. A workspace needs
+ * no initialisation (verify_chain's: zeroed once before its first call, see there) and may be reused once the call's
+ * kernels have finished (stream order). Integer outputs equal
  * the reference's exactly. Values that cannot be checked without reading device memory (token ids,
  * temperatures, offsets) are not checked: they get the reference's defined results, stated per entry.
  *
@@ -267,12 +268,24 @@ typedef struct dspark_verify_chain_args {
   int64_t total_rows;            /* rows of the packed target_logits (>= 0; ignored when dense) */
   const void* draft_tokens;      /* [N, K] int32/int64 */
   int draft_tokens_dtype;
-  const void* draft_logits;      /* [N, K, V] float: the logits the drafts were sampled from (draft_block's
-                                    logits), or NULL (one-hot drafts: q(d_j) = 1) */
+  const void* draft_logits;      /* [N, K, W] float: the logits the drafts were sampled from (draft_block's
+                                    logits), or NULL (one-hot drafts: q(d_j) = 1). W = V (dense rows), Vd (reduced
+                                    rows, with target_to_draft) or k (top-k rows, with draft_candidates): the rows
+                                    are read as they are */
   int draft_logits_dtype;
+  int64_t draft_width;           /* W (0: V; must be V for dense rows) */
+  const int32_t* target_to_draft; /* [V] int32: the draft column of each target id (-1: none; an entry outside
+                                    [0, W) counts as none), or NULL. Build it once per draft vocabulary with
+                                    dspark.verify_chain's target_to_draft_map: column c of draft_to_target maps
+                                    to id draft_to_target[c], the last column of an id wins */
+  const void* draft_candidates;  /* [N, K, k] int32/int64: the target id of each column of top-k rows (k <= 1024;
+                                    ids outside [0, V) map nowhere; of repeated ids the last column), or NULL */
+  int draft_candidates_dtype;
   const float* draft_logprobs;   /* [N, K] float32 log q_j(d_j) at the request's temperature (draft_block's
                                     draft_logprobs), or NULL; needs draft_logits. The accept tests then use
-                                    exp(draft_logprobs); the residual is still sampled from the draft rows */
+                                    exp(draft_logprobs), and each draft row is normalised with it:
+                                    q_j(x) = exp(l_j(x) - l_j(d_j) + draft_logprobs_j), l = draft_logits / T (the
+                                    row's own softmax where that is not finite) */
   const void* verify_lens;       /* [N] int32/int64: verify at most this many drafts (clamped to [0, K]), or NULL */
   int verify_lens_dtype;
   const void* survival;          /* [N, K] float, or NULL ... */
@@ -296,7 +309,10 @@ typedef struct dspark_verify_chain_args {
   uint8_t* accept_mask;          /* [N, K] bool (0/1) */
 } dspark_verify_chain_args;
 
-/* Bytes of workspace (depends on N, K, V and the device's SM count; never 0 for N > 0). */
+/* Bytes of workspace (depends on N, K, V, W and the device's SM count; never 0 for N > 0). The workspace holds the
+ * kernels' per-request tickets: zero it once (cudaMemsetAsync) before its first verify_chain call; every call leaves
+ * it ready for the next (in stream order). Kernels: one for greedy calls (temperature NULL), two for token
+ * sampling, three for block verification. */
 DSPARK_API int dspark_verify_chain_workspace_size(const dspark_verify_chain_args* args, size_t* bytes);
 DSPARK_API int dspark_verify_chain(const dspark_verify_chain_args* args, void* workspace, size_t workspace_bytes,
                                    cudaStream_t stream);

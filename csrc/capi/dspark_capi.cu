@@ -367,6 +367,41 @@ int draft_params(const dspark_draft_block_args* a, dspark::DraftBlockParams* p, 
 }
 
 // ---- verify_chain
+// The draft rows' layout: dense [N, K, V], reduced [N, K, W] with target_to_draft, top-k [N, K, W] with
+// draft_candidates.
+int verify_draft_layout(const dspark_verify_chain_args* a, dspark::VerifyChainParams* p) {
+  constexpr const char* fn = "dspark_verify_chain";
+  p->draft_width = a->draft_width == 0 ? a->V : a->draft_width;
+  if (a->target_to_draft != nullptr && a->draft_candidates != nullptr)
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": target_to_draft and draft_candidates exclude each other");
+  if ((a->target_to_draft != nullptr || a->draft_candidates != nullptr) && a->draft_logits == nullptr)
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": " +
+                                          (a->target_to_draft ? "target_to_draft" : "draft_candidates") +
+                                          " needs draft_logits");
+  if (a->draft_logits == nullptr) return DSPARK_OK;
+  if (a->target_to_draft != nullptr) {
+    p->layout = dspark::DraftLayout::kReduced;
+    p->target_to_draft = a->target_to_draft;
+  } else if (a->draft_candidates != nullptr) {
+    dspark::IntArray arr;
+    DSPARK_TRY(int_array(fn, "draft_candidates", a->draft_candidates, a->draft_candidates_dtype, false, &arr));
+    p->layout = dspark::DraftLayout::kTopK;
+    p->draft_candidates = arr.ptr;
+    p->cands_i64 = arr.is64;
+    if (p->draft_width > dspark::verify::kMaxTopK || a->V >= (int64_t(1) << 31))
+      return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": top-k rows need draft_width <= " +
+                                            std::to_string(dspark::verify::kMaxTopK) + " and V < 2^31, got " +
+                                            std::to_string(p->draft_width) + " and " + std::to_string(a->V));
+  } else if (p->draft_width != a->V) {
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": draft_width must be V (or 0) for dense draft rows, got " +
+                                          std::to_string(a->draft_width));
+  }
+  if (p->draft_width < 1)
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": draft_width must be >= 1, got " +
+                                          std::to_string(a->draft_width));
+  return DSPARK_OK;
+}
+
 int verify_params(const dspark_verify_chain_args* a, dspark::VerifyChainParams* p) {
   constexpr const char* fn = "dspark_verify_chain";
   *p = dspark::VerifyChainParams{};
@@ -388,10 +423,11 @@ int verify_params(const dspark_verify_chain_args* a, dspark::VerifyChainParams* 
   p->V = a->V;
   p->block_method = a->method == DSPARK_VERIFY_BLOCK;
   if (a->N == 0) return DSPARK_OK;  // nothing to read or write
+  DSPARK_TRY(verify_draft_layout(a, p));
   // one CTA per (row, chunk) of the widest kernel: the grid must fit gridDim.x
-  const dspark::verify::Plan plan = dspark::verify::make_plan(a->N, a->K, a->V);
-  if (a->N > (int64_t(1) << 31) / (a->K + 1) ||
-      a->N * (a->K + 1) * plan.split.chunks > (int64_t(1) << 31) - 1)
+  const dspark::verify::Plan plan = dspark::verify::make_plan(a->N, a->K, a->V, p->draft_width);
+  const int64_t per_req = (a->K + 1) * plan.split.chunks + a->K * plan.dsplit.chunks;
+  if (a->N > (int64_t(1) << 31) / (a->K + 1) || a->N * per_req > (int64_t(1) << 31) - 1)
     return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N = " + std::to_string(a->N) +
                                           " requests exceed one launch's grid");
   DSPARK_TRY(float_array(fn, "target_logits", a->target_logits, a->target_logits_dtype, false, &p->target_dtype));
@@ -451,6 +487,14 @@ int verify_params(const dspark_verify_chain_args* a, dspark::VerifyChainParams* 
   p->out_num_accepted = a->num_accepted;
   p->out_accept_mask = a->accept_mask;
   return DSPARK_OK;
+}
+
+// verify_chain's workspace: the kernels' scratch, then the tickets (zeroed once by the caller).
+size_t verify_scratch_bytes(const dspark::VerifyChainParams& p) {
+  return dspark::verify_chain_workspace_bytes(p.N, p.K, p.V, p.draft_logits != nullptr ? p.draft_width : p.V);
+}
+size_t verify_workspace_bytes(const dspark::VerifyChainParams& p) {
+  return verify_scratch_bytes(p) + sizeof(uint32_t) * static_cast<size_t>(dspark::verify_chain_ticket_count(p.N));
 }
 
 }  // namespace
@@ -588,7 +632,7 @@ DSPARK_API int dspark_verify_chain_workspace_size(const dspark_verify_chain_args
   if (bytes == nullptr) return fail(DSPARK_ERR_NULL_POINTER, "dspark_verify_chain_workspace_size: bytes is NULL");
   dspark::VerifyChainParams p;
   DSPARK_TRY(verify_params(args, &p));
-  *bytes = p.N > 0 ? dspark::verify_chain_workspace_bytes(p.N, p.K, p.V) : 0;
+  *bytes = p.N > 0 ? verify_workspace_bytes(p) : 0;
   return ok();
 }
 
@@ -598,9 +642,10 @@ DSPARK_API int dspark_verify_chain(const dspark_verify_chain_args* args, void* w
   dspark::VerifyChainParams p;
   DSPARK_TRY(verify_params(args, &p));
   if (p.N == 0) return ok();
-  const size_t need = dspark::verify_chain_workspace_bytes(p.N, p.K, p.V);
+  const size_t need = verify_workspace_bytes(p);
   DSPARK_TRY(check_workspace(fn, workspace, workspace_bytes, need));
-  return run_launch(fn, [&] { return dspark::launch_verify_chain(p, workspace, stream); });
+  uint32_t* tickets = reinterpret_cast<uint32_t*>(static_cast<char*>(workspace) + verify_scratch_bytes(p));
+  return run_launch(fn, [&] { return dspark::launch_verify_chain(p, workspace, tickets, stream); });
 }
 
 }  // extern "C"

@@ -276,7 +276,8 @@ inline at::Tensor as_float(const at::Tensor& t) { return t.to(at::kFloat).contig
 void rng_uniform(at::Tensor& out, const at::Tensor& rng_key, int64_t stream);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_chain(
     const at::Tensor& target_logits, const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& draft_tokens,
-    const std::optional<at::Tensor>& draft_logits, const std::optional<at::Tensor>& draft_logprobs,
+    const std::optional<at::Tensor>& draft_logits, const std::optional<at::Tensor>& target_to_draft,
+    const std::optional<at::Tensor>& draft_candidates, const std::optional<at::Tensor>& draft_logprobs,
     const std::optional<at::Tensor>& verify_lens, const std::optional<at::Tensor>& survival,
     const std::optional<at::Tensor>& thresholds, const std::optional<at::Tensor>& temperature,
     const at::Tensor& rng_key, const std::optional<at::Tensor>& stop_token_ids, c10::string_view method);

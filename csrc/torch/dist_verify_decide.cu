@@ -18,25 +18,25 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch(
     const Tensor& stats, const Tensor& shards, const OptT& residual, const OptT& cu_seqlens, int64_t num_rows,
     const Tensor& draft_tokens, const OptT& draft_logprobs, const OptT& verify_lens, const OptT& survival,
     const OptT& thresholds, const OptT& temperature, const Tensor& rng_key, const OptT& stop_token_ids,
-    c10::string_view method, bool has_draft_logits, int64_t top_m, int64_t vocab_size) {
+    c10::string_view method, bool has_draft_logits, int64_t vocab_size) {
   dspark::DistVerifyDecideParams p;
   p.drafts_i64 = check_int(kOp, "draft_tokens", draft_tokens, draft_tokens, {kAnySize, kAnySize});
   const int64_t N = draft_tokens.size(0), K = draft_tokens.size(1);
   TORCH_CHECK(K >= 1, kOp, ": draft_tokens must have K >= 1 columns");
+  TORCH_CHECK(N < (int64_t(1) << 31), kOp, ": draft_tokens must have N < 2^31 rows, got ", N);
   TORCH_CHECK(method == "token" || method == "block", kOp, ": method must be 'token' or 'block', got '",
               std::string(method), "'");
-  TORCH_CHECK(top_m >= 1, kOp, ": top_m must be >= 1, got ", top_m);
   TORCH_CHECK(vocab_size >= 1 && vocab_size <= kMaxShardedVocab, kOp, ": vocab_size must be in [1, 2^24], got ",
               vocab_size);
   const bool sampling = temperature.has_value();
   p.has_draft = sampling && has_draft_logits;
   p.block_method = method == "block";
-  const int64_t F = dspark::dist::stats_width(sampling, p.has_draft, top_m);
+  const int64_t F = dspark::dist::stats_width(sampling, p.has_draft);
   check_tensor(kOp, "stats", stats, draft_tokens, at::kFloat, {kAnySize, N, K + 1, F});
   const int64_t P = stats.size(0);
   TORCH_CHECK(P >= 1, kOp, ": stats must hold at least one shard");
   check_tensor(kOp, "shards", shards, draft_tokens, at::kLong, {P, 2});
-  const int64_t R = sampling ? (p.block_method ? K : 1) : 0;
+  const int64_t R = dspark::dist::plan_slots(sampling, p.block_method, K);
   if (residual) {
     check_tensor(kOp, "residual", *residual, draft_tokens, at::kFloat, {P, N, R, dspark::dist::kResWidth});
   }
@@ -71,7 +71,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> launch(
   p.P = P;
   p.F = F;
   p.R = R;
-  p.top_m = top_m;
   p.vocab_size = vocab_size;
   const auto opts = draft_tokens.options();
   Tensor tokens = at::empty({N, K + 1}, opts.dtype(at::kLong));

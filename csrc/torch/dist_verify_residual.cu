@@ -2,6 +2,7 @@
 // pass over one vocabulary shard; the kernels live in csrc/include/dspark/dist_verify_residual.cuh).
 #include "dist_common.h"
 #include "dspark/dist_verify_residual.cuh"
+#include "tickets.h"
 
 #include <ATen/ops/empty.h>
 
@@ -48,7 +49,9 @@ Tensor launch(const Tensor& target_shard, const OptT& cu_seqlens, const Tensor& 
   const DeviceGuard guard(draft_tokens);
   Tensor workspace = at::empty({static_cast<int64_t>(dspark::dist_verify_residual_workspace_bytes(N * S, Vl))},
                                draft_tokens.options().dtype(at::kByte));
-  check_launch(dspark::launch_dist_verify_residual(p, workspace.data_ptr(), current_stream(draft_tokens)), kOp);
+  check_launch(dspark::launch_dist_verify_residual(p, workspace.data_ptr(), zeroed_tickets(draft_tokens, N * S),
+                                                   current_stream(draft_tokens)),
+               kOp);
   return out;
 }
 

@@ -2,6 +2,7 @@
 // buffer of one vocabulary shard; the kernel lives in csrc/include/dspark/dist_verify_stats.cuh).
 #include "dist_common.h"
 #include "dspark/dist_verify_stats.cuh"
+#include "tickets.h"
 
 #include <ATen/ops/empty.h>
 
@@ -13,8 +14,7 @@ using OptT = std::optional<Tensor>;
 constexpr const char* kOp = "verify_stats";
 
 Tensor launch(const Tensor& target_shard, const OptT& cu_seqlens, const Tensor& draft_tokens,
-              const OptT& draft_logits_shard, const OptT& temperature, const Tensor& rng_key, int64_t vocab_start,
-              int64_t vocab_size, int64_t top_m) {
+              const OptT& draft_logits_shard, const OptT& temperature, int64_t vocab_start, int64_t vocab_size) {
   dspark::DistVerifyStatsParams p;
   p.drafts_i64 = check_int(kOp, "draft_tokens", draft_tokens, draft_tokens, {kAnySize, kAnySize});
   const int64_t N = draft_tokens.size(0), K = draft_tokens.size(1);
@@ -23,8 +23,6 @@ Tensor launch(const Tensor& target_shard, const OptT& cu_seqlens, const Tensor& 
   p.target = check_target_shard(kOp, target_shard, cu_seqlens, draft_tokens, N, K);
   const int64_t Vl = target_shard.size(-1);
   check_shard_span(kOp, vocab_start, Vl, vocab_size);
-  TORCH_CHECK(top_m >= 1 && top_m <= dspark::dist_stats::kMaxTopM, kOp, ": top_m must be in [1, ",
-              dspark::dist_stats::kMaxTopM, "], got ", top_m);
   if (draft_logits_shard) {
     p.draft_dtype = check_float(kOp, "draft_logits_shard", *draft_logits_shard, draft_tokens, {N, K, Vl});
     p.draft_logits = draft_logits_shard->data_ptr();
@@ -33,20 +31,23 @@ Tensor launch(const Tensor& target_shard, const OptT& cu_seqlens, const Tensor& 
     check_tensor(kOp, "temperature", *temperature, draft_tokens, at::kFloat, {N});
     p.temperature = temperature->data_ptr<float>();
   }
-  p.rng_key = check_rng_key(kOp, rng_key, draft_tokens);
   p.draft_tokens = draft_tokens.data_ptr();
   p.N = N;
   p.K = K;
   p.Vl = Vl;
   p.vocab_start = vocab_start;
   p.vocab_size = vocab_size;
-  p.top_m = top_m;
-  p.width = dspark::dist::stats_width(temperature.has_value(), draft_logits_shard.has_value(), top_m);
+  p.width = dspark::dist::stats_width(temperature.has_value(), draft_logits_shard.has_value());
   Tensor out = at::empty({N, K + 1, p.width}, draft_tokens.options().dtype(at::kFloat));
   if (N == 0) return out;
   p.out = out.data_ptr<float>();
   const DeviceGuard guard(draft_tokens);
-  check_launch(dspark::launch_dist_verify_stats(p, current_stream(draft_tokens)), kOp);
+  const int64_t rows = N * (K + 1);
+  Tensor workspace = at::empty({static_cast<int64_t>(dspark::dist_verify_stats_workspace_bytes(rows, Vl))},
+                               draft_tokens.options().dtype(at::kByte));
+  check_launch(dspark::launch_dist_verify_stats(p, workspace.data_ptr(), zeroed_tickets(draft_tokens, rows),
+                                                current_stream(draft_tokens)),
+               kOp);
   return out;
 }
 

@@ -14,8 +14,9 @@ DSPARK_LIBRARY_(DSPARK_TORCH_LIBRARY, m) {
         "bool return_logits, int top_k) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("verify_chain(Tensor target_logits, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits, "
-        "Tensor? draft_logprobs, Tensor? verify_lens, Tensor? survival, Tensor? thresholds, Tensor? temperature, "
-        "Tensor rng_key, Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)");
+        "Tensor? target_to_draft, Tensor? draft_candidates, Tensor? draft_logprobs, Tensor? verify_lens, "
+        "Tensor? survival, Tensor? thresholds, Tensor? temperature, Tensor rng_key, Tensor? stop_token_ids, "
+        "str method) -> (Tensor, Tensor, Tensor)");
   m.def("accept_prefix_scan(Tensor tokens, Tensor seq_lens, Tensor? num_accepted, Tensor? accept_mask, "
         "Tensor? verify_cu_seqlens, Tensor? block_table, int block_size, Tensor? max_seq_lens, "
         "Tensor? stop_token_ids) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
@@ -26,10 +27,10 @@ DSPARK_LIBRARY_(DSPARK_TORCH_LIBRARY, m) {
   m.def("draft_step(Tensor base_logits_k, Tensor v, Tensor w2_shard, Tensor? temperature, Tensor rng_key, "
         "int position, int vocab_start, bool return_logits) -> (Tensor, Tensor, Tensor)");
   m.def("verify_stats(Tensor target_shard, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits_shard, "
-        "Tensor? temperature, Tensor rng_key, int vocab_start, int vocab_size, int top_m) -> Tensor");
+        "Tensor? temperature, int vocab_start, int vocab_size) -> Tensor");
   m.def("verify_decide(Tensor stats, Tensor shards, Tensor? residual, Tensor? cu_seqlens, int num_rows, "
         "Tensor draft_tokens, Tensor? draft_logprobs, Tensor? verify_lens, Tensor? survival, Tensor? thresholds, "
-        "Tensor? temperature, Tensor rng_key, Tensor? stop_token_ids, str method, bool has_draft_logits, int top_m, "
+        "Tensor? temperature, Tensor rng_key, Tensor? stop_token_ids, str method, bool has_draft_logits, "
         "int vocab_size) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("verify_residual(Tensor target_shard, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits_shard, "
         "Tensor plan, Tensor temperature, Tensor rng_key, int vocab_start, int vocab_size) -> Tensor");

@@ -1,6 +1,7 @@
 // Torch launcher of dspark_C::verify_chain (the kernels live in csrc/include/dspark/verify_chain.cuh).
 #include "common.h"
 #include "dspark/verify_chain.cuh"
+#include "tickets.h"
 
 #include <ATen/ops/empty.h>
 
@@ -8,9 +9,42 @@ namespace dspark_torch::verify_chain {
 
 constexpr const char* kOp = "verify_chain";
 
+// The draft rows' layout: dense [N, K, V], reduced [N, K, Vd] with target_to_draft int32 [V], top-k [N, K, k] with
+// draft_candidates [N, K, k].
+void check_draft_rows(dspark::VerifyChainParams& p, const at::Tensor& drafts, const std::optional<at::Tensor>& logits,
+                      const std::optional<at::Tensor>& inv, const std::optional<at::Tensor>& cands) {
+  const int64_t N = p.N, K = p.K, V = p.V;
+  TORCH_CHECK(!(inv && cands), kOp, ": give target_to_draft or draft_candidates, not both");
+  TORCH_CHECK(logits || !(inv || cands), kOp, ": ", inv ? "target_to_draft" : "draft_candidates",
+              " needs draft_logits");
+  p.draft_dtype = p.target_dtype;
+  if (!logits) return;
+  p.draft_dtype = check_float(kOp, "draft_logits", *logits, drafts);
+  if (inv) {
+    check_tensor(kOp, "target_to_draft", *inv, drafts, at::kInt, {V});
+    check_shape(kOp, "draft_logits", *logits, {N, K, kAnySize});
+    p.layout = dspark::DraftLayout::kReduced;
+    p.target_to_draft = inv->data_ptr<int32_t>();
+  } else if (cands) {
+    p.cands_i64 = check_int(kOp, "draft_candidates", *cands, drafts, {N, K, kAnySize});
+    check_shape(kOp, "draft_logits", *logits, {N, K, cands->size(2)});
+    TORCH_CHECK(cands->size(2) <= dspark::verify::kMaxTopK, kOp, ": draft_candidates must have at most ",
+                dspark::verify::kMaxTopK, " columns, got ", cands->size(2));
+    TORCH_CHECK(V < (int64_t(1) << 31), kOp, ": top-k draft rows need V < 2^31, got ", V);
+    p.layout = dspark::DraftLayout::kTopK;
+    p.draft_candidates = cands->data_ptr();
+  } else {
+    check_shape(kOp, "draft_logits", *logits, {N, K, V});
+  }
+  p.draft_width = logits->size(2);
+  TORCH_CHECK(p.draft_width >= 1, kOp, ": draft_logits must have at least one column");
+  p.draft_logits = logits->data_ptr();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
     const at::Tensor& target_logits, const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& draft_tokens,
-    const std::optional<at::Tensor>& draft_logits, const std::optional<at::Tensor>& draft_logprobs,
+    const std::optional<at::Tensor>& draft_logits, const std::optional<at::Tensor>& target_to_draft,
+    const std::optional<at::Tensor>& draft_candidates, const std::optional<at::Tensor>& draft_logprobs,
     const std::optional<at::Tensor>& verify_lens, const std::optional<at::Tensor>& survival,
     const std::optional<at::Tensor>& thresholds, const std::optional<at::Tensor>& temperature,
     const at::Tensor& rng_key, const std::optional<at::Tensor>& stop_token_ids, c10::string_view method) {
@@ -32,11 +66,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
   const int64_t V = target_logits.size(-1);
   TORCH_CHECK(V >= 1, kOp, ": target_logits must have V >= 1");
   TORCH_CHECK(V < (int64_t(1) << 34), kOp, ": V must be < 2^34, got ", V);
-  p.draft_dtype = p.target_dtype;
-  if (draft_logits) {
-    p.draft_dtype = check_float(kOp, "draft_logits", *draft_logits, draft_tokens, {N, K, V});
-    p.draft_logits = draft_logits->data_ptr();
-  }
+  p.N = N;
+  p.K = K;
+  p.V = V;
+  check_draft_rows(p, draft_tokens, draft_logits, target_to_draft, draft_candidates);
   if (draft_logprobs) {
     TORCH_CHECK(draft_logits.has_value(), kOp, ": draft_logprobs needs draft_logits");
     check_tensor(kOp, "draft_logprobs", *draft_logprobs, draft_tokens, at::kFloat, {N, K});
@@ -66,9 +99,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
   p.block_method = method == "block";
   p.target = target_logits.data_ptr();
   p.draft_tokens = draft_tokens.data_ptr();
-  p.N = N;
-  p.K = K;
-  p.V = V;
   const auto opts = draft_tokens.options();
   at::Tensor tokens = at::empty({N, K + 1}, opts.dtype(at::kLong));
   at::Tensor num_accepted = at::empty({N}, opts.dtype(at::kInt));
@@ -78,9 +108,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
   p.out_num_accepted = num_accepted.data_ptr<int32_t>();
   p.out_accept_mask = reinterpret_cast<uint8_t*>(accept_mask.data_ptr<bool>());
   const DeviceGuard guard(draft_tokens);
-  at::Tensor workspace = at::empty({static_cast<int64_t>(dspark::verify_chain_workspace_bytes(N, K, V))},
+  const int64_t W = draft_logits ? p.draft_width : V;
+  at::Tensor workspace = at::empty({static_cast<int64_t>(dspark::verify_chain_workspace_bytes(N, K, V, W))},
                                    opts.dtype(at::kByte));
-  check_launch(dspark::launch_verify_chain(p, workspace.data_ptr(), current_stream(draft_tokens)), kOp);
+  uint32_t* ticket = zeroed_tickets(draft_tokens, dspark::verify_chain_ticket_count(N));
+  check_launch(dspark::launch_verify_chain(p, workspace.data_ptr(), ticket, current_stream(draft_tokens)), kOp);
   return {tokens, num_accepted, accept_mask};
 }
 

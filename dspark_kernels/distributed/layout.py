@@ -12,15 +12,12 @@ First exchange (``StatsLayout``, per (request, row j in 0..K), one shard):
     T_AT                       target/T at the row's draft d_{j+1} (rows < K; written by the shard that owns it)
   with draft logits:
     Q_MAX, Q_SUM, Q_BAD, Q_AT  the same for draft/T (rows < K)
-    BOUND                      an upper bound of the race key of every shard token not in the candidate list
-    top_m x (KEY, LG[, DLG], ID)  the shard's best tokens by the race key over p alone, best first:
-                               KEY = target/T - log(-log(u)), u = uniform(request, row, RESIDUAL, global id),
-                               LG = target/T, DLG = draft/T (draft logits only); empty slots: KEY = LG = -inf,
-                               ID = EMPTY_ID.
-Residual plan (``PLAN_*``, decide -> residual pass, per (request, slot)): the row, whether it is needed, rho and the
-    merged (global) softmax statistics of target and draft at that row.
-Second exchange (``RES_*``, per (request, slot), one shard): the exact residual mass sum max(rho p - q, 0) over the
-    shard and its exponential-race winner (score max(rho p - q, 0) / -log(u), ties: lowest id).
+Residual plan (``PLAN_*``, decide -> residual pass, per (request, slot)): the row, whether it is needed, rho, the
+    merged (global) softmax statistics of the target row and the draft row's normaliser (its merged statistics, or
+    ``(l(d) - draft_logprob, 1, 0)`` where draft_logprobs give it).
+Second exchange (``RES_*``, per (request, slot), one shard): the residual mass sum max(rho p - q, 0) over the
+    shard, its exponential-race winner (score max(rho p - q, 0) / -log(u)) and the Gumbel race over p (key
+    target/T - log(-log(u))) with the same uniforms u = uniform(request, row, RESIDUAL, global id); ties: lowest id.
 Drafting (``DRAFT_*``, per (request, position), one shard): softmax statistics of logits/T over the shard, the shard
     winner's scaled logit and id (the log-probability of the drafted token is merged from these after the block).
 """
@@ -32,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 MAX_VOCAB = 2 ** 24      # ids are exact in float32 slots below this
-EMPTY_ID = MAX_VOCAB     # id of an empty candidate slot (larger than every token id, so it loses every tie)
+EMPTY_ID = MAX_VOCAB     # the id of an empty slot (larger than every token id, so it loses every tie)
 
 AMAX_VAL, AMAX_ID = 0, 1
 T_MAX, T_SUM, T_BAD, T_AT = 2, 3, 4, 5
@@ -40,40 +37,24 @@ Q_MAX, Q_SUM, Q_BAD, Q_AT = 6, 7, 8, 9
 
 PLAN_ROW, PLAN_NEED, PLAN_RHO, PLAN_T_MAX, PLAN_T_SUM, PLAN_T_BAD, PLAN_Q_MAX, PLAN_Q_SUM, PLAN_Q_BAD = range(9)
 PLAN_WIDTH = 9
-RES_MASS, RES_SCORE, RES_ID = 0, 1, 2
-RES_WIDTH = 3
+RES_MASS, RES_SCORE, RES_ID, RES_GSCORE, RES_GID = range(5)
+RES_WIDTH = 5
 DRAFT_MAX, DRAFT_SUM, DRAFT_BAD, DRAFT_LWIN, DRAFT_ID = range(5)
 DRAFT_WIDTH = 5
 
 
 @dataclass(frozen=True)
 class StatsLayout:
-    """Slots of the first exchange for one call: ``sampled`` (a temperature tensor), ``draft`` (draft logits),
-    ``top_m`` candidates per (row, shard) when sampled."""
+    """Slots of the first exchange for one call: ``sampled`` (a temperature tensor), ``draft`` (draft logits)."""
 
     sampled: bool
     draft: bool
-    top_m: int
-
-    @property
-    def bound(self) -> int:
-        return (Q_AT + 1) if self.draft else (T_AT + 1)
-
-    @property
-    def cand_fields(self) -> int:
-        return 4 if self.draft else 3   # KEY, LG, [DLG,] ID
-
-    def cand(self, field: str) -> slice:
-        """Slots of one candidate field ("key", "lg", "dlg", "id") of all top_m candidates (stride cand_fields)."""
-        order = ("key", "lg", "dlg", "id") if self.draft else ("key", "lg", "id")
-        start = self.bound + 1 + order.index(field)
-        return slice(start, start + self.cand_fields * self.top_m, self.cand_fields)
 
     @property
     def width(self) -> int:
         if not self.sampled:
             return AMAX_ID + 1
-        return self.bound + 1 + self.cand_fields * self.top_m
+        return Q_AT + 1 if self.draft else T_AT + 1
 
 
 def ids_to_slots(ids: torch.Tensor) -> torch.Tensor:

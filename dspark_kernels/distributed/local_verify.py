@@ -1,12 +1,14 @@
 """Reference (pure PyTorch) local pieces of a vocabulary-parallel verify_chain: the spec of the shard passes.
 
-A shard holds target (and draft) logits for the global token ids ``[vocab_start, vocab_start + Vl)``. Three pieces:
+A shard holds target (and draft) logits for the global token ids ``[vocab_start, vocab_start + Vl)``. Three pieces,
+the two passes of ``dk.verify_chain`` with the merges between them replicated on every rank:
 
-* ``verify_stats``    (per shard)  the first exchange's buffer: argmax, softmax statistics, the logits at the drafts,
-                                   the race candidates keyed by the global token id (``layout.StatsLayout``);
-* ``verify_decide``   (replicated) the gathered statistics of every shard -> ``dk.verify_chain``'s outputs, and the
-                                   residual plan (``layout.PLAN_*``); called again with the second exchange;
-* ``verify_residual`` (per shard)  the exact residual mass and race winner over the shard for the planned rows.
+* ``verify_stats``    (per shard)  the first exchange's buffer: argmax, softmax statistics and the logits at the
+                                   drafts of every row (``layout.StatsLayout``);
+* ``verify_decide``   (replicated) the gathered statistics of every shard -> ``dk.verify_chain``'s outputs and the
+                                   residual plan (``layout.PLAN_*``): the rows sampling needs; called again with the
+                                   second exchange, which makes the sampled outputs final;
+* ``verify_residual`` (per shard)  over the planned rows: the residual's mass and race winner, and the race over p.
 
 ``verify_decide`` reproduces ``dspark_kernels.reference.verify_chain`` decision by decision; see
 docs/DESIGN.md, "Vocabulary-parallel drafting and verification" for why each merge is exact.
@@ -19,7 +21,7 @@ from typing import Optional
 import torch
 
 from ..reference.verify_chain import RESIDUAL_EPS, gather_target_rows, stop_cut
-from ..rng import STREAM_ACCEPT, STREAM_RESIDUAL, argmax_nan_low, uniform, uniform_rows
+from ..rng import STREAM_ACCEPT, STREAM_RESIDUAL, uniform, uniform_rows
 from . import layout as L
 from .layout import StatsLayout, argmax_lowest, ids_to_slots, slots_to_ids, softmax_prob
 
@@ -41,13 +43,13 @@ def _draft_rows(draft_tokens: torch.Tensor, vocab_start: int, local: int, vocab_
 
 
 def verify_stats(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
-                 draft_logits_shard: Optional[torch.Tensor], temperature: Optional[torch.Tensor],
-                 rng_key: torch.Tensor, vocab_start: int, vocab_size: int, top_m: int) -> torch.Tensor:
+                 draft_logits_shard: Optional[torch.Tensor], temperature: Optional[torch.Tensor], vocab_start: int,
+                 vocab_size: int) -> torch.Tensor:
     """float32 ``[N, K+1, StatsLayout.width]``: this shard's part of the first exchange (see ``layout``)."""
     n, k_len = draft_tokens.shape
     target, _ = gather_target_rows(target_shard, cu_seqlens, k_len)                 # [N, K+1, Vl]
     local = target.shape[-1]
-    lay = StatsLayout(temperature is not None, draft_logits_shard is not None, top_m)
+    lay = StatsLayout(temperature is not None, draft_logits_shard is not None)
     out = torch.zeros(n, k_len + 1, lay.width, dtype=torch.float32, device=target.device)
     raw = L.nan_to_neg_inf(target)
     amax = raw.argmax(-1, keepdim=True)
@@ -62,7 +64,6 @@ def verify_stats(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
     out[..., L.T_MAX], out[..., L.T_SUM], out[..., L.T_BAD] = L.local_softmax_stats(scaled)
     at = torch.where(owned, scaled[:, :k_len].gather(-1, idx.unsqueeze(-1)).squeeze(-1), float("-inf"))
     out[..., L.T_AT] = torch.cat([at, no_draft], dim=1)
-    dscaled = None
     if draft_logits_shard is not None:
         dscaled = draft_logits_shard.float() / t                                      # [N, K, Vl]
         qm, qs, qbad = L.local_softmax_stats(dscaled)
@@ -72,30 +73,7 @@ def verify_stats(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
         out[..., L.Q_BAD] = torch.cat([qbad, pad], dim=1)
         at = torch.where(owned, dscaled.gather(-1, idx.unsqueeze(-1)).squeeze(-1), float("-inf"))
         out[..., L.Q_AT] = torch.cat([at, no_draft], dim=1)
-    _write_candidates(out, lay, scaled, dscaled, rng_key, vocab_start)
     return out
-
-
-def _write_candidates(out, lay: StatsLayout, scaled, dscaled, rng_key, vocab_start: int) -> None:
-    """The top_m race candidates of each (row, shard) and the bound on every other token's key."""
-    n, rows, local = scaled.shape
-    dev = scaled.device
-    ids = vocab_start + torch.arange(local, device=dev)
-    u = uniform(rng_key, torch.arange(n, device=dev).view(n, 1, 1), torch.arange(rows, device=dev).view(1, rows, 1),
-                STREAM_RESIDUAL, ids)
-    key = L.nan_to_neg_inf(scaled - torch.log(-torch.log(u)))                         # the Gumbel race key
-    m = min(lay.top_m, local)
-    keys, order = torch.sort(key, dim=-1, descending=True, stable=True)             # stable: ties keep the lowest id
-    keep = order[..., :m]
-    out[..., lay.bound] = keys[..., m] if local > m else float("-inf")
-    fill = lambda slots, v: slots.copy_(torch.cat([v, v.new_full((n, rows, lay.top_m - m), float("-inf"))], -1))
-    fill(out[..., lay.cand("key")], keys[..., :m])
-    fill(out[..., lay.cand("lg")], scaled.gather(-1, keep))
-    if dscaled is not None:
-        drows = torch.cat([dscaled, dscaled[:, -1:]], dim=1)                          # row K reads row K-1 (unused)
-        fill(out[..., lay.cand("dlg")], drows.gather(-1, keep))
-    cand_ids = torch.cat([keep + vocab_start, keep.new_full((n, rows, lay.top_m - m), L.EMPTY_ID)], -1)
-    out[..., lay.cand("id")] = ids_to_slots(cand_ids)
 
 
 def packed_rows_left(cu_seqlens: Optional[torch.Tensor], num_rows: int, n: int, k_len: int, device) -> torch.Tensor:
@@ -128,14 +106,15 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
                   draft_logprobs: Optional[torch.Tensor], verify_lens: Optional[torch.Tensor],
                   survival: Optional[torch.Tensor], thresholds: Optional[torch.Tensor],
                   temperature: Optional[torch.Tensor], rng_key: torch.Tensor, stop_token_ids: Optional[torch.Tensor],
-                  method: str, has_draft_logits: bool, top_m: int, vocab_size: int):
+                  method: str, has_draft_logits: bool, vocab_size: int):
     """Outputs of ``dk.verify_chain`` from every shard's statistics ``stats`` [P, N, K+1, F] (shard p holds ids
-    ``shards[p, 0] + [0, shards[p, 1])``), plus the residual plan [N, R, PLAN_WIDTH] (R = 0 greedy, 1 token, K block).
+    ``shards[p, 0] + [0, shards[p, 1])``), plus the residual plan [N, R, PLAN_WIDTH] (R = 0 greedy, 1 token, K+1
+    block).
 
-    Without ``residual`` the outputs are final for greedy requests and for token-sampled requests whose candidate
-    race is certified; the plan marks the (request, row) pairs whose exact residual is needed (token: the failed
-    certificates; block: every verified row, for S_i). With ``residual`` [P, N, R, RES_WIDTH] (the second exchange)
-    every output is final.
+    Without ``residual`` the outputs are final for greedy requests; a sampled request's emitted token is -1 (and,
+    for block verification, its accepted count is provisional: S_i is taken as 0) and the plan names the rows the
+    second exchange must cover (token: the emitting row; block: every row 0..L, for S_i and the emission). With
+    ``residual`` [P, N, R, RES_WIDTH] (the second exchange) every output is final.
     """
     n, k_len = draft_tokens.shape
     dev = draft_tokens.device
@@ -152,13 +131,15 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
     if temperature is not None:
         sampled = temperature > 0
         t_stats = L.merge_softmax_stats(stats[..., L.T_MAX], stats[..., L.T_SUM], stats[..., L.T_BAD])
-        q_stats = None
         owner = L.owner_of(safe, shards)
         p_d = softmax_prob(_pick(stats[:, :, :k_len], L.T_AT, owner), *(x[:, :k_len] for x in t_stats)) * valid
-        q_d = valid.float()
+        q_d, q_norm = valid.float(), None
         if has_draft_logits:
-            q_stats = L.merge_softmax_stats(*(stats[:, :, :k_len, s] for s in (L.Q_MAX, L.Q_SUM, L.Q_BAD)))
-            q_d = softmax_prob(_pick(stats[:, :, :k_len], L.Q_AT, owner), *q_stats)
+            q_norm = L.merge_softmax_stats(*(stats[:, :, :k_len, s] for s in (L.Q_MAX, L.Q_SUM, L.Q_BAD)))
+            q_at = _pick(stats[:, :, :k_len], L.Q_AT, owner)
+            q_d = softmax_prob(q_at, *q_norm)
+            if draft_logprobs is not None:
+                q_norm = _drafter_norm(q_norm, q_at, draft_logprobs.float(), valid)
         if draft_logprobs is not None:
             q_d = draft_logprobs.float().exp()
         u_accept = uniform_rows(rng_key, requests.unsqueeze(-1), pos[:k_len], STREAM_ACCEPT, 1).squeeze(-1)
@@ -167,7 +148,7 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
             rho = torch.ones(n, k_len + 1, device=dev)
         else:
             rho = _block_rho(p_d, q_d)
-            res_mass = (residual[..., L.RES_MASS].sum(0) if residual is not None
+            res_mass = (residual[..., L.RES_MASS].sum(0)[:, :k_len] if residual is not None
                         else torch.zeros(n, k_len, device=dev))
             n_sampled = _block_tau(rho, res_mass[:, 1:], u_accept, length, in_block)
         n_acc = torch.where(sampled, n_sampled, n_acc)
@@ -176,21 +157,56 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
 
     emitted = target_argmax.gather(1, n_acc.view(n, 1)).squeeze(1)
     if temperature is not None:
-        full = n_acc >= length
-        lay = StatsLayout(True, has_draft_logits, top_m)
-        best_key, best_id = stats[..., lay.cand("key").start], slots_to_ids(stats[..., lay.cand("id").start])
-        _, p_winner = argmax_lowest(best_key, best_id, 0)                             # shard heads -> row head
-        from_p = p_winner.gather(1, n_acc.view(n, 1)).squeeze(1)                      # the Gumbel race over p
-        ctx = _RowContext(requests, n_acc, k_len, t_stats, q_stats, safe, valid, rng_key)
+        slot = torch.zeros_like(n_acc) if method == "token" else n_acc
         if method == "token":
-            emits = sampled & has_rows & ~stopped & ~full
-            from_res, use_p, plan = _token_emit(stats, lay, residual, ctx, emits)
+            need = sampled & has_rows & ~stopped
+            plan = _plan(n_acc.unsqueeze(-1), need.unsqueeze(-1), rho.gather(1, n_acc.view(n, 1)), t_stats, q_norm,
+                         k_len)
         else:
-            from_res, use_p = _block_emit(residual, ctx)
-            plan = _block_plan(rho, length, sampled, t_stats, q_stats, k_len)
-        emitted = torch.where(sampled, torch.where(use_p | full, from_p, from_res), emitted)
+            rows = pos.expand(n, k_len + 1)
+            need = sampled.unsqueeze(-1) & has_rows.unsqueeze(-1) & (rows <= length.unsqueeze(-1))
+            plan = _plan(rows, need, rho, t_stats, q_norm, k_len)
+        from_res = torch.full_like(n_acc, -1)
+        if residual is not None:
+            from_res = _emitted(residual, requests, slot, n_acc >= length)
+        emitted = torch.where(sampled, from_res, emitted)
 
     return _outputs(drafts, n_acc, has_rows, stopped, emitted) + (plan,)
+
+
+def _drafter_norm(q_norm, q_at, logprobs, valid):
+    """The draft rows' normalisers where draft_logprobs give them: (l(d) - logprob, 1, False) where that is finite
+    (d on the vocabulary), else the rows' merged statistics."""
+    c = q_at - logprobs
+    given = valid & torch.isfinite(c)
+    return (torch.where(given, c, q_norm[0]), torch.where(given, 1.0, q_norm[1]), torch.where(given, False, q_norm[2]))
+
+
+def _plan(rows, need, rho, t_stats, q_norm, k_len):
+    """[N, R, PLAN_WIDTH]: the plan's slots at rows ``rows`` [N, R] (the draft's normaliser from row min(row, K-1))."""
+    n, slots = rows.shape
+    plan = torch.zeros(n, slots, L.PLAN_WIDTH, device=rows.device)
+    plan[..., L.PLAN_ROW] = rows.float()
+    plan[..., L.PLAN_NEED] = need.float()
+    plan[..., L.PLAN_RHO] = rho
+    take = lambda x, r: x.gather(1, r)   # noqa: E731
+    plan[..., L.PLAN_T_MAX], plan[..., L.PLAN_T_SUM] = take(t_stats[0], rows), take(t_stats[1], rows)
+    plan[..., L.PLAN_T_BAD] = take(t_stats[2], rows).float()
+    if q_norm is not None:
+        qrows = rows.clamp(max=k_len - 1)
+        plan[..., L.PLAN_Q_MAX], plan[..., L.PLAN_Q_SUM] = take(q_norm[0], qrows), take(q_norm[1], qrows)
+        plan[..., L.PLAN_Q_BAD] = take(q_norm[2], qrows).float()
+    return plan
+
+
+def _emitted(residual, requests, slot, full):
+    """The token emitted from the second exchange at each request's slot: the race over p after a full acceptance
+    or where the residual's mass is below RESIDUAL_EPS (NaN included), else the residual's race."""
+    r = residual[:, requests, slot]                                                     # [P, N, RES_WIDTH]
+    _, from_res = argmax_lowest(r[..., L.RES_SCORE], slots_to_ids(r[..., L.RES_ID]), 0)
+    _, from_p = argmax_lowest(r[..., L.RES_GSCORE], slots_to_ids(r[..., L.RES_GID]), 0)
+    use_p = full | ~(r[..., L.RES_MASS].sum(0) >= RESIDUAL_EPS)
+    return torch.where(use_p, from_p, from_res)
 
 
 def _verify_lengths(cu_seqlens, num_rows, n, k_len, verify_lens, survival, thresholds, dev):
@@ -240,100 +256,18 @@ def _block_tau(rho, res_mass, eta, length, in_block) -> torch.Tensor:
     return torch.where((eta <= h) & in_block, idx, 0).max(dim=-1).values
 
 
-class _RowContext:
-    """What the emission of each request at its row ``n_acc`` reads: merged statistics, the draft, the key."""
-
-    def __init__(self, requests, n_acc, k_len, t_stats, q_stats, safe, valid, rng_key):
-        self.requests, self.row, self.rng_key = requests, n_acc, rng_key
-        self.qrow = n_acc.clamp(max=k_len - 1)
-        self.t = tuple(_at_row(x, self.row) for x in t_stats)                      # (max, sum, bad) [N]
-        self.q = tuple(_at_row(x, self.qrow) for x in q_stats) if q_stats is not None else None
-        self.draft = _at_row(safe, self.qrow)
-        self.draft_valid = _at_row(valid, self.qrow)
-
-
-def _token_emit(stats, lay: StatsLayout, residual, ctx: _RowContext, emits):
-    """Token sampling's residual race over the gathered candidates, its certificate, and the exact second
-    exchange where the certificate fails: (winner [N], use_p [N], plan [N, 1, PLAN_WIDTH])."""
-    n = ctx.row.shape[0]
-    rows = stats[:, ctx.requests, ctx.row]                                             # [P, N, F]
-    flat = lambda f: rows[..., lay.cand(f)].permute(1, 0, 2).reshape(n, -1)           # [N, P * top_m]
-    ids = slots_to_ids(flat("id"))
-    p_c = softmax_prob(flat("lg"), *(x.unsqueeze(-1) for x in ctx.t))
-    if ctx.q is not None:
-        q_c = softmax_prob(flat("dlg"), *(x.unsqueeze(-1) for x in ctx.q))
-        q_bad = ctx.q[2]
-    else:  # one-hot drafts
-        q_c = ((ids == ctx.draft.unsqueeze(-1)) & ctx.draft_valid.unsqueeze(-1)).float()
-        q_bad = torch.zeros_like(ctx.t[2])
-    nan_row = ctx.t[2] | q_bad
-    e = -torch.log(uniform(ctx.rng_key, ctx.requests.unsqueeze(-1), ctx.row.unsqueeze(-1), STREAM_RESIDUAL, ids))
-    w = torch.where(ids != L.EMPTY_ID, (p_c - q_c).clamp(min=0), 0.0)
-    mass = w.sum(-1)
-    win_score, winner = argmax_lowest(w / e, ids, -1)
-    certified = _certified(rows[..., lay.bound], win_score, ctx.t[0], ctx.t[1]).all(0)
-    need = emits & ~nan_row & ~((mass >= RESIDUAL_EPS * 1.001) & certified)
-    if residual is not None:
-        r = residual[:, :, 0]
-        _, exact = argmax_lowest(r[..., L.RES_SCORE], slots_to_ids(r[..., L.RES_ID]), 0)
-        mass = torch.where(need, r[..., L.RES_MASS].sum(0), mass)
-        winner = torch.where(need, exact, winner)
-    use_p = nan_row | ~(mass >= RESIDUAL_EPS)
-    plan = torch.zeros(n, 1, L.PLAN_WIDTH, device=stats.device)
-    plan[:, 0, L.PLAN_ROW] = ctx.row.float()
-    plan[:, 0, L.PLAN_NEED] = need.float()
-    plan[:, 0, L.PLAN_RHO] = 1.0
-    _plan_stats(plan[:, 0], ctx.t, ctx.q)
-    return winner, use_p, plan
-
-
-def _certified(bound: torch.Tensor, win: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """bool [P, N]: no token of shard p outside its candidates (race keys <= bound [P, N]) can reach the winning
-    score ``win`` [N]. A token's residual score is at most p / E = exp(key - m) / s; the margin covers float rounding
-    of the key, the probability and the score (near-ties are not certified)."""
-    tol = 1e-3 + 1e-6 * (bound.abs() + m.abs())
-    cap = torch.exp(bound - m + tol) / s * 1.0001
-    return torch.where(bound > float("-inf"), win > cap, win > 0)
-
-
-def _block_emit(residual, ctx: _RowContext):
-    """Block verification's residual sample at row tau from the exact second exchange (S_tau and its winner)."""
-    if residual is None:  # first call: the emission is not known yet
-        return ctx.row, torch.ones_like(ctx.row, dtype=torch.bool)
-    r = residual[:, ctx.requests, ctx.qrow]                                            # [P, N, RES_WIDTH]
-    _, winner = argmax_lowest(r[..., L.RES_SCORE], slots_to_ids(r[..., L.RES_ID]), 0)
-    return winner, ~(r[..., L.RES_MASS].sum(0) >= RESIDUAL_EPS)
-
-
-def _block_plan(rho, length, sampled, t_stats, q_stats, k_len):
-    """[N, K, PLAN_WIDTH]: every verified row i < L of a sampled request, with rho_i (S_i and the emission)."""
-    n = rho.shape[0]
-    plan = torch.zeros(n, k_len, L.PLAN_WIDTH, device=rho.device)
-    rows = torch.arange(k_len, device=rho.device)
-    plan[..., L.PLAN_ROW] = rows.float()
-    plan[..., L.PLAN_NEED] = ((rows < length.unsqueeze(-1)) & sampled.unsqueeze(-1)).float()
-    plan[..., L.PLAN_RHO] = rho[:, :k_len]
-    _plan_stats(plan, tuple(x[:, :k_len] for x in t_stats), q_stats)
-    return plan
-
-
-def _plan_stats(plan, t, q) -> None:
-    plan[..., L.PLAN_T_MAX], plan[..., L.PLAN_T_SUM], plan[..., L.PLAN_T_BAD] = t[0], t[1], t[2].float()
-    if q is not None:
-        plan[..., L.PLAN_Q_MAX], plan[..., L.PLAN_Q_SUM], plan[..., L.PLAN_Q_BAD] = q[0], q[1], q[2].float()
-
-
 def verify_residual(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
                     draft_logits_shard: Optional[torch.Tensor], plan: torch.Tensor, temperature: torch.Tensor,
                     rng_key: torch.Tensor, vocab_start: int, vocab_size: int) -> torch.Tensor:
-    """float32 ``[N, R, RES_WIDTH]``: for each planned (request, row) with NEED set, the exact mass of
-    max(rho p - q, 0) over this shard and its race winner (score, global id); (0, -inf, EMPTY_ID) elsewhere."""
+    """float32 ``[N, R, RES_WIDTH]``: for each planned (request, row) with NEED set, over this shard: the mass of
+    max(rho p - q, 0) and its race winner (score, global id), and the race over p (key, global id);
+    (0, -inf, EMPTY_ID, -inf, EMPTY_ID) elsewhere."""
     n, k_len = draft_tokens.shape
     slots = plan.shape[1]
     dev = draft_tokens.device
     out = torch.zeros(n, slots, L.RES_WIDTH, device=dev)
-    out[..., L.RES_SCORE] = float("-inf")
-    out[..., L.RES_ID] = ids_to_slots(torch.full((n, slots), L.EMPTY_ID, device=dev))
+    out[..., L.RES_SCORE] = out[..., L.RES_GSCORE] = float("-inf")
+    out[..., L.RES_ID] = out[..., L.RES_GID] = ids_to_slots(torch.full((n, slots), L.EMPTY_ID, device=dev))
     if slots == 0:
         return out
     target, _ = gather_target_rows(target_shard, cu_seqlens, k_len)
@@ -342,9 +276,9 @@ def verify_residual(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tenso
     row = plan[..., L.PLAN_ROW].to(torch.int64).clamp(0, k_len)
     qrow = row.clamp(max=k_len - 1)
     ids = vocab_start + torch.arange(local, device=dev)
-    stat = lambda *s: (plan[..., s[0], None], plan[..., s[1], None], plan[..., s[2], None] > 0)
-    p = softmax_prob(target.gather(1, row.unsqueeze(-1).expand(n, slots, local)) / t,
-                     *stat(L.PLAN_T_MAX, L.PLAN_T_SUM, L.PLAN_T_BAD))
+    stat = lambda *s: (plan[..., s[0], None], plan[..., s[1], None], plan[..., s[2], None] > 0)  # noqa: E731
+    x = target.gather(1, row.unsqueeze(-1).expand(n, slots, local)) / t
+    p = softmax_prob(x, *stat(L.PLAN_T_MAX, L.PLAN_T_SUM, L.PLAN_T_BAD))
     if draft_logits_shard is not None:
         d = draft_logits_shard.float().gather(1, qrow.unsqueeze(-1).expand(n, slots, local)) / t
         q = softmax_prob(d, *stat(L.PLAN_Q_MAX, L.PLAN_Q_SUM, L.PLAN_Q_BAD))
@@ -353,10 +287,11 @@ def verify_residual(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tenso
         q = ((ids == safe.gather(1, qrow).unsqueeze(-1)) & valid.gather(1, qrow).unsqueeze(-1)).float()
     w = (plan[..., L.PLAN_RHO, None] * p - q).clamp(min=0)
     u = uniform(rng_key, torch.arange(n, device=dev).view(n, 1, 1), row.unsqueeze(-1), STREAM_RESIDUAL, ids)
-    score = w / -torch.log(u)
-    best = argmax_nan_low(score).unsqueeze(-1)
     need = plan[..., L.PLAN_NEED] > 0
     out[..., L.RES_MASS] = torch.where(need, w.sum(-1), 0.0)
-    out[..., L.RES_SCORE] = torch.where(need, L.nan_to_neg_inf(score.gather(-1, best).squeeze(-1)), float("-inf"))
-    out[..., L.RES_ID] = ids_to_slots(torch.where(need, best.squeeze(-1) + vocab_start, L.EMPTY_ID))
+    for score, s_slot, i_slot in ((w / -torch.log(u), L.RES_SCORE, L.RES_ID),
+                                  (x - torch.log(-torch.log(u)), L.RES_GSCORE, L.RES_GID)):
+        best, col = argmax_lowest(score, torch.arange(local, device=dev).expand_as(score), -1)
+        out[..., s_slot] = torch.where(need, best, float("-inf"))
+        out[..., i_slot] = ids_to_slots(torch.where(need, col + vocab_start, L.EMPTY_ID))
     return out

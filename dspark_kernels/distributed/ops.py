@@ -6,10 +6,10 @@ An engine with its own communicator calls these and moves their outputs itself:
 op                         inputs (one shard: global ids [vocab_start, vocab_start + Vl))  output
 =========================  ===========================================================  ==========================
 ``verify_stats``           target [N, K+1, Vl] / [R, Vl], draft_tokens, draft logits       float32 [N, K+1, F]: the
-                           [N, K, Vl], temperature [N], rng_key, vocab_start, V, top_m     first exchange's buffer
+                           [N, K, Vl], temperature [N], vocab_start, V                     first exchange's buffer
 ``verify_decide``          all-gathered stats [P, N, K+1, F], shards [P, 2], optional      VerifyOutput's tensors and
-                           all-gathered residuals [P, N, R, 3], dk.verify_chain's args     the plan [N, R, 9]
-``verify_residual``        the shard's logits, the plan                                    float32 [N, R, 3]
+                           all-gathered residuals [P, N, R, 5], dk.verify_chain's args     the plan [N, R, 9]
+``verify_residual``        the shard's logits, the plan                                    float32 [N, R, 5]
 ``draft_step``             U_k [N, Vl], v [N, r], W2 shard [Vl, r], temperature, position  packed int64 [N] (MAX it),
                                                                                            stats [N, 5], logits
 ``draft_logprobs``         all-gathered draft stats [P, N, K, 5], tokens [N, K]            float32 [N, K]
@@ -17,7 +17,7 @@ op                         inputs (one shard: global ids [vocab_start, vocab_sta
 
 Layouts: ``dspark_kernels.distributed.layout``. Every schema is plain tensors and integers (no Python objects), so
 a CUDA kernel implements each op as it stands. Backends: "reference" (pure PyTorch) for every piece; "triton" and
-"cuda" for ``verify_stats`` (CUDA: top_m <= 2047), ``verify_decide``, ``draft_step`` and ``verify_residual``
+"cuda" for ``verify_stats``, ``verify_decide``, ``draft_step`` and ``verify_residual``
 (``torch.ops.dspark_C.<piece>``, csrc/include/dspark/dist_*.cuh; the SIMT harness runs them on CPU tensors under
 ``DSPARK_SIMT=1``); ``draft_logprobs`` (a few elementwise ops on [P, N, K, 5]) is the reference everywhere. Calling
 a piece with a backend it does not have raises; the composite ops pick per piece (``piece_backend``).
@@ -95,17 +95,16 @@ def _impl(piece: str, backend: str, reference_impl):
 
 @torch.library.custom_op("dspark_dist::verify_stats", mutates_args=())
 def verify_stats(target_shard: torch.Tensor, cu_seqlens: Optional[torch.Tensor], draft_tokens: torch.Tensor,
-                 draft_logits_shard: Optional[torch.Tensor], temperature: Optional[torch.Tensor],
-                 rng_key: torch.Tensor, vocab_start: int, vocab_size: int, top_m: int, backend: str) -> torch.Tensor:
+                 draft_logits_shard: Optional[torch.Tensor], temperature: Optional[torch.Tensor], vocab_start: int,
+                 vocab_size: int, backend: str) -> torch.Tensor:
     return _impl("verify_stats", backend, local_verify.verify_stats)(
-        target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature, rng_key, vocab_start, vocab_size,
-        top_m)
+        target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature, vocab_start, vocab_size)
 
 
-def _verify_stats_fake(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature, rng_key, vocab_start,
-                       vocab_size, top_m):
+def _verify_stats_fake(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature, vocab_start,
+                       vocab_size):
     n, k = draft_tokens.shape
-    width = L.StatsLayout(temperature is not None, draft_logits_shard is not None, top_m).width
+    width = L.StatsLayout(temperature is not None, draft_logits_shard is not None).width
     return draft_tokens.new_empty((n, k + 1, width), dtype=torch.float32)
 
 
@@ -118,20 +117,21 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
                   draft_logprobs: Optional[torch.Tensor], verify_lens: Optional[torch.Tensor],
                   survival: Optional[torch.Tensor], thresholds: Optional[torch.Tensor],
                   temperature: Optional[torch.Tensor], rng_key: torch.Tensor, stop_token_ids: Optional[torch.Tensor],
-                  method: str, has_draft_logits: bool, top_m: int, vocab_size: int, backend: str,
+                  method: str, has_draft_logits: bool, vocab_size: int, backend: str,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _impl("verify_decide", backend, local_verify.verify_decide)(
         stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprobs, verify_lens, survival,
-        thresholds, temperature, rng_key, stop_token_ids, method, has_draft_logits, top_m, vocab_size)
+        thresholds, temperature, rng_key, stop_token_ids, method, has_draft_logits, vocab_size)
 
 
 def plan_slots(sampled: bool, method: str, k_len: int) -> int:
-    """Slots per request of the residual plan and of the second exchange: 0 greedy, 1 token, K block."""
-    return 0 if not sampled else (1 if method == "token" else k_len)
+    """Slots per request of the residual plan and of the second exchange: 0 greedy, 1 token (the emitting row),
+    K+1 block (every row: S_i, and the emission at tau)."""
+    return 0 if not sampled else (1 if method == "token" else k_len + 1)
 
 
 def _verify_decide_fake(stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprobs, verify_lens,
-                        survival, thresholds, temperature, rng_key, stop_token_ids, method, has_draft_logits, top_m,
+                        survival, thresholds, temperature, rng_key, stop_token_ids, method, has_draft_logits,
                         vocab_size):
     n, k = draft_tokens.shape
     new = draft_tokens.new_empty

@@ -6,18 +6,15 @@ from __future__ import annotations
 from .comm import Traffic
 from .layout import DRAFT_WIDTH, RES_WIDTH, StatsLayout
 from .ops import plan_slots
-from .verify_chain import DEFAULT_TOP_M
 
 _META_FIXED = 4          # vocab_start, local size, vocab_size, error flag
-_VERIFY_SIGNATURE = 11   # entries of verify_chain's signature
+_VERIFY_SIGNATURE = 10   # entries of verify_chain's signature
 _DRAFT_SIGNATURE = 6
 
 
-def verify_calls(n: int, k: int, world: int, *, sampled: bool, draft_logits: bool, method: str = "token",
-                 top_m=None) -> Traffic:
+def verify_calls(n: int, k: int, world: int, *, sampled: bool, draft_logits: bool, method: str = "token") -> Traffic:
     """The collectives of one ``distributed.verify_chain`` call."""
-    top_m = top_m if top_m is not None else (DEFAULT_TOP_M if method == "token" else 1)
-    width = StatsLayout(sampled, draft_logits, top_m).width
+    width = StatsLayout(sampled, draft_logits).width
     calls = [("all_gather", 8 * (_META_FIXED + _VERIFY_SIGNATURE), world),
              ("all_gather", 4 * n * (k + 1) * width, world)]
     if sampled:
@@ -35,7 +32,7 @@ def draft_calls(n: int, k: int, world: int) -> Traffic:
 
 def exchange_bytes(op: str, n: int, k: int, world: int, **mode) -> int:
     """Bytes each rank receives in one call of ``op`` ("verify_chain" with ``sampled``, ``draft_logits``,
-    ``method``, ``top_m``; or "draft_block")."""
+    ``method``; or "draft_block")."""
     traffic = verify_calls(n, k, world, **mode) if op == "verify_chain" else draft_calls(n, k, world)
     return traffic.received_per_rank()
 

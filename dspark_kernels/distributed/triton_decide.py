@@ -9,10 +9,11 @@ and loops over the P shards (P and K are small) to merge the gathered first exch
   ``uniform(request, j, ACCEPT, 0)`` (``triton.rng``), and then token acceptance (``u q < p``) or block acceptance
   (rho_i and tau over the rows in one loop, with S_i from the second exchange when given);
 * the stop-token cut, the verify length (rows available, ``verify_lens``, survival >= thresholds);
-* the emitted token: the argmax at the accepted row (greedy), the candidates' residual race
-  ``max(p - q, 0) / -log(u)`` with ``u = uniform(request, row, RESIDUAL, id)`` and its certificate against every
-  shard's bound (token), or the second exchange's winner (token where the certificate failed, block);
-* the outputs ``(tokens, num_accepted, accept_mask)`` and the residual plan [N, R, PLAN_WIDTH].
+* the rows sampling needs (the residual plan [N, R, PLAN_WIDTH]: the emitting row, or every row 0..L for block
+  verification), with each draft row's normaliser (its merged statistics, or the drafter's own
+  ``l(d) - draft_logprob`` where draft_logprobs give it);
+* with the second exchange, the emitted token: the residual's winner, or the race over p after a full acceptance or
+  where the residual's mass is below RESIDUAL_EPS; and the outputs ``(tokens, num_accepted, accept_mask)``.
 
 Everything runs in the one kernel (no torch ops after it). The helpers address the request's statistics as
 ``req_ptr`` (its cells of shard 0: ``stats + n (K+1) F``) and ``p_stride`` (N (K+1) F, one shard further), the
@@ -29,16 +30,17 @@ import triton
 import triton.language as tl
 
 from ..reference.verify_chain import RESIDUAL_EPS
-from ..triton.rng import STREAM_ACCEPT, STREAM_RESIDUAL, key_args, load_key, race_score, uniform
+from ..triton.rng import STREAM_ACCEPT, key_args, load_key, uniform
 from . import layout as L
 
-_NONE = 2 ** 30      # an id above EMPTY_ID: a lane that is no candidate
+_NONE = 2 ** 30      # an id above EMPTY_ID: no winner
 NONE_ID = tl.constexpr(_NONE)
 NEG_INF = tl.constexpr(float("-inf"))
 AMAX_VAL, AMAX_ID = tl.constexpr(L.AMAX_VAL), tl.constexpr(L.AMAX_ID)
 T_MAX, T_SUM, T_BAD, T_AT = (tl.constexpr(x) for x in (L.T_MAX, L.T_SUM, L.T_BAD, L.T_AT))
 Q_MAX, Q_SUM, Q_BAD, Q_AT = (tl.constexpr(x) for x in (L.Q_MAX, L.Q_SUM, L.Q_BAD, L.Q_AT))
 RES_MASS, RES_SCORE, RES_ID = (tl.constexpr(x) for x in (L.RES_MASS, L.RES_SCORE, L.RES_ID))
+RES_GSCORE, RES_GID = (tl.constexpr(x) for x in (L.RES_GSCORE, L.RES_GID))
 RES_WIDTH, PLAN_WIDTH = tl.constexpr(L.RES_WIDTH), tl.constexpr(L.PLAN_WIDTH)
 PLAN_ROW, PLAN_NEED, PLAN_RHO = (tl.constexpr(x) for x in (L.PLAN_ROW, L.PLAN_NEED, L.PLAN_RHO))
 PLAN_T_MAX, PLAN_T_SUM, PLAN_T_BAD = (tl.constexpr(x) for x in (L.PLAN_T_MAX, L.PLAN_T_SUM, L.PLAN_T_BAD))
@@ -151,8 +153,9 @@ def _verify_length(n, cu_ptr, num_rows, vlens_ptr, surv_ptr, thr_ptr, lanes, k_l
 @triton.jit
 def _draft_probs(req_ptr, p_stride, F, P, shards_ptr, safe, valid, lanes, tm, ts, tbad, qm, qs, qbad, lp_ptr, n,
                  k_len, HAS_DRAFT: tl.constexpr, HAS_LOGPROBS: tl.constexpr):
-    """(p(d_j), q(d_j)) float32 [BLOCK_K] of each row's draft (rows < K): target from T_AT of the owning shard,
-    draft from Q_AT (draft logits), from ``draft_logprobs``, or one-hot."""
+    """(p(d_j), q(d_j), the draft rows' normalisers (m, s, bad)) float32 [BLOCK_K] of each row's draft (rows < K):
+    target from T_AT of the owning shard, draft from Q_AT (draft logits), from ``draft_logprobs``, or one-hot; with
+    both draft logits and logprobs a row's normaliser is the drafter's own, ``Q_AT - logprob``, where finite."""
     live = lanes < k_len
     t_at = _at_owner(req_ptr, p_stride, F, P, shards_ptr, safe, lanes, live, T_AT)
     p_d = _prob(t_at, tm, ts, tbad) * valid.to(tl.float32)
@@ -161,8 +164,15 @@ def _draft_probs(req_ptr, p_stride, F, P, shards_ptr, safe, valid, lanes, tm, ts
         q_at = _at_owner(req_ptr, p_stride, F, P, shards_ptr, safe, lanes, live, Q_AT)
         q_d = _prob(q_at, qm, qs, qbad)
     if HAS_LOGPROBS:
-        q_d = tl.exp(tl.load(lp_ptr + n * k_len + lanes, mask=live, other=0.0).to(tl.float32))
-    return p_d, q_d
+        lp = tl.load(lp_ptr + n * k_len + lanes, mask=live, other=0.0).to(tl.float32)
+        q_d = tl.exp(lp)
+        if HAS_DRAFT:
+            c = q_at - lp
+            given = valid & (c == c) & (tl.abs(c) < float("inf"))
+            qm = tl.where(given, c, qm)
+            qs = tl.where(given, 1.0, qs)
+            qbad = tl.where(given, False, qbad)
+    return p_d, q_d, qm, qs, qbad
 
 
 @triton.jit
@@ -229,69 +239,6 @@ def _stop_cut(drafts, lanes, n_acc, stops_ptr, n_stops, k_len):
 
 
 @triton.jit
-def _row_head(req_ptr, p_stride, F, P, row, KEY0: tl.constexpr, ID0: tl.constexpr):
-    """int64: the race winner over p alone at ``row``: the best first candidate over the shards."""
-    return _shard_argmax(req_ptr + row * F, p_stride, P, KEY0, ID0)
-
-
-@triton.jit
-def _certified(req_ptr, p_stride, F, P, row, win, m, s, BOUND: tl.constexpr):
-    """bool: on every shard no token outside its candidates (race keys <= the shard's bound) can reach ``win``
-    (``local_verify._certified``)."""
-    ok = win == win
-    for p in range(P):
-        bound = tl.load(req_ptr + p * p_stride + row * F + BOUND)
-        tol = 1e-3 + 1e-6 * (tl.abs(bound) + tl.abs(m))
-        cap = tl.exp(bound - m + tol) / s * 1.0001
-        ok = ok & tl.where(bound > NEG_INF, win > cap, win > 0)
-    return ok
-
-
-@triton.jit
-def _candidate_race(req_ptr, p_stride, F, P, n, row, tm, ts, tbad, qm, qs, qbad, draft, draft_valid, k0, k1, off_lo,
-                    HAS_DRAFT: tl.constexpr, TOP_M: tl.constexpr, BLOCK_C: tl.constexpr, BOUND: tl.constexpr,
-                    CF: tl.constexpr, EMPTY: tl.constexpr):
-    """(mass, best score, winner id) of the residual race max(p - q, 0) / -log(u) over the P x TOP_M candidates
-    at ``row`` (lanes c = p * TOP_M + m; a candidate's CF slots are KEY, LG[, DLG], ID)."""
-    c = tl.arange(0, BLOCK_C)
-    shard = c // TOP_M
-    live = shard < P
-    cell = req_ptr + shard * p_stride + row * F + BOUND + 1 + (c % TOP_M) * CF
-    ids = tl.load(cell + CF - 1, mask=live, other=0.0).to(tl.int64)
-    p_c = _prob(tl.load(cell + 1, mask=live, other=NEG_INF), tm, ts, tbad)
-    if HAS_DRAFT:
-        q_c = _prob(tl.load(cell + 2, mask=live, other=NEG_INF), qm, qs, qbad)
-    else:
-        q_c = tl.where((ids == draft) & draft_valid, 1.0, 0.0)
-    d = p_c - q_c
-    w = tl.where(d > 0, d, tl.where(d != d, d, 0.0))           # clamp(min=0) keeps NaN
-    w = tl.where((ids != EMPTY) & live, w, 0.0)
-    u = uniform(k0, k1, off_lo, n, row, STREAM_RESIDUAL, ids)
-    score = tl.where(live, race_score(w, u), NEG_INF)
-    best = tl.max(score, axis=0)
-    winner = tl.min(tl.where((score == best) & live, ids, NONE_ID), axis=0)
-    return tl.sum(w, axis=0), best, winner
-
-
-@triton.jit
-def _token_emit(req_ptr, p_stride, F, P, res_ptr, res_p_stride, n, row, emits, tm, ts, tbad, qm, qs, qbad, draft,
-                draft_valid, k0, k1, off_lo, HAS_DRAFT: tl.constexpr, HAS_RES: tl.constexpr, TOP_M: tl.constexpr,
-                BLOCK_C: tl.constexpr, BOUND: tl.constexpr, CF: tl.constexpr, EMPTY: tl.constexpr,
-                EPS: tl.constexpr, CERT_EPS: tl.constexpr):
-    """(winner id, use_p, need) of token sampling's emission at ``row``: the candidates' race where it is
-    certified, the second exchange's exact residual where it is not (``need``: the plan asks for it)."""
-    mass, best, winner = _candidate_race(req_ptr, p_stride, F, P, n, row, tm, ts, tbad, qm, qs, qbad, draft,
-                                         draft_valid, k0, k1, off_lo, HAS_DRAFT, TOP_M, BLOCK_C, BOUND, CF, EMPTY)
-    nan_row = tbad | qbad
-    cert = _certified(req_ptr, p_stride, F, P, row, best, tm, ts, BOUND)
-    need = emits & ~nan_row & ~((mass >= CERT_EPS) & cert)
-    if HAS_RES:
-        mass = tl.where(need, _residual_mass(res_ptr, res_p_stride, P, 0, need), mass)
-        winner = tl.where(need, _residual_winner(res_ptr, res_p_stride, P, 0), winner)
-    return winner, nan_row | ~(mass >= EPS), need
-
-
-@triton.jit
 def _store_outputs(n, drafts, lanes, n_acc, has_rows, stopped, emitted, tokens_ptr, num_ptr, mask_ptr, k_len):
     """tokens int64 [N, K+1], num_accepted int32 [N], accept_mask uint8 [N, K] of request ``n``."""
     n_acc = tl.where(has_rows, n_acc, 0)
@@ -322,15 +269,15 @@ def _store_plan(cell, live, row, need, rho, tm, ts, tbad, qm, qs, qbad, HAS_DRAF
 def _sampled_accept(req_ptr, p_stride, F, P, shards_ptr, res_req, res_p_stride, lp_ptr, temp_ptr, n, safe, valid,
                     lanes, length, n_acc, k0, k1, off_lo, k_len, BLOCK_METHOD: tl.constexpr, HAS_DRAFT: tl.constexpr,
                     HAS_LOGPROBS: tl.constexpr, HAS_RES: tl.constexpr):
-    """(n_acc, rho [BLOCK_K], sampled, target stats, draft stats) of a sampling call: token or block acceptance
-    for a sampled request, the greedy ``n_acc`` kept for a temperature-0 one."""
+    """(n_acc, rho [BLOCK_K], sampled, target stats, draft normalisers) of a sampling call: token or block
+    acceptance for a sampled request, the greedy ``n_acc`` kept for a temperature-0 one."""
     rows_live = lanes <= k_len
     tm, ts, tbad = _merged_stats(req_ptr, p_stride, F, P, lanes, rows_live, T_MAX, T_SUM, T_BAD)
     qm, qs, qbad = tl.zeros_like(tm), tl.zeros_like(ts), tbad & ~tbad
     if HAS_DRAFT:
         qm, qs, qbad = _merged_stats(req_ptr, p_stride, F, P, lanes, lanes < k_len, Q_MAX, Q_SUM, Q_BAD)
-    p_d, q_d = _draft_probs(req_ptr, p_stride, F, P, shards_ptr, safe, valid, lanes, tm, ts, tbad, qm, qs, qbad,
-                            lp_ptr, n, k_len, HAS_DRAFT, HAS_LOGPROBS)
+    p_d, q_d, qm, qs, qbad = _draft_probs(req_ptr, p_stride, F, P, shards_ptr, safe, valid, lanes, tm, ts, tbad, qm,
+                                          qs, qbad, lp_ptr, n, k_len, HAS_DRAFT, HAS_LOGPROBS)
     u = uniform(k0, k1, off_lo, n, lanes, STREAM_ACCEPT, tl.zeros(lanes.shape, tl.int64))
     if BLOCK_METHOD:
         n_s, rho = _block_accept(p_d, q_d, u, res_req, res_p_stride, P, lanes, length, k_len, HAS_RES)
@@ -342,47 +289,42 @@ def _sampled_accept(req_ptr, p_stride, F, P, shards_ptr, res_req, res_p_stride, 
 
 
 @triton.jit
-def _sampled_emit(req_ptr, p_stride, F, P, res_req, res_p_stride, plan_ptr, n, safe, valid, lanes, length, n_acc,
-                  has_rows, stopped, sampled, rho, tm, ts, tbad, qm, qs, qbad, emitted, k0, k1, off_lo, k_len,
-                  BLOCK_METHOD: tl.constexpr, HAS_DRAFT: tl.constexpr, HAS_RES: tl.constexpr, TOP_M: tl.constexpr,
-                  BLOCK_C: tl.constexpr, BOUND: tl.constexpr, CF: tl.constexpr, EMPTY: tl.constexpr,
-                  EPS: tl.constexpr, CERT_EPS: tl.constexpr):
-    """The emitted token of a sampling call at row ``n_acc`` (the race over p after a full accept or where the
-    residual is negligible; else the residual's winner), and the request's residual plan."""
-    full = n_acc >= length
-    qrow = tl.minimum(n_acc, k_len - 1)
-    from_p = _row_head(req_ptr, p_stride, F, P, n_acc, BOUND + 1, BOUND + CF)   # candidate 0's KEY and ID
+def _sampled_emit(res_req, res_p_stride, P, plan_ptr, n, lanes, length, n_acc, has_rows, stopped, sampled, rho, tm,
+                  ts, tbad, qm, qs, qbad, emitted, k_len, BLOCK_METHOD: tl.constexpr, HAS_DRAFT: tl.constexpr,
+                  HAS_RES: tl.constexpr, EPS: tl.constexpr):
+    """The residual plan (token: the emitting row n_acc; block: every row 0..K, needed up to L), and with the
+    second exchange the emitted token at n_acc: the race over p after a full acceptance or where the residual's
+    mass is below EPS, else the residual's winner (-1 before the second exchange)."""
+    last_q = lanes == k_len                                   # row K reads draft row K-1's normaliser
+    qm = tl.where(last_q, _pick(qm, lanes, k_len - 1), qm)
+    qs = tl.where(last_q, _pick(qs, lanes, k_len - 1), qs)
+    qbad = tl.where(last_q, _pick(qbad.to(tl.int32), lanes, k_len - 1) > 0, qbad)
     if BLOCK_METHOD:
-        from_res, use_p = from_p, full              # the first call: the emission is not known yet
-        if HAS_RES:
-            from_res = _residual_winner(res_req, res_p_stride, P, qrow)
-            use_p = ~(_residual_mass(res_req, res_p_stride, P, qrow, qrow < k_len) >= EPS)
-        needed = lanes < tl.where(sampled, length, 0)    # every verified row of a sampled request
-        _store_plan(plan_ptr + (n * k_len + lanes) * PLAN_WIDTH, lanes < k_len, lanes, needed, rho, tm, ts, tbad, qm,
-                    qs, qbad, HAS_DRAFT)
+        slot = n_acc
+        needed = tl.where(sampled, (lanes <= length) & has_rows, False)
+        _store_plan(plan_ptr + (n * (k_len + 1) + lanes) * PLAN_WIDTH, lanes <= k_len, lanes, needed, rho, tm, ts,
+                    tbad, qm, qs, qbad, HAS_DRAFT)
     else:
-        emits = sampled & has_rows & ~stopped & ~full
-        row_t = (_pick(tm, lanes, n_acc), _pick(ts, lanes, n_acc), _pick(tbad.to(tl.int32), lanes, n_acc) > 0)
-        row_q = (_pick(qm, lanes, qrow), _pick(qs, lanes, qrow), _pick(qbad.to(tl.int32), lanes, qrow) > 0)
-        draft = _pick(safe, lanes, qrow)
-        draft_valid = _pick(valid.to(tl.int32), lanes, qrow) > 0
-        from_res, use_p, need = _token_emit(req_ptr, p_stride, F, P, res_req, res_p_stride, n, n_acc, emits,
-                                            row_t[0], row_t[1], row_t[2], row_q[0], row_q[1], row_q[2], draft,
-                                            draft_valid, k0, k1, off_lo, HAS_DRAFT, HAS_RES, TOP_M, BLOCK_C, BOUND,
-                                            CF, EMPTY, EPS, CERT_EPS)
-        _store_plan(plan_ptr + n * PLAN_WIDTH, n_acc >= 0, n_acc, need, 1.0, row_t[0], row_t[1], row_t[2], row_q[0],
-                    row_q[1], row_q[2], HAS_DRAFT)
-    return tl.where(sampled, tl.where(use_p | full, from_p, from_res), emitted)
+        slot = n_acc * 0
+        on = lanes == n_acc
+        _store_plan(plan_ptr + n * PLAN_WIDTH + lanes * 0, on, lanes, sampled & has_rows & ~stopped, rho, tm, ts,
+                    tbad, qm, qs, qbad, HAS_DRAFT)
+    token = n_acc.to(tl.int64) * 0 - 1
+    if HAS_RES:
+        cell = res_req + slot * RES_WIDTH
+        use_p = (n_acc >= length) | ~(_residual_mass(res_req, res_p_stride, P, slot, slot >= 0) >= EPS)
+        token = tl.where(use_p, _shard_argmax(cell, res_p_stride, P, RES_GSCORE, RES_GID),
+                         _shard_argmax(cell, res_p_stride, P, RES_SCORE, RES_ID))
+    return tl.where(sampled, token, emitted)
 
 
 @triton.jit(do_not_specialize=["seed", "offset"])
 def _decide_kernel(stats_ptr, shards_ptr, res_ptr, cu_ptr, drafts_ptr, lp_ptr, vlens_ptr, surv_ptr, thr_ptr,
-                   temp_ptr, key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr, stops_ptr, tokens_ptr, num_ptr, mask_ptr, plan_ptr, n_req, k_len, P, F,
-                   num_rows, n_stops, vocab_size, res_slots, SAMPLED: tl.constexpr, BLOCK_METHOD: tl.constexpr,
-                   HAS_DRAFT: tl.constexpr, HAS_LOGPROBS: tl.constexpr, HAS_RES: tl.constexpr, PACKED: tl.constexpr,
-                   HAS_VLENS: tl.constexpr, HAS_SURV: tl.constexpr, TOP_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                   BLOCK_C: tl.constexpr, BOUND: tl.constexpr, CF: tl.constexpr, EMPTY: tl.constexpr,
-                   EPS: tl.constexpr, CERT_EPS: tl.constexpr):
+                   temp_ptr, key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr, stops_ptr, tokens_ptr, num_ptr,
+                   mask_ptr, plan_ptr, n_req, k_len, P, F, num_rows, n_stops, vocab_size, res_slots,
+                   SAMPLED: tl.constexpr, BLOCK_METHOD: tl.constexpr, HAS_DRAFT: tl.constexpr,
+                   HAS_LOGPROBS: tl.constexpr, HAS_RES: tl.constexpr, PACKED: tl.constexpr, HAS_VLENS: tl.constexpr,
+                   HAS_SURV: tl.constexpr, BLOCK_K: tl.constexpr, EPS: tl.constexpr):
     """One request per program. Reads stats float32 [P, N, K+1, F], shards int64 [P, 2], residual float32
     [P, N, R, RES_WIDTH] (HAS_RES), cu_seqlens int [N+1] (PACKED), draft_tokens int [N, K], draft_logprobs float32
     [N, K] (HAS_LOGPROBS), verify_lens int [N] (HAS_VLENS), survival float [N, K] and thresholds float [K]
@@ -409,47 +351,43 @@ def _decide_kernel(stats_ptr, shards_ptr, res_ptr, cu_ptr, drafts_ptr, lp_ptr, v
     n_acc, stopped = _stop_cut(drafts, lanes, n_acc, stops_ptr, n_stops, k_len)
     emitted = _pick(amax, lanes, n_acc)
     if SAMPLED:
-        emitted = _sampled_emit(req_ptr, p_stride, F, P, res_req, res_p_stride, plan_ptr, n, safe, valid, lanes,
-                                length, n_acc, has_rows, stopped, sampled, rho, tm, ts, tbad, qm, qs, qbad, emitted,
-                                k0, k1, off_lo, k_len, BLOCK_METHOD, HAS_DRAFT, HAS_RES, TOP_M, BLOCK_C, BOUND, CF,
-                                EMPTY, EPS, CERT_EPS)
+        emitted = _sampled_emit(res_req, res_p_stride, P, plan_ptr, n, lanes, length, n_acc, has_rows, stopped,
+                                sampled, rho, tm, ts, tbad, qm, qs, qbad, emitted, k_len, BLOCK_METHOD, HAS_DRAFT,
+                                HAS_RES, EPS)
     _store_outputs(n, drafts, lanes, n_acc, has_rows, stopped, emitted, tokens_ptr, num_ptr, mask_ptr, k_len)
 
 
 def verify_decide(stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprobs, verify_lens, survival,
-                  thresholds, temperature, rng_key, stop_token_ids, method, has_draft_logits, top_m, vocab_size):
+                  thresholds, temperature, rng_key, stop_token_ids, method, has_draft_logits, vocab_size):
     """See ``local_verify.verify_decide``. stats float32 [P, N, K+1, F], shards int64 [P, 2], residual float32
     [P, N, R, RES_WIDTH] or None, cu_seqlens int [N+1] or None, draft_tokens int [N, K], draft_logprobs float32
     [N, K] or None, verify_lens int [N] or None, survival float [N, K] and thresholds float [K] or None,
     temperature float32 [N] or None (greedy), rng_key int64 [2], stop_token_ids int [S] or None ->
     tokens int64 [N, K+1], num_accepted int32 [N], accept_mask bool [N, K], plan float32 [N, R, PLAN_WIDTH]
-    (R = 0 greedy, 1 token, K block). One launch; nothing is read on the host."""
+    (R = 0 greedy, 1 token, K+1 block). One launch; nothing is read on the host."""
     n, k_len = draft_tokens.shape
     dev = draft_tokens.device
     sampled = temperature is not None
-    slots = 0 if not sampled else (1 if method == "token" else k_len)
+    slots = 0 if not sampled else (1 if method == "token" else k_len + 1)
     tokens = torch.empty(n, k_len + 1, dtype=torch.int64, device=dev)
     num_accepted = torch.empty(n, dtype=torch.int32, device=dev)
     accept_mask = torch.empty(n, k_len, dtype=torch.bool, device=dev)
     plan = torch.zeros(n, slots, L.PLAN_WIDTH, dtype=torch.float32, device=dev)
     if n == 0:
         return tokens, num_accepted, accept_mask, plan
-    lay = L.StatsLayout(sampled, has_draft_logits, top_m)
     stats = stats.contiguous()
     spare = stats                                      # the pointer of an absent optional input (never read)
-    given = lambda x: x.contiguous() if x is not None else spare
+    given = lambda x: x.contiguous() if x is not None else spare  # noqa: E731
     res_slots = residual.shape[2] if residual is not None else 1
-    p_count = stats.shape[0]
     _decide_kernel[(n,)](
         stats, shards.contiguous(), given(residual), given(cu_seqlens), draft_tokens.contiguous(),
-        given(draft_logprobs), given(verify_lens), given(survival), given(thresholds), given(temperature), *key_args(rng_key, tokens.device),
-        given(stop_token_ids), tokens, num_accepted, accept_mask.view(torch.uint8), plan, n, k_len, p_count,
-        stats.shape[-1], num_rows, stop_token_ids.numel() if stop_token_ids is not None else 0, vocab_size,
-        res_slots, SAMPLED=sampled, BLOCK_METHOD=method != "token", HAS_DRAFT=sampled and has_draft_logits,
+        given(draft_logprobs), given(verify_lens), given(survival), given(thresholds), given(temperature),
+        *key_args(rng_key, tokens.device), given(stop_token_ids), tokens, num_accepted, accept_mask.view(torch.uint8),
+        plan, n, k_len, stats.shape[0], stats.shape[-1], num_rows,
+        stop_token_ids.numel() if stop_token_ids is not None else 0, vocab_size, res_slots, SAMPLED=sampled,
+        BLOCK_METHOD=method != "token", HAS_DRAFT=sampled and has_draft_logits,
         HAS_LOGPROBS=sampled and draft_logprobs is not None, HAS_RES=residual is not None,
         PACKED=cu_seqlens is not None, HAS_VLENS=verify_lens is not None,
-        HAS_SURV=survival is not None and thresholds is not None, TOP_M=top_m,
-        BLOCK_K=triton.next_power_of_2(k_len + 1), BLOCK_C=triton.next_power_of_2(p_count * top_m),
-        BOUND=lay.bound if sampled else 0, CF=lay.cand_fields, EMPTY=L.EMPTY_ID, EPS=RESIDUAL_EPS,
-        CERT_EPS=RESIDUAL_EPS * 1.001)
+        HAS_SURV=survival is not None and thresholds is not None, BLOCK_K=triton.next_power_of_2(k_len + 1),
+        EPS=RESIDUAL_EPS)
     return tokens, num_accepted, accept_mask, plan

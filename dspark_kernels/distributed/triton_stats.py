@@ -3,17 +3,11 @@
 Grid (request, row): one program per target row loops over the shard's vocabulary in ``BLOCK_V``-wide tiles and
 keeps, across tiles, the running argmax of the raw logits (NaN as -inf, lowest column on ties: per-lane
 ``argmax_update``), and for sampling the online softmax statistics of target/T (and of draft/T on rows < K: max,
-sum rescaled to the running max, the NaN / +inf flag) and a running top-(M+1) list of race keys
-``target/T - log(-log(u))``, ``u = uniform(request, row, RESIDUAL, vocab_start + column)`` (the reference's
-uniform, ``triton.rng``), ordered by key descending, ties by the lowest id. A tile merges into the list only when
-one of its keys beats the list's last entry (rare after the first tiles); the merge extracts the M+1 best of the
-list and the tile's beating keys one at a time (``tl.max`` of the keys, ``tl.min`` of the ids at that key). Empty
-slots carry ids EMPTY_ID + slot (above every token, distinct so one extraction removes one slot), written as
-EMPTY_ID. Entry M + 1 is the bound. At the end the program reads target/T (and draft/T) at the M candidates and at
-the row's draft, and writes its row of ``StatsLayout`` directly.
+sum rescaled to the running max, the NaN / +inf flag). At the end it reads target/T (and draft/T) at the row's draft
+where the shard owns it, and writes its row of ``StatsLayout`` directly.
 
 Same meaning as ``local_verify.verify_stats``: ids and argmax values equal; the softmax sums to float rounding
-(summed per tile, rescaled as the max moves), the Gumbel keys to the log's rounding.
+(summed per tile, rescaled as the max moves).
 """
 
 from __future__ import annotations
@@ -23,12 +17,12 @@ import triton
 import triton.language as tl
 
 from ..reference.verify_chain import gather_target_rows
-from ..triton.rng import STREAM_RESIDUAL, argmax_finish, argmax_update, gumbel_score, key_args, load_key, uniform
+from ..triton.rng import argmax_finish, argmax_update
 from . import layout as L
 from .local_verify import _draft_rows
 
 _BLOCK_V = 1024
-_NONE = 2 ** 30   # the id of a dead list entry / a column past the shard (above EMPTY_ID + every slot)
+_NONE = 2 ** 30   # the index of a column past the shard
 NONE_ID = tl.constexpr(_NONE)
 
 
@@ -45,17 +39,8 @@ def _tile_stats(x, inside, m, s, bad):
 
 
 @triton.jit
-def _take(keys, ids, bi):
-    """Remove the entry with id ``bi`` (ids are unique) from a candidate set."""
-    hit = ids == bi
-    return tl.where(hit, float("-inf"), keys), tl.where(hit, NONE_ID, ids)
-
-
-@triton.jit(do_not_specialize=["seed", "offset"])
-def _stats_kernel(t_ptr, stride_t, t_row_ptr, d_ptr, stride_d, at_ptr, temp_ptr, key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr, out_ptr, local, k_len,
-                  vocab_start, width, SAMPLED: tl.constexpr, HAS_DRAFT: tl.constexpr, TOP_M: tl.constexpr,
-                  LIST: tl.constexpr, BLOCK_V: tl.constexpr, EMPTY: tl.constexpr, BOUND: tl.constexpr,
-                  CF: tl.constexpr):
+def _stats_kernel(t_ptr, stride_t, t_row_ptr, d_ptr, stride_d, at_ptr, temp_ptr, out_ptr, local, k_len, vocab_start,
+                  width, SAMPLED: tl.constexpr, HAS_DRAFT: tl.constexpr, BLOCK_V: tl.constexpr):
     p = tl.program_id(0)
     n = p // (k_len + 1)
     j = p % (k_len + 1)
@@ -69,15 +54,9 @@ def _stats_kernel(t_ptr, stride_t, t_row_ptr, d_ptr, stride_d, at_ptr, temp_ptr,
     if SAMPLED:
         t = tl.load(temp_ptr + n)
         t = tl.where(t > 0, t, 1.0)
-        k0, k1, off_lo = load_key(key_ptr, seed, offset, KEY_IN_MEMORY)
     zero = tl.sum(tl.zeros((BLOCK_V,), tl.float32), axis=0)
     tm, ts, tbad = zero + float("-inf"), zero, zero
     qm, qs, qbad = zero + float("-inf"), zero, zero
-    slot = tl.arange(0, LIST)
-    run_k = tl.full((LIST,), float("-inf"), tl.float32)
-    run_i = tl.where(slot <= TOP_M, EMPTY + slot, NONE_ID)       # empty slots; entries past M + 1 never live
-    thr_k = tl.max(run_k, axis=0)
-    thr_i = tl.min(tl.where(slot == TOP_M, run_i, NONE_ID), axis=0)
     for c0 in range(0, local, BLOCK_V):
         cols = c0 + lanes
         inside = cols < local
@@ -85,29 +64,11 @@ def _stats_kernel(t_ptr, stride_t, t_row_ptr, d_ptr, stride_d, at_ptr, temp_ptr,
         raw = tl.where((x != x) | ~inside, float("-inf"), x)
         best, best_i = argmax_update(best, best_i, raw, cols)
         if SAMPLED:
-            x = x / t
-            tm, ts, tbad = _tile_stats(x, inside, tm, ts, tbad)
+            tm, ts, tbad = _tile_stats(x / t, inside, tm, ts, tbad)
             if HAS_DRAFT:
                 dmask = inside & has_q
                 y = tl.load(d_ptr + drow + cols, mask=dmask, other=0.0).to(tl.float32) / t
                 qm, qs, qbad = _tile_stats(y, dmask, qm, qs, qbad)
-            gid = vocab_start + cols
-            u = uniform(k0, k1, off_lo, n, j, STREAM_RESIDUAL, gid.to(tl.int64))
-            key = gumbel_score(x, u)
-            alive = inside & ((key > thr_k) | ((key == thr_k) & (gid < thr_i)))
-            if tl.sum(alive.to(tl.int32), axis=0) > 0:
-                tk = tl.where(alive, key, float("-inf"))
-                ti = tl.where(alive, gid, NONE_ID)
-                rk, ri = run_k, run_i
-                for s in tl.static_range(TOP_M + 1):
-                    bk = tl.maximum(tl.max(tk, axis=0), tl.max(rk, axis=0))
-                    bi = tl.minimum(tl.min(tl.where(tk == bk, ti, NONE_ID), axis=0),
-                                    tl.min(tl.where(rk == bk, ri, NONE_ID), axis=0))
-                    run_k = tl.where(slot == s, bk, run_k)
-                    run_i = tl.where(slot == s, bi, run_i)
-                    tk, ti = _take(tk, ti, bi)
-                    rk, ri = _take(rk, ri, bi)
-                thr_k, thr_i = bk, bi
     out = out_ptr + p.to(tl.int64) * width
     amax = argmax_finish(best, best_i, NONE_ID)
     tl.store(out + 0, tl.max(best, axis=0))
@@ -126,27 +87,15 @@ def _stats_kernel(t_ptr, stride_t, t_row_ptr, d_ptr, stride_d, at_ptr, temp_ptr,
             tl.store(out + 8, tl.where(has_q, qbad, 0.0))
             dat = tl.load(d_ptr + drow + col, mask=owned & has_q, other=0.0).to(tl.float32) / t
             tl.store(out + 9, tl.where(owned & has_q, dat, float("-inf")))
-        tl.store(out + BOUND, tl.max(tl.where(slot == TOP_M, run_k, float("-inf")), axis=0))
-        real = (slot < TOP_M) & (run_i < EMPTY)
-        lcol = tl.where(real, run_i - vocab_start, 0)
-        cand = out + BOUND + 1 + slot * CF
-        first = slot < TOP_M
-        tl.store(cand, run_k, mask=first)
-        lg = tl.load(t_ptr + trow + lcol, mask=real, other=0.0).to(tl.float32) / t
-        tl.store(cand + 1, tl.where(real, lg, float("-inf")), mask=first)
-        if HAS_DRAFT:
-            dlg = tl.load(d_ptr + drow + lcol, mask=real, other=0.0).to(tl.float32) / t
-            tl.store(cand + 2, tl.where(real, dlg, float("-inf")), mask=first)
-        tl.store(cand + CF - 1, tl.where(real, run_i, EMPTY).to(tl.float32), mask=first)
 
 
-def verify_stats(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature, rng_key, vocab_start,
-                 vocab_size, top_m, block_v=None):
+def verify_stats(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, temperature, vocab_start, vocab_size,
+                 block_v=None):
     """See ``local_verify.verify_stats``. ``block_v``: the tile width (a power of two; tests use small ones)."""
     n, k_len = draft_tokens.shape
     dev = draft_tokens.device
     local = target_shard.shape[-1]
-    lay = L.StatsLayout(temperature is not None, draft_logits_shard is not None, top_m)
+    lay = L.StatsLayout(temperature is not None, draft_logits_shard is not None)
     out = torch.empty(n, k_len + 1, lay.width, dtype=torch.float32, device=dev)
     if n == 0:
         return out
@@ -172,7 +121,6 @@ def verify_stats(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, tem
     block = block_v or min(_BLOCK_V, triton.next_power_of_2(local))
     _stats_kernel[(n * (k_len + 1),)](
         rows2d, rows2d.stride(0), trow.reshape(-1).contiguous(), d2d, d2d.stride(0), at,
-        temperature if temperature is not None else out, *key_args(rng_key, out.device), out, local, k_len, vocab_start, lay.width,
-        SAMPLED=lay.sampled, HAS_DRAFT=lay.draft, TOP_M=top_m, LIST=triton.next_power_of_2(top_m + 1),
-        BLOCK_V=block, EMPTY=L.EMPTY_ID, BOUND=lay.bound, CF=lay.cand_fields)
+        temperature if temperature is not None else out, out, local, k_len, vocab_start, lay.width,
+        SAMPLED=lay.sampled, HAS_DRAFT=lay.draft, BLOCK_V=block)
     return out

@@ -3,8 +3,9 @@
 Grid (planned slot, vocabulary block): the program of slot (request n, row j) with NEED set reads target row j and
 draft row min(j, K-1) of its block (nothing when NEED is clear: the loads are masked), forms
 ``w = max(rho p - q, 0)`` from the plan's merged statistics (NaN kept: a NaN mass tells block verification
-"never accept"), and writes the block's mass and race winner (score ``w / -log(u)``, lowest column on ties); a few
-torch ops merge the blocks. Same meaning as ``local_verify.verify_residual``; masses to float rounding.
+"never accept"), and writes the block's mass, the residual race's winner (score ``w / -log(u)``) and the race over p
+(key ``target/T - log(-log(u))``), lowest column on ties; a few torch ops merge the blocks. Same meaning as
+``local_verify.verify_residual``; masses to float rounding.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..reference.verify_chain import gather_target_rows
-from ..triton.rng import STREAM_RESIDUAL, key_args, load_key, race_score, uniform
+from ..triton.rng import STREAM_RESIDUAL, gumbel_score, key_args, load_key, race_score, uniform
 from . import layout as L
 from .local_verify import _draft_rows
 
@@ -28,8 +29,9 @@ def _prob(x, m, s, bad):
 
 
 @triton.jit(do_not_specialize=["seed", "offset"])
-def _residual_kernel(t_ptr, t_row_ptr, d_ptr, d_row_ptr, dtok_ptr, plan_ptr, temp_ptr, key_ptr, seed, offset, KEY_IN_MEMORY: tl.constexpr, part_ptr, local,
-                     vocab_start, HAS_DRAFT: tl.constexpr, BLOCK_V: tl.constexpr, NONE: tl.constexpr):
+def _residual_kernel(t_ptr, t_row_ptr, d_ptr, d_row_ptr, dtok_ptr, plan_ptr, temp_ptr, key_ptr, seed, offset,
+                     KEY_IN_MEMORY: tl.constexpr, part_ptr, local, vocab_start, HAS_DRAFT: tl.constexpr,
+                     BLOCK_V: tl.constexpr, NONE: tl.constexpr):
     slot = tl.program_id(0)
     blk = tl.program_id(1)
     n = tl.load(t_row_ptr + 2 * slot + 1)
@@ -57,10 +59,15 @@ def _residual_kernel(t_ptr, t_row_ptr, d_ptr, d_row_ptr, dtok_ptr, plan_ptr, tem
     score = tl.where(inside, race_score(w, u), float("-inf"))
     best = tl.max(score, axis=0)
     win = tl.min(tl.where((score == best) & (cols < local), cols, NONE), axis=0)
-    out = part_ptr + (slot * tl.num_programs(1) + blk) * 3
+    key = tl.where(inside, gumbel_score(x, u), float("-inf"))
+    gbest = tl.max(key, axis=0)
+    gwin = tl.min(tl.where((key == gbest) & (cols < local), cols, NONE), axis=0)
+    out = part_ptr + (slot * tl.num_programs(1) + blk) * 5
     tl.store(out + 0, tl.sum(w, axis=0))
     tl.store(out + 1, best)
     tl.store(out + 2, win.to(tl.float32))
+    tl.store(out + 3, gbest)
+    tl.store(out + 4, gwin.to(tl.float32))
 
 
 def verify_residual(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, plan, temperature, rng_key,
@@ -90,13 +97,14 @@ def verify_residual(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, 
     d2d = draft_logits_shard.reshape(-1, local).contiguous() if draft_logits_shard is not None else plan
     d_rows = (req * k_len + qrow).contiguous()
     blocks = triton.cdiv(local, _BLOCK_V)
-    part = torch.empty(n * slots, blocks, 3, device=dev)
+    part = torch.empty(n * slots, blocks, 5, device=dev)
     _residual_kernel[(n * slots, blocks)](
-        rows2d.contiguous(), t_rows, d2d, d_rows, dtok, plan.contiguous(), temperature, *key_args(rng_key, part.device), part, local,
-        vocab_start, HAS_DRAFT=draft_logits_shard is not None, BLOCK_V=_BLOCK_V, NONE=_NONE)
+        rows2d.contiguous(), t_rows, d2d, d_rows, dtok, plan.contiguous(), temperature, *key_args(rng_key, part.device),
+        part, local, vocab_start, HAS_DRAFT=draft_logits_shard is not None, BLOCK_V=_BLOCK_V, NONE=_NONE)
     need = plan[..., L.PLAN_NEED] > 0
-    best, winner = L.argmax_lowest(part[..., 1], part[..., 2].to(torch.int64) + vocab_start, 1)
     out[..., L.RES_MASS] = torch.where(need, part[..., 0].sum(1).view(n, slots), 0.0)
-    out[..., L.RES_SCORE] = torch.where(need, best.view(n, slots), float("-inf"))
-    out[..., L.RES_ID] = L.ids_to_slots(torch.where(need, winner.view(n, slots), L.EMPTY_ID))
+    for s_slot, i_slot, c in ((L.RES_SCORE, L.RES_ID, 1), (L.RES_GSCORE, L.RES_GID, 3)):
+        best, winner = L.argmax_lowest(part[..., c], part[..., c + 1].to(torch.int64) + vocab_start, 1)
+        out[..., s_slot] = torch.where(need, best.view(n, slots), float("-inf"))
+        out[..., i_slot] = L.ids_to_slots(torch.where(need, winner.view(n, slots), L.EMPTY_ID))
     return out

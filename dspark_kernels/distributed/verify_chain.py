@@ -12,8 +12,6 @@ from ..rng import make_rng_key
 from . import comm, ops
 from .layout import MAX_VOCAB
 
-DEFAULT_TOP_M = 8   # race candidates per (row, shard) for token sampling; block verification needs only the head
-
 
 def verify_chain(
     target_logits_shard: torch.Tensor,
@@ -33,7 +31,6 @@ def verify_chain(
     offset=0,
     stop_token_ids: Optional[torch.Tensor] = None,
     method: str = "token",
-    top_m: Optional[int] = None,
     validate: bool = True,
     backend: Optional[str] = "auto",
 ) -> VerifyOutput:
@@ -49,8 +46,6 @@ def verify_chain(
         draft_logits_shard: float ``[N, K, Vl]``, the same slice of the draft logits, or None (one-hot drafts).
         draft_logprobs: float32 ``[N, K]``, the globally normalised ``log q(d_j)`` (``distributed.draft_block``
             returns them).
-        top_m: race candidates per (row, shard) sent in the first exchange (default 8 for token sampling, 1 for
-            block verification, which samples from its exact second exchange).
         validate: read the gathered shard metadata on the host and raise the same error on every rank when the
             shards do not tile ``[0, vocab_size)``, a rank's shapes or modes differ, or a rank's arguments fail
             their checks (one tiny all-gather, which then synchronises with a GPU group). With False nothing is
@@ -59,18 +54,19 @@ def verify_chain(
             piece's CUDA kernel where "cuda" is asked or, with "auto", on a GPU whose extension has it; Triton
             where asked or on a GPU without the extension; the reference elsewhere).
 
+    The two passes of ``dk.verify_chain`` with the merges replicated: the first exchange carries each row's argmax,
+    softmax statistics and logits at the drafts (a few floats per (row, shard)); every rank then runs the accept
+    chain and names the rows to sample from; the second exchange carries, per such row and shard, the residual's
+    mass and race winner and the race over p.
+
     Collectives: one all-gather of the metadata (P x 8 int64 or so), one all-gather of the per-(row, shard)
     statistics, and for sampling (a temperature tensor, or a float > 0) one all-gather of a fixed-size second
-    exchange (token: 12 bytes per request; block: 12 bytes per (request, row)). No logits row is exchanged and
+    exchange (token: 20 bytes per request; block: 20 bytes per (request, row)). No logits row is exchanged and
     nothing is read on the host (unless ``validate``).
     """
     n = k_len = rows = local = 0
     error, stats_backend, decide_backend = None, "reference", "reference"
-    if top_m is None:
-        top_m = DEFAULT_TOP_M if method == "token" else 1
     try:
-        if not isinstance(top_m, int) or isinstance(top_m, bool) or top_m < 1:
-            raise ValueError(f"top_m must be an int >= 1, got {top_m!r}")
         check_tensor("draft_tokens", draft_tokens, ndim=2, dtypes=INT_DTYPES)
         n, k_len = draft_tokens.shape
         dev = draft_tokens.device
@@ -93,16 +89,16 @@ def verify_chain(
                  ("draft_logits_shard given", draft_logits_shard is not None),
                  ("draft_logprobs given", draft_logprobs is not None), ("verify_lens given", verify_lens is not None),
                  ("survival given", survival is not None), ("sampling (temperature)", sampled),
-                 ("method", METHODS.index(method) if method in METHODS else -1), ("top_m", top_m)]
+                 ("method", METHODS.index(method) if method in METHODS else -1)]
     shards = comm.shard_table(group, dev, vocab_start=int(vocab_start), local_size=local, vocab_size=int(vocab_size),
                               signature=signature, validate=validate, local_error=error)
     has_draft = draft_logits_shard is not None
-    stats = ops.verify_stats(target_logits_shard, cu_seqlens, draft_tokens, draft_logits_shard, temps, rng_key,
-                             vocab_start, vocab_size, top_m, stats_backend)
+    stats = ops.verify_stats(target_logits_shard, cu_seqlens, draft_tokens, draft_logits_shard, temps, vocab_start,
+                             vocab_size, stats_backend)
     stats = comm.all_gather(stats, group)
     decide = lambda residual: ops.verify_decide(
         stats, shards, residual, cu_seqlens, max(rows, 0), draft_tokens, draft_logprobs, verify_lens, survival,
-        thresholds, temps, rng_key, stop_token_ids, method, has_draft, top_m, vocab_size, decide_backend)
+        thresholds, temps, rng_key, stop_token_ids, method, has_draft, vocab_size, decide_backend)
     tokens, num_accepted, accept_mask, plan = decide(None)
     if sampled:  # the second exchange: always issued (fixed size), so no rank needs to know whether it is needed
         residual = ops.verify_residual(target_logits_shard, cu_seqlens, draft_tokens, draft_logits_shard, plan, temps,

@@ -20,8 +20,8 @@ class VerifyOutput(NamedTuple):
     accept_mask: torch.Tensor   # bool [N, K]
 
 
-def _fake(target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival, thresholds,
-          temperature, rng_key, stop_token_ids, method):
+def _fake(target_logits, cu_seqlens, draft_tokens, draft_logits, target_to_draft, draft_candidates, draft_logprobs,
+          verify_lens, survival, thresholds, temperature, rng_key, stop_token_ids, method):
     n, k = draft_tokens.shape
     new = draft_tokens.new_empty
     return new((n, k + 1), dtype=torch.int64), new((n,), dtype=torch.int32), new((n, k), dtype=torch.bool)
@@ -29,9 +29,9 @@ def _fake(target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs,
 
 VERIFY_CHAIN = define_op(
     "verify_chain",
-    "(Tensor target_logits, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits, Tensor? draft_logprobs, "
-    "Tensor? verify_lens, Tensor? survival, Tensor? thresholds, Tensor? temperature, Tensor rng_key, "
-    "Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)",
+    "(Tensor target_logits, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits, Tensor? target_to_draft, "
+    "Tensor? draft_candidates, Tensor? draft_logprobs, Tensor? verify_lens, Tensor? survival, Tensor? thresholds, "
+    "Tensor? temperature, Tensor rng_key, Tensor? stop_token_ids, str method) -> (Tensor, Tensor, Tensor)",
     _fake,
     {"reference": reference.verify_chain, "cpu": CpuKernel("verify_chain", reference.verify_chain),
      "triton": TritonKernel("verify_chain", "verify_chain"),
@@ -46,6 +46,7 @@ def verify_chain(
     cu_seqlens: Optional[torch.Tensor] = None,
     draft_logits: Optional[torch.Tensor] = None,
     draft_to_target: Optional[torch.Tensor] = None,
+    target_to_draft: Optional[torch.Tensor] = None,
     draft_candidates: Optional[torch.Tensor] = None,
     draft_logprobs: Optional[torch.Tensor] = None,
     verify_lens: Optional[torch.Tensor] = None,
@@ -68,21 +69,27 @@ def verify_chain(
             ``cu[r]..cu[r+1]-1``, so its verify length is ``cu[r+1] - cu[r] - 1``).
         draft_logits: float ``[N, K, V]``, the logits the drafts were sampled from (``draft_block(...,
             return_logits=True)``); None means one-hot drafts (``q(d_j) = 1``). ``[N, K, Vd]`` with
-            ``draft_to_target``.
+            ``draft_to_target``, ``[N, K, k]`` with ``draft_candidates``: the kernels read these rows as they are.
+            ``q`` of a row is ``softmax(draft_logits / T)`` over its columns, each column at its target id (the
+            reference's module docstring has the exact rule).
         draft_to_target: int32/int64 ``[Vd]`` (needs ``draft_logits``): the target ids of a reduced draft
-            vocabulary (``MarkovHead.draft_to_target``); q is zero at every target id off the map. The rows are
-            scattered into dense float32 ``[N, K, V]`` rows (-inf off the map) that the kernels then read: N K V x 4
-            bytes written on top of their own traffic. Entries must be distinct (``MarkovHead`` checks them; a
-            duplicate keeps the larger logit); entries outside [0, V) are dropped, never written out of bounds.
-        draft_candidates: int32/int64 ``[N, K, k]`` (needs ``draft_logits [N, K, k]``, excludes
-            ``draft_to_target``): the sparse form of top-k proposals (``draft_block(..., top_k=k)``'s
-            ``candidates``): the target id of each column of each draft row; q is zero at every other id. The rows
-            are scattered into dense rows as for ``draft_to_target``, with the same rules.
+            vocabulary (``MarkovHead.draft_to_target``); q is zero at every target id off the map. The op turns it
+            into ``target_to_draft`` (``target_to_draft_map``: a V-entry int32 table, a few small launches); pass
+            that table instead to build it once. Entries should be distinct (``MarkovHead`` checks them): where
+            several columns map to one id, the last column gives that id its q; an entry outside [0, V) places its
+            column nowhere (its logit still counts in the row's normaliser) and is never used as an index.
+        target_to_draft: int32 ``[V]``, ``target_to_draft_map(draft_to_target, V)`` (excludes ``draft_to_target``):
+            the draft column of each target id, -1 for none; an entry outside ``[0, Vd)`` counts as none.
+        draft_candidates: int32/int64 ``[N, K, k]`` (needs ``draft_logits [N, K, k]``, excludes the maps): the
+            sparse form of top-k proposals (``draft_block(..., top_k=k)``'s ``candidates``): the target id of each
+            column of each draft row; q is zero at every other id. Ids outside [0, V) and repeated ids follow the
+            ``draft_to_target`` rules.
         draft_logprobs: float32 ``[N, K]`` (needs ``draft_logits``): ``log q_j(d_j)``, the log-probability at the
             request's temperature with which each draft was sampled (``draft_block`` returns it). The accept tests
-            then use ``q(d_j) = exp(draft_logprobs)`` instead of the draft rows, so the CUDA backend reads only the
-            draft row it samples the correction from; the residual still uses ``softmax(draft_logits / T)``. Must
-            equal ``log_softmax(draft_logits / T)`` at the drafts for the result to be lossless.
+            use ``q(d_j) = exp(draft_logprobs)``, and the draft rows are normalised with it (``q_j(x) =
+            exp(l_j(x) - l_j(d_j) + draft_logprobs_j)``, ``l = draft_logits / T``), so sampling reads one draft
+            row per request (the one it samples the correction from) and no row's normaliser is summed. Must equal
+            ``log_softmax(draft_logits / T)`` at the drafts for the result to be lossless.
         verify_lens: int ``[N]``, verify at most this many drafts (clamped to [0, K]).
         survival, thresholds: float ``[N, K]`` and ``[K]``: verify the leading positions with
             ``survival[r, j] >= thresholds[j]``. Combined lengths take the minimum.
@@ -92,8 +99,7 @@ def verify_chain(
         method: "token" (standard rejection sampling) or "block" (Sun et al., 2024); both lossless.
         backend: "auto" | "cpu" | "cuda" | "triton" | "reference" ("auto": CUDA or Triton on a GPU, the CPU
             kernel on CPU tensors where it builds, else the reference; ``DSPARK_BACKEND`` sets the default). Every
-            mode has a CPU kernel (``draft_to_target`` / ``draft_candidates`` rows are densified first, as for the
-            other backends).
+            mode and draft layout has a CPU kernel.
 
     Returns:
         ``VerifyOutput(tokens int64 [N, K+1], num_accepted int32 [N], accept_mask bool [N, K])``: ``tokens`` holds
@@ -114,47 +120,62 @@ def verify_chain(
     vocab = target_logits.shape[-1]
     if vocab < 1:
         raise ValueError("target_logits must have V >= 1")
-    if draft_to_target is not None and draft_candidates is not None:
-        raise ValueError("give draft_to_target or draft_candidates, not both (candidates are target ids already)")
-    if draft_to_target is not None:
-        draft_logits = dense_draft_logits(draft_logits, draft_to_target, n, k_len, vocab, dev)
-    elif draft_candidates is not None:
-        draft_logits = dense_draft_logits(draft_logits, draft_candidates, n, k_len, vocab, dev, "draft_candidates")
+    target_to_draft, width = draft_layout(draft_logits, draft_to_target, target_to_draft, draft_candidates, n, k_len,
+                                          vocab, dev)
     check_verify_options(n, k_len, vocab, dev, draft_logits, draft_logprobs, verify_lens, survival, thresholds,
-                         stop_token_ids, method)
+                         stop_token_ids, method, draft_width=width)
     temps = temperature_tensor(temperature, n, dev)
     rng_key = make_rng_key(seed, offset, dev)
     return VerifyOutput(*VERIFY_CHAIN(
-        target_logits, cu_seqlens, draft_tokens, draft_logits, draft_logprobs, verify_lens, survival, thresholds, temps,
-        rng_key, stop_token_ids, method, backend=resolve_backend(backend, dev, VERIFY_CHAIN.name)))
+        target_logits, cu_seqlens, draft_tokens, draft_logits, target_to_draft, draft_candidates, draft_logprobs,
+        verify_lens, survival, thresholds, temps, rng_key, stop_token_ids, method,
+        backend=resolve_backend(backend, dev, VERIFY_CHAIN.name)))
 
 
-def dense_draft_logits(draft_logits, ids, n: int, k_len: int, vocab: int, dev,
-                       name: str = "draft_to_target") -> torch.Tensor:
-    """float32 ``[N, K, V]``: ``draft_logits [N, K, W]`` at the target ids ``ids`` (``draft_to_target [W]``, or
-    ``draft_candidates [N, K, W]``), -inf elsewhere (a max-scatter: an id outside [0, V) writes -inf at id 0, which
-    changes nothing)."""
+def target_to_draft_map(draft_to_target: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 ``[V]``: the draft column each target id takes (the last column that maps to it), -1 where none does;
+    entries of ``draft_to_target`` (int ``[Vd]``) outside [0, V) are dropped. Device ops only, no host read."""
+    check_tensor("draft_to_target", draft_to_target, ndim=1, dtypes=INT_DTYPES)
+    ids = draft_to_target.to(torch.int64)
+    valid = (ids >= 0) & (ids < vocab)
+    cols = torch.arange(ids.shape[0], device=ids.device, dtype=torch.int64)
+    out = torch.full((vocab + 1,), -1, dtype=torch.int64, device=ids.device)    # entry V: the dropped ones
+    out.scatter_reduce_(0, torch.where(valid, ids, vocab), cols, "amax")
+    return out[:vocab].to(torch.int32)
+
+
+def draft_layout(draft_logits, draft_to_target, target_to_draft, draft_candidates, n: int, k_len: int, vocab: int,
+                 dev):
+    """Checks the draft rows' layout; returns (target_to_draft or None, the width the draft rows must have)."""
+    maps = [name for name, t in (("draft_to_target", draft_to_target), ("target_to_draft", target_to_draft),
+                                 ("draft_candidates", draft_candidates)) if t is not None]
+    if len(maps) > 1:
+        raise ValueError(f"give at most one of draft_to_target, target_to_draft and draft_candidates, not both "
+                         f"{maps[0]} and {maps[1]}")
+    if not maps:
+        return None, vocab
+    name = maps[0]
     if draft_logits is None:
         raise ValueError(f"{name} needs draft_logits (the rows over the draft ids it maps)")
+    check_tensor("draft_logits", draft_logits, ndim=3, dtypes=FLOAT_DTYPES, device=dev)
+    if name == "draft_candidates":
+        check_tensor(name, draft_candidates, shape=(n, k_len, None), dtypes=INT_DTYPES, device=dev)
+        return None, draft_candidates.shape[-1]
     if name == "draft_to_target":
-        check_tensor(name, ids, ndim=1, dtypes=INT_DTYPES, device=dev)
-    else:
-        check_tensor(name, ids, shape=(n, k_len, None), dtypes=INT_DTYPES, device=dev)
-    check_tensor("draft_logits", draft_logits, shape=(n, k_len, ids.shape[-1]), dtypes=FLOAT_DTYPES, device=dev)
-    ids = ids.to(torch.int64)
-    valid = (ids >= 0) & (ids < vocab)
-    src = torch.where(valid, draft_logits.float(), float("-inf"))
-    dense = torch.full((n, k_len, vocab), float("-inf"), dtype=torch.float32, device=dev)
-    return dense.scatter_reduce_(2, torch.where(valid, ids, 0).expand(n, k_len, -1), src, "amax")
+        check_tensor(name, draft_to_target, ndim=1, dtypes=INT_DTYPES, device=dev)
+        return target_to_draft_map(draft_to_target, vocab), draft_to_target.shape[0]
+    check_tensor(name, target_to_draft, shape=(vocab,), dtypes=(torch.int32,), device=dev)
+    return target_to_draft, draft_logits.shape[-1]
 
 
 def check_verify_options(n: int, k_len: int, vocab: int, dev: torch.device, draft_logits, draft_logprobs,
                          verify_lens, survival, thresholds, stop_token_ids, method: str,
-                         draft_logits_name: str = "draft_logits") -> None:
+                         draft_logits_name: str = "draft_logits", draft_width: Optional[int] = None) -> None:
     """The checks of verify_chain's arguments beyond the target rows and drafts (shared with the vocabulary-parallel
-    op, whose draft rows are a shard of ``vocab`` tokens named ``draft_logits_name``)."""
-    check_tensor(draft_logits_name, draft_logits, shape=(n, k_len, vocab), dtypes=FLOAT_DTYPES, device=dev,
-                 optional=True)
+    op, whose draft rows are a shard of ``vocab`` tokens named ``draft_logits_name``). ``draft_width``: the draft
+    rows' columns (``vocab`` when None)."""
+    check_tensor(draft_logits_name, draft_logits, shape=(n, k_len, vocab if draft_width is None else draft_width),
+                 dtypes=FLOAT_DTYPES, device=dev, optional=True)
     check_tensor("draft_logprobs", draft_logprobs, shape=(n, k_len), dtypes=(torch.float32,), device=dev,
                  optional=True)
     if draft_logprobs is not None and draft_logits is None:

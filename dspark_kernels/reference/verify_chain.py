@@ -5,8 +5,9 @@ bonus token. With ``L`` the verify length of the request:
 
 greedy (temperature 0):
     accept while ``d_j == argmax(row j-1)``; emit ``argmax`` of the first mismatching row, or of row L.
-token (lossless rejection sampling, Leviathan et al. 2023; Chen et al. 2023), ``p = softmax(row / T)``,
-``q = softmax(draft_logits / T)`` or one-hot at the draft (``q(d_j) = exp(draft_logprobs)`` when those are given):
+token (lossless rejection sampling, Leviathan et al. 2023; Chen et al. 2023), ``p = softmax(row / T)``, ``q`` the
+draft distribution over the target ids (below), or one-hot at the draft without draft logits; ``q(d_j) =
+exp(draft_logprobs)`` in the accept tests when those are given:
     accept ``d_j`` iff ``u_j * q(d_j) < p(d_j)``; at the first rejection emit a sample of ``max(0, p - q)``
     (normalised; drawn from ``p`` when its mass is below ``RESIDUAL_EPS``); if all L are accepted, a sample of
     ``p`` at row L.
@@ -17,6 +18,16 @@ block (Sun et al. 2024, "Block verification accelerates speculative decoding"), 
     accept the longest prefix ``tau = max{i : eta_i <= h_i}`` (0 if none) and emit a sample of
     ``max(0, rho_tau p - q)`` at row tau (of ``p`` at row L when tau = L).
 Then acceptance ends right after an accepted stop token, and no bonus token follows it.
+
+The draft distribution of row j: ``softmax(draft_logits[r, j] / T)`` over the row's columns (V columns, or Vd of a
+reduced vocabulary, or k of top-k rows), each column placed at its target id: column ``c`` of a reduced row at the
+target id x with ``target_to_draft[x] == c``, column ``c`` of a top-k row at ``draft_candidates[r, j, c]``. A target
+id no column maps to has ``q = 0``; a column that maps to no target id keeps its share of the normaliser (the drafter
+could draw it; it is never accepted); where several columns of a top-k row name one id, the last of them gives its
+q. With ``draft_logprobs`` the normaliser is the one the drafter used: ``q_j(x) = exp(l_j(x) - c_j)`` with
+``l_j = draft_logits / T`` and ``c_j = l_j(d_j) - draft_logprobs[r, j]`` (the softmax normaliser when the logprobs
+are what the contract says), or the row's own normaliser where ``c_j`` is not finite (a draft off the row, an
+infinite logit or log-probability).
 
 Randomness: ``u_j`` / ``eta_j`` is ``uniform(request=r, position=j-1, stream=ACCEPT, token=0)``; the emitted sample at
 row j uses ``uniform(r, j, RESIDUAL, v)`` through the exponential race. Everything runs in float32.
@@ -57,6 +68,8 @@ def verify_chain(
     cu_seqlens: Optional[torch.Tensor],
     draft_tokens: torch.Tensor,
     draft_logits: Optional[torch.Tensor],
+    target_to_draft: Optional[torch.Tensor],
+    draft_candidates: Optional[torch.Tensor],
     draft_logprobs: Optional[torch.Tensor],
     verify_lens: Optional[torch.Tensor],
     survival: Optional[torch.Tensor],
@@ -68,8 +81,9 @@ def verify_chain(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """See ``dspark_kernels.ops.verify_chain`` for shapes; returns (tokens, num_accepted, accept_mask).
 
-    With ``draft_logprobs``, ``q(d_j) = exp(draft_logprobs[r, j])`` in the accept tests (token and block); the
-    residual rows still use ``softmax(draft_logits / T)``.
+    ``draft_logits`` is ``[N, K, V]``, or ``[N, K, Vd]`` with ``target_to_draft`` int ``[V]`` (the column of each
+    target id, -1 for none), or ``[N, K, k]`` with ``draft_candidates`` int ``[N, K, k]`` (the target id of each
+    column); see the module docstring for the draft distribution they give.
     """
     n, k_len = draft_tokens.shape
     vocab = target_logits.shape[-1]
@@ -100,7 +114,7 @@ def verify_chain(
         t = torch.where(sampled, temperature, 1.0).view(n, 1, 1)
         p = torch.softmax(target / t, dim=-1)                                     # [N, K+1, V]
         if draft_logits is not None:
-            q = torch.softmax(draft_logits.float() / t, dim=-1)                   # [N, K, V]
+            q = draft_probs(draft_logits, target_to_draft, draft_candidates, drafts, draft_logprobs, t, vocab)
         else:
             q = torch.zeros(n, k_len, vocab, device=dev).scatter_(-1, safe_drafts, valid.unsqueeze(-1).float())
         p_d = p[:, :k_len].gather(-1, safe_drafts).squeeze(-1) * valid
@@ -139,6 +153,45 @@ def verify_chain(
     emit_here = (pos == n_acc.unsqueeze(-1)) & (has_rows & ~stopped).unsqueeze(-1)
     tokens = torch.where(emit_here, emitted.unsqueeze(-1), tokens)
     return tokens, n_acc.to(torch.int32), accept_mask
+
+
+def target_columns(target_to_draft: Optional[torch.Tensor], draft_candidates: Optional[torch.Tensor], n: int,
+                   k_len: int, width: int, vocab: int, device) -> Optional[torch.Tensor]:
+    """int64 ``[N, K, V]`` (broadcastable): the draft column each target id takes, -1 for none; None when the draft
+    rows are dense (column x is id x). A ``target_to_draft`` entry outside ``[0, width)`` is none; a candidate id
+    outside ``[0, V)`` places its column nowhere; of several columns naming one id, the last one."""
+    if target_to_draft is not None:
+        col = target_to_draft.to(torch.int64)
+        return torch.where((col >= 0) & (col < width), col, -1).view(1, 1, vocab)
+    if draft_candidates is None:
+        return None
+    ids = draft_candidates.to(torch.int64)
+    valid = (ids >= 0) & (ids < vocab)
+    cols = torch.arange(width, device=device).expand(n, k_len, width)
+    out = torch.full((n, k_len, vocab + 1), -1, dtype=torch.int64, device=device)   # column V: the invalid ids
+    out.scatter_reduce_(2, torch.where(valid, ids, vocab), cols, "amax")
+    return out[..., :vocab]
+
+
+def draft_probs(draft_logits, target_to_draft, draft_candidates, drafts, draft_logprobs, t, vocab: int):
+    """float32 ``[N, K, V]``: the draft distribution of each row over the target ids (module docstring). ``t``:
+    ``[N, 1, 1]`` temperatures; ``drafts`` int64 ``[N, K]``."""
+    n, k_len, width = draft_logits.shape
+    scaled = draft_logits.float() / t
+    q_cols = torch.softmax(scaled, dim=-1)                                        # [N, K, W]
+    col = target_columns(target_to_draft, draft_candidates, n, k_len, width, vocab, scaled.device)
+    if draft_logprobs is not None:
+        valid = (drafts >= 0) & (drafts < vocab)
+        at = drafts.clamp(0, vocab - 1).unsqueeze(-1)
+        d_col = at if col is None else col.expand(n, k_len, vocab).gather(-1, at)
+        on_row = valid.unsqueeze(-1) & (d_col >= 0)
+        c = scaled.gather(-1, d_col.clamp(min=0)) - draft_logprobs.float().unsqueeze(-1)   # [N, K, 1]
+        implied = on_row & torch.isfinite(c)
+        q_cols = torch.where(implied, torch.exp(scaled - torch.where(implied, c, 0.0)), q_cols)
+    if col is None:
+        return q_cols
+    placed = q_cols.gather(-1, col.clamp(min=0).expand(n, k_len, vocab))
+    return torch.where(col >= 0, placed, 0.0)
 
 
 def _leading_true(mask: torch.Tensor) -> torch.Tensor:

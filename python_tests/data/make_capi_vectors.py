@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from dspark_kernels import reference  # noqa: E402
+from dspark_kernels.ops import target_to_draft_map  # noqa: E402
 from dspark_kernels.calibration import CostTable  # noqa: E402
 
 OUT = os.path.join(HERE, "capi_vectors.json")
@@ -115,16 +116,19 @@ def _draft_case(base, anchors, kind, w1, w2, wg=None, bg=None, wj=None, bj=None,
 
 
 def _verify_case(target, draft_tokens, cu_seqlens=None, draft_logits=None, draft_logprobs=None, verify_lens=None,
-                 survival=None, thresholds=None, temperature=None, key=(0, 0), stop_token_ids=None, method="token"):
+                 survival=None, thresholds=None, temperature=None, key=(0, 0), stop_token_ids=None, method="token",
+                 target_to_draft=None, draft_candidates=None):
     rng_key = torch.tensor(list(key), dtype=torch.int64)
-    tokens, n_acc, mask = reference.verify_chain(target, cu_seqlens, draft_tokens, draft_logits, draft_logprobs,
-                                                 verify_lens, survival, thresholds, temperature, rng_key,
-                                                 stop_token_ids, method)
+    tokens, n_acc, mask = reference.verify_chain(target, cu_seqlens, draft_tokens, draft_logits, target_to_draft,
+                                                 draft_candidates, draft_logprobs, verify_lens, survival, thresholds,
+                                                 temperature, rng_key, stop_token_ids, method)
     n, k = draft_tokens.shape
     return {
         "N": n, "K": k, "V": target.shape[-1], "target_logits": _floats(target), "cu_seqlens": _ints(cu_seqlens),
         "total_rows": target.shape[0] if cu_seqlens is not None else 0, "draft_tokens": _ints(draft_tokens),
         "draft_logits": _floats(draft_logits), "draft_logprobs": _floats(draft_logprobs),
+        "draft_width": draft_logits.shape[-1] if draft_logits is not None else 0,
+        "target_to_draft": _ints(target_to_draft), "draft_candidates": _ints(draft_candidates),
         "verify_lens": _ints(verify_lens), "survival": _floats(survival), "thresholds": _floats(thresholds),
         "temperature": _floats(temperature), "rng_key": list(key), "stop_token_ids": _ints(stop_token_ids),
         "method": method,
@@ -245,6 +249,22 @@ def _verify_vectors(g):
     target1 = _q((n, 2, v), g)
     verify.append(_verify_case(target1, target1[:, 0].argmax(-1, keepdim=True), temperature=f([1.0, 0.3, 3.0]),
                                key=(8, 8), method="block"))
+    # reduced draft rows (Vd = 6 of V = 20, an entry outside [0, V), an id named twice), token with draft_logprobs
+    d2t = t([4, 11, v + 2, 17, 0, 11])
+    inv = target_to_draft_map(d2t, v)
+    rows = _q((n, k, 6), g)
+    cols = torch.multinomial(torch.softmax(rows, -1).view(-1, 6), 1, generator=g).view(n, k)
+    lp = torch.log_softmax(rows, -1).gather(-1, cols.unsqueeze(-1)).squeeze(-1)
+    target = _q((n, k + 1, v), g)
+    verify.append(_verify_case(target, d2t[cols], draft_logits=rows, target_to_draft=inv, draft_logprobs=lp,
+                               temperature=f([1.0, 1.0, 0.7]), key=(21, 4)))
+    # top-k draft rows (k = 4 candidates a row, int32 ids, one outside [0, V)), block, without draft_logprobs
+    cands = torch.stack([torch.randperm(v, generator=g)[:4] for _ in range(n * k)]).view(n, k, 4).to(torch.int32)
+    cands[1, 0, 2] = -5
+    rows = _q((n, k, 4), g)
+    drafts = cands[..., 0].long()
+    verify.append(_verify_case(target, drafts, draft_logits=rows, draft_candidates=cands,
+                               temperature=f([0.9, 1.0, 1.2]), key=(21, 5), method="block"))
     return verify
 
 

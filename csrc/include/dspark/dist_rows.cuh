@@ -15,15 +15,17 @@ constexpr float kEmptyId = 16777216.0f;  // layout.EMPTY_ID (2^24): above every 
 // StatsLayout: the first exchange's slots per (request, row, shard)
 constexpr int kAmaxVal = 0, kAmaxId = 1, kTMax = 2, kTSum = 3, kTBad = 4, kTAt = 5, kQMax = 6, kQSum = 7, kQBad = 8,
               kQAt = 9;
-DSPARK_HOST_DEVICE_FN int64_t bound_slot(bool draft) { return draft ? kQAt + 1 : kTAt + 1; }
-DSPARK_HOST_DEVICE_FN int64_t cand_fields(bool draft) { return draft ? 4 : 3; }  // KEY, LG, [DLG,] ID
-DSPARK_HOST_DEVICE_FN int64_t stats_width(bool sampled, bool draft, int64_t top_m) {
-  return sampled ? bound_slot(draft) + 1 + cand_fields(draft) * top_m : kAmaxId + 1;
+DSPARK_HOST_DEVICE_FN int64_t stats_width(bool sampled, bool draft) {
+  return sampled ? (draft ? kQAt + 1 : kTAt + 1) : kAmaxId + 1;
 }
 // PLAN_* (the decide step -> the residual pass) and RES_* (the second exchange)
 constexpr int kPlanRow = 0, kPlanNeed = 1, kPlanRho = 2, kPlanTMax = 3, kPlanTSum = 4, kPlanTBad = 5, kPlanQMax = 6,
               kPlanQSum = 7, kPlanQBad = 8, kPlanWidth = 9;
-constexpr int kResMass = 0, kResScore = 1, kResId = 2, kResWidth = 3;
+constexpr int kResMass = 0, kResScore = 1, kResId = 2, kResGScore = 3, kResGId = 4, kResWidth = 5;
+// The residual plan's slots per request: 0 greedy, 1 token (the emitting row), K+1 block (every row)
+DSPARK_HOST_DEVICE_FN int64_t plan_slots(bool sampled, bool block, int64_t K) {
+  return sampled ? (block ? K + 1 : 1) : 0;
+}
 
 // The target logits of one shard: dense [N, K+1, Vl], or packed [total_rows, Vl] with cu_seqlens [N+1].
 struct TargetRows {

@@ -3,15 +3,19 @@
 // decision by decision; the layouts are distributed/layout.py's (StatsLayout, PLAN_*, RES_*).
 //
 // One thread per request reads the request's cells of every shard's first exchange stats [P, N, K+1, F] (and of the
-// second exchange residual [P, N, R, 3] when given) and writes dk.verify_chain's outputs and the residual plan:
+// second exchange residual [P, N, R, 5] when given) and writes dk.verify_chain's outputs and the residual plan:
 //   the verify length (rows available, verify_lens, survival >= thresholds); the target argmax of each row over the
 //   shards (NaN as -inf, ties to the lowest global id) and the greedy accepted prefix; for a sampled request the
-//   merged softmax statistics, p and q of each draft (from the shard that owns it), the accept uniforms, and token
-//   acceptance (u q < p) or block acceptance (rho_i, h_i from S_i, tau); the stop-token cut; the emitted token (the
-//   argmax; the race over p, the shards' best candidate; the token method's residual race over the P x top_m
-//   candidates where its certificate holds, else the second exchange's exact winner; block: the second exchange's).
-// The work per request is O(K P top_m) numbers, so a thread is enough; all rows' merges are recomputed where used
-// (no per-row arrays).
+//   merged softmax statistics, p and q of each draft (from the shard that owns it), each draft row's normaliser
+//   (the merged statistics, or the drafter's own l(d) - draft_logprob), the accept uniforms, and token acceptance
+//   (u q < p) or block acceptance (rho_i, h_i from S_i, tau); the stop-token cut; the plan of the rows to sample
+//   from (token: the emitting row; block: every row 0..K, needed up to L); and with the second exchange the emitted
+//   token (the race over p after a full acceptance or where the residual's mass is below 1e-6, else the residual's
+//   winner; -1 before it).
+// The work per request is O(K P) numbers, so one thread does it: a CTA of one warp per request first copies the
+// request's cells of both exchanges into shared memory (coalesced: its [K+1, F] block of each shard is contiguous),
+// then lane 0 decides reading shared memory; every merge is recomputed where used (no per-row arrays). Cells that do
+// not fit in kMaxStagedBytes are read from global memory by lane 0 instead (same results).
 #pragma once
 
 #include <math.h>
@@ -46,19 +50,19 @@ struct DistVerifyDecideParams {
   bool stops_i64 = false;
   int64_t num_stops = 0;
   bool block_method = false, has_draft = false;
-  int64_t N = 0, K = 0, P = 0, F = 0, R = 0, top_m = 1, vocab_size = 0;
+  int64_t N = 0, K = 0, P = 0, F = 0, R = 0, vocab_size = 0;
   int64_t* out_tokens = nullptr;          // [N, K+1]
   int32_t* out_num_accepted = nullptr;    // [N]
   uint8_t* out_accept_mask = nullptr;     // [N, K]
-  float* out_plan = nullptr;              // [N, R, 9] (R = 0 greedy, 1 token, K block)
+  float* out_plan = nullptr;              // [N, R, 9] (R = 0 greedy, 1 token, K+1 block)
 };
 
 namespace dist_decide {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 32;
+constexpr size_t kMaxStagedBytes = 48 * 1024;  // the default limit of dynamic shared memory per CTA
 using namespace dist;  // the layouts' slots
-constexpr float kResidualEps = 1e-6f;                                 // reference.verify_chain.RESIDUAL_EPS
-constexpr float kCertifiedEps = static_cast<float>(1e-6 * 1.001);    // the candidates' mass certificate
+constexpr float kResidualEps = 1e-6f;  // reference.verify_chain.RESIDUAL_EPS
 
 // Merged softmax statistics of a row (layout.merge_softmax_stats): bad also when no logit is finite.
 struct Merged {
@@ -69,16 +73,20 @@ struct Merged {
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
 DSPARK_DEVICE float prob(float x, const Merged& st) { return st.bad ? NAN : expf(x - st.m) / st.s; }
 
-// Request n's view of the exchanged buffers.
+// Request n's view of the exchanged buffers: its cells of shard s at st + s * st_stride (stats, [K+1, F]) and
+// rs + s * rs_stride (residual, [R, 5]), in shared memory or in the inputs (generic loads read either).
 struct Request {
   const DistVerifyDecideParams& p;
   int64_t n;
+  const float* st;
+  const float* rs;
+  int64_t st_stride, rs_stride;
 
   DSPARK_DEVICE float stat(int64_t shard, int64_t row, int64_t slot) const {
-    return ldg(p.stats + ((shard * p.N + n) * (p.K + 1) + row) * p.F + slot);
+    return st[shard * st_stride + row * p.F + slot];
   }
   DSPARK_DEVICE float res(int64_t shard, int64_t slot, int field) const {
-    return ldg(p.residual + ((shard * p.N + n) * p.R + slot) * kResWidth + field);
+    return rs[shard * rs_stride + slot * kResWidth + field];
   }
   DSPARK_DEVICE int64_t draft(int64_t j) const { return load_int(p.draft_tokens, p.drafts_i64, n * p.K + j); }
   DSPARK_DEVICE bool valid(int64_t j) const {
@@ -106,8 +114,15 @@ struct Request {
     return Merged{top, total, bad || !(top > neg_inf())};
   }
   DSPARK_DEVICE Merged target_stats(int64_t row) const { return merged(row, kTMax, kTSum, kTBad); }
-  DSPARK_DEVICE Merged draft_stats(int64_t row) const {
-    return p.has_draft ? merged(row, kQMax, kQSum, kQBad) : Merged{0.0f, 0.0f, false};
+  // The normaliser of draft row j < K: the drafter's own (Q_AT - draft_logprob) where draft_logprobs give a finite
+  // one for a draft on the vocabulary, else the row's merged statistics.
+  DSPARK_DEVICE Merged draft_norm(int64_t j) const {
+    if (!p.has_draft) return Merged{0.0f, 0.0f, false};
+    if (p.draft_logprobs != nullptr && valid(j)) {
+      const float c = at_owner(j, kQAt) - ldg(p.draft_logprobs + n * p.K + j);
+      if (isfinite(c)) return Merged{c, 1.0f, false};
+    }
+    return merged(j, kQMax, kQSum, kQBad);
   }
   // Slot `slot` of row j from the first shard holding the row's draft (shard 0 if none does: layout.owner_of).
   DSPARK_DEVICE float at_owner(int64_t j, int slot) const {
@@ -122,7 +137,7 @@ struct Request {
   DSPARK_DEVICE void draft_probs(int64_t j, float& pd, float& qd) const {
     pd = prob(at_owner(j, kTAt), target_stats(j)) * (valid(j) ? 1.0f : 0.0f);
     qd = valid(j) ? 1.0f : 0.0f;
-    if (p.has_draft) qd = prob(at_owner(j, kQAt), draft_stats(j));
+    if (p.has_draft) qd = prob(at_owner(j, kQAt), merged(j, kQMax, kQSum, kQBad));
     if (p.draft_logprobs != nullptr) qd = expf(ldg(p.draft_logprobs + n * p.K + j));
   }
   DSPARK_DEVICE float residual_mass(int64_t slot) const {
@@ -130,9 +145,10 @@ struct Request {
     for (int64_t s = 0; s < p.P; ++s) total += res(s, slot, kResMass);
     return total;
   }
-  DSPARK_DEVICE int64_t residual_winner(int64_t slot) const {
+  // The best (score, id) over the shards at the second exchange's `slot` (fields val, id).
+  DSPARK_DEVICE int64_t residual_winner(int64_t slot, int val, int id) const {
     ArgMax best = ArgMax::empty();
-    for (int64_t s = 0; s < p.P; ++s) best.update(res(s, slot, kResScore), static_cast<int64_t>(res(s, slot, kResId)));
+    for (int64_t s = 0; s < p.P; ++s) best.update(res(s, slot, val), static_cast<int64_t>(res(s, slot, id)));
     return best.index;
   }
 };
@@ -165,19 +181,27 @@ DSPARK_DEVICE int64_t verify_length(const DistVerifyDecideParams& p, int64_t n, 
   return length;
 }
 
-// Block verification: tau, writing the plan's K slots (row i, needed for i < L of a sampled request, rho_i, the
-// merged statistics) on the way; rho_0 = 1, rho_i = min(rho_{i-1} p / q, 1) (NaN -> 0), h_i = S_i / (S_i + 1 - rho_i)
-// (0/0 -> 1, NaN -> 0; S_i from the second exchange, 0 before it), h_L = rho_L; tau = the last i <= L with u <= h_i.
-DSPARK_DEVICE int64_t block_tau(const Request& r, int64_t length, bool sampled, const rng::Philox& ph, float* plan) {
+// One slot of the plan: the row, whether the second exchange must cover it, rho, the target row's merged statistics
+// and the draft row's normaliser (row min(row, K-1)).
+DSPARK_DEVICE void store_plan(const Request& r, float* cell, int64_t row, bool need, float rho) {
+  const Merged t = r.target_stats(row), q = r.draft_norm(row < r.p.K - 1 ? row : r.p.K - 1);
+  const float cells[kPlanWidth] = {static_cast<float>(row), need ? 1.0f : 0.0f, rho, t.m, t.s, t.bad ? 1.0f : 0.0f,
+                                   q.m, q.s, q.bad ? 1.0f : 0.0f};
+  for (int f = 0; f < kPlanWidth; ++f) stg(cell + f, cells[f]);
+}
+
+// Block verification: tau, writing the plan's K+1 slots (row i, needed for i <= L of a sampled request with rows,
+// rho_i) on the way; rho_0 = 1, rho_i = min(rho_{i-1} p / q, 1) (NaN -> 0), h_i = S_i / (S_i + 1 - rho_i) (0/0 -> 1,
+// NaN -> 0; S_i from the second exchange, 0 before it), h_L = rho_L; tau = the last i <= L with u <= h_i. *rho_tau
+// gets rho_tau.
+DSPARK_DEVICE int64_t block_tau(const Request& r, int64_t length, bool needed, const rng::Philox& ph, float* plan,
+                                float* rho_tau) {
   const DistVerifyDecideParams& p = r.p;
   float rho = 1.0f;
   int64_t tau = 0;
+  *rho_tau = 1.0f;
+  store_plan(r, plan, 0, needed, 1.0f);
   for (int64_t i = 0; i < p.K; ++i) {
-    float* slot = plan + i * kPlanWidth;
-    const Merged t = r.target_stats(i), q = r.draft_stats(i);
-    const float cells[kPlanWidth] = {static_cast<float>(i), sampled && i < length ? 1.0f : 0.0f, rho, t.m, t.s,
-                                     t.bad ? 1.0f : 0.0f, q.m, q.s, q.bad ? 1.0f : 0.0f};
-    for (int f = 0; f < kPlanWidth; ++f) stg(slot + f, cells[f]);
     float pd, qd;
     r.draft_probs(i, pd, qd);
     float ratio = pd / qd;
@@ -185,66 +209,70 @@ DSPARK_DEVICE int64_t block_tau(const Request& r, int64_t length, bool sampled, 
     const float prod = rho * ratio;
     rho = prod != prod ? 0.0f : (prod < 1.0f ? prod : 1.0f);  // rho_{i+1}
     const int64_t idx = i + 1;
+    store_plan(r, plan + idx * kPlanWidth, idx, needed && idx <= length, rho);
     const float mass = (p.residual != nullptr && idx < p.K) ? r.residual_mass(idx) : 0.0f;
     const float denom = mass + 1.0f - rho;
     float h = denom > 0.0f ? mass / denom : (denom == 0.0f ? 1.0f : 0.0f);
     if (idx >= p.K) h = 0.0f;
     if (idx == length) h = rho;
-    if (ph.uniform(r.n, i, rng::kStreamAccept, 0) <= h && idx <= length) tau = idx;
+    if (ph.uniform(r.n, i, rng::kStreamAccept, 0) <= h && idx <= length) {
+      tau = idx;
+      *rho_tau = rho;
+    }
   }
   return tau;
 }
 
-// Token sampling's emission at row `row` (the candidates' residual race, certified, or the second exchange's exact
-// winner); writes the plan's slot. Returns the winner; use_p: the race over p decides instead.
-DSPARK_DEVICE int64_t token_emit(const Request& r, int64_t row, bool emits, const rng::Philox& ph, bool& use_p,
-                                 float* plan) {
-  const DistVerifyDecideParams& p = r.p;
-  const int64_t qrow = row < p.K - 1 ? row : p.K - 1;
-  const Merged t = r.target_stats(row), q = r.draft_stats(qrow);
-  const int64_t draft = r.safe(qrow);
-  const bool draft_valid = r.valid(qrow);
-  const int64_t bound = bound_slot(p.has_draft), cf = cand_fields(p.has_draft);
-  float mass = 0.0f;
-  ArgMax best = ArgMax::empty();
-  for (int64_t s = 0; s < p.P; ++s) {
-    for (int64_t m = 0; m < p.top_m; ++m) {
-      const int64_t cell = bound + 1 + m * cf;
-      const int64_t id = static_cast<int64_t>(r.stat(s, row, cell + cf - 1));
-      const float pc = prob(r.stat(s, row, cell + 1), t);
-      const float qc = p.has_draft ? prob(r.stat(s, row, cell + 2), q) : (id == draft && draft_valid ? 1.0f : 0.0f);
-      const float d = pc - qc;
-      float w = d > 0.0f || d != d ? d : 0.0f;  // clamp(min=0) keeps NaN
-      if (static_cast<float>(id) == dist::kEmptyId) w = 0.0f;
-      mass += w;
-      best.update(race_score(w, ph.uniform(r.n, row, rng::kStreamResidual, id)), id);
-    }
-  }
-  bool certified = true;  // no token outside a shard's candidates can reach the winning score
-  for (int64_t s = 0; s < p.P; ++s) {
-    const float b = r.stat(s, row, bound);
-    const float tol = 1e-3f + 1e-6f * (fabsf(b) + fabsf(t.m));
-    const float cap = expf(b - t.m + tol) / t.s * 1.0001f;
-    certified = certified && (b > neg_inf() ? best.value > cap : best.value > 0.0f);
-  }
-  const bool nan_row = t.bad || q.bad;
-  const bool need = emits && !nan_row && !(mass >= kCertifiedEps && certified);
-  int64_t winner = best.index;
-  if (p.residual != nullptr && need) {
-    mass = r.residual_mass(0);
-    winner = r.residual_winner(0);
-  }
-  use_p = nan_row || !(mass >= kResidualEps);
-  const float cells[kPlanWidth] = {static_cast<float>(row), need ? 1.0f : 0.0f, 1.0f, t.m, t.s, t.bad ? 1.0f : 0.0f,
-                                   q.m, q.s, q.bad ? 1.0f : 0.0f};
-  for (int f = 0; f < kPlanWidth; ++f) stg(plan + f, cells[f]);
-  return winner;
+#endif
+
+// The shared-memory copy of a request's cells: block s (a shard) of `width` floats at smem + s * pitch + kLead.
+constexpr int64_t kLead = 8;  // room for the head of the block's first sector
+DSPARK_HOST_DEVICE_FN int64_t stage_pitch(int64_t width) { return (width + 7) / 8 * 8 + 2 * kLead; }
+
+// Bytes of shared memory holding request n's cells of stats and residual (0: they do not fit; read in place).
+inline size_t staged_bytes(const DistVerifyDecideParams& p) {
+  const int64_t floats = p.P * stage_pitch((p.K + 1) * p.F) +
+                         (p.residual != nullptr ? p.P * stage_pitch(p.R * kResWidth) : 0);
+  const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
+  return bytes <= kMaxStagedBytes ? bytes : 0;
 }
 
-__global__ void __launch_bounds__(kThreads, 2) decide_kernel(DistVerifyDecideParams p) {
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (n >= p.N) return;
-  const Request r{p, n};
+#if defined(__CUDACC__) || defined(DSPARK_SIMT)
+// Copies the blocks [first + s stride, + width) of base[0, total) (s < shards) to dst + s * pitch + kLead, by the
+// warp; each block widened to the whole 32-byte sectors it touches inside the tensor, so every load reads whole
+// sectors (the widening is at most 7 floats each side, inside the kLead margins).
+DSPARK_DEVICE void stage(float* dst, const float* base, int64_t total, int64_t first, int64_t width, int64_t stride,
+                         int64_t shards) {
+  const int64_t pitch = stage_pitch(width);
+  for (int64_t s = 0; s < shards; ++s) {
+    const int64_t start = first + s * stride;
+    const int64_t head = static_cast<int64_t>((reinterpret_cast<uintptr_t>(base + start) & 31) / sizeof(float));
+    const int64_t lo = start - head > 0 ? start - head : 0;
+    const int64_t end = lo + (start + width - lo + 7) / 8 * 8;
+    const int64_t hi = end < total ? end : total;
+    float* out = dst + s * pitch + kLead - start;
+    for (int64_t x = lo + threadIdx.x; x < hi; x += kThreads) out[x] = ldg(base + x);
+    __syncwarp(0xffffffffu);  // one block's loads are the same warp instructions (lanes leave at different trips)
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) decide_kernel(DistVerifyDecideParams p, bool staged) {
+  DSPARK_DYNAMIC_SMEM(float, smem);
+  const int64_t n = blockIdx.x;
+  const int64_t st_block = (p.K + 1) * p.F, rs_block = p.R * kResWidth;
+  Request r{p, n, p.stats + n * st_block, p.residual != nullptr ? p.residual + n * rs_block : nullptr,
+            p.N * st_block, p.N * rs_block};
+  if (staged) {
+    stage(smem, p.stats, p.P * p.N * st_block, n * st_block, st_block, r.st_stride, p.P);
+    float* rs = smem + p.P * stage_pitch(st_block);
+    if (p.residual != nullptr) stage(rs, p.residual, p.P * p.N * rs_block, n * rs_block, rs_block, r.rs_stride, p.P);
+    __syncthreads();
+    r.st = smem + kLead;
+    r.rs = rs + kLead;
+    r.st_stride = stage_pitch(st_block);
+    r.rs_stride = stage_pitch(rs_block);
+  }
+  if (threadIdx.x != 0) return;
   bool has_rows;
   const int64_t length = verify_length(p, n, has_rows);
   int64_t n_acc = 0;  // the greedy prefix
@@ -256,7 +284,8 @@ __global__ void __launch_bounds__(kThreads, 2) decide_kernel(DistVerifyDecidePar
   if (sampling) {
     int64_t n_s = 0;
     if (p.block_method) {
-      n_s = block_tau(r, length, sampled, ph, plan);
+      float rho_tau;
+      n_s = block_tau(r, length, sampled && has_rows, ph, plan, &rho_tau);
     } else {
       for (; n_s < length; ++n_s) {
         float pd, qd;
@@ -278,21 +307,14 @@ __global__ void __launch_bounds__(kThreads, 2) decide_kernel(DistVerifyDecidePar
   }
   int64_t emitted = r.shard_argmax(n_acc, kAmaxVal, kAmaxId);
   if (sampling) {
-    const bool full = n_acc >= length;
-    const int64_t qrow = n_acc < p.K - 1 ? n_acc : p.K - 1;
-    const int64_t bound = bound_slot(p.has_draft), cf = cand_fields(p.has_draft);
-    const int64_t from_p = r.shard_argmax(n_acc, bound + 1, bound + cf);  // candidate 0: the race over p
-    int64_t from_res = from_p;
-    bool use_p = full;
-    if (p.block_method) {
-      if (p.residual != nullptr) {
-        from_res = r.residual_winner(qrow);
-        use_p = !(r.residual_mass(qrow) >= kResidualEps);
-      }
-    } else {
-      from_res = token_emit(r, n_acc, sampled && has_rows && !stopped && !full, ph, use_p, plan);
+    if (!p.block_method) store_plan(r, plan, n_acc, sampled && has_rows && !stopped, 1.0f);
+    const int64_t slot = p.block_method ? n_acc : 0;
+    int64_t token = -1;
+    if (p.residual != nullptr) {
+      const bool use_p = n_acc >= length || !(r.residual_mass(slot) >= kResidualEps);
+      token = use_p ? r.residual_winner(slot, kResGScore, kResGId) : r.residual_winner(slot, kResScore, kResId);
     }
-    if (sampled) emitted = use_p || full ? from_p : from_res;
+    if (sampled) emitted = token;
   }
   if (!has_rows) n_acc = 0;
   for (int64_t j = 0; j < p.K; ++j) {
@@ -309,14 +331,15 @@ __global__ void __launch_bounds__(kThreads, 2) decide_kernel(DistVerifyDecidePar
 }  // namespace dist_decide
 
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
-// Launch on `s`; the caller checked the arguments and sized the outputs.
+// Launch on `s` (a CTA of one warp per request); the caller checked the arguments (N < 2^31) and sized the outputs.
 inline cudaError_t launch_dist_verify_decide(const DistVerifyDecideParams& p, cudaStream_t s) {
   if (p.N <= 0) return cudaSuccess;
   LaunchConfig cfg;
-  cfg.grid = dim3(static_cast<unsigned>((p.N + dist_decide::kThreads - 1) / dist_decide::kThreads));
+  cfg.grid = dim3(static_cast<unsigned>(p.N));
   cfg.block = dim3(dist_decide::kThreads);
+  cfg.smem = dist_decide::staged_bytes(p);
   cfg.stream = s;
-  return launch("dist_verify_decide", dist_decide::decide_kernel, cfg, p);
+  return launch("dist_verify_decide", dist_decide::decide_kernel, cfg, p, cfg.smem > 0);
 }
 #endif
 

@@ -2,25 +2,19 @@
 // (dspark_dist::verify_stats; no torch). The meaning is dspark_kernels/distributed/local_verify.py:verify_stats and
 // the layout distributed/layout.py's StatsLayout.
 //
-// One CTA per target row (request n, row j in 0..K) reads the shard's row once (and draft row j for j < K):
-//   the raw argmax (NaN as -inf, the lowest id on ties) and, when sampling (a temperature tensor), the softmax
-//   statistics of target / T' (T' = T for T > 0, else 1; NaN and +inf flagged and left out) and of draft / T', the
-//   scaled logits at the row's draft d_{j+1} (owned by this shard) and the top_m candidates of the race key
-//   target / T' - log(-log u), u = uniform(n, j, RESIDUAL, global id): best first, ties to the lowest id, plus the
-//   (top_m + 1)-th key as the bound on every other token's key. The candidates come from one read of the row
-//   (dspark/select_top.cuh: the rank keys above a rising floor into a shared buffer, cut back to top_m + 1); their
-//   target / T' and draft / T' are read again at the end (top_m scattered elements).
+// verify_chain's pass A over a shard (verify_rows.cuh): one CTA per (request, row j in 0..K, vocabulary chunk), split
+// so that N = 1 fills the GPU, reads its chunk of the shard's target row once (and of draft row j for j < K): the
+// raw argmax (NaN as -inf, the lowest id on ties) and, when sampling (a temperature tensor), the softmax statistics
+// of target / T' (T' = T for T > 0, else 1) and of draft / T', NaN and +inf flagged and left out. The last CTA of a
+// row (ticket) merges the chunks in a fixed order and writes the row's slots, with the scaled logits at the row's
+// draft d_{j+1} where the shard owns it.
 #pragma once
 
 #include <math.h>
 #include <stdint.h>
 
 #include "dist_rows.cuh"
-#include "platform.cuh"
-#include "reduce.cuh"
-#include "rng.cuh"
-#include "select_top.cuh"
-#include "vec.cuh"
+#include "verify_rows.cuh"
 
 namespace dspark {
 
@@ -31,50 +25,77 @@ struct DistVerifyStatsParams {
   const void* draft_tokens = nullptr;  // [N, K] int32 / int64
   bool drafts_i64 = false;
   const float* temperature = nullptr;  // [N], or null: greedy only (the argmax fields)
-  rng::Key rng_key;
-  int64_t N = 0, K = 0, Vl = 0, vocab_start = 0, vocab_size = 0, top_m = 1;
+  int64_t N = 0, K = 0, Vl = 0, vocab_start = 0, vocab_size = 0;
   int64_t width = 2;                   // StatsLayout.width
   float* out = nullptr;                // [N, K+1, width]
 };
 
 namespace dist_stats {
 
-constexpr int kThreads = top_select::kThreads;
-constexpr int64_t kMaxTopM = top_select::kMaxTop - 1;  // top_m + 1 keys are kept
+using verify::kThreads;
+using verify::VStats;
 using namespace dist;  // the layout's slots
+constexpr int64_t kMinChunk = 1024;
 
-// Softmax statistics with the NaN / +inf flag (layout.local_softmax_stats).
-struct FlaggedStats {
-  SoftmaxStats st;
-  int32_t bad;
-  DSPARK_HOST_DEVICE_FN static FlaggedStats empty() { return FlaggedStats{SoftmaxStats::empty(), 0}; }
-  DSPARK_HOST_DEVICE_FN void add(float x) {
-    if (x != x || x == INFINITY) {
-      bad = 1;
-    } else {
-      st.update(x);
+// The partials of a (row, chunk), each row's block 32-byte aligned (cs: its stride).
+struct Work {
+  ArgMax* amax;
+  VStats* t;
+  VStats* q;
+  uint32_t* tickets;  // [N (K+1)]
+  int64_t chunk, chunks, cs;
+};
+
+// One thread's scan of a chunk: the raw argmax, and the statistics of the row with NaN and +inf left out (flagged).
+struct ShardScan {
+  verify::RowScan raw, clean;
+  uint32_t bad;
+  DSPARK_DEVICE void init(float t) {
+    raw.init(1.f);
+    clean.init(t);
+    bad = 0u;
+  }
+  template <bool kSum, int kU, int kN>
+  DSPARK_DEVICE void batch(const float (&x)[kU][kN], int64_t at, int64_t stride) {
+    raw.template batch<false>(x, at, stride);
+    if (!kSum) return;
+    float c[kU][kN];
+#pragma unroll
+    for (int k = 0; k < kU; ++k)
+#pragma unroll
+      for (int e = 0; e < kN; ++e) {
+        const bool odd = x[k][e] != x[k][e] || x[k][e] == INFINITY;
+        bad |= odd ? 1u : 0u;
+        c[k][e] = odd ? neg_inf() : x[k][e];
+      }
+    clean.template batch<true>(c, at, stride);
+  }
+  DSPARK_DEVICE VStats stats(float t) const {
+    VStats v = clean.stats(t);
+    v.bad = bad;
+    return v;
+  }
+};
+
+// This thread's part of [begin, end) of a row (zeros where `row` is null: a packed shard without rows).
+template <bool kSum, typename T>
+DSPARK_DEVICE void scan_shard(const T* row, int64_t begin, int64_t end, ShardScan& sc) {
+  if (row == nullptr) {
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      const float x[1][1] = {{0.f}};
+      sc.template batch<kSum>(x, i, int64_t(1));
     }
+    return;
   }
-  DSPARK_HOST_DEVICE_FN void merge(const FlaggedStats& o) {
-    st.merge(o.st);
-    bad |= o.bad;
-  }
-};
+  for_each_batch<verify::kLoadsInFlight, 32>(
+      row, begin, end, threadIdx.x, blockDim.x,
+      [&](const auto& x, int64_t at, int64_t stride, int) { sc.template batch<kSum>(x, at, stride); },
+      [&](int64_t i, float v) {
+        const float x[1][1] = {{v}};
+        sc.template batch<kSum>(x, i, int64_t(1));
+      });
+}
 
-struct RowStats {
-  ArgMax amax;
-  FlaggedStats t, q;
-  DSPARK_HOST_DEVICE_FN static RowStats empty() {
-    return RowStats{ArgMax::empty(), FlaggedStats::empty(), FlaggedStats::empty()};
-  }
-  DSPARK_HOST_DEVICE_FN void merge(const RowStats& o) {
-    amax.merge(o.amax);
-    t.merge(o.t);
-    q.merge(o.q);
-  }
-};
-
-#if defined(__CUDACC__) || defined(DSPARK_SIMT)
 // The local column of draft d_{j+1} when this shard owns it (j < K), else -1; a draft outside [0, V) reads token 0.
 DSPARK_DEVICE int64_t owned_draft(const DistVerifyStatsParams& p, int64_t n, int64_t j) {
   if (j >= p.K) return -1;
@@ -84,108 +105,124 @@ DSPARK_DEVICE int64_t owned_draft(const DistVerifyStatsParams& p, int64_t n, int
   return c >= 0 && c < p.Vl ? c : -1;
 }
 
-template <typename TT>  // the target's element type
-__global__ void __launch_bounds__(kThreads, 2) stats_kernel(DistVerifyStatsParams p) {
-  DSPARK_SHARED(top_select::SelectScratch, sel);
-  DSPARK_SHARED_ARRAY(RowStats, scratch, 32);
-  const int64_t row_id = blockIdx.x, n = row_id / (p.K + 1), j = row_id - n * (p.K + 1);
-  DSPARK_SHARED(float, shared_t);
-  DSPARK_SHARED(rng::Philox, shared_ph);
-  const bool sampled = p.temperature != nullptr, draft = p.draft_logits != nullptr;
-  if (threadIdx.x == 0 && sampled) {  // read once per CTA
-    const float t_raw = ldg(p.temperature + n);
-    shared_t = t_raw > 0.0f ? t_raw : 1.0f;
-    shared_ph = rng::load_philox(p.rng_key);
+// The row's slots from its merged partials (warp 0 of the row's last CTA).
+DSPARK_DEVICE void write_row(const DistVerifyStatsParams& p, const Work& w, int64_t row_id, float t) {
+  const int lane = threadIdx.x & 31;
+  const int64_t n = row_id / (p.K + 1), j = row_id - n * (p.K + 1);
+  const bool sampled = p.temperature != nullptr, read_q = sampled && p.draft_logits != nullptr && j < p.K;
+  ArgMax a = ArgMax::empty();
+  VStats ts = VStats::empty(), qs = VStats::empty();
+  for (int64_t c = lane; c < w.chunks; c += 32) {
+    a.merge(verify::ld_part(w.amax + row_id * w.cs + c));
+    if (sampled) ts.merge(verify::ld_part(w.t + row_id * w.cs + c));
+    if (read_q) qs.merge(verify::ld_part(w.q + row_id * w.cs + c));
+  }
+  a = warp_allreduce(a);
+  ts = warp_allreduce(ts);
+  qs = warp_allreduce(qs);
+  if (lane != 0) return;
+  float* out = p.out + row_id * p.width;
+  stg(out + kAmaxVal, a.value);
+  stg(out + kAmaxId, static_cast<float>(p.vocab_start + a.index));
+  if (!sampled) return;
+  const int64_t toff = p.target.offset(n, j, p.K, p.Vl), col = owned_draft(p, n, j);
+  stg(out + kTMax, ts.st.m);
+  stg(out + kTSum, ts.st.s);
+  stg(out + kTBad, ts.bad ? 1.0f : 0.0f);
+  // the logit at the draft is read only where this shard owns it (a packed shard without rows reads zeros)
+  const float t_at = toff >= 0 && col >= 0 ? load_float(p.target.data, p.target.dtype, toff + col) / t : 0.f;
+  stg(out + kTAt, col >= 0 ? t_at : neg_inf());
+  if (p.draft_logits == nullptr) return;
+  stg(out + kQMax, read_q ? qs.st.m : neg_inf());
+  stg(out + kQSum, read_q ? qs.st.s : 0.0f);
+  stg(out + kQBad, read_q && qs.bad ? 1.0f : 0.0f);
+  const float q_at = col >= 0 ? load_float(p.draft_logits, p.draft_dtype, (n * p.K + j) * p.Vl + col) / t : 0.f;
+  stg(out + kQAt, col >= 0 ? q_at : neg_inf());
+}
+
+template <typename TT, typename TD>
+__global__ void __launch_bounds__(kThreads, 2) stats_kernel(DistVerifyStatsParams p, Work w) {
+  DSPARK_SHARED(float, s_t);
+  DSPARK_SHARED(int32_t, s_last);
+  DSPARK_SHARED_ARRAY(ArgMax, s_amax, 32);
+  DSPARK_SHARED_ARRAY(VStats, s_vs, 32);
+  const int64_t row_id = static_cast<int64_t>(blockIdx.x) / w.chunks;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) - row_id * w.chunks;
+  const int64_t n = row_id / (p.K + 1), j = row_id - n * (p.K + 1);
+  const bool sampled = p.temperature != nullptr;
+  if (threadIdx.x == 0) {
+    const float t_raw = sampled ? ldg(p.temperature + n) : 1.f;
+    s_t = t_raw > 0.0f ? t_raw : 1.0f;
   }
   __syncthreads();
-  const float t = sampled ? shared_t : 1.0f;
-  const rng::Philox ph = sampled ? shared_ph : rng::Philox{};
+  const float t = s_t;
   const int64_t toff = p.target.offset(n, j, p.K, p.Vl);
-  const void* trow = toff >= 0 ? p.target.row(toff) : nullptr;
-  const int64_t doff = (n * p.K + (j < p.K - 1 ? j : p.K - 1)) * p.Vl;  // row K reads draft row K-1 (unused)
-  const bool read_q = draft && j < p.K;
-  auto target_at = [&](int64_t c) {  // scaled; a packed shard without rows reads zeros, as the reference
-    return toff >= 0 ? load_float(p.target.data, p.target.dtype, toff + c) / t : 0.0f;
-  };
-  auto draft_at = [&](int64_t c) { return load_float(p.draft_logits, p.draft_dtype, doff + c) / t; };
-  RowStats mine = RowStats::empty();
-  auto visit = [&](int64_t c, float logit, uint64_t floor) {
-    mine.amax.update(logit, c);
-    if (!sampled) return;
-    const float x = logit / t;
-    mine.t.add(x);
-    if (read_q) mine.q.add(draft_at(c));
-    const int64_t id = p.vocab_start + c;
-    const uint64_t key = top_select::rank_key(gumbel_score(x, ph.uniform(n, j, rng::kStreamResidual, id)), id);
-    if (key > floor) top_select::push(sel, key);
-  };
-  auto sweep = [&](int64_t c0, int64_t c1, uint64_t floor) {
-    if (trow != nullptr) {
-      for_each_element(static_cast<const TT*>(trow), c0, c1, threadIdx.x, kThreads,
-                       [&](int64_t c, float logit) { visit(c, logit, floor); });
-    } else {  // a packed shard without rows: the reference reads zeros
-      for (int64_t c = c0 + threadIdx.x; c < c1; c += kThreads) visit(c, 0.0f, floor);
-    }
-  };
-  int64_t kept = 0;
+  const TT* trow = toff >= 0 ? static_cast<const TT*>(p.target.row(toff)) : nullptr;
+  const int64_t begin = c * w.chunk, end = begin + w.chunk < p.Vl ? begin + w.chunk : p.Vl;
+  ShardScan sc;
+  sc.init(t);
   if (sampled) {
-    kept = top_select::select_top(sel, p.Vl, p.top_m + 1, sweep);
-    top_select::sort_kept(sel, kept, false);
+    scan_shard<true>(trow, begin, end, sc);
   } else {
-    sweep(0, p.Vl, 0);
+    scan_shard<false>(trow, begin, end, sc);
   }
-  const RowStats all = block_allreduce(mine, scratch);
-  float* out = p.out + row_id * p.width;
+  const ArgMax a = block_allreduce(sc.raw.argmax(), s_amax);
+  const VStats ts = sampled ? block_allreduce(sc.stats(t), s_vs) : VStats::empty();
+  VStats qs = VStats::empty();
+  if (sampled && p.draft_logits != nullptr && j < p.K) {
+    ShardScan sq;
+    sq.init(t);
+    scan_shard<true>(static_cast<const TD*>(p.draft_logits) + (n * p.K + j) * p.Vl, begin, end, sq);
+    qs = block_allreduce(sq.stats(t), s_vs);
+  }
   if (threadIdx.x == 0) {
-    stg(out + kAmaxVal, all.amax.value);
-    stg(out + kAmaxId, static_cast<float>(p.vocab_start + all.amax.index));
-    if (sampled) {
-      stg(out + kTMax, all.t.st.m);
-      stg(out + kTSum, all.t.st.s);
-      stg(out + kTBad, all.t.bad ? 1.0f : 0.0f);
-      const int64_t c = owned_draft(p, n, j);
-      stg(out + kTAt, c >= 0 ? target_at(c) : neg_inf());
-      if (draft) {
-        stg(out + kQMax, read_q ? all.q.st.m : neg_inf());
-        stg(out + kQSum, read_q ? all.q.st.s : 0.0f);
-        stg(out + kQBad, read_q && all.q.bad ? 1.0f : 0.0f);
-        stg(out + kQAt, c >= 0 ? draft_at(c) : neg_inf());
-      }
-      const int64_t bound = bound_slot(draft);
-      stg(out + bound, kept > p.top_m ? top_select::rank_key_value(sel.keys[p.top_m]) : neg_inf());
-    }
+    verify::st_part(w.amax + row_id * w.cs + c, a);
+    verify::st_part(w.t + row_id * w.cs + c, ts);
+    verify::st_part(w.q + row_id * w.cs + c, qs);
   }
-  if (!sampled) return;
-  const int64_t bound = bound_slot(draft), cf = cand_fields(draft);
-  for (int64_t i = threadIdx.x; i < p.top_m; i += kThreads) {  // the candidates, best first
-    float* cand = out + bound + 1 + i * cf;
-    const bool real = i < kept;
-    const int64_t id = real ? top_select::rank_key_id(sel.keys[i]) : 0;
-    stg(cand, real ? top_select::rank_key_value(sel.keys[i]) : neg_inf());
-    stg(cand + 1, real ? target_at(id - p.vocab_start) : neg_inf());
-    if (draft) stg(cand + 2, real ? draft_at(id - p.vocab_start) : neg_inf());
-    stg(cand + cf - 1, real ? static_cast<float>(id) : dist::kEmptyId);
-  }
+  if (!verify::last_cta(w.tickets + row_id, static_cast<uint32_t>(w.chunks), &s_last)) return;
+  if (threadIdx.x < 32) write_row(p, w, row_id, t);
 }
-#endif
 
 }  // namespace dist_stats
 
-#if defined(__CUDACC__) || defined(DSPARK_SIMT)
-// Launch on `s`; the caller checked the arguments (N, K, Vl >= 1, N (K+1) < 2^31, 1 <= top_m <= kMaxTopM, the shard
-// inside [0, vocab_size), vocab_size <= 2^24) and sized `out` [N, K+1, width].
-inline cudaError_t launch_dist_verify_stats(const DistVerifyStatsParams& p, cudaStream_t s) {
+// Workspace bytes of launch_dist_verify_stats (the partials) and its tickets (N (K+1) words, zero before the first
+// launch, left zero by every launch).
+inline SplitV dist_verify_stats_split(int64_t rows, int64_t Vl) {
+  return split_v(Vl, rows, static_cast<int64_t>(device_sm_count()) * 2, dist_stats::kMinChunk);
+}
+inline size_t dist_verify_stats_workspace_bytes(int64_t rows, int64_t Vl) {
+  const SplitV sv = dist_verify_stats_split(rows, Vl);
+  return 3 * 16 * static_cast<size_t>(rows) * static_cast<size_t>((sv.chunks + 1) / 2 * 2);
+}
+
+// Launch on `s`; the caller checked the arguments (N, K, Vl >= 1, N (K+1) < 2^31, the shard inside [0, vocab_size),
+// vocab_size <= 2^24) and sized `out` [N, K+1, width].
+inline cudaError_t launch_dist_verify_stats(const DistVerifyStatsParams& p, void* workspace, uint32_t* tickets,
+                                            cudaStream_t s) {
   const int64_t rows = p.N * (p.K + 1);
   if (rows <= 0) return cudaSuccess;
+  const SplitV sv = dist_verify_stats_split(rows, p.Vl);
+  dist_stats::Work w;
+  w.chunk = sv.chunk;
+  w.chunks = sv.chunks;
+  w.cs = (sv.chunks + 1) / 2 * 2;
+  w.amax = static_cast<ArgMax*>(workspace);
+  w.t = reinterpret_cast<verify::VStats*>(w.amax + rows * w.cs);
+  w.q = w.t + rows * w.cs;
+  w.tickets = tickets;
   LaunchConfig cfg;
-  cfg.grid = dim3(static_cast<unsigned>(rows));
+  cfg.grid = dim3(static_cast<unsigned>(rows * sv.chunks));
   cfg.block = dim3(dist_stats::kThreads);
   cfg.stream = s;
   cudaError_t err = cudaErrorInvalidValue;
+  const DType dd = p.draft_logits != nullptr ? p.draft_dtype : p.target.dtype;
   DSPARK_DISPATCH_FLOAT(p.target.dtype, TT, return cudaErrorInvalidValue,
-                        { err = launch("dist_verify_stats", dist_stats::stats_kernel<TT>, cfg, p); });
+    DSPARK_DISPATCH_FLOAT(dd, TD, return cudaErrorInvalidValue,
+      err = launch("dist_verify_stats", dist_stats::stats_kernel<TT, TD>, cfg, p, w);
+    )
+  )
   return err;
 }
-#endif
 
 }  // namespace dspark

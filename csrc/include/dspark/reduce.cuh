@@ -112,16 +112,25 @@ DSPARK_DEVICE float sum_exp2(float x) {
 }
 
 // ------------------------------------------------------------------------------------------------ warp / block
-// Shuffle any trivially copyable value of a multiple of 4 bytes, word by word.
-template <typename T>
-DSPARK_DEVICE T shfl_xor(T v, int lane_mask) {
-  static_assert(sizeof(T) % 4 == 0, "shfl_xor moves whole 32-bit words");
+// Shuffle any trivially copyable value of a multiple of 4 bytes, word by word: shfl(word) moves one 32-bit word.
+template <typename T, typename F>
+DSPARK_DEVICE T shfl_words(T v, F&& shfl) {
+  static_assert(sizeof(T) % 4 == 0, "a shuffle moves whole 32-bit words");
   uint32_t w[sizeof(T) / 4];
   memcpy(w, &v, sizeof(T));
 #pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(T) / 4); ++i) w[i] = __shfl_xor_sync(kFullMask, w[i], lane_mask);
+  for (int i = 0; i < static_cast<int>(sizeof(T) / 4); ++i) w[i] = shfl(w[i]);
   memcpy(&v, w, sizeof(T));
   return v;
+}
+template <typename T>
+DSPARK_DEVICE T shfl_xor(T v, int lane_mask) {
+  return shfl_words(v, [&](uint32_t w) { return __shfl_xor_sync(kFullMask, w, lane_mask); });
+}
+// The value of lane `src` of a full warp.
+template <typename T>
+DSPARK_DEVICE T shfl_from(T v, int src) {
+  return shfl_words(v, [&](uint32_t w) { return __shfl_sync(kFullMask, w, src); });
 }
 
 // Every lane of a full warp ends with the merge of all 32 lanes' values (T has merge(const T&)).

@@ -97,12 +97,13 @@ DSPARK_DEVICE void store16(T* p, const Vec16<T>& v) {
   stg(reinterpret_cast<uint4*>(p), raw);
 }
 
-// How many elements of [begin, end) of `row` come before its first 16-byte boundary (all of them when the row is
-// not even element-aligned): the scalar head of a vectorised sweep.
-template <typename T>
+// How many elements of [begin, end) of `row` come before its first kAlign-byte boundary (all of them when the row
+// is not even element-aligned): the scalar head of a vectorised sweep (kAlign 32: each warp's 16-byte loads then
+// cover whole sectors).
+template <typename T, int kAlign = 16>
 DSPARK_HOST_DEVICE_FN int64_t scalar_head(const T* row, int64_t begin, int64_t end) {
   const uintptr_t addr = reinterpret_cast<uintptr_t>(row + begin);
-  int64_t head = addr % 16 == 0 ? 0 : static_cast<int64_t>((16 - addr % 16) / sizeof(T));
+  int64_t head = addr % kAlign == 0 ? 0 : static_cast<int64_t>((kAlign - addr % kAlign) / sizeof(T));
   if (addr % sizeof(T) != 0) head = end - begin;
   return head < end - begin ? head : end - begin;
 }
@@ -149,14 +150,15 @@ DSPARK_HOST_DEVICE_FN uint32_t neg_inf_word() {
 // Visit elements [begin, end) of `row` with kU independent 16-byte loads in flight per thread: vectors go to threads
 // round-robin as in for_each_element (vector i to thread i % nthreads), and thread t loads its vectors i, i + n, ...,
 // i + (kU-1) n of one step before using any of them. on_batch(x, at, stride, nv) gets x[kU][kN] as float32 (vectors
-// k >= nv lie past the end and read as -inf), element (k, e) being index at + k * stride + e; the scalar head and tail
-// go to on_scalar(index, value). A thread sees its elements in increasing index order.
-template <int kU, typename T, typename FB, typename FS>
+// k >= nv lie past the end and read as -inf), element (k, e) being index at + k * stride + e; the scalar head (up to
+// the first kHeadAlign-byte boundary) and tail go to on_scalar(index, value). A thread sees its elements in
+// increasing index order.
+template <int kU, int kHeadAlign = 16, typename T, typename FB, typename FS>
 DSPARK_DEVICE void for_each_batch(const T* row, int64_t begin, int64_t end, int t, int nthreads, FB&& on_batch,
                                   FS&& on_scalar) {
   if (end <= begin) return;
   constexpr int kN = Vec16<T>::kN;
-  const int64_t head = scalar_head(row, begin, end);
+  const int64_t head = scalar_head<T, kHeadAlign>(row, begin, end);
   for (int64_t i = t; i < head; i += nthreads) on_scalar(begin + i, to_float(ldg(row + begin + i)));
   const int64_t body = begin + head;
   const int64_t nvec = (end - body) / kN;
