@@ -45,7 +45,7 @@ def _pct(r: dict) -> str:
 
 
 # The measured columns of a row, in the order of the table and the CSV: (header, width, text of an "ok" row, the
-# CSV keys it comes from). A modelled GPU time (bench/model.py) is one more entry here.
+# CSV keys it comes from).
 COLUMNS = [
     ("median", 11, lambda r: fmt_time(r["median_ms"]), ["median_ms"]),
     ("IQR (p25..p75)", 24, lambda r: f"{fmt_time(r['p25_ms'])}..{fmt_time(r['p75_ms'])}",

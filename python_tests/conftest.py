@@ -17,7 +17,7 @@
   ``DSPARK_GPU_BUILD`` names): deselected unless it exists; CI copies its wheel's library there
   (``tools/check_wheel.py --extract``; ``tools/check_cuda.py --link`` links one too).
 * Every run ends with the 20 slowest tests (setup + call + teardown), so a test that starts to cost minutes shows
-  up in the run that added it; CI's ``.ci/run`` also fails when the README's test command takes over 12 minutes.
+  up in the run that added it; CI's ``.ci/run`` also fails when the README's test command takes over 8 minutes.
 * Under ``pytest -n`` (pytest-xdist; the README's command) each worker gets its share of the cores as torch
   threads; the workers share one SIMT build (the first builds it, the others wait on its lock).
 * ``host_backend`` runs a test once with the reference and once with the CPU kernels as the ops' default backend.
