@@ -151,6 +151,7 @@ def decode_step_rows(dev, copy_gbps: Optional[float] = None) -> List[dict]:
         rows.append(dict(name=f"{head}: DSpark step, FORCED acceptance tau {r['tau']}", requests=r["batch"],
                          tau=r["tau"], tokens_per_second=r["spec_tokens_per_s"],
                          acceptance_length=r["measured_tokens_per_step"], speedup=r["speedup"],
+                         acceptance_when_drafting=r["drafted_tokens_per_step"],
                          split_share={k: round(v / total, 4) for k, v in split.items()} if total > 0 else {},
                          step_split_ms=split, ops_share=r["ops_share"], drafting_steps=r["drafting_steps"],
                          steps=r["steps"], same_tokens_as_target=r["greedy_equal"], **common))

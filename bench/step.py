@@ -15,7 +15,9 @@ Acceptance is FORCED (random drafters accept nothing): after draft_block the dra
 own greedy continuation (from the target-alone run), cut at a seeded position per request and step: every position
 is accepted with conditional probability c, with c chosen so that verifying all K drafts gives tau tokens a step
 (1 + c + ... + c^K = tau), and the scheduler (exact mode, on a cost table of this GPU's graphed verify forwards,
-with the drafting gate on a measured drafting cost) sees survival c^j.
+with the drafting gate on a measured drafting cost) sees survival c^j. Two acceptances are reported: the profile
+run's, where every step drafts (``drafted_tokens_per_step``: what the forced drafts give), and the timed run's,
+where the gate may run the target alone (``measured_tokens_per_step``: what the speed was measured with).
 
 Reported per batch and tau: the target alone's tokens/s and step time against its weights-read floor (the
 target's bytes less the embedding table, at this GPU's measured copy bandwidth); the speculative step's split
@@ -248,6 +250,7 @@ def run_batch(target, drafter, s: dict, n: int, taus, dev, bw: float, seed: int)
             ops_share=round(sum(split[o] for o in OPS) / total, 4) if total > 0 else None,
             target_floor_ratio=round(step_ms / floor_ms, 3), greedy_equal=res.tokens == ref,
             conditional_acceptance=round(c, 4), measured_tokens_per_step=round(st.acceptance_length, 3),
+            drafted_tokens_per_step=round(pr.stats.acceptance_length, 3),
             target_step_ms=round(step_ms, 3), target_floor_ms=round(floor_ms, 3),
             spec_step_split_ms={k: round(v, 4) for k, v in split.items()}, drafting_steps=st.draft_steps,
             steps=st.steps, cost_table_ms=[round(t, 3) for t in table.step_time_ms]))

