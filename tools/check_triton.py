@@ -23,6 +23,11 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
+from dspark_kernels.distributed import triton_decide, triton_draft, triton_stats, triton_verify
+from dspark_kernels.distributed.triton_decide import _decide_kernel
+from dspark_kernels.distributed.triton_draft import _draft_step_kernel
+from dspark_kernels.distributed.triton_stats import _stats_kernel
+from dspark_kernels.distributed.triton_verify import _residual_kernel
 from dspark_kernels.triton.accept_prefix_scan import _accept_prefix_scan_kernel
 from dspark_kernels.triton.draft_block import (_conf_kernel, _draft_block_kernel, _head_kernel, _merge_kernel,
                                                _sweep_kernel, _topk_kernel)
@@ -146,6 +151,43 @@ KERNELS = {
         dict(EXACT=[True, False], HAS_BUDGET=[True], BLOCK=[256], SHIFT=[54], BLOCK_B=[64], SHIFT_B=[56],
              BLOCK_R=[256], BLOCK_K=[16], BLOCK_KB=[8]),
     ),
+    # the vocabulary-parallel pieces (dspark_kernels/distributed): a shard's draft step, verify statistics and
+    # residual pass, and the per-request decision over every shard's statistics
+    _draft_step_kernel: (
+        dict(u_ptr="*bf16", stride_un="i32", v_ptr="*fp32", w2_ptr="*bf16", temp_ptr="*fp32", key_ptr="*i64",
+             seed="i64", offset="i64", KEY_IN_MEMORY="constexpr", part_ptr="*fp32", logits_ptr="*fp32", local="i32",
+             rank="i32", position="i32", vocab_start="i32", HAS_TEMP="constexpr", RETURN_LOGITS="constexpr",
+             BLOCK_V="constexpr", BLOCK_R="constexpr", NONE="constexpr"),
+        dict(KEY_IN_MEMORY=[True], HAS_TEMP=[False, True], RETURN_LOGITS=[False, True],
+             BLOCK_V=[triton_draft._BLOCK_V], BLOCK_R=[triton_draft._BLOCK_R], NONE=[triton_draft._NONE]),
+    ),
+    _stats_kernel: (
+        dict(t_ptr="*bf16", stride_t="i32", t_row_ptr="*i64", d_ptr="*fp32", stride_d="i32", at_ptr="*i32",
+             temp_ptr="*fp32", out_ptr="*fp32", local="i32", k_len="i32", vocab_start="i32", width="i32",
+             SAMPLED="constexpr", HAS_DRAFT="constexpr", BLOCK_V="constexpr"),
+        dict(SAMPLED=[False, True], HAS_DRAFT=[False, True], BLOCK_V=[triton_stats._BLOCK_V]),
+    ),
+    _residual_kernel: (
+        dict(t_ptr="*bf16", t_row_ptr="*i64", d_ptr="*fp32", d_row_ptr="*i64", dtok_ptr="*i64", plan_ptr="*fp32",
+             temp_ptr="*fp32", key_ptr="*i64", seed="i64", offset="i64", KEY_IN_MEMORY="constexpr", part_ptr="*fp32",
+             local="i32", vocab_start="i32", HAS_DRAFT="constexpr", BLOCK_V="constexpr", NONE="constexpr"),
+        dict(KEY_IN_MEMORY=[True], HAS_DRAFT=[False, True], BLOCK_V=[triton_verify._BLOCK_V],
+             NONE=[triton_verify._NONE]),
+    ),
+    _decide_kernel: [(
+        dict(stats_ptr="*fp32", shards_ptr="*i64", res_ptr="*fp32", cu_ptr="*i32", drafts_ptr="*i64", lp_ptr="*fp32",
+             vlens_ptr="*i32", surv_ptr="*fp32", thr_ptr="*fp32", temp_ptr="*fp32", key_ptr="*i64", seed="i64",
+             offset="i64", KEY_IN_MEMORY="constexpr", stops_ptr="*i64", tokens_ptr="*i64", num_ptr="*i32",
+             mask_ptr="*u8", plan_ptr="*fp32", n_req="i32", k_len="i32", P="i32", F="i32", num_rows="i32",
+             n_stops="i32", vocab_size="i32", res_slots="i32", SAMPLED="constexpr", BLOCK_METHOD="constexpr",
+             HAS_DRAFT="constexpr", HAS_LOGPROBS="constexpr", HAS_RES="constexpr", PACKED="constexpr",
+             HAS_VLENS="constexpr", HAS_SURV="constexpr", BLOCK_K="constexpr", EPS="constexpr"),
+        dict(KEY_IN_MEMORY=[True], SAMPLED=[sampled], BLOCK_METHOD=block, HAS_DRAFT=draft, HAS_LOGPROBS=logprobs,
+             HAS_RES=[sampled], PACKED=packed, HAS_VLENS=[True], HAS_SURV=[True], BLOCK_K=[8],
+             EPS=[triton_decide.RESIDUAL_EPS]))
+        for sampled, block, draft, logprobs, packed in ((False, [False], [False], [False], [False, True]),
+                                                        (True, [False, True], [False, True], [False], [True]),
+                                                        (True, [False, True], [False], [True], [False]))],
 }
 NUM_WARPS = {_draft_block_kernel: 8, _sweep_kernel: 8, _merge_kernel: 8, _head_kernel: 8, _conf_kernel: 8}
 # Integer arguments compiled as multiples of 16 (as Triton specialises a launch whose sizes are: vocabularies, hidden
