@@ -199,6 +199,14 @@ if "$PY" -c "import pytest" 2>/dev/null; then
   rc=$?
   tail -15 "$OUT/pytest_gpu.log"
   record "gpu tests" "$rc" $(( $(date +%s) - t )) "$(tail -1 "$OUT/pytest_gpu.log")"
+  # the production-shape token tests' excused near-ties (python_tests/near_ties.py), from the JUnit properties
+  "$PY" - "$OUT/pytest_gpu.xml" <<'PYEOF' 2>/dev/null | tee -a "$SUMMARY"
+import sys, xml.etree.ElementTree as ET
+cases = [(c.get("name"), int(p.get("value"))) for c in ET.parse(sys.argv[1]).iter("testcase")
+         for p in c.iter("property") if p.get("name") == "excused_near_ties"]
+print(f"{'near-ties excused':<22} {sum(v for _, v in cases)} over {len(cases)} production-shape token tests"
+      + "".join(f"; {n}: {v}" for n, v in cases if v))
+PYEOF
 else
   record "gpu tests" 1 0 "pytest is not installed and .whl/ has none (bash bench/gpu_check.sh --fetch-wheels)"
 fi
