@@ -8,8 +8,9 @@
 #    (DSPARK_CUDA_ARCHS=<it> pip wheel --no-build-isolation); the checkout with the just-in-time build if neither
 #    loads; dk.build_info() goes to build_info.json. The tests and benchmarks then import the installed package
 #    (DSPARK_USE_INSTALLED=1), not the checkout,
-# 2. runs the GPU tests (pytest -m gpu), with the ptxas register / spill table (tools/check_cuda.py --json) built
-#    alongside on the CPU, or taken from GPU_CHECK_PTXAS (that table built on a CPU machine: the same nvcc),
+# 2. runs the GPU tests (pytest -m gpu; on 4 workers with pytest-xdist, in the background beside step 3), with the
+#    ptxas register / spill table (tools/check_cuda.py --json) built alongside on the CPU, or taken from
+#    GPU_CHECK_PTXAS (that table built on a CPU machine: the same nvcc),
 # 3. runs compute-sanitizer memcheck and racecheck on small cases of every CUDA kernel (bench/sanitizer_cases.py),
 # 4. reads Nsight Compute's measured counters (duration, DRAM bytes, throughput, occupancy, warp instructions) for
 #    every launch of the headline ops at N = 1 and 64 where ncu can read the counters (bench/ncu.py, ncu.json),
@@ -182,7 +183,7 @@ for v in "${VARIANTS[@]}"; do
 done
 export DSPARK_CUDA_ARCHS="$ARCH"  # the variants' loads find their builds (the same flags)
 
-step "2. GPU tests (pytest -m gpu), with the ptxas table built alongside"
+step "2. GPU tests (pytest -m gpu, in the background beside step 3), the ptxas table built alongside"
 PTXAS_PID=""
 if [[ -n "${GPU_CHECK_PTXAS:-}" && -f "$GPU_CHECK_PTXAS" ]]; then  # the same table built on a CPU machine (same nvcc)
   cp "$GPU_CHECK_PTXAS" "$OUT/ptxas.json" && echo 0 > "$OUT/check_cuda.rc"
@@ -191,15 +192,27 @@ else
       --archs "8.0;9.0a" --json "$OUT/ptxas.json" > "$OUT/check_cuda.log" 2>&1; echo $? > "$OUT/check_cuda.rc" ) &
   PTXAS_PID=$!
 fi
-t=$(date +%s)
+t_tests=$(date +%s)
+TESTS_PID=""
 "$PY" -c "import pytest" 2>/dev/null || pip_offline pytest || true
 if "$PY" -c "import pytest" 2>/dev/null; then
-  (cd "$RUN" && DSPARK_SLOW=1 timeout "$(cap 160)" "$PY" -m pytest "$REPO/python_tests" -m gpu -q \
-    -p no:cacheprovider --durations=15 -rfEs --junitxml="$OUT/pytest_gpu.xml" > "$OUT/pytest_gpu.log" 2>&1)
-  rc=$?
+  # in the background, beside the sanitizer (both check correctness; nothing there is timed), on 4 workers where
+  # pytest-xdist is installed (the image has it)
+  XDIST=""
+  "$PY" -c "import xdist" 2>/dev/null && XDIST="-n 4"
+  ( cd "$RUN" && DSPARK_SLOW=1 timeout "$(cap 160)" "$PY" -m pytest "$REPO/python_tests" -m gpu -q $XDIST \
+      -p no:cacheprovider --durations=15 -rfEs --junitxml="$OUT/pytest_gpu.xml" > "$OUT/pytest_gpu.log" 2>&1
+    echo $? > "$OUT/pytest_gpu.rc" ) &
+  TESTS_PID=$!
+else
+  record "gpu tests" 1 0 "pytest is not installed and .whl/ has none (bash bench/gpu_check.sh --fetch-wheels)"
+fi
+gpu_tests_done() {  # wait for the GPU tests and record them, with the near-ties the production-shape tests excused
+  [[ -z "$TESTS_PID" ]] && return
+  wait "$TESTS_PID" 2>/dev/null
   tail -15 "$OUT/pytest_gpu.log"
-  record "gpu tests" "$rc" $(( $(date +%s) - t )) "$(tail -1 "$OUT/pytest_gpu.log")"
-  # the production-shape token tests' excused near-ties (python_tests/near_ties.py), from the JUnit properties
+  record "gpu tests" "$(cat "$OUT/pytest_gpu.rc" 2>/dev/null || echo 1)" $(( $(date +%s) - t_tests )) \
+    "$(tail -1 "$OUT/pytest_gpu.log")"
   "$PY" - "$OUT/pytest_gpu.xml" <<'PYEOF' 2>/dev/null | tee -a "$SUMMARY"
 import sys, xml.etree.ElementTree as ET
 cases = [(c.get("name"), int(p.get("value"))) for c in ET.parse(sys.argv[1]).iter("testcase")
@@ -207,9 +220,7 @@ cases = [(c.get("name"), int(p.get("value"))) for c in ET.parse(sys.argv[1]).ite
 print(f"{'near-ties excused':<22} {sum(v for _, v in cases)} over {len(cases)} production-shape token tests"
       + "".join(f"; {n}: {v}" for n, v in cases if v))
 PYEOF
-else
-  record "gpu tests" 1 0 "pytest is not installed and .whl/ has none (bash bench/gpu_check.sh --fetch-wheels)"
-fi
+}
 
 step "3. compute-sanitizer on small cases of every CUDA kernel"
 SAN=""
@@ -254,6 +265,8 @@ else
     record "sanitizer $tool" "$rc" $(( $(date +%s) - t )) "log sanitizer_$tool.log"
   done
 fi
+
+gpu_tests_done
 
 step "4. Nsight Compute's counters for the headline ops (bench/ncu.py)"
 NCU=$(command -v ncu 2>/dev/null || ls /opt/nvidia/nsight-compute/*/ncu "$CUDA_HOME/bin/ncu" 2>/dev/null | head -1)
