@@ -211,15 +211,14 @@ def test_sharded_ops_with_the_cuda_pieces(cuda_device, world, group, args):
     spawn(world, globals()[group], *args)
 
 
-@pytest.mark.parametrize("world,group", [pytest.param(3, _group_three_ranks, marks=pytest.mark.slow),
-                                         (4, _group_one_token_shards),
-                                         pytest.param(2, _group_large_vocab, marks=pytest.mark.slow)],
-                         ids=["P3-V1000", "P4-one-token", "P2-V32003"])
+@pytest.mark.slow
+@pytest.mark.parametrize("world,group", [(3, _group_three_ranks), (4, _group_one_token_shards),
+                                         (2, _group_large_vocab)], ids=["P3-V1000", "P4-one-token", "P2-V32003"])
 def test_sharded_equals_unsharded(world, group):
-    """The reference and Triton pieces on every rank against the unsharded chain. P = 3 (every verify mode and Markov
-    head over three ranks, about 100 CPU seconds) runs in CI's slow leg: the default run keeps the same modes through
-    the CUDA pieces (test_sharded_ops_with_the_cuda_pieces) and each Triton piece against the reference in one
-    process (test_triton_verify_*_equals_the_reference)."""
+    """The reference and Triton pieces on every rank against the unsharded chain (spawned gloo groups, 20-100 CPU
+    seconds each: CI's slow leg). The default run keeps the same modes and the one-token shards through the CUDA
+    pieces (test_sharded_ops_with_the_cuda_pieces) and each Triton piece against the reference in one process
+    (test_triton_verify_*_equals_the_reference)."""
     spawn(world, group)
 
 
