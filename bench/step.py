@@ -17,7 +17,9 @@ is accepted with conditional probability c, with c chosen so that verifying all 
 (1 + c + ... + c^K = tau), and the scheduler (exact mode, on a cost table of this GPU's graphed verify forwards,
 with the drafting gate on a measured drafting cost) sees survival c^j. Two acceptances are reported: the profile
 run's, where every step drafts (``drafted_tokens_per_step``: what the forced drafts give), and the timed run's,
-where the gate may run the target alone (``measured_tokens_per_step``: what the speed was measured with).
+where the gate may run the target alone (``measured_tokens_per_step``: what the speed was measured with). On the
+CPU the cost table is flat at the median of its measured times (the tiny shape's verify forwards differ by less
+than the noise), so the scheduler there verifies every draft and the forced acceptance depends on no timing.
 
 Reported per batch and tau: the target alone's tokens/s and step time against its weights-read floor (the
 target's bytes less the embedding table, at this GPU's measured copy bandwidth); the speculative step's split
@@ -172,7 +174,8 @@ def copy_bandwidth(dev) -> float:
 @torch.no_grad()
 def cost_table(target, n: int, context: int, capacity: int, dev) -> dk.CostTable:
     """The target's verify forward (graphed on a GPU) at each bucket N (1 + L), L = 0..K, after ``context``
-    positions: the scheduler's cost table."""
+    positions: the scheduler's cost table. On the CPU it is flat at the median time: the tiny shape's forwards differ
+    by less than a busy machine's noise, whose spikes would otherwise decide the schedule."""
     counts, times = [], []
     target.alloc_cache(n, capacity)
     for length in range(K + 1):
@@ -192,6 +195,8 @@ def cost_table(target, n: int, context: int, capacity: int, dev) -> dk.CostTable
             run = graph.replay
         counts.append(n * q)
         times.append(max(_time_ms(run, dev), 1e-3))
+    if dev.type != "cuda":
+        times = [statistics.median(times)] * len(times)
     times = [max(times[:i + 1]) for i in range(len(times))]  # never cheaper for more tokens
     return dk.CostTable(counts, times)
 
