@@ -3,6 +3,7 @@ counters against hand-computed values, and the kernel building blocks (16-byte l
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -236,8 +237,10 @@ def test_out_of_bounds_read_is_caught_by_the_sanitized_build():
     assert "finished 4950.0" in ok.stdout
     bad = subprocess.run(run + ["1"], env=env, capture_output=True, text=True, timeout=900)
     assert bad.returncode != 0 and "finished" not in bad.stdout
+    # the report names the kernel and its source line (the build keeps line tables: -g1)
     assert "AddressSanitizer: heap-buffer-overflow" in bad.stderr and "oob_read_kernel" in bad.stderr, \
         bad.stderr[-3000:]
+    assert re.search(r"oob_read_kernel\(.*\) \S*selftest\.cuh:\d+", bad.stderr), bad.stderr[-3000:]
 
 
 # ------------------------------------------------------------------------------------------------ building blocks
