@@ -14,6 +14,7 @@ import torch
 import dspark_kernels as dk
 from cpp_sources import registered_schemas, registration_schemas
 from dspark_kernels import _ext, rng, simt
+from dspark_kernels.distributed import ops as _dist_ops  # noqa: F401  (the vocabulary-parallel ops and their fakes)
 from dspark_kernels.ops._common import resolve_backend
 
 pytestmark = pytest.mark.simt  # CI runs these again under AddressSanitizer + UBSan
