@@ -161,11 +161,11 @@ def check_record(doc: dict) -> None:
 @pytest.mark.slow  # the whole --quick preset, two minutes on 2 cores: CI's slow leg
 def test_quick_on_cpu(tmp_path):
     """``--quick`` on the CPU: every op, the structural report and the end-to-end row. What is checked is the
-    pipeline and its outputs, not the timings: two or three timed calls a row keep it short on a busy machine (the
-    timeout only guards against a hang)."""
+    pipeline and its outputs, not the timings: two or three timed calls a row and N = 1, 8 (the references at N = 64
+    take half the run) keep it short on a busy machine (the timeout only guards against a hang)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     p = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--quick", "--device", "cpu",
-                        "--min-reps", "2", "--max-reps", "3", "--min-time", "0",
+                        "--min-reps", "2", "--max-reps", "3", "--min-time", "0", "--N", "1", "8",
                         "--out-dir", str(tmp_path), "--name", "t"],
                        capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
