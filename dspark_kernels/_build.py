@@ -5,8 +5,9 @@ the libraries with it. Nothing here probes for a GPU.
 
 The CUDA toolkit is found from ``CUDA_HOME`` / ``CUDA_PATH``, else torch's guess if it holds a toolkit, else the
 ``nvcc`` on ``PATH`` (following a symlink or a wrapper script that names the real one), else ``/usr/local/cuda``.
-Architectures: ``DSPARK_CUDA_ARCHS`` (default ``8.0;9.0a;10.0a``) plus PTX of the highest, for newer GPUs; the
-just-in-time build leaves them to torch when only ``TORCH_CUDA_ARCH_LIST`` is set.
+Architectures: ``DSPARK_CUDA_ARCHS`` (default ``8.0;9.0a;10.0a``) plus PTX of the highest, for newer GPUs
+(``DSPARK_CUDA_PTX=0``: none); the just-in-time build leaves them to torch when only ``TORCH_CUDA_ARCH_LIST`` is
+set.
 
 The ahead-of-time build (``setup.py``'s wheel; ``tools/check_cuda.py`` without a wheel) compiles each translation
 unit with one nvcc call (:func:`unit_command`, ``-Xptxas -v``: registers and spills in its log), several at once
@@ -210,22 +211,33 @@ def cuda_archs(spec: Optional[str] = None) -> List[Tuple[int, int, str]]:
     return sorted(out)
 
 
+def ptx_wanted() -> bool:
+    """``DSPARK_CUDA_PTX``: ``1`` (the default) adds PTX of the highest architecture, ``0`` none (a build for known
+    GPUs only, one front-end pass fewer); a ValueError naming the variable for anything else."""
+    flag = os.environ.get("DSPARK_CUDA_PTX", "1")
+    if flag not in ("0", "1"):
+        raise ValueError(f"DSPARK_CUDA_PTX must be 0 or 1, got {flag!r}")
+    return flag == "1"
+
+
 def arch_targets(archs: Sequence[Tuple[int, int, str]]) -> Tuple[List[str], List[str]]:
-    """``(SASS targets, PTX targets)`` of ``archs``: SASS of each, plus PTX of the highest without its suffix (an
-    ``a`` / ``f`` PTX runs only on its own architecture or family; a plain one on every later GPU)."""
+    """``(SASS targets, PTX targets)`` of ``archs``: SASS of each, plus (:func:`ptx_wanted`) PTX of the highest
+    without its suffix (an ``a`` / ``f`` PTX runs only on its own architecture or family; a plain one on every later
+    GPU)."""
     major, minor, _ = archs[-1]
-    return [f"sm_{a}{b}{s}" for a, b, s in archs], [f"compute_{major}{minor}"]
+    return [f"sm_{a}{b}{s}" for a, b, s in archs], [f"compute_{major}{minor}"] if ptx_wanted() else []
 
 
 def gencode_flags(archs: Sequence[Tuple[int, int, str]]) -> List[str]:
     """nvcc's ``-gencode`` flags for :func:`arch_targets` (the plain highest one's SASS and PTX from one pass)."""
+    ptx = ptx_wanted()
     flags = []
     for i, (major, minor, suffix) in enumerate(archs):
         v = f"{major}{minor}"
-        code = f"[sm_{v},compute_{v}]" if i == len(archs) - 1 and not suffix else f"sm_{v}{suffix}"
+        code = f"[sm_{v},compute_{v}]" if ptx and i == len(archs) - 1 and not suffix else f"sm_{v}{suffix}"
         flags.append(f"-gencode=arch=compute_{v}{suffix},code={code}")
     major, minor, suffix = archs[-1]
-    if suffix:
+    if ptx and suffix:
         flags.append(f"-gencode=arch=compute_{major}{minor},code=compute_{major}{minor}")
     return flags
 
@@ -285,9 +297,29 @@ def unit_command(home: str, src: str, obj: str, flags: Sequence[str], archs) -> 
     return [os.path.join(home, "bin", "nvcc"), "-c", src, "-o", obj] + list(flags) + gencode_flags(archs)
 
 
+def included_bytes(path: str, seen: Optional[set] = None) -> int:
+    """Bytes of ``path`` and of every file it includes by ``#include "..."`` (found beside the includer or under
+    ``csrc/include``), each counted once: the device code a unit's compile sees."""
+    seen = set() if seen is None else seen
+    path = os.path.abspath(path)
+    if path in seen or not os.path.isfile(path):
+        return 0
+    seen.add(path)
+    with open(path) as f:
+        names = re.findall(r'^\s*#\s*include\s+"([^"]+)"', f.read(), re.M)
+    total = os.path.getsize(path)
+    for name in names:
+        for base in (os.path.dirname(path), os.path.join(csrc_dir(), "include")):
+            if os.path.isfile(os.path.join(base, name)):
+                total += included_bytes(os.path.join(base, name), seen)
+                break
+    return total
+
+
 def compile_units(units: Sequence[Tuple[str, List[str]]], outdir: str, jobs: int, cwd: str) -> List[tuple]:
     """Run each ``(rel, command)``, ``jobs`` at a time, each writing ``<outdir>/<unit_name(rel)>.log`` (the command,
-    then its output: ptxas's registers and spills); ``(rel, returncode, output, seconds)`` per unit, in order."""
+    then its output: ptxas's registers and spills); ``(rel, returncode, output, seconds)`` per unit, in order. The
+    units start largest first (:func:`included_bytes`), so that a long compile does not start last and run alone."""
     os.makedirs(outdir, exist_ok=True)
 
     def run(unit):
@@ -298,8 +330,10 @@ def compile_units(units: Sequence[Tuple[str, List[str]]], outdir: str, jobs: int
             fh.write(" ".join(cmd) + "\n" + p.stdout + p.stderr)
         return rel, p.returncode, p.stdout + p.stderr, time.time() - t0
 
+    order = sorted(range(len(units)), key=lambda i: -included_bytes(os.path.join(cwd, units[i][0])))
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        return list(pool.map(run, units))
+        done = dict(zip(order, pool.map(run, [units[i] for i in order])))
+    return [done[i] for i in range(len(units))]
 
 
 def link_command(path: str, objects: Sequence[str], home: str) -> List[str]:

@@ -5,6 +5,7 @@ tools/check_cuda.py reading a wheel build's logs. No nvcc, no GPU: fake records 
 import importlib.util
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -35,6 +36,7 @@ def _record(**changes):
 
 def test_default_architectures_and_their_gencode_flags(monkeypatch):
     monkeypatch.delenv("DSPARK_CUDA_ARCHS", raising=False)
+    monkeypatch.delenv("DSPARK_CUDA_PTX", raising=False)
     archs = _build.cuda_archs()
     assert archs == [(8, 0, ""), (9, 0, "a"), (10, 0, "a")]
     assert _build.arch_targets(archs) == (["sm_80", "sm_90a", "sm_100a"], ["compute_100"])
@@ -45,6 +47,32 @@ def test_default_architectures_and_their_gencode_flags(monkeypatch):
     assert _build.gencode_flags(_build.cuda_archs()) == [
         "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=[sm_90,compute_90]"]
     assert any("sm_90" in f for f in _build.nvcc_flags())
+    monkeypatch.setenv("DSPARK_CUDA_PTX", "0")   # no PTX: SASS only, whatever the highest one
+    assert _build.gencode_flags(_build.cuda_archs()) == [
+        "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"]
+    assert _build.gencode_flags(_build.cuda_archs("8.0;9.0a")) == [
+        "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a"]
+    assert _build.arch_targets(_build.cuda_archs("8.0;9.0a")) == (["sm_80", "sm_90a"], [])
+    monkeypatch.setenv("DSPARK_CUDA_PTX", "yes")
+    with pytest.raises(ValueError, match="DSPARK_CUDA_PTX must be 0 or 1"):
+        _build.gencode_flags(archs)
+
+
+def test_units_compile_largest_first_and_report_in_the_order_given(tmp_path):
+    """One job at a time: the units run in order of the bytes they include (a header counted once, wherever it is
+    included from), largest first; the results come back in the order the units were given."""
+    (tmp_path / "big.cuh").write_text("x" * 5000)
+    (tmp_path / "mid.cuh").write_text('#include "big.cuh"\n' + "y" * 500)
+    (tmp_path / "a.cu").write_text('#include "big.cuh"\n#include "mid.cuh"\n')  # 5000 + 500 and a bit
+    (tmp_path / "b.cu").write_text("z" * 100)
+    (tmp_path / "c.cu").write_text("w" * 3000)
+    order = tmp_path / "order.txt"
+    units = [(name, [sys.executable, "-c", f"open({str(order)!r}, 'a').write({name!r} + ' ')"])
+             for name in ("b.cu", "a.cu", "c.cu")]
+    results = _build.compile_units(units, str(tmp_path / "logs"), 1, str(tmp_path))
+    assert [(r[0], r[1]) for r in results] == [("b.cu", 0), ("a.cu", 0), ("c.cu", 0)]
+    assert order.read_text().split() == ["a.cu", "c.cu", "b.cu"]
+    assert 5500 < _build.included_bytes(str(tmp_path / "a.cu")) < 5600
 
 
 @pytest.mark.parametrize("spec,match", [("9.0b", "'9.0b' is not an architecture"), ("sm_90", "not an architecture"),
