@@ -45,6 +45,10 @@ flock build/.editable-install.lock "$VENV/bin/python" -m pip install --quiet --n
 "$VENV/bin/python" -c "import torch, vllm, dspark_kernels as dk; print('torch', torch.__version__, 'vllm', \
 vllm.__version__, 'dspark_kernels', dk.__file__)"
 
+# an extension cache of its own: never share built modules (or build locks) with another torch's environment (CI
+# runs this beside the main environment's steps)
+export TORCH_EXTENSIONS_DIR="$VENV/torch_extensions"
+
 step "integration_tests/vllm"
 set +e
 "$VENV/bin/python" -m pytest integration_tests/vllm -q -p no:cacheprovider -rs --durations=8
