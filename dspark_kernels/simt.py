@@ -261,7 +261,7 @@ _line_cache: Dict[int, str] = {}
 
 def _symbolise(pcs: List[int]) -> Dict[int, str]:
     """Code offsets of the SIMT module -> "file:line" of the innermost inlined frame outside :data:`_PLUMBING`
-    (addr2line on the -g build; offsets it cannot place keep a "pc:0x..." name)."""
+    (addr2line on the counting build's line tables; offsets it cannot place keep a "pc:0x..." name)."""
     import shutil
     import subprocess
 
