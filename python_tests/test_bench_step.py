@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_KEYS = {"batch", "tau", "target_tokens_per_s", "spec_tokens_per_s", "speedup", "ops_share", "target_floor_ratio",
@@ -33,3 +34,20 @@ def test_tiny_run_writes_the_record(tmp_path):
     assert run["measured_tokens_per_step"] == 1.0 or run["drafting_steps"] > 0
     assert set(run["spec_step_split_ms"]) == {"drafter", "draft_block", "schedule_verify_lens", "target",
                                               "verify_chain", "accept_prefix_scan", "rest"}
+
+
+def test_cpu_cost_table_is_flat_at_the_median(monkeypatch):
+    """On the CPU the verify forwards' table is flat at the median of the measured times, so that one spike (here
+    planted at the second bucket) cannot make the scheduler verify no draft; its counts are the buckets n (1 + L)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dspark_bench_step", os.path.join(ROOT, "bench", "step.py"))
+    step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step)
+    times = iter([1.0, 50.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    monkeypatch.setattr(step, "_time_ms", lambda fn, dev, reps=5: next(times))
+    dev = torch.device("cpu")
+    target, _ = step.build_models(step.TINY, dev, torch.float32)
+    table = step.cost_table(target, 2, 4, 4 + step.K + 2, dev)
+    assert list(table.token_counts) == [2 * (1 + length) for length in range(step.K + 1)]
+    assert list(table.step_time_ms) == [4.5] * (step.K + 1)
