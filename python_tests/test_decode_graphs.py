@@ -297,6 +297,22 @@ def test_target_alone_equals_greedy_reference(target, reference):
         assert tokens == reference and secs >= 0.0
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_bfloat16_models_same_tokens_as_the_eager_loop(temperature):
+    """bf16 models (as on a GPU: the logits and U reach the ops in bf16): the graph path's pieces give the eager
+    loop's tokens, and greedy equals the bf16 target's own decoding."""
+    target = tiny_target(seed=0).to(torch.bfloat16)
+    reference = greedy_reference(target, PROMPTS, MAX_NEW)
+    dec = _oracle(target, reference)
+    dec.drafter.to(torch.bfloat16)
+    sched = Scheduler("argmax", cost_table=COST, sts_temperatures=[1.5] * 4)
+    eager = dec.generate(PROMPTS, MAX_NEW, temperature=temperature, scheduler=sched)
+    out = GraphDecoder(dec, static_kv=False).generate(PROMPTS, MAX_NEW, temperature=temperature, scheduler=sched)
+    assert out.tokens == eager.tokens
+    if temperature == 0.0:
+        assert out.tokens == reference
+
+
 # ---------------------------------------------------------------------------------------------- on a GPU
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -167,12 +167,34 @@ def test_hot_path_host_reads(target, reference, monkeypatch):
     assert extra[0] == extra[1] and extra[0] <= 4, extra  # setup-only syncs, independent of the step count
 
 
-def test_bfloat16_runs(target):
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_bfloat16_logits_are_read_as_they_are(temperature):
+    """A bf16 model's logits and U reach verify_chain and draft_block in bf16 (no float32 copy of [rows, V]), and
+    every token equals the run in which both are first widened to float32: the ops read bf16 exactly."""
     t16 = tiny_target(seed=0).to(torch.bfloat16)
     drafter = tiny_drafter(t16, block_size=4, markov="rnn").to(torch.bfloat16)
-    res = SpeculativeDecoder(t16, drafter).generate(PROMPTS5, 6, temperature=0.9,
-                                                    scheduler=scheduler("argmax", 4))
-    assert [len(t) for t in res.tokens] == [6] * 5 and all(0 <= x < 48 for t in res.tokens for x in t)
+    t16.alloc_cache(1, 2)
+    one = torch.arange(2, dtype=torch.int32)
+    assert t16(torch.tensor([3]), torch.tensor([0]), one, 1, 1).logits.dtype == torch.bfloat16
+
+    def run():
+        return SpeculativeDecoder(t16, drafter, seed=5).generate(
+            PROMPTS5, 6, temperature=temperature, scheduler=scheduler("argmax", 4)).tokens
+
+    as_bf16 = run()
+    target_forward, draft_forward = t16.forward, drafter.forward_block
+
+    def widened_target(*a, **kw):
+        out = target_forward(*a, **kw)
+        return out._replace(logits=out.logits.float())
+
+    def widened_drafter(*a):
+        u, h = draft_forward(*a)
+        return u.float(), h
+
+    t16.forward, drafter.forward_block = widened_target, widened_drafter  # this test's models only
+    assert as_bf16 == run()
+    assert [len(t) for t in as_bf16] == [6] * 5 and all(0 <= x < 48 for t in as_bf16 for x in t)
 
 
 def test_drafter_context_equals_a_fresh_prefill(target, reference):

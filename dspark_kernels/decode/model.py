@@ -166,7 +166,7 @@ class Block(nn.Module):
 
 
 class TargetOutput(NamedTuple):
-    logits: torch.Tensor            # float32 [len(logit_rows) or T, V]
+    logits: torch.Tensor            # [len(logit_rows) or T, V] in the model's dtype (the ops read bf16 as it is)
     hidden: Optional[torch.Tensor]  # [T, len(hidden_layer_ids) * d]: the drafter's context features
 
 
@@ -234,7 +234,7 @@ class TargetModel(nn.Module):
         if logit_rows is not None:
             x = x.index_select(0, logit_rows)
         hidden = torch.cat([keep[i] for i in self.hidden_layer_ids], -1) if self.hidden_layer_ids else None
-        return TargetOutput(self.lm_head(self.norm(x)).float(), hidden)
+        return TargetOutput(self.lm_head(self.norm(x)), hidden)
 
     @property
     def vocab_size(self) -> int:

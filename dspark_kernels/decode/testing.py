@@ -79,7 +79,7 @@ class OracleDrafter(DSparkDrafter):
         r = torch.arange(n, device=base.device).view(n, 1)
         wrong = ((p * 7 + r * 3) % self.wrong_every) == 0
         tok = torch.where(wrong, (tok + 1) % (v - 1), tok)
-        hot = base.new_zeros(n, k, v).scatter_(-1, tok.unsqueeze(-1), known.unsqueeze(-1).float())  # no sync
+        hot = base.new_zeros(n, k, v).scatter_(-1, tok.unsqueeze(-1), known.unsqueeze(-1).to(base.dtype))  # no sync
         return base + self.scale * hot, h
 
 

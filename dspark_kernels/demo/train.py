@@ -269,7 +269,7 @@ def continuations(model: TargetModel, prompts: torch.Tensor, gen: int, temperatu
     seq, one = [prompts], torch.arange(b + 1, dtype=torch.int32)
     for s in range(gen):
         if temperature > 0:
-            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=g)[:, 0]
+            nxt = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=g)[:, 0]
         else:
             nxt = logits.argmax(-1)
         seq.append(nxt.view(b, 1))
