@@ -25,7 +25,9 @@ Reported per batch and tau: the target alone's tokens/s and step time against it
 target's bytes less the embedding table, at this GPU's measured copy bandwidth); the speculative step's split
 (drafter, draft_block, scheduler, verify forward, verify_chain, scan, the rest; a profile run with a graph per
 piece); tokens/s of both and their ratio; whether the greedy outputs are equal. JSON: ``<machine>_step.json``,
-``{"machine": {...}, "runs": [...]}``. ``--tiny`` runs a tiny shape on the CPU (no graphs) to check the pipeline.
+``{"machine": {...}, "runs": [...]}``, written again after every run (``machine.complete`` is false until the last),
+so that a run stopped by a time limit keeps what it measured. ``--tiny`` runs a tiny shape on the CPU (no graphs)
+to check the pipeline.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import shutil
 import statistics
 import sys
 import time
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -210,7 +212,8 @@ def _split(stats, steps: int) -> dict:
 
 
 @torch.no_grad()
-def run_batch(target, drafter, s: dict, n: int, taus, dev, bw: float, seed: int) -> list:
+def run_batch(target, drafter, s: dict, n: int, taus, dev, bw: float, seed: int, emit) -> None:
+    """Batch ``n``'s runs, one per tau, each handed to ``emit`` as it is measured."""
     gen = torch.Generator().manual_seed(seed + n)
     prompts = torch.randint(0, s["vocab"] - 1, (n, s["prompt"]), generator=gen).tolist()
     new = s["new"]
@@ -228,7 +231,6 @@ def run_batch(target, drafter, s: dict, n: int, taus, dev, bw: float, seed: int)
     capacity = s["prompt"] + new + K + 1
     table = cost_table(target, n, s["prompt"], capacity, dev)
     dec = SpeculativeDecoder(target, drafter)
-    runs = []
     for tau in taus:
         c = conditional_acceptance(tau)
         hook = ForcedAcceptance(reference, c, new + 2, seed + 1000 + n)
@@ -249,7 +251,7 @@ def run_batch(target, drafter, s: dict, n: int, taus, dev, bw: float, seed: int)
             torch.cuda.empty_cache()
         total = sum(split.values())
         st = res.stats
-        runs.append(dict(
+        run = dict(
             batch=n, tau=tau, target_tokens_per_s=round(target_tps, 1),
             spec_tokens_per_s=round(st.tokens_per_second, 1), speedup=round(st.tokens_per_second / target_tps, 3),
             ops_share=round(sum(split[o] for o in OPS) / total, 4) if total > 0 else None,
@@ -258,23 +260,30 @@ def run_batch(target, drafter, s: dict, n: int, taus, dev, bw: float, seed: int)
             drafted_tokens_per_step=round(pr.stats.acceptance_length, 3),
             target_step_ms=round(step_ms, 3), target_floor_ms=round(floor_ms, 3),
             spec_step_split_ms={k: round(v, 4) for k, v in split.items()}, drafting_steps=st.draft_steps,
-            steps=st.steps, cost_table_ms=[round(t, 3) for t in table.step_time_ms]))
+            steps=st.steps, cost_table_ms=[round(t, 3) for t in table.step_time_ms])
         print(f"batch {n:3d} tau {tau:4.1f}: target {target_tps:9.1f} tok/s ({step_ms:.2f} ms, "
               f"{step_ms / floor_ms:.2f}x floor), spec {st.tokens_per_second:9.1f} tok/s "
-              f"({runs[-1]['speedup']:.2f}x), {st.acceptance_length:.2f} tok/step, ops {runs[-1]['ops_share']}, "
-              f"drafting {st.draft_steps}/{st.steps}, greedy equal {runs[-1]['greedy_equal']}", flush=True)
-    return runs
+              f"({run['speedup']:.2f}x), {st.acceptance_length:.2f} tok/step, ops {run['ops_share']}, "
+              f"drafting {st.draft_steps}/{st.steps}, greedy equal {run['greedy_equal']}", flush=True)
+        emit(run)
 
 
-def measure(s: dict, batches, taus, dev, seed: int = 0, bw: Optional[float] = None) -> Tuple[list, float]:
+def measure(s: dict, batches, taus, dev, seed: int = 0, bw: Optional[float] = None,
+            on_run: Optional[Callable[[list, float], None]] = None) -> Tuple[list, float]:
     """The models of shape ``s`` built on ``dev`` (bf16 on a GPU, float32 on the CPU) and every batch's runs:
-    ``(runs, copy bandwidth in bytes/s)`` (``bw``, or measured here)."""
+    ``(runs, copy bandwidth in bytes/s)`` (``bw``, or measured here). ``on_run(runs so far, bw)`` is called after
+    each run, so that a run cut short keeps what it measured."""
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     target, drafter = build_models(s, dev, dtype, seed)
     bw = bw or copy_bandwidth(dev)
     runs = []
+
+    def emit(run: dict) -> None:
+        runs.append(run)
+        if on_run is not None:
+            on_run(runs, bw)
     for n in batches:
-        runs += run_batch(target, drafter, s, n, taus, dev, bw, seed)
+        run_batch(target, drafter, s, n, taus, dev, bw, seed, emit)
     return runs, bw
 
 
@@ -304,14 +313,22 @@ def main(argv=None) -> int:
     if any(not 1.0 <= t <= K + 1 for t in args.tau):
         raise SystemExit(f"--tau must lie in [1, {K + 1}]")
     t0 = time.perf_counter()
-    runs, bw = measure(s, batches, args.tau, dev, args.seed)
     info = machine_info(dev)
-    info.update(shape="tiny" if args.tiny else "qwen3-8b", copy_bandwidth_gbs=round(bw / 1e9, 1),
-                forced_acceptance=True, seconds=round(time.perf_counter() - t0, 1))
+    info.update(shape="tiny" if args.tiny else "qwen3-8b", forced_acceptance=True)
     os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, f"{args.name or machine_id(info)}_step.json")
-    with open(path, "w") as f:
-        json.dump({"machine": info, "runs": runs}, f, indent=1)
+
+    def write(runs: list, bw: float, complete: bool) -> None:
+        """The record as it stands: ``complete`` is false until every (batch, tau) has run, so a run stopped by a
+        time limit leaves the rows it measured, marked as a part."""
+        info.update(copy_bandwidth_gbs=round(bw / 1e9, 1), seconds=round(time.perf_counter() - t0, 1),
+                    complete=complete)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"machine": info, "runs": runs}, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+    runs, bw = measure(s, batches, args.tau, dev, args.seed, on_run=lambda r, b: write(r, b, False))
+    write(runs, bw, True)
     if args.record:
         shutil.copy(path, os.path.join(HERE, "records", os.path.basename(path)))
     print(f"wrote {path} in {info['seconds']} s")

@@ -24,6 +24,7 @@ def test_tiny_run_writes_the_record(tmp_path):
     with open(tmp_path / "t_step.json") as f:
         rec = json.load(f)
     assert {"git_commit", "git_dirty", "device"} <= set(rec["machine"]) and rec["machine"]["forced_acceptance"]
+    assert rec["machine"]["complete"] is True
     (run,) = rec["runs"]
     assert RUN_KEYS <= set(run) and (run["batch"], run["tau"]) == (2, 6.2)
     assert run["greedy_equal"] is True
@@ -36,14 +37,42 @@ def test_tiny_run_writes_the_record(tmp_path):
                                               "verify_chain", "accept_prefix_scan", "rest"}
 
 
-def test_cpu_cost_table_is_flat_at_the_median(monkeypatch):
-    """On the CPU the verify forwards' table is flat at the median of the measured times, so that one spike (here
-    planted at the second bucket) cannot make the scheduler verify no draft; its counts are the buckets n (1 + L)."""
+def _load_step():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("dspark_bench_step", os.path.join(ROOT, "bench", "step.py"))
     step = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(step)
+    return step
+
+
+def test_a_run_cut_short_keeps_the_runs_it_measured(tmp_path, monkeypatch):
+    """The record is written after every run: when the second batch dies (as a time limit would stop it), the file
+    holds the first batch's runs, marked incomplete."""
+    step = _load_step()
+    real = step.run_batch
+
+    def run_batch(target, drafter, s, n, *args):
+        if n == 2:
+            raise KeyboardInterrupt  # what a timeout's signal leaves: nothing after this point runs
+        real(target, drafter, s, n, *args)
+    monkeypatch.setattr(step, "run_batch", run_batch)
+    argv = ["--tiny", "--batch", "1", "2", "--tau", "1", "6.2", "--prompt-len", "6", "--new-tokens", "8",
+            "--out-dir", str(tmp_path), "--name", "t", "--device", "cpu"]
+    with pytest.raises(KeyboardInterrupt):
+        step.main(argv)
+    with open(tmp_path / "t_step.json") as f:
+        rec = json.load(f)
+    assert rec["machine"]["complete"] is False
+    assert [(r["batch"], r["tau"]) for r in rec["runs"]] == [(1, 1.0), (1, 6.2)]
+    assert all(r["greedy_equal"] for r in rec["runs"])
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_cpu_cost_table_is_flat_at_the_median(monkeypatch):
+    """On the CPU the verify forwards' table is flat at the median of the measured times, so that one spike (here
+    planted at the second bucket) cannot make the scheduler verify no draft; its counts are the buckets n (1 + L)."""
+    step = _load_step()
     times = iter([1.0, 50.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
     monkeypatch.setattr(step, "_time_ms", lambda fn, dev, reps=5: next(times))
     dev = torch.device("cpu")
