@@ -184,7 +184,8 @@ variant_build() {  # NAME CONSTANT VALUE: copy, change the one constexpr, build 
   sed -i -E "s/^(constexpr [A-Za-z0-9_]+ $2 = )[^;]+;/\\1$3;/" "$hdr"
   grep -E "^constexpr [A-Za-z0-9_]+ $2 = " "$hdr"
   (cd "$dir" && DSPARK_CUDA_ARCHS="$ARCH" MAX_JOBS=4 TORCH_EXTENSIONS_DIR="$dir.ext" DSPARK_USE_INSTALLED= \
-     timeout "$(RESERVE=$BENCH_RESERVE cap 300)" nice -n 10 "$PY" -c "from dspark_kernels import _ext; _ext.load(); print('built', _ext._loaded_from)")
+     timeout "$(RESERVE=$BENCH_RESERVE cap 300)" nice -n 10 \
+       "$PY" -c "from dspark_kernels import _ext; _ext.load(); print('built', _ext._loaded_from)")
 }
 for v in "${VARIANTS[@]}"; do
   name=${v%%:*}; kv=${v#*:}

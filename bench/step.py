@@ -39,7 +39,7 @@ import shutil
 import statistics
 import sys
 import time
-from typing import Callable, Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import torch
 
@@ -212,8 +212,8 @@ def _split(stats, steps: int) -> dict:
 
 
 @torch.no_grad()
-def run_batch(target, drafter, s: dict, n: int, taus, dev, bw: float, seed: int, emit) -> None:
-    """Batch ``n``'s runs, one per tau, each handed to ``emit`` as it is measured."""
+def run_batch(target, drafter, s: dict, n: int, taus, dev, bw: float, seed: int) -> Iterator[dict]:
+    """Batch ``n``'s runs, one per tau, each yielded as soon as it is measured."""
     gen = torch.Generator().manual_seed(seed + n)
     prompts = torch.randint(0, s["vocab"] - 1, (n, s["prompt"]), generator=gen).tolist()
     new = s["new"]
@@ -265,7 +265,7 @@ def run_batch(target, drafter, s: dict, n: int, taus, dev, bw: float, seed: int,
               f"{step_ms / floor_ms:.2f}x floor), spec {st.tokens_per_second:9.1f} tok/s "
               f"({run['speedup']:.2f}x), {st.acceptance_length:.2f} tok/step, ops {run['ops_share']}, "
               f"drafting {st.draft_steps}/{st.steps}, greedy equal {run['greedy_equal']}", flush=True)
-        emit(run)
+        yield run
 
 
 def measure(s: dict, batches, taus, dev, seed: int = 0, bw: Optional[float] = None,
@@ -277,13 +277,11 @@ def measure(s: dict, batches, taus, dev, seed: int = 0, bw: Optional[float] = No
     target, drafter = build_models(s, dev, dtype, seed)
     bw = bw or copy_bandwidth(dev)
     runs = []
-
-    def emit(run: dict) -> None:
-        runs.append(run)
-        if on_run is not None:
-            on_run(runs, bw)
     for n in batches:
-        run_batch(target, drafter, s, n, taus, dev, bw, seed, emit)
+        for run in run_batch(target, drafter, s, n, taus, dev, bw, seed):
+            runs.append(run)
+            if on_run is not None:
+                on_run(runs, bw)
     return runs, bw
 
 

@@ -55,7 +55,7 @@ def test_a_run_cut_short_keeps_the_runs_it_measured(tmp_path, monkeypatch):
     def run_batch(target, drafter, s, n, *args):
         if n == 2:
             raise KeyboardInterrupt  # what a timeout's signal leaves: nothing after this point runs
-        real(target, drafter, s, n, *args)
+        yield from real(target, drafter, s, n, *args)
     monkeypatch.setattr(step, "run_batch", run_batch)
     argv = ["--tiny", "--batch", "1", "2", "--tau", "1", "6.2", "--prompt-len", "6", "--new-tokens", "8",
             "--out-dir", str(tmp_path), "--name", "t", "--device", "cpu"]

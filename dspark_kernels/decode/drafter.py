@@ -211,7 +211,8 @@ class DSparkDrafter(nn.Module):
 
     def forward_block(self, anchor: torch.Tensor, anchor_pos: torch.Tensor, kv_len: int):
         """anchor ``[N]`` at positions ``anchor_pos [N]`` (context = cached positions ``< anchor_pos``, with
-        ``anchor_pos <= kv_len``, a host bound) -> base logits ``U [N, K, Vd]`` (the head's dtype) and hidden ``h [N, K, d]``.
+        ``anchor_pos <= kv_len``, a host bound) -> base logits ``U [N, K, Vd]`` (the head's dtype) and hidden
+        ``h [N, K, d]``.
 
         The block's keys and values are written into the cache at the block's own positions ``anchor_pos ..
         anchor_pos + K - 1`` (past the committed context: the next commit overwrites those it keeps) and every
