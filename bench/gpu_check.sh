@@ -17,9 +17,11 @@
 #    speculative step, both CUDA-graphed, acceptance forced; <machine>_step.json, written after every run),
 # 5. reads Nsight Compute's measured counters (duration, DRAM bytes, throughput, occupancy, warp instructions) for
 #    every launch of the headline ops at N = 1 and 64 where ncu can read the counters (bench/ncu.py, ncu.json),
-# 6. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled),
-#    draft_block and verify_chain first (GPU_CHECK_OPS: which ops, in order), with whatever time is left,
-# 7. with GPU_CHECK_VARIANTS="NAME:CONSTANT=VALUE ...": an A/B of tuning constants on the same GPU. Each variant is
+# 6. times the rows the open issues' goals are judged on (bench/run.py --goals: cases.GOALS, in priority order),
+# 7. runs bench/run.py --full on the headline shapes (K = 7, V = 151936; N 1..256, bf16 / fp32, greedy / sampled),
+#    draft_block and verify_chain first (GPU_CHECK_OPS: which ops, in order), with whatever time is left; then judges
+#    the goals on what steps 4, 6 and 7 measured (bench/goals.py: goals.txt, goals.json, the counts in the summary),
+# 8. with GPU_CHECK_VARIANTS="NAME:CONSTANT=VALUE ...": an A/B of tuning constants on the same GPU. Each variant is
 #    a copy of the checkout with one `constexpr` of csrc/include/dspark changed, built just in time while the tests
 #    run; draft_block's CUDA rows (bf16, greedy; GPU_CHECK_VARIANT_N: which N) run on each after the main build's,
 #    then its GPU tests of draft_block with what time is left (variant_NAME.{json,csv}, variant_NAME_tests.log),
@@ -30,7 +32,7 @@
 # Time (GPU_CHECK_SECONDS, default 525): steps 1-3 stop GPU_CHECK_STEP_SECONDS (180) + GPU_CHECK_BENCH_RESERVE (90)
 # short of the deadline, so the decode step always gets its three minutes and the benchmark at least its reserve;
 # the CPU work beside the tests (the ptxas table, FlashInfer's build) runs at a lower priority and ends by the same
-# time, so nothing runs beside the timed steps but the variants' builds (step 7), when there are variants.
+# time, so nothing runs beside the timed steps but the variants' builds (step 8), when there are variants.
 #
 # What is missing on the GPU machine travels as wheels in .whl/ (ignored by git; carried with the call, 64 MiB at
 # most): fetch them on a machine with network with `bash bench/gpu_check.sh --fetch-wheels [PYTHON_VERSION]` (default
@@ -330,28 +332,46 @@ else
   fi
 fi
 
-step "6. bench/run.py --full on the headline shapes"
+RESERVE=0
+"$PY" -c "import matplotlib" 2>/dev/null || pip_offline matplotlib || echo "gpu_check: no matplotlib: no plots"
+bench_pass() {  # NAME LOG ARGS...: bench/run.py with the time left, less 40 s to write its files and the variants' time
+  local name=$1 log=$2 t budget rc
+  shift 2
+  t=$(date +%s)
+  budget=$(( $(left) - 40 - ${#VARIANTS[@]} * VARIANT_SECONDS ))
+  if (( budget < 30 )); then
+    record "$name" skip 0 "no time left"
+    return
+  fi
+  timeout "$(( budget + 30 ))" "$PY" bench/run.py "$@" --out-dir "$OUT" --no-structural --no-e2e \
+    --time-budget "$budget" > "$OUT/$log" 2>&1
+  rc=$?
+  sed -n '/^op /,/^$/p' "$OUT/$log" | head -80
+  tail -8 "$OUT/$log"
+  record "$name" "$rc" $(( $(date +%s) - t )) "time budget ${budget} s; log $log"
+}
+
+step "6. the rows the issues' goals are judged on, first (bench/run.py --goals: cases.GOALS)"
+bench_pass "bench goals" bench_goals.log --goals --no-plot
+
+step "7. bench/run.py --full on the headline shapes, with the time left"
 # the kernels this project is judged by first; the time budget leaves out the tail. The SIMT structural report and
 # the tiny-model end-to-end rows need no GPU: a CPU machine runs them
 BENCH_OPS=${GPU_CHECK_OPS:-"draft_block verify_chain accept_prefix_scan schedule_verify_lens rng_uniform \
 dist_verify_stats dist_verify_decide dist_verify_residual dist_draft_step"}
-RESERVE=0
-"$PY" -c "import matplotlib" 2>/dev/null || pip_offline matplotlib || echo "gpu_check: no matplotlib: no plots"
-t=$(date +%s)
-budget=$(( $(left) - 40 - ${#VARIANTS[@]} * VARIANT_SECONDS ))
-if (( budget < 30 )); then
-  record bench skip 0 "no time left"
-else
-  timeout "$(( budget + 30 ))" "$PY" bench/run.py --full --K 7 --V 151936 --out-dir "$OUT" \
-    --op $BENCH_OPS --no-structural --no-e2e --ptxas-json "$OUT/ptxas.json" --time-budget "$budget" > "$OUT/bench.log" 2>&1
-  rc=$?
-  sed -n '/^op /,/^$/p' "$OUT/bench.log" | head -80
-  tail -25 "$OUT/bench.log"
-  record bench "$rc" $(( $(date +%s) - t )) "time budget ${budget} s; log bench.log"
-fi
+bench_pass bench bench.log --full --K 7 --V 151936 --op $BENCH_OPS --ptxas-json "$OUT/ptxas.json"
+
+# the goals judged on what was measured: the --goals rows first, then the full grid's, the decode step's record and
+# the last record of this GPU under bench/records (goals.txt, goals.json; the counts go into the summary)
+shopt -s nullglob
+judged=("$OUT"/*_goals.json "$OUT"/*_full.json)
+steps=("$OUT"/*_step.json)
+"$PY" bench/goals.py "${judged[@]}" ${steps:+--step "${steps[0]}"} --json "$OUT/goals.json" > "$OUT/goals.txt" 2>&1
+record goals $? - "goals.txt: $(grep '^goals #' "$OUT/goals.txt" | sed 's/^goals //' | paste -sd';' - | sed 's/;/; /g')"
+shopt -u nullglob
 
 if (( ${#VARIANTS[@]} > 0 )); then
-  step "7. the variants: draft_block's CUDA rows on each, then their draft_block GPU tests"
+  step "8. the variants: draft_block's CUDA rows on each, then their draft_block GPU tests"
   (( ${#VARIANT_PIDS[@]} )) && wait "${VARIANT_PIDS[@]}"  # their builds
   VN=${GPU_CHECK_VARIANT_N:-1 8 64 256}
   for v in "${VARIANTS[@]}"; do

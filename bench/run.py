@@ -6,6 +6,8 @@
                                                        #   x greedy/sampled, every backend and peer that runs here
     python bench/run.py --full --op verify_chain --backend cuda triton flashinfer --K 7 --V 151936
     python bench/run.py --full --out-dir /tmp/out --record    # also keep the record under bench/records/
+    python bench/run.py --goals                        # the rows the open issues' goals are judged on, first
+                                                       #   (cases.GOALS; bench/goals.py judges them)
 
 Rows are op x backend x shape. Time: on a GPU, CUDA events around each call with the L2 cache flushed (a 512 MiB
 write) before every repeat; on the CPU, perf_counter after warm-up, repeated until the median is stable (at least
@@ -49,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if os.environ.get("DSPARK_USE_INSTALLED") != "1":  # bench/gpu_check.sh sets it to run an installed wheel
     sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from cases import BACKENDS, DTYPES, GRIDS, OPS, backends_for, cases_for, flashinfer_runner  # noqa: E402
+from cases import BACKENDS, DTYPES, GOALS, GRIDS, OPS, backends_for, cases_for, flashinfer_runner  # noqa: E402
 from e2e import decode_step_rows, end_to_end, smollm2_rows  # noqa: E402
 from machine import machine_id, machine_info  # noqa: E402
 from output import SCHEMA, case_str, fmt_bytes, fmt_time, print_e2e, print_structural, print_table  # noqa: E402
@@ -63,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     preset = ap.add_mutually_exclusive_group(required=True)
     preset.add_argument("--quick", action="store_true", help=f"small grid for a CPU: {GRIDS['quick']}")
     preset.add_argument("--full", action="store_true", help=f"the full grid: {GRIDS['full']}")
+    preset.add_argument("--goals", action="store_true",
+                        help="the cases the open issues' goals name, in priority order, with the backends they compare "
+                             "(cases.GOALS; the grid restrictions below do not apply, --op does)")
     ap.add_argument("--op", nargs="+", choices=OPS, help="ops to run (default: all)")
     ap.add_argument("--backend", nargs="+", choices=BACKENDS,
                     help="backends and peers (default: on a GPU all of them, on the CPU the CPU kernels and the "
@@ -80,7 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="stop starting new cases after this many seconds (rows left out are listed)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"), help="where JSON / CSV / PNG go")
-    ap.add_argument("--name", default=None, help="file stem (default: <machine id>_<quick|full>)")
+    ap.add_argument("--name", default=None,
+                    help="file stem (default: {machine}_{preset}; {machine} is replaced by the machine id)")
     ap.add_argument("--record", action="store_true", help="also copy the JSON, CSV and plots into bench/records/")
     ap.add_argument("--ptxas-json", default=None, help="tools/check_cuda.py --json output for the registers")
     ap.add_argument("--no-structural", action="store_true")
@@ -95,26 +101,38 @@ def make_timer(args, gpu: bool) -> Timer:
                  max(args.min_time or 0.0, 0.5 if gpu else (3.0 if args.full else 0.6)))
 
 
-def time_grid(ops, backends, grid, preset, dev, timer, copy_gbps, fi, time_budget, t_start) -> tuple:
-    """Every case of every op on every backend: the rows, and the cases the time budget left out."""
+def time_grid(plan, preset, dev, timer, copy_gbps, fi, time_budget, t_start) -> tuple:
+    """Every case of every op on every backend of each (ops, grid, backends) of ``plan``, in order: the rows, and
+    the cases the time budget left out."""
     rows: List[dict] = []
     left_out: List[str] = []
     with torch.no_grad():
-        for op in ops:
-            for case in cases_for(op, dev, grid, preset):
-                if time_budget is not None and time.perf_counter() - t_start > time_budget:
-                    left_out.append(f"{op} {' '.join(f'{k}={v}' for k, v in case.params.items())}")
-                    continue
-                new = run_case(case, backends_for(op, backends), dev, timer, fi)
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()   # the case's inputs are gone: give their memory back
-                add_comparisons(new, copy_gbps)
-                rows.extend(new)
-                print(f"  {op:<21} {case_str(new[0]):<44} " + "  ".join(
-                    f"{r['backend']} {fmt_time(r.get('median_ms')) if r['status'] == 'ok' else r['status']}"
-                    for r in new), flush=True)
+        for ops, grid, backends in plan:
+            for op in ops:
+                for case in cases_for(op, dev, grid, preset):
+                    if time_budget is not None and time.perf_counter() - t_start > time_budget:
+                        left_out.append(f"{op} {' '.join(f'{k}={v}' for k, v in case.params.items())}")
+                        continue
+                    new = run_case(case, backends_for(op, backends), dev, timer, fi)
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()   # the case's inputs are gone: give their memory back
+                    add_comparisons(new, copy_gbps)
+                    rows.extend(new)
+                    print(f"  {op:<21} {case_str(new[0]):<44} " + "  ".join(
+                        f"{r['backend']} {fmt_time(r.get('median_ms')) if r['status'] == 'ok' else r['status']}"
+                        for r in new), flush=True)
     add_comparisons(rows, copy_gbps)
     return rows, left_out
+
+
+def make_plan(args, preset: str, gpu: bool) -> list:
+    """[(ops, grid, backends)]: the goals' cases (cases.GOALS, the ops of --op), or the preset's grid restricted
+    by the command line."""
+    if preset == "goals":
+        return [([op for op in ops if op in (args.op or OPS)], grid, args.backend or backends)
+                for ops, grid, backends in GOALS]
+    grid = dict(GRIDS[preset], **{k: getattr(args, k) for k in ("N", "K", "V", "dtype", "mode") if getattr(args, k)})
+    return [(args.op or OPS, grid, args.backend or (BACKENDS if gpu else ["cpu", "reference"]))]
 
 
 def run_e2e(dev, preset: str, copy_gbps: float) -> List[dict]:
@@ -137,16 +155,17 @@ def run_e2e(dev, preset: str, copy_gbps: float) -> List[dict]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    preset, dev = ("full" if args.full else "quick"), torch.device(args.device)
+    preset, dev = ("full" if args.full else "goals" if args.goals else "quick"), torch.device(args.device)
     gpu = dev.type == "cuda"
     if args.threads:
         torch.set_num_threads(args.threads)
-    grid = dict(GRIDS[preset], **{k: getattr(args, k) for k in ("N", "K", "V", "dtype", "mode") if getattr(args, k)})
-    ops, backends = args.op or OPS, args.backend or (BACKENDS if gpu else ["cpu", "reference"])
+    plan = make_plan(args, preset, gpu)
+    ops = list(dict.fromkeys(op for op_list, _, _ in plan for op in op_list))
+    backends = list(dict.fromkeys(b for _, _, bs in plan for b in bs))
     timer, info = make_timer(args, gpu), machine_info(dev)
     timing = ("CUDA events, L2 flushed (512 MiB write) before each repeat" if gpu else
               "perf_counter, 2 warm-up calls, repeats until the IQR is within 10% of the median")
-    print(f"bench: preset --{preset}  grid {grid}")
+    print(f"bench: preset --{preset}  grid {plan[0][1] if len(plan) == 1 else 'cases.GOALS'}")
     print(f"bench: ops {ops}  backends {backends}  device {info['device']} ({info['cpu_model']}, "
           f"{info['cpu_cores']} cores)  torch {info['torch']}  triton {info['triton']}  CUDA {info['cuda']}  "
           f"commit {info['git_commit'][:12]}  load {info['load_avg_1m']}")
@@ -157,7 +176,7 @@ def main(argv=None) -> int:
     print(f"bench: copy bandwidth {cb['gbps']:.1f} GB/s (median; best {cb['best_gbps']:.1f}) "
           f"over {fmt_bytes(cb['bytes'])} read + written")
     fi = flashinfer_runner() if "flashinfer" in backends else (None, "not asked for")
-    rows, left_out = time_grid(ops, backends, grid, preset, dev, timer, cb["gbps"], fi, args.time_budget, t_start)
+    rows, left_out = time_grid(plan, preset, dev, timer, cb["gbps"], fi, args.time_budget, t_start)
     print()
     print_table(rows)
     if left_out:
@@ -167,6 +186,7 @@ def main(argv=None) -> int:
     if structural:
         print_structural(structural)
     e2e = [] if args.no_e2e else run_e2e(dev, preset, cb["gbps"])
+    grid = plan[0][1] if len(plan) == 1 else [dict(ops=o, grid=g, backends=b) for o, g, b in plan]
     settings = dict(preset=preset, grid=grid, ops=ops, backends=backends, timing=timing,
                     min_reps=timer.min_reps, max_reps=timer.max_reps, min_time_s=timer.min_time,
                     time_budget_s=args.time_budget, left_out=left_out, argv=sys.argv[1:] if argv is None else argv,
@@ -174,7 +194,8 @@ def main(argv=None) -> int:
     mid = machine_id(info)
     doc = dict(schema=SCHEMA, machine_id=mid, machine=info, settings=settings, copy_bandwidth=cb, rows=rows,
                structural=structural, e2e=e2e)
-    written = write_outputs(doc, os.path.join(args.out_dir, args.name or f"{mid}_{preset}"), plots=not args.no_plot,
+    stem = (args.name or "{machine}_{preset}").format(machine=mid, preset=preset)
+    written = write_outputs(doc, os.path.join(args.out_dir, stem), plots=not args.no_plot,
                             record_dir=os.path.join(HERE, "records") if args.record else None)
     print(f"bench: {len(rows)} rows in {settings['wall_s']} s; wrote " + ", ".join(written))
     return 0

@@ -1,7 +1,6 @@
 """bench/: the bytes floors against hand-computed values, the record's JSON schema, ``--quick`` on the CPU."""
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,23 +8,13 @@ import sys
 
 import pytest
 
+from bench_modules import load_bench
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 
 
-def _load(name, file):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, file))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod   # dataclasses look their module up there
-    sys.path.insert(0, BENCH)
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(BENCH)
-    return mod
-
-
-floors = _load("dspark_bench_floors", "floors.py")
+floors = load_bench("floors.py")
 
 
 # ------------------------------------------------------------------------------------------------ floors
@@ -208,7 +197,7 @@ def test_preset_must_be_chosen():
 
 
 def test_machine_ids_differ_per_machine():
-    run = _load("dspark_bench_run", "run.py")
+    run = load_bench("run.py")
     a = dict(device="NVIDIA H200", device_type="cuda", cpu_model="x", cpu_cores=16, hostname="a")
     b = dict(a, hostname="b")
     assert run.machine_id(a) == run.machine_id(dict(a))
@@ -232,7 +221,7 @@ bench/ncu.py: profiled call verify_chain {}
 
 
 def test_ncu_csv_is_read_launch_by_launch_in_its_units():
-    ncu = _load("dspark_bench_ncu", "ncu.py")
+    ncu = load_bench("ncu.py")
     launches = ncu.parse_ncu_csv(_NCU_CSV)
     assert [ln["kernel"] for ln in launches] == ["stats_kernel", "decide_kernel"]
     assert launches[0]["duration_us"] == 40.5 and launches[0]["dram_read_bytes"] == 150.25e6
@@ -245,7 +234,7 @@ def test_ncu_csv_is_read_launch_by_launch_in_its_units():
 
 def test_ncu_cases_are_listed_without_allocating():
     """The profiling driver lists the cases on the meta device (no memory), in the order each ncu run launches."""
-    ncu = _load("dspark_bench_ncu", "ncu.py")
+    ncu = load_bench("ncu.py")
     for op in ncu.DEFAULT_OPS:
         cases = ncu.case_list(op, [1, 64], dev="meta")
         assert cases and all(c.params["N"] in (1, 64) for c in cases), op
@@ -256,7 +245,7 @@ def test_plot_lines_are_one_configuration_each():
     N), named by what sets it apart; a parameter with one value in the panel stays out of the labels."""
     sys.path.insert(0, BENCH)
     try:
-        out = _load("dspark_bench_output", "output.py")
+        out = load_bench("output.py")
     finally:
         sys.path.remove(BENCH)
     rows = [dict(op="draft_block", backend=b, N=n, K=7, w2=w2, top_k=tk)
@@ -272,7 +261,7 @@ def test_plot_lines_are_one_configuration_each():
 def test_a_record_names_the_tracked_files_that_differ_from_its_commit(tmp_path):
     """machine.dirty_paths: what a GPU record carries as git_dirty_paths (a record counts only if no kernel source
     differs from its commit). A modified and a staged file are listed; an untracked one is not."""
-    machine = _load("dspark_bench_machine", "machine.py")
+    machine = load_bench("machine.py")
     repo = tmp_path / "r"
     repo.mkdir()
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]

@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from bench_modules import load_bench
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_KEYS = {"batch", "tau", "target_tokens_per_s", "spec_tokens_per_s", "speedup", "ops_share", "target_floor_ratio",
             "greedy_equal"}
@@ -37,19 +39,10 @@ def test_tiny_run_writes_the_record(tmp_path):
                                               "verify_chain", "accept_prefix_scan", "rest"}
 
 
-def _load_step():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("dspark_bench_step", os.path.join(ROOT, "bench", "step.py"))
-    step = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(step)
-    return step
-
-
 def test_a_run_cut_short_keeps_the_runs_it_measured(tmp_path, monkeypatch):
     """The record is written after every run: when the second batch dies (as a time limit would stop it), the file
     holds the first batch's runs, marked incomplete."""
-    step = _load_step()
+    step = load_bench("step.py")
     real = step.run_batch
 
     def run_batch(target, drafter, s, n, *args):
@@ -72,7 +65,7 @@ def test_a_run_cut_short_keeps_the_runs_it_measured(tmp_path, monkeypatch):
 def test_cpu_cost_table_is_flat_at_the_median(monkeypatch):
     """On the CPU the verify forwards' table is flat at the median of the measured times, so that one spike (here
     planted at the second bucket) cannot make the scheduler verify no draft; its counts are the buckets n (1 + L)."""
-    step = _load_step()
+    step = load_bench("step.py")
     times = iter([1.0, 50.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
     monkeypatch.setattr(step, "_time_ms", lambda fn, dev, reps=5: next(times))
     dev = torch.device("cpu")
