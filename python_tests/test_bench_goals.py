@@ -68,9 +68,10 @@ def test_a_comparison_takes_both_rows_from_one_run():
 
 def test_draft_block_ratios_by_hand():
     g = dict(HEAD, mode="greedy", conf=0, r=256, d=0)
-    rows = [_row("draft_block", "cuda", 100.0, N=1, **g), _row("draft_block", "cuda", 116.0, N=1, **dict(g,
-                                                                                                     mode="sampled")),
-            _row("draft_block", "cuda", 64.0, N=1, w2="fp8", **g), _row("draft_block", "cuda", 39.0, N=1, top_k=64, **g),
+    sampled = dict(g, mode="sampled")
+    rows = [_row("draft_block", "cuda", 100.0, N=1, **g), _row("draft_block", "cuda", 116.0, N=1, **sampled),
+            _row("draft_block", "cuda", 64.0, N=1, w2="fp8", **g),
+            _row("draft_block", "cuda", 39.0, N=1, top_k=64, **g),
             _row("draft_block", "cublas", 131.0, N=1, **g), _row("draft_block", "triton", 161.0, N=1, **g)]
     v = goals.judge([_doc(*rows)])
     assert _find(v, "sampled <= 1.15x greedy", "N=1 mode=sampled conf=0").ok is False   # 1.16
