@@ -128,7 +128,7 @@ if ! "$PY" -c "import flashinfer" 2>/dev/null && compgen -G ".whl/flashinfer_pyt
     > "$OUT/flashinfer.log" 2>&1 || echo "gpu_check: FlashInfer did not install (flashinfer.log)"
 fi
 # its sampling kernels include <curand.h>: where CUDA_HOME has none, the headers of an nvidia cuRAND wheel
-FI_CPATH=${CPATH:-}
+FI_ENV=()  # what FlashInfer's build adds to the environment
 if [[ ! -f "$CUDA_HOME/include/curand.h" ]]; then
   inc=$("$PY" - <<'EOF'
 import glob, os, site
@@ -137,9 +137,18 @@ for d in site.getsitepackages() + [site.getusersitepackages()]:
         print(os.path.dirname(h)); raise SystemExit
 EOF
 )
-  [[ -n "$inc" ]] && FI_CPATH="$inc${CPATH:+:$CPATH}" && echo "gpu_check: FlashInfer's build reads curand.h from $inc"
+  [[ -n "$inc" ]] && FI_ENV+=("CPATH=$inc${CPATH:+:$CPATH}") && echo "gpu_check: FlashInfer's build reads $inc"
 fi
-( cd "$RUN" && CPATH="$FI_CPATH" timeout "$(cap 300)" nice -n 10 "$PY" - >> "$OUT/flashinfer.log" 2>&1 <<'EOF'
+# and it links with -lcuda: where CUDA_HOME has no stub library, the driver's own (the one torch loads)
+if [[ ! -e "$CUDA_HOME/lib64/stubs/libcuda.so" && ! -e "$CUDA_HOME/lib64/libcuda.so" ]]; then
+  drv=$("$PY" -c "import torch; torch.cuda.init()
+print(next(line.split()[-1] for line in open('/proc/self/maps') if '/libcuda.so' in line))" 2>/dev/null)
+  if [[ -n "$drv" ]] && mkdir -p /tmp/dspark_libcuda && ln -sf "$drv" /tmp/dspark_libcuda/libcuda.so; then
+    FI_ENV+=("LIBRARY_PATH=/tmp/dspark_libcuda${LIBRARY_PATH:+:$LIBRARY_PATH}")
+    echo "gpu_check: FlashInfer's build links the driver's $drv"
+  fi
+fi
+( cd "$RUN" && env "${FI_ENV[@]}" timeout "$(cap 300)" nice -n 10 "$PY" - >> "$OUT/flashinfer.log" 2>&1 <<'EOF'
 import torch
 from flashinfer.sampling import chain_speculative_sampling
 b, k, v = 2, 3, 1024
