@@ -136,26 +136,27 @@ def test_the_h200_record_is_judged_by_its_own_numbers(tmp_path):
     assert "goals #51:" in done.stdout and "goals #53:" in done.stdout
 
 
+def _plan_rows(cases, plan):
+    """A row for every case and backend of ``plan`` (ok, except the peers a case has not)."""
+    rows = []
+    for ops, grid, backends in plan:
+        for op in ops:
+            for case in cases.cases_for(op, "cpu", grid, "goals"):
+                for b in cases.backends_for(op, backends):
+                    fi_ok = case.params.get("mode") == "sampled" and "form" not in case.params
+                    ok = (b not in cases.PEERS or b in case.peers) if b != "flashinfer" else fi_ok
+                    rows.append(dict(op=op, backend=b, status="ok" if ok else "missing", median_ms=1.0,
+                                     floor_ms=1.0, **case.params))
+    return rows
+
+
 def test_every_goal_is_a_case_the_goals_plan_times():
-    """Rows made for every case and backend ``run.py --goals`` times (ok, except the peers a case has not): then
-    every goal but the previous-record and the decode-step ones is measured; and with the plan's last entry left
-    out, some are not."""
+    """With rows for every case of ``run.py --goals``, every goal but the previous-record and the decode-step ones
+    is measured; with the plan's last entry left out, some are not."""
     cases = load_bench("cases.py")
 
-    def rows_of(plan):
-        rows = []
-        for ops, grid, backends in plan:
-            for op in ops:
-                for case in cases.cases_for(op, "cpu", grid, "goals"):
-                    for b in cases.backends_for(op, backends):
-                        fi_ok = case.params.get("mode") == "sampled" and "form" not in case.params
-                        ok = (b not in cases.PEERS or b in case.peers) if b != "flashinfer" else fi_ok
-                        rows.append(dict(op=op, backend=b, status="ok" if ok else "missing", median_ms=1.0,
-                                         floor_ms=1.0, **case.params))
-        return rows
-
     def unmeasured(plan):   # the goals of bench rows (not the decode step's, nor the previous record's)
-        return [(x.goal, x.case) for x in goals.judge([_doc(*rows_of(plan))])
+        return [(x.goal, x.case) for x in goals.judge([_doc(*_plan_rows(cases, plan))])
                 if x.ok is None and x.case.startswith("N=") and "previous" not in x.goal]
 
     assert unmeasured(cases.GOALS) == []
@@ -180,3 +181,21 @@ def test_run_goals_times_the_plan_in_order_into_one_record(tmp_path):
     assert cases == [("schedule_verify_lens", n, s) for n in (1, 8, 64, 256) for s in ("exact", "argmax")] + \
         [("accept_prefix_scan", n, None) for n in (1, 8, 64, 256)]
     assert {r["backend"] for r in doc["rows"]} == {"reference"} and all(r["status"] == "ok" for r in doc["rows"])
+
+
+def test_the_goals_plan_times_only_what_a_goal_reads(monkeypatch):
+    """Every case ``run.py --goals`` times is one some goal looks up (the rest of the grid is ``--full``'s)."""
+    cases = load_bench("cases.py")
+    read = []
+    real = goals.Runs.rows
+
+    def rows(self, op, wanted):
+        read.extend((op, case) for _, case in wanted)
+        return real(self, op, wanted)
+    monkeypatch.setattr(goals.Runs, "rows", rows)
+    timed = [goals._norm(r) for r in _plan_rows(cases, cases.GOALS) if r["backend"] == "cuda"]
+    goals.judge([_doc(*timed)])
+    unread = [r for r in timed if not any(op == r["op"] and all(r.get(k) == v for k, v in case.items())
+                                          for op, case in read)]
+    assert unread == []
+    assert len(timed) == 78   # the plan's cases (one CUDA row each)
