@@ -102,20 +102,23 @@ def _floor_ratio(row: dict) -> float:
     return row["median_ms"] / row["floor_ms"] if row.get("floor_ms") else float("inf")
 
 
-def time_goal(runs: Runs, issue, goal, op, case, limit_us, backend="cuda") -> Verdict:
-    found, why = runs.rows(op, [(backend, case)])
+def _row_goal(runs: Runs, issue, goal, op, case, limit, of_floor: bool) -> Verdict:
+    """The CUDA row's time in us (or, ``of_floor``, its time over its floor time) at most ``limit``."""
+    found, why = runs.rows(op, [("cuda", case)])
     if found is None:
         return Verdict(issue, goal, _case(case), why=why)
-    t = _us(found[0])
-    return Verdict(issue, goal, _case(case), t, f"{t:.1f} us", t <= limit_us)
+    row = found[0]
+    x = _floor_ratio(row) if of_floor else _us(row)
+    shown = f"{x:.2f}x ({_us(row):.1f} us)" if of_floor else f"{x:.1f} us"
+    return Verdict(issue, goal, _case(case), x, shown, x <= limit)
 
 
-def floor_goal(runs: Runs, issue, goal, op, case, limit, backend="cuda") -> Verdict:
-    found, why = runs.rows(op, [(backend, case)])
-    if found is None:
-        return Verdict(issue, goal, _case(case), why=why)
-    x = _floor_ratio(found[0])
-    return Verdict(issue, goal, _case(case), x, f"{x:.2f}x ({_us(found[0]):.1f} us)", x <= limit)
+def time_goal(runs: Runs, issue, goal, op, case, limit_us) -> Verdict:
+    return _row_goal(runs, issue, goal, op, case, limit_us, of_floor=False)
+
+
+def floor_goal(runs: Runs, issue, goal, op, case, limit) -> Verdict:
+    return _row_goal(runs, issue, goal, op, case, limit, of_floor=True)
 
 
 def ratio_goal(runs: Runs, issue, goal, op, num: Tuple[str, dict], den: Tuple[str, dict], limit) -> Verdict:
