@@ -5,9 +5,9 @@
 #
 # 1. installs the package from WHEEL when one is given (pip install --no-deps: the shipped artifact, whose prebuilt
 #    CUDA extension must then load), else from a wheel built here for the GPU's own architecture only
-#    (DSPARK_CUDA_ARCHS=<it> pip wheel --no-build-isolation); the checkout with the just-in-time build if neither
-#    loads; dk.build_info() goes to build_info.json. The tests and benchmarks then import the installed package
-#    (DSPARK_USE_INSTALLED=1), not the checkout,
+#    (DSPARK_CUDA_ARCHS=<it> DSPARK_CUDA_PTX=0 pip wheel --no-build-isolation); the checkout with the just-in-time
+#    build if neither loads; dk.build_info() goes to build_info.json. The tests and benchmarks then import the
+#    installed package (DSPARK_USE_INSTALLED=1), not the checkout,
 # 2. runs the GPU tests (pytest -m gpu; on 4 workers with pytest-xdist, in the background beside step 3), with the
 #    ptxas register / spill table (tools/check_cuda.py --json) read from the wheel build's nvcc logs and the
 #    installed library's SASS (else compiled alongside on the CPU, or taken from GPU_CHECK_PTXAS: that table built
@@ -117,6 +117,9 @@ EOF
 export CUDA_HOME
 echo "CUDA_HOME=$CUDA_HOME"
 ARCH=$("$PY" -c "import torch; m, n = torch.cuda.get_device_capability(); print(f'{m}.{n}' + ('a' if m >= 9 else ''))")
+# every build here is for this GPU alone: its SASS and no PTX for later GPUs, whose front-end pass would be a third of
+# each unit's compile (39 of draft_block.cu's 122 s for 9.0a on one core) and of the build's longest path
+export DSPARK_CUDA_PTX=0
 RUN="$OUT/run"   # the tests and benchmarks run here, so that they import the installed package, not the checkout
 mkdir -p "$RUN"
 

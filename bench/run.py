@@ -67,7 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     preset.add_argument("--full", action="store_true", help=f"the full grid: {GRIDS['full']}")
     preset.add_argument("--goals", action="store_true",
                         help="the cases the open issues' goals name, in priority order, with the backends they compare "
-                             "(cases.GOALS; the grid restrictions below do not apply, --op does)")
+                             "(cases.GOALS; the grid restrictions below do not apply; --op and --backend narrow them)")
     ap.add_argument("--op", nargs="+", choices=OPS, help="ops to run (default: all)")
     ap.add_argument("--backend", nargs="+", choices=BACKENDS,
                     help="backends and peers (default: on a GPU all of them, on the CPU the CPU kernels and the "
@@ -126,11 +126,12 @@ def time_grid(plan, preset, dev, timer, copy_gbps, fi, time_budget, t_start) -> 
 
 
 def make_plan(args, preset: str, gpu: bool) -> list:
-    """[(ops, grid, backends)]: the goals' cases (cases.GOALS, the ops of --op), or the preset's grid restricted
-    by the command line."""
+    """[(ops, grid, backends)]: the goals' cases (cases.GOALS, narrowed to the ops of --op and the backends of
+    --backend), or the preset's grid restricted by the command line."""
     if preset == "goals":
-        return [([op for op in ops if op in (args.op or OPS)], grid, args.backend or backends)
-                for ops, grid, backends in GOALS]
+        plan = [([op for op in ops if op in (args.op or OPS)], grid,
+                 [b for b in backends if b in (args.backend or BACKENDS)]) for ops, grid, backends in GOALS]
+        return [entry for entry in plan if entry[0] and entry[2]]
     grid = dict(GRIDS[preset], **{k: getattr(args, k) for k in ("N", "K", "V", "dtype", "mode") if getattr(args, k)})
     return [(args.op or OPS, grid, args.backend or (BACKENDS if gpu else ["cpu", "reference"]))]
 

@@ -164,11 +164,12 @@ def test_every_goal_is_a_case_the_goals_plan_times():
 
 
 def test_run_goals_times_the_plan_in_order_into_one_record(tmp_path):
-    """``run.py --goals`` with --op: the plan's entries of those ops, in the plan's order, each with the backends
-    asked for; the file named after the machine ({machine}) and the preset."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    """``run.py --goals`` with --op and --backend: the plan's entries of those ops, in the plan's order, with only
+    the asked-for backends that the entry compares (reference is in none); the file named after the machine
+    ({machine}) and the preset."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1")
     p = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--goals", "--device", "cpu",
-                        "--op", "accept_prefix_scan", "schedule_verify_lens", "--backend", "reference",
+                        "--op", "accept_prefix_scan", "schedule_verify_lens", "--backend", "triton", "reference",
                         "--min-reps", "2", "--max-reps", "3", "--min-time", "0", "--no-structural", "--no-e2e",
                         "--no-plot", "--out-dir", str(tmp_path), "--name", "{machine}_x_{preset}"],
                        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
@@ -180,7 +181,21 @@ def test_run_goals_times_the_plan_in_order_into_one_record(tmp_path):
     # the plan's order: the scheduler before the scan (cases.GOALS), every N of the headline grid
     assert cases == [("schedule_verify_lens", n, s) for n in (1, 8, 64, 256) for s in ("exact", "argmax")] + \
         [("accept_prefix_scan", n, None) for n in (1, 8, 64, 256)]
-    assert {r["backend"] for r in doc["rows"]} == {"reference"} and all(r["status"] == "ok" for r in doc["rows"])
+    assert {r["backend"] for r in doc["rows"]} == {"triton"} and all(r["status"] == "ok" for r in doc["rows"])
+
+
+def test_backend_narrows_each_goal_entry():
+    """``--backend`` keeps, in each entry of the goals plan, the backends it names (gpu_check leaves FlashInfer out
+    this way when its build failed): no entry gains a backend, and an entry left with none is dropped."""
+    run = load_bench("run.py")
+    cases = load_bench("cases.py")
+    plan = run.make_plan(run.parse_args(["--goals", "--backend", "cuda", "triton", "cublas"]), "goals", True)
+    assert len(plan) == len(cases.GOALS)
+    for (ops, _, backends), (_, _, compared) in zip(plan, cases.GOALS):
+        assert "flashinfer" not in backends and backends == [b for b in compared if b != "flashinfer"], ops
+    assert [b for _, grid, b in plan if grid.get("w2") == ["fp8"]] == [["cuda"]]
+    only = run.make_plan(run.parse_args(["--goals", "--backend", "flashinfer"]), "goals", True)
+    assert [(ops, b) for ops, _, b in only] == [(["verify_chain"], ["flashinfer"])]
 
 
 def test_the_goals_plan_times_only_what_a_goal_reads(monkeypatch):
