@@ -149,8 +149,9 @@ def kernel_facts(insns) -> Dict[str, object]:
 
 
 def object_facts(obj: str, tool: str, arch: str = "sm_90a") -> Dict[str, Dict[str, object]]:
-    """{demangled kernel name: facts} for the `arch` SASS of an object file or fat binary."""
-    p = subprocess.run([tool, "-sass", obj], capture_output=True, text=True)
+    """{demangled kernel name: facts} for the `arch` SASS of an object file or fat binary (only that architecture is
+    disassembled: a binary without it gives none)."""
+    p = subprocess.run([tool, "-sass", "-arch", arch, obj], capture_output=True, text=True)
     if p.returncode != 0 and "does not contain device code" in p.stderr:
         return {}  # a host-only unit (the op registration)
     if p.returncode != 0:
