@@ -5,8 +5,9 @@
 1. the prebuilt module ``dspark_kernels._C`` of a wheel built with a CUDA toolkit (``setup.py``), when its build
    record says it runs here (``_prebuilt.problem``: this torch's minor release, CUDA major and C++ ABI, the sources
    beside it, and every GPU torch sees covered by its architectures); otherwise a warning says why not, once, and
-2. a just-in-time build of ``csrc/torch/*.cu`` + ``*.cpp`` with ``torch.utils.cpp_extension.load``, cached in torch's
-   extension folder (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``); the first build takes minutes.
+2. a just-in-time build of ``csrc/kernels/*.cu`` + ``csrc/torch/*.cpp`` with ``torch.utils.cpp_extension.load``,
+   cached in torch's extension folder (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``); the first
+   build takes minutes.
 
 ``is_available()`` says whether that works (the extension builds and loads on a machine without a GPU; running its
 ops needs one; the architecture check reads the GPUs' compute capabilities where torch sees any). Set

@@ -57,10 +57,11 @@ def read(path: str) -> Dict[str, object]:
 
 
 def sources_digest(csrc: str) -> str:
-    """A digest of the relative path and content of every file under ``csrc/torch`` and ``csrc/include`` (the
-    extension's sources; the same in a checkout and in the ``dspark_kernels/csrc`` a wheel ships)."""
+    """A digest of the relative path and content of every file under ``csrc/kernels``, ``csrc/torch`` and
+    ``csrc/include`` (the extension's sources; the same in a checkout and in the ``dspark_kernels/csrc`` a wheel
+    ships)."""
     h = hashlib.sha1()
-    for sub in ("torch", "include"):
+    for sub in ("kernels", "torch", "include"):
         root = os.path.join(csrc, sub)
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames.sort()

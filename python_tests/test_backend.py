@@ -46,9 +46,9 @@ def test_cpu_backend_falls_back_to_the_reference_with_one_warning(monkeypatch):
 
 
 def _ops_the_launchers_register():
-    """Op names the CUDA launchers register (``m.impl("name", ...)`` in csrc/torch/*.cu), read from the sources."""
+    """Op names the CUDA launchers register (``m.impl("name", ...)`` in csrc/torch/*.cpp), read from the sources."""
     found = set()
-    for path in glob.glob(os.path.join(ROOT, "csrc", "torch", "*.cu")):
+    for path in glob.glob(os.path.join(ROOT, "csrc", "torch", "*.cpp")):
         with open(path) as fh:
             found.update(re.findall(r'm\.impl\("(\w+)"', fh.read()))
     return found

@@ -2,8 +2,8 @@
 """Compile every CUDA translation unit with ``-Xptxas -v`` (or read a wheel build's logs); fail on errors or spills.
 
 Usage: ``python tools/check_cuda.py [-j JOBS] [--archs A] [--keep DIR] [--json PATH] [--link PATH] [--from-build DIR]
-[--ptxas-log UNIT=LOG] [--binary SO] [files...]`` (default files: csrc/torch/*.cu, csrc/torch/*.cpp, csrc/capi/*.cu;
-with ``--from-build`` or ``--ptxas-log``: none). The torch translation units get the include folders and flags of the extension build
+[--ptxas-log UNIT=LOG] [--binary SO] [files...]`` (default files: csrc/kernels/*.cu, csrc/torch/*.cpp, csrc/capi/*.cu;
+with ``--from-build`` or ``--ptxas-log``: none). The extension's units get the include folders and flags of its build
 (dspark_kernels/_build.py); csrc/capi/*.cu gets only csrc/include. Architectures: ``--archs``, else
 ``DSPARK_CUDA_ARCHS``, else the wheel's default (8.0;9.0a;10.0a, PTX of the highest). Prints a per-kernel resource
 table (registers, stack frame, spill bytes) and exits 1 if any compile fails or any kernel spills (non-zero "bytes
@@ -21,7 +21,7 @@ innermost loops of its disassembly (``tools/sass.py``; cuobjdump from the toolki
 lists the SASS and PTX architectures each disassembled file holds. The kernel tests read that report through
 ``python_tests/sass_facts.py`` (CI writes it to build/check_cuda.json first).
 
-With ``--link PATH`` the compiled csrc/torch objects are also linked into the extension library, which
+With ``--link PATH`` the compiled extension objects (csrc/kernels, csrc/torch) are also linked into its library, which
 ``python_tests/test_gpu_build.py`` loads without a GPU to compare its registered schemas with the SIMT build's.
 """
 
@@ -202,7 +202,7 @@ def _args():
     ap.add_argument("--archs", help="architectures like 8.0;9.0a (default: DSPARK_CUDA_ARCHS, else the wheel's)")
     ap.add_argument("--keep", help="write objects and full ptxas logs here (default: a temporary folder, removed "
                                    "when everything passes)")
-    ap.add_argument("--link", metavar="PATH", help="also link the compiled csrc/torch objects into the extension "
+    ap.add_argument("--link", metavar="PATH", help="also link the compiled extension objects into the extension "
                                                    "library at PATH (what python_tests/test_gpu_build.py loads)")
     ap.add_argument("--json", metavar="PATH", help="also write the per-kernel table (and failures, spills) as JSON "
                                                    "(read by bench/run.py --ptxas-json)")
@@ -224,9 +224,8 @@ def main() -> int:
         print(f"check_cuda: no CUDA toolkit (CUDA_HOME={home!r}); set CUDA_HOME to the folder holding bin/nvcc",
               file=sys.stderr)
         return 2
-    files = args.files or ([] if args.from_build or args.ptxas_log else (sorted(glob.glob(os.path.join(ROOT, "csrc/torch/*.cu")))
-                                                       + sorted(glob.glob(os.path.join(ROOT, "csrc/torch/*.cpp")))
-                                                       + sorted(glob.glob(os.path.join(ROOT, "csrc/capi/*.cu")))))
+    files = args.files or ([] if args.from_build or args.ptxas_log else
+                           build.sources() + sorted(glob.glob(os.path.join(ROOT, "csrc/capi/*.cu"))))
     outdir = args.keep or tempfile.mkdtemp(prefix="dspark_check_cuda_")
     t_all = time.time()
     results = (_from_build(args.from_build) if args.from_build else []) + _from_logs(args.ptxas_log)
@@ -238,7 +237,7 @@ def main() -> int:
         _write_json(args.json, nvcc, rows, static_smem, args.binary + objects, home, failed, spills)
     if args.link and not failed:
         failed += _link(build, args.link, [os.path.join(outdir, build.unit_name(os.path.relpath(f, ROOT)) + ".o")
-                                           for f in files if "/torch/" in f.replace(os.sep, "/")], home)
+                                           for f in files if "/capi/" not in f.replace(os.sep, "/")], home)
     bad = bool(failed or spills)
     if args.keep or bad:
         print(f"check_cuda: {len(results)} units in {time.time() - t_all:.0f} s (logs in {outdir})")

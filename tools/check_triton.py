@@ -10,6 +10,8 @@ fail tools/check_cuda.py).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import os
 import re
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -197,8 +200,17 @@ DIVISIBLE_BY_16 = {_draft_block_kernel: ("V", "R", "D"), _sweep_kernel: ("V", "R
 ARCHS = (80, 90)
 
 
-def ptxas_usage(ptx: str, arch: int) -> str:
-    """Registers and spill bytes of a compiled kernel's PTX, from ptxas -v."""
+def ptxas_usage(log: str) -> Optional[str]:
+    """Registers and spill bytes from a ptxas -v log, or None when the log has no usage line."""
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    if regs is None:
+        return None
+    return f"{regs.group(1)} regs, {spill.group(1) if spill else '?'} B spill stores"
+
+
+def rerun_ptxas(ptx: str, arch: int) -> str:
+    """ptxas -v run again on a kernel's PTX (a compile the Triton cache answered ran no ptxas to log)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.ptx")
         with open(path, "w") as f:
@@ -206,9 +218,22 @@ def ptxas_usage(ptx: str, arch: int) -> str:
         sm = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
         res = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={sm}", path, "-o", os.path.join(tmp, "k.o")],
                              capture_output=True, text=True)
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
-    return f"{regs.group(1) if regs else '?'} regs, {spill.group(1) if spill else '?'} B spill stores"
+    return res.stderr
+
+
+def compile_with_ptxas_log(src: ASTSource, arch: int, num_warps: int):
+    """``triton.compile`` with the log of its own ptxas run (``-v``: registers and spills of the cubin it made, with
+    the options it passes) captured from what ``TRITON_DUMP_PTXAS_LOG`` prints; "" when it ran no ptxas."""
+    knobs = getattr(triton, "knobs", None)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        if knobs is not None and hasattr(knobs.nvidia, "dump_ptxas_log"):
+            with knobs.nvidia.scope():
+                knobs.nvidia.dump_ptxas_log = True
+                compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
+        else:
+            compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
+    return compiled, out.getvalue()
 
 
 def main() -> int:
@@ -222,10 +247,10 @@ def main() -> int:
                 try:
                     aligned = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(signature.items())
                                if ty.startswith("*") or name in DIVISIBLE_BY_16.get(kernel, ())}
-                    compiled = triton.compile(ASTSource(kernel, signature, consts, aligned),
-                                              target=GPUTarget("cuda", arch, 32),
-                                              options=dict(num_warps=NUM_WARPS.get(kernel, 4)))
-                    status = "ok, " + ptxas_usage(compiled.asm["ptx"], arch)
+                    compiled, log = compile_with_ptxas_log(ASTSource(kernel, signature, consts, aligned), arch,
+                                                           NUM_WARPS.get(kernel, 4))
+                    usage = ptxas_usage(log) or ptxas_usage(rerun_ptxas(compiled.asm["ptx"], arch)) or "? regs"
+                    status = "ok, " + usage
                 except Exception as e:  # report every failure, then fail
                     failures += 1
                     status = f"FAILED: {str(e).splitlines()[0] if str(e) else type(e).__name__}"

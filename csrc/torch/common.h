@@ -1,7 +1,9 @@
 // What every torch launcher shares: the dispatch key, the device guard and stream, and the argument checks (each
-// naming the op and the argument; float dtypes map to dspark::DType). The same launcher source builds for the GPU
-// (nvcc; dispatch key CUDA) and for the SIMT harness (g++ with DSPARK_SIMT; dispatch key CPU, kernels run on CPU
-// tensors through csrc/simt).
+// naming the op and the argument; float dtypes map to dspark::DType). A launcher csrc/torch/<op>.cpp is host C++: it
+// includes its op's host interface (dspark/<op>.h: parameters, workspace, launch functions), while
+// csrc/kernels/<op>.cu compiles the kernels (dspark/<op>.cuh) without torch's headers. The same launcher source
+// builds for the GPU (dispatch key CUDA) and for the SIMT harness (g++ with DSPARK_SIMT; dispatch key CPU, kernels
+// run on CPU tensors through csrc/simt).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -26,47 +26,18 @@
 // Integer inputs are int32 or int64 (a flag per array); index arithmetic that can pass 2^31 is 64-bit. Reads that
 // could go out of bounds with inconsistent values (num_accepted, block-table columns) are clamped or skipped as
 // the reference defines. The workspace holds the G chunk totals (int64), written before being read.
+//
+// Defines what dspark/accept_prefix_scan.h declares: a library includes this header in one translation unit
+// (csrc/kernels/accept_prefix_scan.cu, csrc/capi/dspark_capi.cu).
 #pragma once
 
 #include <stdint.h>
 
+#include "accept_prefix_scan.h"
 #include "block_scan.cuh"
 #include "utils.cuh"
 
 namespace dspark {
-
-// A device array of int32 or int64 values.
-struct IntArray {
-  const void* ptr;
-  bool is64;
-  DSPARK_DEVICE int64_t at(int64_t i) const {
-    return load_int(ptr, is64, i);
-  }
-  DSPARK_HOST_DEVICE_FN bool present() const { return ptr != nullptr; }
-};
-
-struct AcceptPrefixScanParams {
-  int64_t N = 0, K = 0;                 // tokens is [N, K+1]
-  IntArray tokens{nullptr, true};       // [N, K+1]
-  IntArray seq_lens{nullptr, true};     // [N]
-  IntArray num_accepted{nullptr, true}; // [N] or null (then accept_mask)
-  const uint8_t* accept_mask = nullptr; // [N, K] bool or null
-  IntArray verify_cu_seqlens{nullptr, true};  // [N+1] or null (dense r*(K+1))
-  IntArray block_table{nullptr, true};  // [N, max_blocks] (may be null when max_blocks == 0)
-  bool has_block_table = false;         // write kv_slots
-  int64_t max_blocks = 0, block_size = 1;
-  IntArray max_seq_lens{nullptr, true}; // [N] or null
-  IntArray stop_token_ids{nullptr, true};  // [num_stops] or null
-  int64_t num_stops = 0;
-  // outputs
-  int32_t* cu_out = nullptr;       // [N+1]
-  int64_t* out_tokens = nullptr;   // [N*(K+1)]
-  int32_t* new_seq_lens = nullptr; // [N]
-  int64_t* next_anchor = nullptr;  // [N]
-  int32_t* hidden_rows = nullptr;  // [N*(K+1)]
-  int64_t* kv_slots = nullptr;     // [N*(K+1)], only with block_table
-  uint8_t* finished = nullptr;     // [N] bool
-};
 
 namespace scan {
 constexpr int kThreads = 256;              // the cooperative launch
@@ -353,8 +324,7 @@ inline scan::Plan accept_prefix_scan_plan(int64_t N) {
   return Plan{grid, chunk, kThreads, chunk <= kMaxChunk};
 }
 
-// Workspace: the chunk totals (0 bytes for N <= 1024).
-inline size_t accept_prefix_scan_workspace_bytes(int64_t N) {
+size_t accept_prefix_scan_workspace_bytes(int64_t N) {
   const scan::Plan plan = accept_prefix_scan_plan(N);
   return plan.grid > 1 ? size_t(plan.grid) * sizeof(int64_t) : 0;
 }
@@ -369,11 +339,7 @@ inline cudaError_t launch_with(const char* name, const AcceptPrefixScanParams& p
 }
 }  // namespace scan
 
-// Launch on `stream`. The caller has checked shapes and dtypes (N >= 0, K >= 0, block_size > 0 with a table,
-// N*(K+1) < 2^31 so cu_out fits int32). Returns cudaErrorInvalidValue when N exceeds what one launch keeps
-// resident (1024 requests per resident CTA: about 800k on an H200), cudaSuccess for N == 0 after writing
-// cu_out[0] = 0.
-inline cudaError_t launch_accept_prefix_scan(const AcceptPrefixScanParams& p, void* workspace, cudaStream_t stream) {
+cudaError_t launch_accept_prefix_scan(const AcceptPrefixScanParams& p, void* workspace, cudaStream_t stream) {
   using namespace scan;
   const Plan plan = accept_prefix_scan_plan(p.N);
   if (!plan.ok) return cudaErrorInvalidValue;

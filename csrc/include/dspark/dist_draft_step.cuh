@@ -16,11 +16,15 @@
 //          W2), U's rows `base_stride` apart, ids vocab_start + c, each (request, CTA) Part kept by this rule
 //          (add_column) into the workspace [N][slices];
 //   merge  a warp per request merges its slices' Parts and writes the packed winner and the statistics.
+//
+// Defines what dspark/dist_draft_step.h declares: a library includes this header in one translation unit
+// (csrc/kernels/draft_block.cu).
 #pragma once
 
 #include <math.h>
 #include <stdint.h>
 
+#include "dist_draft_step.h"
 #include "draft_part.cuh"
 #include "draft_sweep.cuh"
 #include "platform.cuh"
@@ -30,27 +34,10 @@
 
 namespace dspark {
 
-struct DistDraftStepParams {
-  const void* base = nullptr;  // U at this position, rows of Vl elements `base_stride` apart
-  DType base_dtype = DType::kFloat32;
-  int64_t base_stride = 0;
-  const float* v = nullptr;    // [N, R]
-  const void* w2 = nullptr;    // [Vl, R] rows of the shard
-  DType w2_dtype = DType::kFloat32;
-  const float* temperature = nullptr;  // [N] or null (every request greedy)
-  rng::Key rng_key;
-  int64_t N = 0, Vl = 0, R = 0, position = 0, vocab_start = 0;
-  float* logits = nullptr;     // [N, Vl] float32, or null
-  int64_t* packed = nullptr;   // [N]
-  float* stats = nullptr;      // [N, 5]: max, sum, bad, the winner's scaled logit, its id (as float32)
-};
-
 namespace dist_draft {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kStatsWidth = 5;
-constexpr int64_t kMaxRank = int64_t(1) << 20;
 
 // A CTA the requests n0 .. n0 + NB - 1 (draft::finish_group's NB): its threads over (request t % NB, slices
 // t / NB + (256 / NB) i), so that a warp's loads of the [slice][N] records are contiguous; the Parts merged across
@@ -124,21 +111,13 @@ inline cudaError_t plan(const DistDraftStepParams& p, draft::SweepPlan* pl) {
 
 }  // namespace dist_draft
 
-// The largest R the op takes.
-inline int64_t dist_draft_step_max_rank(int64_t) { return dist_draft::kMaxRank; }
-
-// Workspace bytes for these sizes (the per-(CTA, request) partials: 16 + 8 bytes, rows of padded_requests(N)); 0 when
-// no launch configuration fits.
-inline size_t dist_draft_step_workspace_bytes(const DistDraftStepParams& p) {
+size_t dist_draft_step_workspace_bytes(const DistDraftStepParams& p) {
   draft::SweepPlan pl{};
   if (dist_draft::plan(p, &pl) != cudaSuccess) return 0;
   return 24 * static_cast<size_t>(draft::padded_requests(p.N)) * static_cast<size_t>(pl.slices);
 }
 
-// Launch on `s`; the caller checked the arguments (N, Vl, R >= 1, R <= dist_draft_step_max_rank(N), Vl < 2^24,
-// vocab_start + Vl <= 2^24, position < 2^24) and gives dist_draft_step_workspace_bytes(p) bytes of workspace. The
-// sweep is an ordinary launch (U and v may come from the launch before it), the merge a dependent one.
-inline cudaError_t launch_dist_draft_step(const DistDraftStepParams& p, void* workspace, cudaStream_t s) {
+cudaError_t launch_dist_draft_step(const DistDraftStepParams& p, void* workspace, cudaStream_t s) {
   if (p.N <= 0) return cudaSuccess;
   draft::SweepPlan pl{};
   cudaError_t err = dist_draft::plan(p, &pl);

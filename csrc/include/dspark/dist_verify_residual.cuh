@@ -13,28 +13,19 @@
 //
 // One launch: a CTA per (slot, vocabulary chunk) (a slot not needed reads nothing); the last CTA of a slot (ticket)
 // merges its chunks in a fixed order.
+//
+// Defines what dspark/dist_verify_residual.h declares: a library includes this header in one translation unit
+// (csrc/kernels/dist_verify_residual.cu).
 #pragma once
 
 #include <math.h>
 #include <stdint.h>
 
 #include "dist_rows.cuh"
+#include "dist_verify_residual.h"
 #include "verify_rows.cuh"
 
 namespace dspark {
-
-struct DistVerifyResidualParams {
-  dist::TargetRows target;
-  const void* draft_logits = nullptr;  // [N, K, Vl] or null (one-hot drafts)
-  DType draft_dtype = DType::kFloat32;
-  const void* draft_tokens = nullptr;  // [N, K] int32 / int64
-  bool drafts_i64 = false;
-  const float* plan = nullptr;         // [N, S, 9] (layout.PLAN_*)
-  const float* temperature = nullptr;  // [N]
-  rng::Key rng_key;
-  int64_t N = 0, K = 0, S = 0, Vl = 0, vocab_start = 0, vocab_size = 0;
-  float* out = nullptr;                // [N, S, 5]: mass, residual score and id, Gumbel key and id (float32)
-};
 
 namespace dist_residual {
 
@@ -163,20 +154,18 @@ __global__ void __launch_bounds__(kThreads, 2) residual_kernel(DistVerifyResidua
 
 }  // namespace dist_residual
 
-// The split of the slots' rows, the workspace bytes of launch_dist_verify_residual (the partials) and its tickets
-// (N S words, zero before the first launch, left zero by every launch).
+// The split of the slots' rows.
 inline SplitV dist_verify_residual_split(int64_t slots, int64_t Vl) {
   return split_v(Vl, slots, static_cast<int64_t>(device_sm_count()) * 2, dist_residual::kMinChunk);
 }
-inline size_t dist_verify_residual_workspace_bytes(int64_t slots, int64_t Vl) {
+size_t dist_verify_residual_workspace_bytes(int64_t slots, int64_t Vl) {
   const SplitV sv = dist_verify_residual_split(slots, Vl);
   const size_t cs = static_cast<size_t>((sv.chunks + 1) / 2 * 2), ms = static_cast<size_t>((sv.chunks + 7) / 8 * 8);
   return static_cast<size_t>(slots) * (2 * 16 * cs + 4 * ms);
 }
 
-// Launch on `s`; the caller checked the arguments (N, K, Vl >= 1, S >= 0, N S < 2^31, the shard inside [0, 2^24)).
-inline cudaError_t launch_dist_verify_residual(const DistVerifyResidualParams& p, void* workspace, uint32_t* tickets,
-                                               cudaStream_t s) {
+cudaError_t launch_dist_verify_residual(const DistVerifyResidualParams& p, void* workspace, uint32_t* tickets,
+                                        cudaStream_t s) {
   const int64_t slots = p.N * p.S;
   if (slots <= 0) return cudaSuccess;
   const SplitV sv = dist_verify_residual_split(slots, p.Vl);

@@ -8,27 +8,19 @@
 // of target / T' (T' = T for T > 0, else 1) and of draft / T', NaN and +inf flagged and left out. The last CTA of a
 // row (ticket) merges the chunks in a fixed order and writes the row's slots, with the scaled logits at the row's
 // draft d_{j+1} where the shard owns it.
+//
+// Defines what dspark/dist_verify_stats.h declares: a library includes this header in one translation unit
+// (csrc/kernels/dist_verify_stats.cu).
 #pragma once
 
 #include <math.h>
 #include <stdint.h>
 
 #include "dist_rows.cuh"
+#include "dist_verify_stats.h"
 #include "verify_rows.cuh"
 
 namespace dspark {
-
-struct DistVerifyStatsParams {
-  dist::TargetRows target;
-  const void* draft_logits = nullptr;  // [N, K, Vl] or null
-  DType draft_dtype = DType::kFloat32;
-  const void* draft_tokens = nullptr;  // [N, K] int32 / int64
-  bool drafts_i64 = false;
-  const float* temperature = nullptr;  // [N], or null: greedy only (the argmax fields)
-  int64_t N = 0, K = 0, Vl = 0, vocab_start = 0, vocab_size = 0;
-  int64_t width = 2;                   // StatsLayout.width
-  float* out = nullptr;                // [N, K+1, width]
-};
 
 namespace dist_stats {
 
@@ -186,20 +178,16 @@ __global__ void __launch_bounds__(kThreads, 2) stats_kernel(DistVerifyStatsParam
 
 }  // namespace dist_stats
 
-// Workspace bytes of launch_dist_verify_stats (the partials) and its tickets (N (K+1) words, zero before the first
-// launch, left zero by every launch).
 inline SplitV dist_verify_stats_split(int64_t rows, int64_t Vl) {
   return split_v(Vl, rows, static_cast<int64_t>(device_sm_count()) * 2, dist_stats::kMinChunk);
 }
-inline size_t dist_verify_stats_workspace_bytes(int64_t rows, int64_t Vl) {
+size_t dist_verify_stats_workspace_bytes(int64_t rows, int64_t Vl) {
   const SplitV sv = dist_verify_stats_split(rows, Vl);
   return 3 * 16 * static_cast<size_t>(rows) * static_cast<size_t>((sv.chunks + 1) / 2 * 2);
 }
 
-// Launch on `s`; the caller checked the arguments (N, K, Vl >= 1, N (K+1) < 2^31, the shard inside [0, vocab_size),
-// vocab_size <= 2^24) and sized `out` [N, K+1, width].
-inline cudaError_t launch_dist_verify_stats(const DistVerifyStatsParams& p, void* workspace, uint32_t* tickets,
-                                            cudaStream_t s) {
+cudaError_t launch_dist_verify_stats(const DistVerifyStatsParams& p, void* workspace, uint32_t* tickets,
+                                     cudaStream_t s) {
   const int64_t rows = p.N * (p.K + 1);
   if (rows <= 0) return cudaSuccess;
   const SplitV sv = dist_verify_stats_split(rows, p.Vl);

@@ -41,6 +41,9 @@
 // whenever the float32 logits agree. All arithmetic is float32 (tensor cores form exact products of 16-bit operands
 // and accumulate in float32; a float v is split into hi + lo 16-bit rows, 16 / 22 significant bits with bf16 / fp16,
 // so the biases sit within ~2^-17 / 2^-22 of sum |W2 v| of the float32 ones); offsets are 64-bit.
+//
+// Defines what dspark/draft_block.h declares: a library includes this header in one translation unit
+// (csrc/kernels/draft_block.cu, csrc/capi/dspark_capi.cu).
 #pragma once
 
 #include <math.h>
@@ -49,56 +52,13 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "draft_block.h"
 #include "draft_part.cuh"
 #include "draft_sweep.cuh"
 #include "utils.cuh"
 
 namespace dspark {
 namespace draft {
-
-enum Head : int { kVanilla = 0, kGated = 1, kRnn = 2 };
-
-struct DraftBlockParams {
-  const void* base;  // U [N, K, V]
-  DType base_dtype;
-  const void* anchors;  // [N] int32 or int64
-  bool anchors_int64;
-  int head;  // Head
-  const void* w1;  // [VT, R]
-  DType w1_dtype;
-  const void* w2;  // [V, R]
-  DType w2_dtype;  // a float dtype, or kFloat8E4M3 with w2_scale
-  const float* w2_scale;  // [V]: per-row scales of an fp8 W2 (bias_j = w2_scale[j] * (W2_j . v)), else null
-  const void* d2t;  // [V] int32 or int64 target ids of the draft ids, or null (the identity; VT = V)
-  bool d2t_int64;
-  const void* wg;  // [R, D + R] (gated)
-  DType wg_dtype;
-  const void* bg;  // [R]
-  DType bg_dtype;
-  const void* wj;  // [3R, 2R + D] (rnn)
-  DType wj_dtype;
-  const void* bj;  // [3R]
-  DType bj_dtype;
-  const void* hidden;  // [N, K, D] or null (vanilla without confidence; D = 0)
-  DType hidden_dtype;
-  const void* conf_w;  // [D + R] or null (no confidence head)
-  DType conf_w_dtype;
-  const void* conf_b;  // [1]
-  DType conf_b_dtype;
-  const void* sts;  // [K] or null (all 1)
-  DType sts_dtype;
-  const float* temperature;  // [N] or null (every request greedy); T <= 0 or NaN: greedy
-  rng::Key rng_key;
-  int64_t N, K, V, R, D;
-  int64_t VT;         // W1's rows (the target vocabulary)
-  int64_t* tokens;    // [N, K]
-  float* logprobs;    // [N, K]
-  float* logits;      // [N, K, V] or null
-  float* conf;        // [N, K] or null
-  float* survival;    // [N, K] or null
-  int64_t top_k;          // 0: the full proposal; else top-k proposals (draft_block_topk.cuh)
-  int64_t* candidates;    // [N, K, top_k] the target ids of the sparse logits' columns, or null
-};
 
 // The workspace of the full proposal (draft_block_workspace_bytes sizes it; its start 16-byte aligned, its pieces
 // 128 bytes apart from it, so that rows of 32 bytes stay whole sectors when the start is).
@@ -598,26 +558,20 @@ inline cudaError_t run(const DraftBlockParams& p, void* workspace, cudaStream_t 
 
 }  // namespace draft
 
-using draft::DraftBlockParams;
-
 #if defined(__CUDACC__) || defined(DSPARK_SIMT)
 namespace draft_topk {  // defined in dspark/draft_block_topk.cuh, included at the end
 inline size_t workspace_bytes(const DraftBlockParams& p);
 inline cudaError_t dispatch(const DraftBlockParams& p, void* workspace, cudaStream_t stream);
 }  // namespace draft_topk
 
-// Workspace the launches need for `p` on the current device (bytes; 16-byte aligned start required); 0 when no
-// launch configuration fits. With top_k > 0 the top-k kernels (dspark/draft_block_topk.cuh) run instead.
-inline size_t draft_block_workspace_bytes(const DraftBlockParams& p) {
+size_t draft_block_workspace_bytes(const DraftBlockParams& p) {
   if (p.N <= 0 || p.K <= 0 || p.V <= 0) return 0;
   if (p.top_k > 0) return draft_topk::dispatch(p, nullptr, nullptr) == cudaSuccess ? draft_topk::workspace_bytes(p) : 0;
   size_t bytes = 0;
   return draft::run(p, nullptr, nullptr, &bytes) == cudaSuccess ? bytes : 0;
 }
 
-// Enqueue on `stream` (no allocation, no synchronisation); the caller has checked the arguments (shapes, dtypes,
-// K < 2^24, V <= 2^31 - 1) and gives draft_block_workspace_bytes(p) bytes of workspace.
-inline cudaError_t launch_draft_block(const DraftBlockParams& p, void* workspace, cudaStream_t stream) {
+cudaError_t launch_draft_block(const DraftBlockParams& p, void* workspace, cudaStream_t stream) {
   if (p.N <= 0 || p.K <= 0 || p.V <= 0) return cudaSuccess;
   if (p.top_k > 0) return draft_topk::dispatch(p, workspace, stream);
   return draft::run(p, workspace, stream, nullptr);

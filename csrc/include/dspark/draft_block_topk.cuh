@@ -32,7 +32,6 @@ using draft::Part;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int64_t kMaxTopK = 1024;      // the op's limit (top_select::kMaxTop)
 static_assert(kMaxTopK <= top_select::kMaxTop, "the candidates must fit the selection buffer");
 static_assert(kThreads == top_select::kThreads, "select_top runs on the whole block");
 

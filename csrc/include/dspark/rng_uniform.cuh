@@ -1,5 +1,6 @@
 // dspark/rng_uniform.cuh: out[n, k, v] = uniform(seed, offset, request=n, position=k, stream, token=v)
-// for a contiguous float32 [N, K, V] tensor (header-only, no torch; used by csrc/torch and csrc/capi).
+// for a contiguous float32 [N, K, V] tensor (no torch). Defines what dspark/rng_uniform.h declares: a library
+// includes this header in one translation unit (csrc/kernels/rng_uniform.cu, csrc/capi/dspark_capi.cu).
 //
 // One thread handles one counter block (4 consecutive tokens of a row, one Philox evaluation) and writes it
 // as one 16-byte store when V % 4 == 0 and `out` is 16-byte aligned; otherwise the warp trades values by
@@ -13,6 +14,7 @@
 
 #include "reduce.cuh"
 #include "rng.cuh"
+#include "rng_uniform.h"
 #include "utils.cuh"
 
 namespace dspark {
@@ -55,10 +57,8 @@ __global__ void __launch_bounds__(256) rng_uniform_kernel(float* __restrict__ ou
   }
 }
 
-// Launch on `s`; the caller has checked the arguments (N, K, V >= 0, K < 2^24, stream < 256, V < 2^34).
-// Returns the launch status (cudaSuccess for an empty tensor, which launches nothing).
-inline cudaError_t launch_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, const rng::Key rng_key,
-                                      int stream, cudaStream_t s) {
+cudaError_t launch_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, const rng::Key rng_key, int stream,
+                               cudaStream_t s) {
   if (N <= 0 || K <= 0 || V <= 0) return cudaSuccess;
   constexpr int kThreads = 256;
   const uint64_t qpr = (static_cast<uint64_t>(V) + 3) / 4;

@@ -31,6 +31,9 @@
 //      at each row's last candidate, the admissions up to it; then L_r and cu_seqlens per request.
 // Barriers at N = 256, K = 7 (512 threads): 1 + 10 + 1 + 1 + 2. Float inputs are fp32 / bf16 / fp16
 // (dspark::DType, per array). Outputs: verify_lens int32 [N], cu_seqlens int32 [N+1], theta float32 [].
+//
+// Defines what dspark/schedule_verify_lens.h declares: a library includes this header in one translation unit
+// (csrc/kernels/schedule_verify_lens.cu, csrc/capi/dspark_capi.cu).
 #pragma once
 
 #include <math.h>
@@ -38,33 +41,10 @@
 #include <string.h>
 
 #include "block_scan.cuh"
+#include "schedule_verify_lens.h"
 #include "utils.cuh"
 
 namespace dspark {
-
-struct ScheduleVerifyLensParams {
-  int64_t N = 0, K = 0;
-  const void* survival = nullptr;          // [N, K] or null (then conf_logits)
-  DType survival_dtype = DType::kFloat32;
-  const void* conf_logits = nullptr;       // [N, K] or null
-  DType conf_dtype = DType::kFloat32;
-  const void* sts_temperatures = nullptr;  // [K] or null (only with conf_logits)
-  DType sts_dtype = DType::kFloat32;
-  const float* token_counts = nullptr;     // [P] strictly ascending
-  const float* step_time_ms = nullptr;     // [P] positive
-  int64_t P = 0;
-  double fixed_overhead_ms = 0.0;
-  int64_t min_len = 0, max_len = 0;        // 0 <= min_len <= max_len <= K
-  bool exact = true;                       // "exact" or "argmax"
-  const void* budget_survival = nullptr;   // [NB, KB] (argmax only; may be null when NB * KB == 0)
-  bool has_budget = false;                 // argmax count from budget_survival
-  DType budget_dtype = DType::kFloat32;
-  int64_t NB = 0, KB = 0;
-  double gain = 1.0;                       // 1 + min_gain (argmax only)
-  int32_t* verify_lens = nullptr;          // [N]
-  int32_t* cu_seqlens = nullptr;           // [N+1]
-  float* theta = nullptr;                  // []
-};
 
 namespace sched {
 constexpr int kItems = 4;                          // elements per thread in every phase
@@ -947,8 +927,7 @@ __global__ void __launch_bounds__(kT)
 }
 #endif
 
-// Workspace bytes (0 for a one-tile launch: N*K, and N'*K' of a budget, up to 2048).
-inline size_t schedule_verify_lens_workspace_bytes(const ScheduleVerifyLensParams& p) {
+size_t schedule_verify_lens_workspace_bytes(const ScheduleVerifyLensParams& p) {
   return sched::layout(p).workspace;
 }
 
@@ -968,10 +947,7 @@ inline cudaError_t launch_with(const char* name, const ScheduleVerifyLensParams&
 }
 }  // namespace sched
 
-// Launch on `stream`; the caller has checked the arguments (see ScheduleVerifyLensParams; N*K and N'*K' below
-// 2^31). One CTA.
-inline cudaError_t launch_schedule_verify_lens(const ScheduleVerifyLensParams& p, void* workspace,
-                                               cudaStream_t stream) {
+cudaError_t launch_schedule_verify_lens(const ScheduleVerifyLensParams& p, void* workspace, cudaStream_t stream) {
   using namespace sched;
   const Layout l = layout(p);
   if (l.workspace > 0 && workspace == nullptr) return cudaErrorInvalidValue;

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "utils.cuh"
+#include "verify_chain.h"  // verify::kMaxTopK
 
 namespace dspark {
 namespace verify {
@@ -27,7 +28,6 @@ constexpr int kLoadsInFlight = 4;      // independent 16-byte loads per thread p
 constexpr float kResidualEps = 1e-6f;  // reference.verify_chain.RESIDUAL_EPS
 constexpr float kMaxGumbel = 16.7f;    // > -log(-log(u)) for every uniform u <= 1 - 2^-24 the generator gives
 constexpr float kMaxInvExp = 1.7e7f;   // > 1 / -log(u) for every such u (1 / 5.96e-8)
-constexpr int kMaxTopK = 1024;         // columns of a top-k draft row (draft_block's MAX_TOP_K)
 constexpr int kFilterWords = 2048;     // the top-k filter: one bit per token id modulo 65536
 
 // Softmax statistics of scaled logits plus a flag for the rows torch's softmax turns into NaN everywhere (a NaN or

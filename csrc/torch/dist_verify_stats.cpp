@@ -1,7 +1,7 @@
 // Torch launcher of dspark_C::verify_stats, the CUDA backend of dspark_dist::verify_stats (the first exchange's
-// buffer of one vocabulary shard; the kernel lives in csrc/include/dspark/dist_verify_stats.cuh).
+// buffer of one vocabulary shard; the kernel lives in dspark/dist_verify_stats.cuh).
 #include "dist_common.h"
-#include "dspark/dist_verify_stats.cuh"
+#include "dspark/dist_verify_stats.h"
 #include "tickets.h"
 
 #include <ATen/ops/empty.h>

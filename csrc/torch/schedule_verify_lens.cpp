@@ -1,6 +1,6 @@
-// Torch launcher of schedule_verify_lens (the kernel lives in csrc/include/dspark/schedule_verify_lens.cuh).
+// Torch launcher of schedule_verify_lens (the kernel lives in dspark/schedule_verify_lens.cuh).
 #include "common.h"
-#include "dspark/schedule_verify_lens.cuh"
+#include "dspark/schedule_verify_lens.h"
 
 #include <ATen/ops/empty.h>
 

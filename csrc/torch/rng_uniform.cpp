@@ -1,6 +1,6 @@
-// Torch launcher of dspark_C::rng_uniform_ (the kernel lives in csrc/include/dspark/rng_uniform.cuh).
+// Torch launcher of dspark_C::rng_uniform_ (the kernel lives in dspark/rng_uniform.cuh).
 #include "common.h"
-#include "dspark/rng_uniform.cuh"
+#include "dspark/rng_uniform.h"
 
 namespace dspark_torch::rng_uniform {
 

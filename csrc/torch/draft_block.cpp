@@ -1,10 +1,10 @@
-// Torch launchers of dspark_C::draft_block (the kernels live in csrc/include/dspark/draft_block.cuh and, for top_k,
+// Torch launchers of dspark_C::draft_block (the kernels live in dspark/draft_block.cuh and, for top_k,
 // draft_block_topk.cuh) and of dspark_C::draft_step, the CUDA backend of dspark_dist::draft_step (one position of the
-// Markov head on one vocabulary shard: dist_draft_step.cuh). The two share one translation unit because they launch
-// the same sweep kernels (draft_sweep.cuh), which one unit compiles once.
+// Markov head on one vocabulary shard: dist_draft_step.cuh). One kernel unit compiles both
+// (csrc/kernels/draft_block.cu): they launch the same sweep kernels (draft_sweep.cuh).
 #include "dist_common.h"
-#include "dspark/dist_draft_step.cuh"
-#include "dspark/draft_block.cuh"
+#include "dspark/dist_draft_step.h"
+#include "dspark/draft_block.h"
 
 #include <ATen/ops/empty.h>
 

@@ -1,7 +1,7 @@
 // Torch launcher of dspark_C::verify_decide, the CUDA backend of dspark_dist::verify_decide (the replicated decide
-// step over every shard's statistics; the kernel lives in csrc/include/dspark/dist_verify_decide.cuh).
+// step over every shard's statistics; the kernel lives in dspark/dist_verify_decide.cuh).
 #include "dist_common.h"
-#include "dspark/dist_verify_decide.cuh"
+#include "dspark/dist_verify_decide.h"
 
 #include <ATen/ops/empty.h>
 

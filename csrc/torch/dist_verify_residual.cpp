@@ -1,7 +1,7 @@
 // Torch launcher of dspark_C::verify_residual, the CUDA backend of dspark_dist::verify_residual (the exact residual
-// pass over one vocabulary shard; the kernels live in csrc/include/dspark/dist_verify_residual.cuh).
+// pass over one vocabulary shard; the kernels live in dspark/dist_verify_residual.cuh).
 #include "dist_common.h"
-#include "dspark/dist_verify_residual.cuh"
+#include "dspark/dist_verify_residual.h"
 #include "tickets.h"
 
 #include <ATen/ops/empty.h>

@@ -1,6 +1,6 @@
-// Torch launcher of dspark_C::verify_chain (the kernels live in csrc/include/dspark/verify_chain.cuh).
+// Torch launcher of dspark_C::verify_chain (the kernels live in dspark/verify_chain.cuh).
 #include "common.h"
-#include "dspark/verify_chain.cuh"
+#include "dspark/verify_chain.h"
 #include "tickets.h"
 
 #include <ATen/ops/empty.h>

@@ -1,6 +1,6 @@
-// Torch launcher of accept_prefix_scan (the kernel lives in csrc/include/dspark/accept_prefix_scan.cuh).
+// Torch launcher of accept_prefix_scan (the kernel lives in dspark/accept_prefix_scan.cuh).
 #include "common.h"
-#include "dspark/accept_prefix_scan.cuh"
+#include "dspark/accept_prefix_scan.h"
 
 #include <ATen/ops/empty.h>
 
