@@ -223,16 +223,12 @@ def rerun_ptxas(ptx: str, arch: int) -> str:
 
 def compile_with_ptxas_log(src: ASTSource, arch: int, num_warps: int):
     """``triton.compile`` with the log of its own ptxas run (``-v``: registers and spills of the cubin it made, with
-    the options it passes) captured from what ``TRITON_DUMP_PTXAS_LOG`` prints; "" when it ran no ptxas."""
-    knobs = getattr(triton, "knobs", None)
+    the options it passes), captured from what ``knobs.nvidia.dump_ptxas_log`` (triton >= 3.6) prints; "" when it ran
+    no ptxas (a Triton cache hit)."""
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        if knobs is not None and hasattr(knobs.nvidia, "dump_ptxas_log"):
-            with knobs.nvidia.scope():
-                knobs.nvidia.dump_ptxas_log = True
-                compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
-        else:
-            compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
+    with contextlib.redirect_stdout(out), triton.knobs.nvidia.scope():
+        triton.knobs.nvidia.dump_ptxas_log = True
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
     return compiled, out.getvalue()
 
 
