@@ -2,16 +2,17 @@
 """Compile every CUDA translation unit with ``-Xptxas -v`` (or read a wheel build's logs); fail on errors or spills.
 
 Usage: ``python tools/check_cuda.py [-j JOBS] [--archs A] [--keep DIR] [--json PATH] [--link PATH] [--from-build DIR]
-[--ptxas-log UNIT=LOG] [--binary SO] [files...]`` (default files: csrc/kernels/*.cu, csrc/torch/*.cpp, csrc/capi/*.cu;
-with ``--from-build`` or ``--ptxas-log``: none). The extension's units get the include folders and flags of its build
-(dspark_kernels/_build.py); csrc/capi/*.cu gets only csrc/include. Architectures: ``--archs``, else
-``DSPARK_CUDA_ARCHS``, else the wheel's default (8.0;9.0a;10.0a, PTX of the highest). Prints a per-kernel resource
-table (registers, stack frame, spill bytes) and exits 1 if any compile fails or any kernel spills (non-zero "bytes
-spill" line). Needs no GPU. CUDA_HOME is resolved like the extension does (CUDA_HOME / CUDA_PATH, nvcc on PATH, ...).
+[--ptxas-log UNIT=LOG] [--binary SO] [files...]`` (default files: csrc/kernels/*.cu, csrc/torch/*.cpp,
+csrc/capi/dspark_capi.cpp; with ``--from-build`` or ``--ptxas-log``: none). The extension's units get the include
+folders and flags of its build (dspark_kernels/_build.py); the C ABI's (host code over the kernel units) gets only
+csrc/include. Architectures: ``--archs``, else ``DSPARK_CUDA_ARCHS``, else the wheel's default (8.0;9.0a;10.0a, PTX
+of the highest). Prints a per-kernel resource table (registers, stack frame, spill bytes) and exits 1 if any compile
+fails or any kernel spills (non-zero "bytes spill" line). Needs no GPU. CUDA_HOME is resolved like the extension
+does (CUDA_HOME / CUDA_PATH, nvcc on PATH, ...).
 
 ``--from-build DIR`` reads the nvcc logs a wheel build wrote (``DSPARK_BUILD_LOGS=DIR pip wheel ...``: one per
 unit, listed in ``DIR/units.json``) instead of compiling those units again, ``--ptxas-log UNIT=LOG`` a unit's ptxas
-lines from another build's log (CI: the C ABI's CMake build with ``-Xptxas -v``), and each ``--binary SO`` (the
+lines from another build's log (a CMake build with ``-DCMAKE_CUDA_FLAGS="-Xptxas -v"``), and each ``--binary SO`` (the
 wheel's ``dspark_kernels/_C*.so``, ``libdspark_capi.so``) is disassembled for the SASS facts: the report is then that
 of the binaries that ship. Files named besides are compiled and added.
 
@@ -225,7 +226,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     files = args.files or ([] if args.from_build or args.ptxas_log else
-                           build.sources() + sorted(glob.glob(os.path.join(ROOT, "csrc/capi/*.cu"))))
+                           build.sources() + [os.path.join(ROOT, "csrc", "capi", "dspark_capi.cpp")])
     outdir = args.keep or tempfile.mkdtemp(prefix="dspark_check_cuda_")
     t_all = time.time()
     results = (_from_build(args.from_build) if args.from_build else []) + _from_logs(args.ptxas_log)

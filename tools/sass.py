@@ -16,11 +16,13 @@ the ``nvidia-cuda-cuobjdump`` wheel. Nothing is downloaded.
 
 from __future__ import annotations
 
+import bisect
 import glob
 import os
 import re
 import shutil
 import subprocess
+from collections import Counter
 from typing import Dict, List, Optional
 
 # The opcode counts reported, each a predicate on the full opcode (with its modifiers).
@@ -120,7 +122,9 @@ def parse_sass(text: str) -> Dict[str, Dict[str, object]]:
 
 
 def _counts(ops: List[str]) -> Dict[str, int]:
-    return {name: sum(1 for op in ops if pred(op)) for name, pred in COUNTED.items()}
+    """:data:`COUNTED` over ``ops``, each predicate asked once per distinct opcode."""
+    distinct = Counter(ops)
+    return {name: sum(n for op, n in distinct.items() if pred(op)) for name, pred in COUNTED.items()}
 
 
 def innermost_loops(insns) -> List[Dict[str, object]]:
@@ -136,9 +140,10 @@ def innermost_loops(insns) -> List[Dict[str, object]]:
     loops = sorted(set(loops))
     inner = [lp for lp in loops
              if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+    addrs = [a for a, _, _ in insns]
     out = []
     for lo, hi in inner:
-        body = [op for a, op, _ in insns if lo <= a <= hi]
+        body = [op for _, op, _ in insns[bisect.bisect_left(addrs, lo):bisect.bisect_right(addrs, hi)]]
         out.append(dict(start=lo, end=hi, instructions=len(body), **_counts(body)))
     return out
 

@@ -329,6 +329,8 @@ size_t accept_prefix_scan_workspace_bytes(int64_t N) {
   return plan.grid > 1 ? size_t(plan.grid) * sizeof(int64_t) : 0;
 }
 
+bool accept_prefix_scan_fits(int64_t N) { return accept_prefix_scan_plan(N).ok; }
+
 namespace scan {
 template <int kT>
 inline cudaError_t launch_with(const char* name, const AcceptPrefixScanParams& p, const LaunchConfig& cfg,

@@ -48,6 +48,10 @@ struct AcceptPrefixScanParams {
 // Workspace: the chunk totals (0 bytes for N <= 1024).
 size_t accept_prefix_scan_workspace_bytes(int64_t N);
 
+// Whether one launch keeps N requests resident on the current device (launch_accept_prefix_scan returns
+// cudaErrorInvalidValue when it does not).
+bool accept_prefix_scan_fits(int64_t N);
+
 // Launch on `stream`. The caller has checked shapes and dtypes (N >= 0, K >= 0, block_size > 0 with a table,
 // N*(K+1) < 2^31 so cu_out fits int32). Returns cudaErrorInvalidValue when N exceeds what one launch keeps
 // resident (1024 requests per resident CTA: about 800k on an H200), cudaSuccess for N == 0 after writing

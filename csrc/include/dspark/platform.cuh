@@ -366,5 +366,8 @@ inline cudaError_t set_max_dynamic_smem(Kernel kernel, size_t bytes) {
 // Dynamic shared memory a block may use without set_max_dynamic_smem, given its static shared memory.
 constexpr size_t kDefaultSmemPerBlock = 48 * 1024;
 
+// The most CTAs a grid holds in x.
+constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;
+
 
 }  // namespace dspark

@@ -643,6 +643,11 @@ size_t verify_chain_workspace_bytes(int64_t N, int64_t K, int64_t V, int64_t W) 
   return verify::make_plan(N, K, V, W).total;
 }
 
+bool verify_chain_grid_fits(int64_t N, int64_t K, int64_t V, int64_t W) {
+  const verify::Plan pl = verify::make_plan(N, K, V, W);
+  return N <= kMaxGridX / ((K + 1) * pl.split.chunks + K * pl.dsplit.chunks);
+}
+
 cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspace, uint32_t* tickets,
                                 cudaStream_t stream) {
   using namespace verify;
@@ -685,6 +690,7 @@ cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspace, uin
   f.draft_stats = sampling && p.draft_logits != nullptr && p.draft_logprobs == nullptr;
   f.qkind = q_kind(p);
   const int64_t per_req = (p.K + 1) * w.chunks + (f.draft_stats ? p.K * w.dchunks : 0);
+  if (p.N > kMaxGridX / per_req) return cudaErrorInvalidValue;  // pass A's grid, the widest
   LaunchConfig cfg;
   cfg.block = dim3(kThreads);
   cfg.stream = stream;

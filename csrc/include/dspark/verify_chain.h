@@ -56,6 +56,10 @@ constexpr int kMaxTopK = 1024;  // columns of a top-k draft row (draft_block's M
 // Workspace of a launch_verify_chain call with these shapes (no initialisation needed), and its tickets: 32-bit
 // words that must be zero before the first launch and that every launch leaves zero.
 size_t verify_chain_workspace_bytes(int64_t N, int64_t K, int64_t V, int64_t W);
+
+// Whether N requests fit one launch's grid: the widest pass has N x ((K + 1) x vocabulary chunks + K x draft
+// chunks) CTAs, which gridDim.x holds below 2^31 (launch_verify_chain returns cudaErrorInvalidValue beyond).
+bool verify_chain_grid_fits(int64_t N, int64_t K, int64_t V, int64_t W);
 inline int64_t verify_chain_ticket_count(int64_t N) { return 3 * N; }
 
 // Launch on `stream`; the caller has checked shapes and dtypes (K in [1, 16], V >= 1, N >= 0, the draft layout's

@@ -428,7 +428,7 @@ DSPARK_DEVICE void sample_aligned(const TT* trow, int64_t begin, int64_t end, co
                                   SampleScan<kRace>& sc) {
   constexpr int kS = static_cast<int>(16 / (sizeof(TT) > QBytes ? sizeof(TT) : QBytes));
   const int64_t head = scalar_head<TT, 32>(trow, begin, end), body = begin + head;
-  if (QBytes > 0) {
+  if constexpr (QBytes > 0) {
     const uintptr_t q0 = qs.kind == QKind::kDense ? reinterpret_cast<uintptr_t>(qs.row) + body * QBytes
                                                    : reinterpret_cast<uintptr_t>(qs.inv) + body * QBytes;
     if (q0 % (kS * QBytes) != 0 || (reinterpret_cast<uintptr_t>(trow + body) % sizeof(TT)) != 0) {

@@ -1,24 +1,27 @@
-// dspark_capi: the C ABI (csrc/capi/dspark.h) over the header-only templates of csrc/include/dspark.
+// dspark_capi: the C ABI (csrc/capi/dspark.h): each entry checks its arguments and calls the op's launch function
+// (csrc/include/dspark/<op>.h). Host C++ only: the kernels are the units of csrc/kernels, linked beside it.
 //
-// Built twice by CMakeLists.txt: by nvcc into the library dspark_capi (the GPU), and by the host compiler with
-// DSPARK_SIMT against csrc/simt/runtime.cpp (no cudart), where the same entries run the kernels on the CPU through
-// the SIMT harness on host buffers - that build is what ctest runs against the reference's vectors.
+// Built twice by CMakeLists.txt: with the kernel units compiled by nvcc into the library dspark_capi (the GPU), and
+// with them compiled by the host compiler with DSPARK_SIMT against csrc/simt/runtime.cpp (no cudart), where the same
+// entries run the kernels on the CPU through the SIMT harness on host buffers - that build is what ctest runs against
+// the reference's vectors.
 #if defined(DSPARK_SIMT)
 #include "dspark_simt/runtime.h"  // its keyword macros must precede every CUDA header
 #endif
 #include "dspark.h"
 
+#include <math.h>
 #include <stdio.h>
 
 #include <exception>
 #include <string>
 
-#include "dspark/accept_prefix_scan.cuh"
-#include "dspark/draft_block.cuh"
+#include "dspark/accept_prefix_scan.h"
+#include "dspark/draft_block.h"
 #include "dspark/rng.cuh"
-#include "dspark/rng_uniform.cuh"
-#include "dspark/schedule_verify_lens.cuh"
-#include "dspark/verify_chain.cuh"
+#include "dspark/rng_uniform.h"
+#include "dspark/schedule_verify_lens.h"
+#include "dspark/verify_chain.h"
 
 static_assert(DSPARK_HEAD_VANILLA == static_cast<int>(dspark::draft::kVanilla) &&
                   DSPARK_HEAD_GATED == static_cast<int>(dspark::draft::kGated) &&
@@ -177,7 +180,7 @@ int scan_params(const dspark_accept_prefix_scan_args* a, dspark::AcceptPrefixSca
   p->hidden_rows = a->hidden_rows;
   p->kv_slots = a->block_table != nullptr ? a->kv_slots : nullptr;
   p->finished = a->finished;
-  if (!dspark::accept_prefix_scan_plan(a->N).ok)
+  if (!dspark::accept_prefix_scan_fits(a->N))
     return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N = " + std::to_string(a->N) +
                                           " requests exceed what one launch keeps resident on this device");
   return DSPARK_OK;
@@ -424,10 +427,7 @@ int verify_params(const dspark_verify_chain_args* a, dspark::VerifyChainParams* 
   p->block_method = a->method == DSPARK_VERIFY_BLOCK;
   if (a->N == 0) return DSPARK_OK;  // nothing to read or write
   DSPARK_TRY(verify_draft_layout(a, p));
-  // one CTA per (row, chunk) of the widest kernel: the grid must fit gridDim.x
-  const dspark::verify::Plan plan = dspark::verify::make_plan(a->N, a->K, a->V, p->draft_width);
-  const int64_t per_req = (a->K + 1) * plan.split.chunks + a->K * plan.dsplit.chunks;
-  if (a->N > (int64_t(1) << 31) / (a->K + 1) || a->N * per_req > (int64_t(1) << 31) - 1)
+  if (!dspark::verify_chain_grid_fits(a->N, a->K, a->V, p->draft_width))
     return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N = " + std::to_string(a->N) +
                                           " requests exceed one launch's grid");
   DSPARK_TRY(float_array(fn, "target_logits", a->target_logits, a->target_logits_dtype, false, &p->target_dtype));
