@@ -331,6 +331,22 @@ void argument_errors() {
   check(dspark_accept_prefix_scan(&a, nullptr, 0, nullptr) == DSPARK_ERR_NULL_POINTER &&
             strstr(dspark_last_error(), "seq_lens") != nullptr,
         "a NULL seq_lens must be rejected, naming seq_lens");
+  int64_t any64[1];  // never read: the checks below fail before any access
+  int32_t any32[1];
+  uint8_t any8[1];
+  a.seq_lens = any64;
+  a.seq_lens_dtype = DSPARK_DTYPE_I64;
+  a.num_accepted = any32;
+  a.num_accepted_dtype = DSPARK_DTYPE_I32;
+  a.out_tokens = any64;
+  a.new_seq_lens = any32;
+  a.next_anchor = any64;
+  a.hidden_rows = any32;
+  a.finished = any8;
+  a.N = int64_t(1) << 29;  // N*(K+1) fits int32, but not one launch's resident CTAs
+  check(dspark_accept_prefix_scan_workspace_size(&a, &bytes) == DSPARK_ERR_BAD_SHAPE &&
+            strstr(dspark_last_error(), "resident") != nullptr,
+        std::string("N beyond one launch's resident CTAs must be rejected; got: ") + dspark_last_error());
   a.N = -1;
   check(dspark_accept_prefix_scan(&a, nullptr, 0, nullptr) == DSPARK_ERR_BAD_SHAPE, "N < 0 must be rejected");
   check(dspark_accept_prefix_scan(nullptr, nullptr, 0, nullptr) == DSPARK_ERR_NULL_POINTER, "NULL args");
@@ -664,6 +680,11 @@ void draft_verify_argument_errors() {
             strstr(dspark_last_error(), "accept_mask") != nullptr,
         "a NULL accept_mask must be rejected, naming accept_mask");
   v.accept_mask = mask;
+  v.N = int64_t(1) << 30;  // (K + 1) x chunks CTAs a request: beyond gridDim.x
+  check(dspark_verify_chain_workspace_size(&v, &bytes) == DSPARK_ERR_BAD_SHAPE &&
+            strstr(dspark_last_error(), "grid") != nullptr,
+        std::string("N beyond one launch's grid must be rejected; got: ") + dspark_last_error());
+  v.N = 1;
   check(dspark_verify_chain_workspace_size(&v, &bytes) == DSPARK_OK && bytes > 0, "a valid verify_chain size query");
   std::vector<double> ws(bytes / sizeof(double) + 2);
   check(dspark_verify_chain(&v, reinterpret_cast<char*>(ws.data()) + 4, bytes, nullptr) == DSPARK_ERR_WORKSPACE &&

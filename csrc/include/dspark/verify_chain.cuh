@@ -631,6 +631,12 @@ inline Plan make_plan(int64_t N, int64_t K, int64_t V, int64_t W) {
   return pl;
 }
 
+// CTAs per request of pass A, the widest launch: one per (row, vocabulary chunk), plus one per (draft row, draft
+// chunk) where it gathers the draft rows' statistics.
+inline int64_t rows_ctas_per_request(int64_t K, const Plan& pl, bool draft_stats) {
+  return (K + 1) * pl.split.chunks + (draft_stats ? K * pl.dsplit.chunks : 0);
+}
+
 inline QKind q_kind(const VerifyChainParams& p) {
   if (p.draft_logits == nullptr) return QKind::kOneHot;
   return p.layout == DraftLayout::kReduced ? QKind::kReduced
@@ -644,8 +650,7 @@ size_t verify_chain_workspace_bytes(int64_t N, int64_t K, int64_t V, int64_t W) 
 }
 
 bool verify_chain_grid_fits(int64_t N, int64_t K, int64_t V, int64_t W) {
-  const verify::Plan pl = verify::make_plan(N, K, V, W);
-  return N <= kMaxGridX / ((K + 1) * pl.split.chunks + K * pl.dsplit.chunks);
+  return N <= kMaxGridX / verify::rows_ctas_per_request(K, verify::make_plan(N, K, V, W), true);
 }
 
 cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspace, uint32_t* tickets,
@@ -689,8 +694,8 @@ cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspace, uin
   Flags f;
   f.draft_stats = sampling && p.draft_logits != nullptr && p.draft_logprobs == nullptr;
   f.qkind = q_kind(p);
-  const int64_t per_req = (p.K + 1) * w.chunks + (f.draft_stats ? p.K * w.dchunks : 0);
-  if (p.N > kMaxGridX / per_req) return cudaErrorInvalidValue;  // pass A's grid, the widest
+  const int64_t per_req = rows_ctas_per_request(p.K, pl, f.draft_stats);
+  if (p.N > kMaxGridX / per_req) return cudaErrorInvalidValue;
   LaunchConfig cfg;
   cfg.block = dim3(kThreads);
   cfg.stream = stream;
