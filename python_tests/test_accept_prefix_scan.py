@@ -363,6 +363,7 @@ HAND_CASES = [
     dict(num_accepted=None, accept_mask=torch.tensor(ACCEPT_MASK)),
     dict(verify_cu_seqlens=t([0, 4, 6, 7, 10], I32)),
     dict(verify_cu_seqlens=t([0, 2, 4, 5, 8])),                      # inconsistent: rows outside r0's own -> -1
+    dict(verify_cu_seqlens=t([-1, 2**63 - 1, -2**63, 2**63 - 2, 2**63 - 1])),  # int64 extremes: no offset wraps
     dict(block_table=t(TABLE4, I32), block_size=4),
     dict(max_seq_lens=t([12, 100, 1, 8]), block_table=t(TABLE4), block_size=4, stop_token_ids=t([42, 13], I32)),
     dict(stop_token_ids=t([14])),

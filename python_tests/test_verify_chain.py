@@ -85,6 +85,10 @@ def test_packed_rows_out_of_range_are_never_read(host_backend):
     out = dk.verify_chain(rows, drafts, cu_seqlens=cu)
     assert out.tokens.tolist() == [[1, 2, -1], [-1, -1, -1], [-1, -1, -1]]
     assert out.num_accepted.tolist() == [1, 0, 0]
+    # offsets whose differences overflow int64: no rows (end <= start, or start outside [0, R))
+    for cu in ([0, -2**63], [-1, 2**63 - 1], [2**63 - 1, -2**63], [1, 2**63 - 1]):
+        out = dk.verify_chain(rows, drafts[:1], cu_seqlens=torch.tensor(cu))
+        assert out.tokens.tolist() == ([[-1, -1, -1]] if cu[0] != 1 else [[2, -1, -1]]), cu
 
 
 def test_verify_lens_clamped_and_thresholds(host_backend):
@@ -494,6 +498,12 @@ def test_triton_draft_rows_read_as_they_are(triton_device, method):
         assert all(torch.equal(a.cpu(), b) for a, b in zip(out, ref)), (out.tokens, ref.tokens)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_triton_nan_before_finite_no_rows_and_low_temperature(triton_device):
+    for args, kwargs in [*nan_before_finite_calls(), *no_rows_and_empty_batch_calls(), *low_temperature_calls()]:
+        run_both(triton_device, lambda fn: fn(), args, kwargs, backend="triton")
+
+
 # ---------------------------------------------------------------- draft_logprobs (every backend)
 def draft_logprobs_of(draft_logits, drafts, temperature):
     """log q(d_j) at each request's temperature, as the drafter sampled them (1 for greedy requests)."""
@@ -662,6 +672,44 @@ def no_rows_and_empty_batch_calls():
     cu = torch.tensor([0, 0, 7, 9])   # request 0: no rows; request 1 runs past R; request 2: two rows
     yield (torch.randn(4, 9), torch.randint(0, 9, (3, 2))), dict(cu_seqlens=cu, temperature=1.0)
     yield (torch.randn(0, 3, 5), torch.zeros(0, 2, dtype=torch.int64)), {}
+    # int64 offsets whose differences overflow: requests without rows, whatever the memory past the tensor holds
+    cu = torch.tensor([0, -2**63, 2**63 - 1, -1, 2**63 - 1, 2, 2**63 - 1])
+    yield (torch.randn(3, 9), torch.randint(0, 9, (6, 2))), dict(cu_seqlens=cu, temperature=1.0)
+
+
+def low_temperature_calls():
+    """Logits a few ulps apart near 20 at T = 1e-5 and 2e-6, where x / T is far from 0: p and q must be formed from x / T
+    as torch rounds it (an ulp of x / T is a large step in exp's argument)."""
+    for seed in (10, 33):
+        gen = torch.Generator().manual_seed(seed)
+        n, k, vocab = 4, 3, 50
+        target = 20 + torch.randint(-7, 8, (n, k + 1, vocab), generator=gen).float() * 2e-6
+        draft_logits = 20 + torch.randint(-7, 8, (n, k, vocab), generator=gen).float() * 2e-6
+        drafts = torch.randint(0, vocab, (n, k), generator=gen)
+        for temperature, method in itertools.product((1e-5, 2e-6), ("token", "block")):
+            yield (target, drafts), dict(temperature=temperature, seed=seed, method=method, draft_logits=draft_logits)
+
+
+def nan_before_finite_calls():
+    """A NaN that a thread reads before any finite logit (an unaligned row's scalar head; a NaN run at an aligned
+    row's start; -inf then NaN), in a target row and in a draft row: torch's softmax of the row is NaN, so its draft is
+    rejected and nothing is sampled from it."""
+    gen = torch.Generator().manual_seed(31)
+    n, k, vocab = 4, 2, 17                     # 17 float32 columns: every other row starts unaligned
+    target = torch.randn(n, k + 1, vocab, generator=gen) * 2
+    target[:, 0, 10] = BIG
+    target[1, 0, 0] = NAN
+    target[2, 0, :4] = NAN
+    target[3, 0, :6] = float("-inf")
+    target[3, 0, 6] = NAN
+    drafts = torch.full((n, k), 10)
+    for method in ("token", "block"):
+        yield (target, drafts), dict(temperature=torch.ones(n), method=method, seed=1)
+    clean = torch.where(torch.isnan(target), 0.0, target)
+    draft_logits = torch.randn(n, k, vocab, generator=gen)
+    draft_logits[1, 0, 0] = NAN
+    draft_logits[2, 0, :4] = NAN
+    yield (clean, drafts), dict(temperature=torch.ones(n), seed=2, draft_logits=draft_logits)
 
 
 @pytest.mark.parametrize("n,k,vocab,dtype,method,draft_mode,packed,temps", CUDA_CASES)
@@ -693,6 +741,18 @@ def test_cuda_no_rows_and_empty_batch(cuda_device, simt_check):
         run_both(cuda_device, simt_check, args, kwargs)
 
 
+def test_cuda_low_temperature(cuda_device, simt_check):
+    for args, kwargs in low_temperature_calls():
+        run_both(cuda_device, simt_check, args, kwargs)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_cuda_nan_before_finite(cuda_device, simt_check):
+    for args, kwargs in nan_before_finite_calls():
+        out = run_both(cuda_device, simt_check, args, kwargs)
+        assert out.num_accepted[1:3].eq(0).all()   # rows 1 and 2 hold a NaN in every call
+
+
 # ---------------------------------------------------------------- CPU kernels (csrc/cpu)
 CPU = torch.device("cpu")
 
@@ -708,9 +768,11 @@ def test_cpu_matches_reference(n, k, vocab, dtype, method, draft_mode, packed, t
 
 @pytest.mark.parametrize("calls", [mixed_dtype_and_large_vocab_calls, no_rows_and_empty_batch_calls,
                                    lambda: adversarial_calls("token"), lambda: adversarial_calls("block"),
-                                   lambda: wide_logit_range_calls("token"), lambda: wide_logit_range_calls("block")],
+                                   lambda: wide_logit_range_calls("token"), lambda: wide_logit_range_calls("block"),
+                                   nan_before_finite_calls, low_temperature_calls],
                          ids=["mixed_dtype_large_vocab", "no_rows_empty_batch", "adversarial_token",
-                              "adversarial_block", "wide_range_token", "wide_range_block"])
+                              "adversarial_block", "wide_range_token", "wide_range_block", "nan_before_finite",
+                              "low_temperature"])
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_cpu_special_cases_match_reference(calls):
     for args, kwargs in calls():

@@ -259,7 +259,7 @@ enum { DSPARK_VERIFY_TOKEN = 0, DSPARK_VERIFY_BLOCK = 1 };
 typedef struct dspark_verify_chain_args {
   int64_t N;                     /* requests (>= 0; 0: the call does nothing) */
   int64_t K;                     /* drafts per request, 1 <= K <= 16 */
-  int64_t V;                     /* vocabulary, 1 <= V < 2^34 */
+  int64_t V;                     /* vocabulary, 1 <= V < 2^34 (V < 2^31 with draft_logits) */
   const void* target_logits;     /* dense [N, K+1, V] (cu_seqlens NULL) or packed [total_rows, V] float */
   int target_logits_dtype;
   const void* cu_seqlens;        /* [N+1] int32/int64 row offsets of the packed layout (request r owns rows

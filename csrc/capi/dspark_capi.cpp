@@ -382,6 +382,8 @@ int verify_draft_layout(const dspark_verify_chain_args* a, dspark::VerifyChainPa
                                           (a->target_to_draft ? "target_to_draft" : "draft_candidates") +
                                           " needs draft_logits");
   if (a->draft_logits == nullptr) return DSPARK_OK;
+  if (a->V >= (int64_t(1) << 31))
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": draft_logits need V < 2^31, got " + std::to_string(a->V));
   if (a->target_to_draft != nullptr) {
     p->layout = dspark::DraftLayout::kReduced;
     p->target_to_draft = a->target_to_draft;
@@ -391,10 +393,10 @@ int verify_draft_layout(const dspark_verify_chain_args* a, dspark::VerifyChainPa
     p->layout = dspark::DraftLayout::kTopK;
     p->draft_candidates = arr.ptr;
     p->cands_i64 = arr.is64;
-    if (p->draft_width > dspark::verify::kMaxTopK || a->V >= (int64_t(1) << 31))
+    if (p->draft_width > dspark::verify::kMaxTopK)
       return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": top-k rows need draft_width <= " +
-                                            std::to_string(dspark::verify::kMaxTopK) + " and V < 2^31, got " +
-                                            std::to_string(p->draft_width) + " and " + std::to_string(a->V));
+                                            std::to_string(dspark::verify::kMaxTopK) + ", got " +
+                                            std::to_string(p->draft_width));
   } else if (p->draft_width != a->V) {
     return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": draft_width must be V (or 0) for dense draft rows, got " +
                                           std::to_string(a->draft_width));

@@ -685,6 +685,13 @@ void draft_verify_argument_errors() {
             strstr(dspark_last_error(), "grid") != nullptr,
         std::string("N beyond one launch's grid must be rejected; got: ") + dspark_last_error());
   v.N = 1;
+  v.V = int64_t(1) << 31;  // a draft's column is an int32
+  v.draft_logits = target;
+  check(dspark_verify_chain_workspace_size(&v, &bytes) == DSPARK_ERR_BAD_SHAPE &&
+            strstr(dspark_last_error(), "V < 2^31") != nullptr,
+        std::string("draft_logits with V >= 2^31 must be rejected; got: ") + dspark_last_error());
+  v.V = 4;
+  v.draft_logits = nullptr;
   check(dspark_verify_chain_workspace_size(&v, &bytes) == DSPARK_OK && bytes > 0, "a valid verify_chain size query");
   std::vector<double> ws(bytes / sizeof(double) + 2);
   check(dspark_verify_chain(&v, reinterpret_cast<char*>(ws.data()) + 4, bytes, nullptr) == DSPARK_ERR_WORKSPACE &&

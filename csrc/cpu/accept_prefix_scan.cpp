@@ -79,9 +79,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     if (limit.defined()) e = std::min(e, std::max<int64_t>(limit.data_ptr<int64_t>()[r] - s[r], 0));
     const int64_t start = vcu.defined() ? vcu.data_ptr<int64_t>()[r] : r * KP1;
     const int64_t end = vcu.defined() ? vcu.data_ptr<int64_t>()[r + 1] : start + KP1;
+    const uint64_t own = end > start ? static_cast<uint64_t>(end) - static_cast<uint64_t>(start) : 0;  // exact
     for (int64_t i = 0; i < e; ++i) {
       out_tokens.data_ptr<int64_t>()[total + i] = row[i];
-      hidden_rows.data_ptr<int32_t>()[total + i] = static_cast<int32_t>(start + i < end ? start + i : -1);
+      const bool mine = static_cast<uint64_t>(i) < own;
+      hidden_rows.data_ptr<int32_t>()[total + i] = static_cast<int32_t>(mine ? start + i : -1);
       if (table.defined()) {
         kv_slots.data_ptr<int64_t>()[total + i] =
             kv_slot(table.data_ptr<int64_t>() + r * max_blocks, max_blocks, block_size, s[r] - 1 + i);

@@ -198,10 +198,9 @@ inline bool bad(const Stats& st) { return st.nan || !std::isfinite(st.m); }
 // log softmax(x / T) at a value y = x / T of the row.
 inline float log_prob(const Stats& st, float y) { return bad(st) ? kNaN : (y - st.m) - std::log(st.s); }
 
-// Folds x[0..n) into st: the maximum is max(x) / T, exactly the maximum of x / T; the sum uses x * (1 / T), within an
-// ulp of x / T.
+// Folds x[0..n) into st: the maximum is max(x) / T, exactly the maximum of x / T; the sum's terms are exp(x / T - m),
+// x / T rounded as the reference rounds it (an ulp of x / T is a large step in exp's argument when T is small).
 DSPARK_CPU_INLINE void fold_stats(const float* x, int64_t n, float t, Stats& st) {
-  const float inv_t = 1.f / t;
   float mx = -kInf;
   int nan = 0;
 #pragma omp simd reduction(max : mx) reduction(| : nan)
@@ -219,7 +218,7 @@ DSPARK_CPU_INLINE void fold_stats(const float* x, int64_t n, float t, Stats& st)
   const float shift = st.m;
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += exp_nonpos(x[i] * inv_t - shift);
+  for (int64_t i = 0; i < n; ++i) sum += exp_nonpos(x[i] / t - shift);
   st.s += sum;
 }
 

@@ -97,8 +97,7 @@ DSPARK_CPU_CLONES Stats stats_chunk(const T* row, int64_t lo, int64_t hi, float 
 // q at target ids b..b+n-1 of a reduced or top-k draft row into tmp.
 template <typename TD>
 inline void placed_q(const TD* drow, const DraftRows& dr, const Joint& j, int64_t b, int64_t n, float* tmp) {
-  const float inv_t = 1.f / j.t;
-  auto q_of = [&](int64_t col) { return exp_q(static_cast<float>(drow[col]) * inv_t - j.q.shift) * j.q.scale; };
+  auto q_of = [&](int64_t col) { return exp_q(static_cast<float>(drow[col]) / j.t - j.q.shift) * j.q.scale; };
   if (dr.layout == DraftRows::Layout::kReduced) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t col = dr.inv[b + i];
@@ -115,13 +114,13 @@ inline void placed_q(const TD* drow, const DraftRows& dr, const Joint& j, int64_
 template <typename TT, typename TD>
 DSPARK_CPU_INLINE void residual_weights(const TT* trow, const TD* drow, const DraftRows& dr, const Joint& j, int64_t b,
                                         int64_t n, float* w, float* tmp, float* tmp2) {
-  const float inv_t = 1.f / j.t;
+  const float t = j.t;  // x / T rounded as the reference rounds it (fold_stats)
   if (drow != nullptr && dr.layout != DraftRows::Layout::kDense) {
     placed_q(drow, dr, j, b, n, tmp);
   } else if (drow != nullptr) {
     const float* z = as_float(drow + b, n, tmp2);
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) tmp[i] = exp_q(z[i] * inv_t - j.q.shift) * j.q.scale;
+    for (int64_t i = 0; i < n; ++i) tmp[i] = exp_q(z[i] / t - j.q.shift) * j.q.scale;
   } else {
     const int64_t hot = j.onehot - b;  // outside [0, n) when the draft is not in this block
 #pragma omp simd
@@ -132,7 +131,7 @@ DSPARK_CPU_INLINE void residual_weights(const TT* trow, const TD* drow, const Dr
   const float* x = as_float(trow + b, n, tmp2);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float v = j.rho * (exp_nonpos(x[i] * inv_t - j.p.shift) * j.p.scale) - tmp[i];
+    const float v = j.rho * (exp_nonpos(x[i] / t - j.p.shift) * j.p.scale) - tmp[i];
     w[i] = v < 0.f ? 0.f : v;
   }
 }
@@ -638,9 +637,9 @@ std::vector<Request> plan(const at::Tensor& target, const std::optional<at::Tens
     q.first_row = r * (K + 1);
     if (cu_seqlens) {
       const int64_t* c = cu.data_ptr<int64_t>();
-      const int64_t start = c[r], count = c[r + 1] - c[r];
-      const int64_t rows_left = start >= 0 ? total - start : 0;
-      last = std::clamp<int64_t>(std::min(count, rows_left) - 1, -1, K);
+      const int64_t start = c[r], end = c[r + 1];  // compared before subtracting: no int64 pair overflows
+      const bool owns = start >= 0 && start < total && end > start;
+      last = owns ? std::min(std::min(end, total) - start, K + 1) - 1 : -1;
       q.first_row = start;
     }
     q.has_rows = last >= 0;

@@ -20,6 +20,7 @@ void check_draft_rows(dspark::VerifyChainParams& p, const at::Tensor& drafts, co
   p.draft_dtype = p.target_dtype;
   if (!logits) return;
   p.draft_dtype = check_float(kOp, "draft_logits", *logits, drafts);
+  TORCH_CHECK(V < (int64_t(1) << 31), kOp, ": draft_logits need V < 2^31 (a draft's column is an int32), got ", V);
   if (inv) {
     check_tensor(kOp, "target_to_draft", *inv, drafts, at::kInt, {V});
     check_shape(kOp, "draft_logits", *logits, {N, K, kAnySize});
@@ -30,7 +31,6 @@ void check_draft_rows(dspark::VerifyChainParams& p, const at::Tensor& drafts, co
     check_shape(kOp, "draft_logits", *logits, {N, K, cands->size(2)});
     TORCH_CHECK(cands->size(2) <= dspark::verify::kMaxTopK, kOp, ": draft_candidates must have at most ",
                 dspark::verify::kMaxTopK, " columns, got ", cands->size(2));
-    TORCH_CHECK(V < (int64_t(1) << 31), kOp, ": top-k draft rows need V < 2^31, got ", V);
     p.layout = dspark::DraftLayout::kTopK;
     p.draft_candidates = cands->data_ptr();
   } else {
@@ -109,6 +109,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
   p.out_accept_mask = reinterpret_cast<uint8_t*>(accept_mask.data_ptr<bool>());
   const DeviceGuard guard(draft_tokens);
   const int64_t W = draft_logits ? p.draft_width : V;
+  TORCH_CHECK(dspark::verify_chain_grid_fits(N, K, V, W), kOp, ": N = ", N,
+              " requests need more CTAs than one launch's grid holds (K = ", K, ", V = ", V, ")");
   at::Tensor workspace = at::empty({static_cast<int64_t>(dspark::verify_chain_workspace_bytes(N, K, V, W))},
                                    opts.dtype(at::kByte));
   uint32_t* ticket = zeroed_tickets(draft_tokens, dspark::verify_chain_ticket_count(N));

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from ..reference.verify_chain import RESIDUAL_EPS, gather_target_rows, stop_cut
+from ..reference.verify_chain import RESIDUAL_EPS, gather_target_rows, packed_last_row, stop_cut
 from ..rng import STREAM_ACCEPT, STREAM_RESIDUAL, uniform, uniform_rows
 from . import layout as L
 from .layout import StatsLayout, argmax_lowest, ids_to_slots, slots_to_ids, softmax_prob
@@ -80,10 +80,7 @@ def packed_rows_left(cu_seqlens: Optional[torch.Tensor], num_rows: int, n: int, 
     """int64 [N]: each request's last target row (-1: none), as ``gather_target_rows`` computes it."""
     if cu_seqlens is None:
         return torch.full((n,), k_len, dtype=torch.int64, device=device)
-    cu = cu_seqlens.to(torch.int64)
-    start, count = cu[:-1], cu[1:] - cu[:-1]
-    rows_left = torch.where(start >= 0, num_rows - start, 0)
-    return (torch.minimum(count, rows_left) - 1).clamp(-1, k_len)
+    return packed_last_row(cu_seqlens, num_rows, k_len)
 
 
 def _leading_true(mask: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from ..reference.verify_chain import RESIDUAL_EPS
 from ..triton.rng import STREAM_ACCEPT, key_args, load_key, uniform
+from ..triton.verify_chain import packed_last_row
 from . import layout as L
 
 _NONE = 2 ** 30      # an id above EMPTY_ID: no winner
@@ -134,10 +135,8 @@ def _verify_length(n, cu_ptr, num_rows, vlens_ptr, surv_ptr, thr_ptr, lanes, k_l
     ``verify_lens`` and the leading run of survival >= thresholds."""
     last = tl.cast(k_len, tl.int32)
     if PACKED:
-        start = tl.load(cu_ptr + n).to(tl.int64)
-        count = tl.load(cu_ptr + n + 1).to(tl.int64) - start
-        rows_left = tl.where(start >= 0, num_rows - start, 0)
-        last = tl.minimum(tl.maximum(tl.minimum(count, rows_left) - 1, -1), k_len).to(tl.int32)
+        last = packed_last_row(tl.load(cu_ptr + n).to(tl.int64), tl.load(cu_ptr + n + 1).to(tl.int64), num_rows,
+                               k_len).to(tl.int32)
     length = tl.maximum(last, 0)
     if HAS_VLENS:
         vl = tl.load(vlens_ptr + n).to(tl.int64)

@@ -103,7 +103,8 @@ def accept_prefix_scan(tokens: torch.Tensor, seq_lens: torch.Tensor, num_accepte
         row_start = torch.arange(n, device=dev, dtype=torch.int64) * kp1
         row_end = row_start + kp1
     rows = row_start.unsqueeze(1) + i
-    rows = torch.where(rows < row_end.unsqueeze(1), rows, torch.full_like(rows, -1))
+    inside = (rows >= row_start.unsqueeze(1)) & (rows < row_end.unsqueeze(1))     # an offset that wraps is outside
+    rows = torch.where(inside, rows, torch.full_like(rows, -1))
     hidden_rows = _pack(rows, cu_out, keep, -1)
 
     # KV slots of the kept positions S-1, S, ..., S-2+e_r

@@ -44,6 +44,17 @@ from ..rng import STREAM_ACCEPT, STREAM_RESIDUAL, argmax_nan_low, exponential_ra
 RESIDUAL_EPS = 1e-6
 
 
+def packed_last_row(cu_seqlens: torch.Tensor, total_rows: int, k_len: int) -> torch.Tensor:
+    """int64 ``[N]``: the last of each request's packed target rows, -1 for none. Request r owns rows
+    ``[cu[r], min(cu[r+1], R))`` when ``0 <= cu[r] < R`` and ``cu[r+1] > cu[r]``, else none; at most K+1 of them.
+    Offsets are compared, never subtracted before the comparison, so any int64 pair has this meaning."""
+    cu = cu_seqlens.to(torch.int64)
+    start, end = cu[:-1], cu[1:]
+    owns = (start >= 0) & (start < total_rows) & (end > start)
+    rows = torch.where(owns, torch.clamp(end, max=total_rows) - start, 0)
+    return torch.clamp(rows, max=k_len + 1) - 1
+
+
 def gather_target_rows(target_logits: torch.Tensor, cu_seqlens: Optional[torch.Tensor], k_len: int):
     """Dense float32 ``[N, K+1, V]`` target rows and the number of rows each request really has minus one
     (int64 ``[N]``, -1 for none). Packed rows outside ``[0, R)`` are never read."""
@@ -52,9 +63,8 @@ def gather_target_rows(target_logits: torch.Tensor, cu_seqlens: Optional[torch.T
         return target_logits.float(), torch.full((n,), k_len, dtype=torch.int64, device=target_logits.device)
     total = target_logits.shape[0]
     cu = cu_seqlens.to(torch.int64)
-    start, count = cu[:-1], cu[1:] - cu[:-1]
-    rows_left = torch.where(start >= 0, total - start, 0)
-    last = (torch.minimum(count, rows_left) - 1).clamp(-1, k_len)
+    start = cu[:-1]
+    last = packed_last_row(cu, total, k_len)
     idx = (start.unsqueeze(-1) + torch.arange(k_len + 1, device=cu.device)).clamp(0, max(total - 1, 0))
     if total == 0:
         dense = target_logits.new_zeros((cu.shape[0] - 1, k_len + 1, target_logits.shape[-1]), dtype=torch.float32)

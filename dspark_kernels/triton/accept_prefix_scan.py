@@ -71,7 +71,7 @@ def _accept_prefix_scan_kernel(
             row_start = r * kp1
             row_end = row_start + kp1
         rows = row_start[:, None] + cols
-        rows = tl.where(rows < row_end[:, None], rows, -1)
+        rows = tl.where((rows >= row_start[:, None]) & (rows < row_end[:, None]), rows, -1)   # an offset that wraps: -1
         tl.store(rows_ptr + slot, rows.to(tl.int32), mask=keep)
 
         # KV slots of the kept positions S-1, ..., S-2+e_r

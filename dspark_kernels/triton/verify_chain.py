@@ -38,15 +38,22 @@ MIN_CHUNK, MIN_SAMPLE_CHUNK = 2048, 1024
 
 # ------------------------------------------------------------------------------------------------ helpers
 @triton.jit
+def packed_last_row(start, end, total_rows, K):
+    """The last packed target row of a request owning ``[start, min(end, R))`` (reference.packed_last_row): -1 for
+    none, at most K. Nothing overflows, whatever the int64 offsets."""
+    owns = (start >= 0) & (start < total_rows) & (end > start)
+    rows = tl.where(owns, tl.minimum(end, total_rows), 0) - tl.where(owns, start, 0)
+    return tl.minimum(rows, K + 1) - 1
+
+
+@triton.jit
 def _request(cu_ptr, lens_ptr, surv_ptr, thr_ptr, temp_ptr, r, total_rows, K, PACKED: tl.constexpr,
              HAS_LENS: tl.constexpr, HAS_THR: tl.constexpr, SAMPLING: tl.constexpr, BLOCK_K: tl.constexpr):
     """(first row, last row present (-1: none), verify length L, temperature, sampled) of request r."""
     kcols = tl.arange(0, BLOCK_K)
     if PACKED:
         start = tl.load(cu_ptr + r).to(tl.int64)
-        count = tl.load(cu_ptr + r + 1).to(tl.int64) - start
-        rows_left = tl.where(start >= 0, total_rows - start, 0)
-        last = tl.minimum(tl.maximum(tl.minimum(count, rows_left) - 1, -1), K)
+        last = packed_last_row(start, tl.load(cu_ptr + r + 1).to(tl.int64), total_rows, K)
     else:
         start = r * (K + 1)
         last = K + 0 * r

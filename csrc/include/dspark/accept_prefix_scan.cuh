@@ -147,10 +147,10 @@ DSPARK_DEVICE void load_requests(const AcceptPrefixScanParams& p, const Chunk& s
       if (ldg(p.accept_mask + r * p.K + j) == 0 && acc == p.K) acc = j;
   }
   if (in) {
-    const int64_t rows = row1 - row0;
+    const uint64_t rows = row1 > row0 ? static_cast<uint64_t>(row1) - static_cast<uint64_t>(row0) : 0;  // exact
     s.seq[rr] = seq;
     s.row0[rr] = static_cast<int32_t>(row0);
-    s.rows[rr] = static_cast<int32_t>(rows < 0 ? 0 : (rows > kp1 ? kp1 : rows));
+    s.rows[rr] = static_cast<int32_t>(rows < static_cast<uint64_t>(kp1) ? rows : kp1);
     s.room[rr] = static_cast<int32_t>(room < kp1 + 1 ? room : kp1 + 1);
     s.acc[rr] = static_cast<int32_t>(acc);
   }

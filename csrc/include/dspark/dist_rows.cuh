@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "packed_rows.cuh"
 #include "platform.cuh"
 #include "vec.cuh"
 
@@ -41,9 +42,7 @@ struct TargetRows {
   DSPARK_DEVICE int64_t offset(int64_t n, int64_t j, int64_t K, int64_t Vl) const {
     if (cu_seqlens == nullptr) return (n * (K + 1) + j) * Vl;
     if (total_rows == 0) return -1;
-    int64_t r = load_int(cu_seqlens, cu_i64, n) + j;
-    r = r < 0 ? 0 : (r >= total_rows ? total_rows - 1 : r);
-    return r * Vl;
+    return clamped_row(load_int(cu_seqlens, cu_i64, n), j, total_rows) * Vl;
   }
 
   DSPARK_DEVICE const void* row(int64_t offset) const {

@@ -133,11 +133,8 @@ struct Request {
 DSPARK_DEVICE int64_t verify_length(const DistVerifyDecideParams& p, int64_t n, bool& has_rows) {
   int64_t last = p.K;
   if (p.cu_seqlens != nullptr) {
-    const int64_t start = load_int(p.cu_seqlens, p.cu_i64, n);
-    const int64_t count = load_int(p.cu_seqlens, p.cu_i64, n + 1) - start;
-    const int64_t left = start >= 0 ? p.num_rows - start : 0;
-    last = (count < left ? count : left) - 1;
-    last = last < -1 ? -1 : (last > p.K ? p.K : last);
+    last = packed_last_row(load_int(p.cu_seqlens, p.cu_i64, n), load_int(p.cu_seqlens, p.cu_i64, n + 1), p.num_rows,
+                           p.K);
   }
   has_rows = last >= 0;
   int64_t length = last > 0 ? last : 0;

@@ -50,17 +50,18 @@ struct ShardScan {
   template <bool kSum, int kU, int kN>
   DSPARK_DEVICE void batch(const float (&x)[kU][kN], int64_t at, int64_t stride) {
     raw.template batch<false>(x, at, stride);
-    if (!kSum) return;
-    float c[kU][kN];
+    if constexpr (kSum) {
+      float c[kU][kN];
 #pragma unroll
-    for (int k = 0; k < kU; ++k)
+      for (int k = 0; k < kU; ++k)
 #pragma unroll
-      for (int e = 0; e < kN; ++e) {
-        const bool odd = x[k][e] != x[k][e] || x[k][e] == INFINITY;
-        bad |= odd ? 1u : 0u;
-        c[k][e] = odd ? neg_inf() : x[k][e];
-      }
-    clean.template batch<true>(c, at, stride);
+        for (int e = 0; e < kN; ++e) {
+          const bool odd = x[k][e] != x[k][e] || x[k][e] == INFINITY;
+          bad |= odd ? 1u : 0u;
+          c[k][e] = odd ? neg_inf() : x[k][e];
+        }
+      clean.template batch<true>(c, at, stride);
+    }
   }
   DSPARK_DEVICE VStats stats(float t) const {
     VStats v = clean.stats(t);

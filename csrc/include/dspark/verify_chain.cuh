@@ -35,6 +35,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "packed_rows.cuh"
 #include "verify_chain.h"
 #include "verify_rows.cuh"
 
@@ -131,11 +132,7 @@ DSPARK_DEVICE ReqInfo request_info(const VerifyChainParams& p, int64_t r) {
   t = __shfl_sync(kFullMask, t, 3);
   int64_t last = K;
   if (p.cu_seqlens != nullptr) {
-    const int64_t count = c1 - c0;
-    const int64_t rows_left = c0 >= 0 ? p.total_rows - c0 : 0;
-    last = (count < rows_left ? count : rows_left) - 1;
-    if (last < -1) last = -1;
-    if (last > K) last = K;
+    last = packed_last_row(c0, c1, p.total_rows, K);
     ri.start = c0;
   } else {
     ri.start = r * (p.K + 1);

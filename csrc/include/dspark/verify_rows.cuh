@@ -116,7 +116,7 @@ struct RowScan {
     v.st.m = mx / t;
     const float rem = fmaf(-v.st.m, t, mx) / t;
     v.st.s = fabsf(rem) < 1e-3f ? fmaf(s, rem, s) : s;
-    v.bad = (s != s || v.st.m == INFINITY) ? 1u : 0u;
+    v.bad = (nan != 0u || s != s || v.st.m == INFINITY) ? 1u : 0u;
     return v;
   }
 };
