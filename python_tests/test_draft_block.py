@@ -1118,3 +1118,91 @@ def test_near_tie_rule_can_fail():
     moved = tied.clone()
     moved[0, 0] = other if int(tied[0, 0]) == t else t
     assert draft_mismatches(moved, tied, tied_base, anchors, w1, tied_w2, None, key) == ([], 1)
+
+
+# ---------------------------------------------------------------- small temperatures, zero rank
+LOW_T_TOL = dict(atol=1e-5, rtol=1e-5)  # |out - ref| <= 1e-5 + 1e-5 |ref|: float32 rounding, not ulp(logit / T)
+
+
+def low_temperature_case(n, vocab=64, seed=0):
+    """Logits within 7 ulps of 20 (the others 1 to 2 below): at T = 1e-5 / 2e-6 the scaled logits are ~2e6 / 1e7,
+    whose ulp (0.25 / 1) is the size of their spread, so several tokens hold mass and a log-probability formed as
+    x - (m + log s) would be a multiple of ulp(m). Greedy requests (T = 0, log-probabilities at T = 1) get the logits
+    times 2^17, at the same scale. W2 = 0: the logits are U exactly on every path, so the tokens agree."""
+    g = torch.Generator().manual_seed(seed)
+    steps = torch.randint(0, 8, (n, 2, vocab), generator=g, dtype=torch.int32)
+    near = (torch.tensor(20.0).view(torch.int32) + steps).view(torch.float32)
+    far = torch.rand(n, 2, vocab, generator=g) + 18.0
+    base = torch.where(torch.rand(n, 2, vocab, generator=g) < 0.3, near, far)
+    temps = torch.tensor([1e-5, 2e-6, 0.0])[torch.arange(n) % 3]
+    base = torch.where((temps == 0)[:, None, None], base * 2.0 ** 17, base)
+    head = dk.MarkovHead("vanilla", torch.randn(vocab, 16, generator=g).bfloat16(), torch.zeros(vocab, 16).bfloat16())
+    return base, torch.randint(0, vocab, (n,), generator=g), head, temps
+
+
+def assert_low_temperature_logprobs(ref, out):
+    """The reference's tokens; log-probabilities within LOW_T_TOL of the reference's, and never above 0 (q <= 1)."""
+    assert torch.equal(out.tokens, ref.tokens)
+    assert (ref.draft_logprobs < -0.01).any()  # the case holds draws that were not near-certain
+    assert (out.draft_logprobs <= 0).all(), out.draft_logprobs
+    torch.testing.assert_close(out.draft_logprobs, ref.draft_logprobs, **LOW_T_TOL)
+
+
+@pytest.mark.parametrize("n", [4, 6])
+def test_cuda_low_temperature_logprobs(cuda_device, simt_check, n):
+    """N = 4: the CUDA-core sweep; N = 6: the tensor-core sweep (bf16 W2)."""
+    base, anchors, head, temps = low_temperature_case(n, seed=n)
+    run = lambda: run_both(cuda_device, base, anchors, head, None, None, temps, False, backend="cuda",  # noqa: E731
+                           wrap=simt_check)
+    if cuda_device.type == "cpu":
+        from dspark_kernels import simt
+        with simt.record() as rec:
+            ref, out = run()
+        assert _sweep_name(n, head.w2.dtype, 16) in rec.kernels(), rec.kernels()
+    else:
+        ref, out = run()
+    assert_low_temperature_logprobs(ref, out)
+
+
+def test_triton_low_temperature_logprobs(triton_device):
+    base, anchors, head, temps = low_temperature_case(6, seed=1)
+    assert_low_temperature_logprobs(*run_both(triton_device, base, anchors, head, None, None, temps, False))
+
+
+def test_cpu_low_temperature_logprobs():
+    base, anchors, head, temps = low_temperature_case(6, seed=2)
+    assert_low_temperature_logprobs(*run_both("cpu", base, anchors, head, None, None, temps, False, backend="cpu"))
+
+
+def zero_rank_case(kind, n, vocab=40, k=3, d=5):
+    """A head of rank 0 (W1, W2 [V, 0]; Wg [0, d], Wj [0, d]): the bias is zero, so the logits are U."""
+    g = torch.Generator().manual_seed(n)
+    empty = torch.zeros(vocab, 0, dtype=torch.bfloat16)
+    extra = {"gated": dict(wg=torch.zeros(0, d), bg=torch.zeros(0)),
+             "rnn": dict(wj=torch.zeros(0, d), bj=torch.zeros(0))}.get(kind, {})
+    head = dk.MarkovHead(kind, empty, empty, **extra)
+    confidence = dk.ConfidenceHead(torch.randn(d, generator=g), 0.3)
+    temps = torch.tensor([0.0, 0.8])[torch.arange(n) % 2]
+    return (torch.randn(n, k, vocab, generator=g), torch.randint(0, vocab, (n,), generator=g), head,
+            torch.randn(n, k, d, generator=g), confidence, temps)
+
+
+def assert_zero_rank(ref, out, case):
+    assert torch.equal(ref.logits, case[0])
+    assert_matches(ref, out, *case[:4], case[5])
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+@pytest.mark.parametrize("n", [2, 6])
+def test_cuda_zero_rank(cuda_device, simt_check, kind, n):
+    """Rank 0 for every head, on the CUDA-core (N = 2) and tensor-core (N = 6) sweeps: the reference's result."""
+    case = zero_rank_case(kind, n)
+    assert_zero_rank(*run_both(cuda_device, *case, True, backend="cuda", wrap=simt_check), case)
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_zero_rank(kind, backend):
+    case = zero_rank_case(kind, 3)
+    dev = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+    assert_zero_rank(*run_both(dev, *case, True, backend=backend), case)

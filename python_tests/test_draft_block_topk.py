@@ -9,7 +9,8 @@ import torch
 import dspark_kernels as dk
 from dspark_kernels.reference.draft_block import topk_candidates
 from stats import counts, passes
-from test_draft_block import _nbytes, assert_float_outputs_close, fp8_case, make_triton_case, reduced_case
+from test_draft_block import (_nbytes, assert_float_outputs_close, assert_low_temperature_logprobs, fp8_case,
+                               low_temperature_case, make_triton_case, reduced_case, zero_rank_case)
 
 
 def test_topk_candidates_by_hand():
@@ -304,3 +305,30 @@ def test_bad_top_k_names_the_argument():
     with pytest.raises(ValueError, match=r"top_k must be None or an int in \[1, min\(V, 1024\)\]"):
         dk.draft_block(big, torch.tensor([0]), dk.MarkovHead("vanilla", torch.zeros(2000, 2), torch.zeros(2000, 2)),
                        top_k=1025)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_cuda_topk_low_temperature_logprobs(cuda_device, simt_check, n):
+    """Top-k proposals at T = 1e-5 / 2e-6 (and greedy at the same scale): the reference's log-probabilities within
+    LOW_T_TOL, never above 0."""
+    base, anchors, head, temps = low_temperature_case(n, seed=n + 10)
+    ref, out = run_topk(cuda_device, (base, anchors, head, None, None, temps), 24, False, "cuda", wrap=simt_check)
+    assert_low_temperature_logprobs(ref, out)
+
+
+def test_triton_topk_low_temperature_logprobs(triton_device):
+    base, anchors, head, temps = low_temperature_case(3, seed=13)
+    assert_low_temperature_logprobs(*run_topk(triton_device, (base, anchors, head, None, None, temps), 24, False,
+                                              "triton"))
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_cuda_topk_zero_rank(cuda_device, simt_check, kind):
+    case = zero_rank_case(kind, 3)
+    ref, out = run_topk(cuda_device, case, 8, True, "cuda", wrap=simt_check)
+    assert_topk_matches(ref, out)
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_triton_topk_zero_rank(triton_device, kind):
+    assert_topk_matches(*run_topk(triton_device, zero_rank_case(kind, 3), 8, True, "triton"))

@@ -181,6 +181,11 @@ def draft_block(
         under the distribution it was drawn from (``verify_chain`` uses ``q(d) = exp(draft_logprobs)``); greedy requests
         (T <= 0) report it at T = 1 (the draft model's own log-probability; the verifier does not read it for
         them). NaN when the row holds a NaN or +inf logit or only -inf, as ``torch.log_softmax`` gives.
+        Non-finite weights: an infinite W2 entry gives an infinite bias (NaN where it meets a zero entry of v, as in
+        the reference), except on the CUDA tensor-core sweep (more than 4 requests, a 16-bit or fp8 W2 of rank
+        <= 2048), which multiplies W2 by v split into two 16-bit rows (hi + lo) and so may give NaN for that logit
+        (``inf * 0`` or ``inf - inf`` between the rows); the row's token then follows the NaN rule and its
+        log-probability is NaN. Finite weights are the supported input.
     """
     check_tensor("base_logits", base_logits, ndim=3, dtypes=FLOAT_DTYPES)
     n, k_len, vocab = base_logits.shape

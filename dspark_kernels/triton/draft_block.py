@@ -229,7 +229,7 @@ def _vocab_pass(u_row, logits_row, cand_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row
     ok = (top_m > NEG_INF) & (top_m < float("inf")) & (tl.max(bad, axis=0) == 0)
     safe_top = tl.where(ok, top_m, 0.0)
     total = tl.sum(tl.where(run_m > NEG_INF, run_s * tl.exp(run_m - safe_top), 0.0), axis=0)
-    return token, tl.where(ok, win_l - (safe_top + tl.log(total)), float("nan"))
+    return token, tl.where(ok, (win_l - safe_top) - tl.log(total), float("nan"))
 
 
 @triton.jit(do_not_specialize=["seed", "offset"])
@@ -491,7 +491,7 @@ def _merge_kernel(part_ptr, ids_ptr, d2t_ptr, tokens_ptr, logprob_ptr, k, K, blo
     if HAS_MAP:
         token = tl.load(d2t_ptr + token).to(tl.int64)
     tl.store(tokens_ptr + n * K + k, token)
-    tl.store(logprob_ptr + n * K + k, tl.where(ok, win_l - (safe_top + tl.log(total)), float("nan")))
+    tl.store(logprob_ptr + n * K + k, tl.where(ok, (win_l - safe_top) - tl.log(total), float("nan")))
 
 
 @triton.jit

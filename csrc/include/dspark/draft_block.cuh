@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(kSweepThreads) draft_finish_kernel(DraftBlockP
       if (lane < nb) {
         const float m = sm.st.m;
         tok[kl * ld + lane] = target_id(p, j);
-        lps[kl * ld + lane] = sm.bad || !(m > neg_inf()) || !(m < INFINITY) ? NAN : sm.scaled - sm.st.log_sum_exp();
+        lps[kl * ld + lane] = sm.bad || !(m > neg_inf()) || !(m < INFINITY) ? NAN : sm.st.log_softmax_at(sm.scaled);
       }
     }
     for (int f = warp; conf && f < kc * nb; f += kSweepWarps) {  // (B)
@@ -535,7 +535,7 @@ inline cudaError_t run(const DraftBlockParams& p, void* workspace, cudaStream_t 
   const int64_t items = (p.R + rows_item - 1) / rows_item * ((p.N + kZGroup - 1) / kZGroup);
   for (int64_t k = 0; k < p.K; ++k) {
     const uint64_t* prev = k > 0 ? ws.keys + (k - 1) * padded_requests(p.N) : nullptr;
-    if (p.head != kVanilla) {
+    if (p.head != kVanilla && items > 0) {  // (R = 0: v is empty, nothing to launch)
       LaunchConfig hc;
       hc.grid = dim3(static_cast<unsigned>(std::min<int64_t>(items, int64_t(2) * sms)));
       hc.block = dim3(kHeadThreads);

@@ -92,17 +92,16 @@ struct Part {
   }
   // add_greedy once stats.m is above -inf, for a partial whose calls come in token order (each call's tokens after
   // the last's): a tie with the maximum is then a later token than the winner's, so only pm > m moves anything, and
-  // the winner moves with the maximum. ml is stats.m log2 e, kept by the caller across calls.
+  // the winner moves with the maximum.
   template <int kN>
-  DSPARK_DEVICE void add_greedy_seeded(const float (&x)[kN], float pm, int64_t i, int perm, float& ml) {
+  DSPARK_DEVICE void add_greedy_seeded(const float (&x)[kN], float pm, int64_t i, int perm) {
     if (pm > stats.m) {
       win = ArgMax{pm, i + first_at(x, pm, perm)};
       scaled = pm;
       stats.s *= sum_exp2((stats.m - pm) * kLog2e);
       stats.m = pm;
-      ml = pm * kLog2e;
     }
-    add_exp_at(x, ml);
+    add_exp_at(x, stats.m);
   }
   // The lowest token offset of x (tokens i + (e ^ perm)) holding pm, which some x[e] equals. Halves as they stand
   // (perm 0: a constant where the caller never swaps them): a select from the last element down; else the ties by
@@ -124,24 +123,25 @@ struct Part {
   }
 
   static constexpr float kLog2e = 1.4426950408889634f;
-  // The softmax sum's terms of x at the current maximum m (one FFMA and one MUFU.EX2 a token), added as a tree
-  // before they reach s (log2 kN + 1 dependent FADDs, not kN), or, while m is still -inf (nothing to sum), whether
-  // a NaN came.
+  // The softmax sum's terms of x at the current maximum m (an FADD, an FMUL and one MUFU.EX2 a token), added as a
+  // tree before they reach s (log2 kN + 1 dependent FADDs, not kN), or, while m is still -inf (nothing to sum),
+  // whether a NaN came.
   template <int kN>
   DSPARK_DEVICE void add_exp(const float (&x)[kN]) {
     if (stats.m > neg_inf()) {
-      add_exp_at(x, stats.m * kLog2e);
+      add_exp_at(x, stats.m);
     } else {
 #pragma unroll
       for (int e = 0; e < kN; ++e) bad |= x[e] != x[e] ? 1 : 0;
     }
   }
-  // add_exp's sum at a maximum m above -inf, ml = m log2 e.
+  // add_exp's sum at a maximum m above -inf. Each term is 2^((x - m) log2 e): x - m is exact near the maximum, where
+  // x log2 e - m log2 e would carry the rounding of m log2 e (up to half its ulp, 1 at |m| = 2^24) into every term.
   template <int kN>
-  DSPARK_DEVICE void add_exp_at(const float (&x)[kN], float ml) {
+  DSPARK_DEVICE void add_exp_at(const float (&x)[kN], float m) {
     float t[kN];
 #pragma unroll
-    for (int e = 0; e < kN; ++e) t[e] = sum_exp2(fmaf(x[e], kLog2e, -ml));
+    for (int e = 0; e < kN; ++e) t[e] = sum_exp2((x[e] - m) * kLog2e);
     stats.s += sum_of(t);
   }
 #endif
@@ -156,7 +156,7 @@ struct Part {
   // log_softmax(x)[winner] as torch computes it: NaN for a row with a NaN or +inf entry, or only -inf ones.
   DSPARK_HOST_DEVICE_FN float logprob() const {
     if (bad || !(stats.m > neg_inf()) || !(stats.m < INFINITY)) return NAN;
-    return scaled - stats.log_sum_exp();
+    return stats.log_softmax_at(scaled);
   }
 };
 

@@ -77,6 +77,9 @@ struct SoftmaxStats {
     m = nm;
   }
   DSPARK_HOST_DEVICE_FN float log_sum_exp() const { return m + logf(s); }
+  // log_softmax at a scaled logit x of the set, (x - m) - log s: exact at x = m whatever |m| (m + log s would round
+  // to a multiple of ulp(m)).
+  DSPARK_HOST_DEVICE_FN float log_softmax_at(float x) const { return (x - m) - logf(s); }
 };
 
 // How a row of V elements is split into chunks: `chunk` is a multiple of 32 elements (16-byte vectors of every
