@@ -1,9 +1,13 @@
 """The CUDA-graph step (dspark_kernels/decode/graphs.py): its pieces on the CPU against the eager loop (buckets,
 padding, the same tokens, the drafting gate, one host read a step), and on a GPU captured for real."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import dspark_kernels as dk
 from dspark_kernels.decode import graphs as graphs_mod
@@ -235,7 +239,7 @@ def test_replays_read_what_their_captures_bound(target, reference, monkeypatch, 
             PROMPTS, MAX_NEW, temperature=temperature, scheduler=sched)
         graphed = GraphDecoder(dec, graphs=True, split=split, buckets=every)
         out = graphed.generate(PROMPTS, MAX_NEW, temperature=temperature, scheduler=sched)
-        runner = graphed._setup[2]
+        runner = graphed._setup.runner
         assert {k[1] for k in runner.graphs if k[0] == "draft"} == {True, False}  # both groups were captured
         assert out.tokens == plain.tokens and out.stats.draft_steps == plain.stats.draft_steps
         if temperature == 0.0:
@@ -311,6 +315,85 @@ def test_bfloat16_models_same_tokens_as_the_eager_loop(temperature):
     assert out.tokens == eager.tokens
     if temperature == 0.0:
         assert out.tokens == reference
+
+
+def _run(gd, scheduler, **kw):
+    out = gd.generate(PROMPTS, MAX_NEW, scheduler=scheduler, **kw)
+    return out.tokens, out.stats.drafts_verified
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_a_second_call_follows_changed_thresholds(target, monkeypatch, emulated):
+    """A call on a kept setup (graphs emulated on the CPU, or none) verifies what a fresh decoder verifies with its
+    scheduler's thresholds: the same scheduler changed in place, or a new one."""
+    monkeypatch.setattr(graphs_mod._Runner, "_capture", _emulated_capture)
+    dec = SpeculativeDecoder(target, tiny_drafter(target, block_size=4), kv_block_size=4)
+    fresh = {thr: _run(GraphDecoder(dec, graphs=emulated, static_kv=True), Scheduler("threshold", thresholds=[thr] * 4))
+             for thr in (0.0, 2.0)}
+    assert fresh[0.0][1] > 0 == fresh[2.0][1]
+    gd = GraphDecoder(dec, graphs=emulated, static_kv=True)
+    sched = Scheduler("threshold", thresholds=[0.0] * 4)
+    assert _run(gd, sched) == fresh[0.0]
+    sched.thresholds = [2.0] * 4
+    assert _run(gd, sched) == fresh[2.0]
+    for thr in (0.0, 2.0):
+        assert _run(gd, Scheduler("threshold", thresholds=[thr] * 4)) == fresh[thr]
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_a_second_call_follows_a_changed_seed(target, monkeypatch, emulated):
+    """Sampling on a kept setup after ``dec.seed`` changed gives the eager loop's tokens with the new seed."""
+    monkeypatch.setattr(graphs_mod._Runner, "_capture", _emulated_capture)
+    dec = SpeculativeDecoder(target, tiny_drafter(target, block_size=4), kv_block_size=4)
+    eager = {}
+    for seed in (0, 1):
+        dec.seed = seed
+        eager[seed] = dec.generate(PROMPTS, MAX_NEW, temperature=1.0).tokens
+    assert eager[0] != eager[1]
+    gd, sched = GraphDecoder(dec, graphs=emulated, static_kv=False), Scheduler()
+    for seed in (0, 1, 0):
+        dec.seed = seed
+        assert gd.generate(PROMPTS, MAX_NEW, temperature=1.0, scheduler=sched).tokens == eager[seed]
+
+
+class _ForeignReads(TorchDispatchMode):
+    """The memory that ops read and that no op under this mode allocated (what a CUDA graph of them reads by
+    address, allocated elsewhere): weak references to its storages, with the reading op's name."""
+
+    def __init__(self):
+        super().__init__()
+        self.made, self.reads = {}, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and t.dim() > 0:  # 0-dim: Python numbers wrapped for the op
+                s = t.untyped_storage()
+                if self.made.get(id(s), lambda: None)() is not s:
+                    self.reads.append((func.name(), tuple(t.shape), weakref.ref(s)))
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                self.made[id(s)] = weakref.ref(s)
+        return out
+
+
+def test_the_step_reads_only_memory_the_decoder_holds(target, reference, monkeypatch):
+    """Every tensor the steps read and did not allocate outlives the call that made it, held by the decoder: the
+    call's stop ids, confidence head and STS temperatures, its scheduler's cost table (the caller keeps none of them),
+    as a CUDA graph's replays in a later call need."""
+    reads = _ForeignReads()
+    loop = GraphDecoder._loop
+
+    def traced(*args):
+        with reads:
+            return loop(*args)
+    monkeypatch.setattr(GraphDecoder, "_loop", traced)
+    gd = GraphDecoder(_oracle(target, reference), graphs=False, static_kv=True)
+    gd.generate(PROMPTS, MAX_NEW, temperature=1.0, stop_token_ids=[reference[2][4]],
+                scheduler=Scheduler("argmax", cost_table=dk.CostTable([1, 64], [1.0, 4.0]), sts_temperatures=[1.5] * 4))
+    gc.collect()
+    assert reads.reads and {(op, shape) for op, shape, s in reads.reads if s() is None} == set()
 
 
 # ---------------------------------------------------------------------------------------------- on a GPU

@@ -14,10 +14,13 @@ On a GPU (``graphs=True``) each group is captured the first time it is needed (t
 mode; a bucket's group per bucket and drafting group, since it reads that group's outputs where its capture put
 them; the first step runs eagerly, so every kernel is loaded before a capture) and replayed after; ``split=True``
 captures each piece on its own instead, so a profile can time them. After a replay the state's tensors are those
-the replayed group's capture bound, so a group captured next reads what the last replay wrote. A second ``generate`` of the same batch size, capacity
-and settings replays the graphs already captured. On the CPU the same pieces run eagerly. With ``static_kv``
-(graphs' default) the drafter and the target read keys up to the cache's capacity (masked past each request's
-length); without it, up to the eager loop's per-step bound, which gives the eager loop's exact rounding.
+the replayed group's capture bound, so a group captured next reads what the last replay wrote. Every tensor the
+graphs read is held by the decoder's ``_Setup``: a second ``generate`` whose step holds the same constants (batch
+size, capacity, the settings of ``_Setup``'s key) copies its own values (the seed, the stop ids, the confidence head,
+the thresholds) into the setup's tensors and replays the graphs already captured. On the CPU the same pieces run
+eagerly. With ``static_kv`` (graphs' default) the drafter and the target read keys up to the cache's capacity
+(masked past each request's length); without it, up to the eager loop's per-step bound, which gives the eager
+loop's exact rounding.
 
 The drafting gate (``Scheduler.draft_cost``) works as in the eager loop: a plain step replays the plain group
 (placeholder drafts, every verify length 0) and its bucket of N rows.
@@ -25,6 +28,7 @@ The drafting gate (``Scheduler.draft_cost``) works as in the eager loop: a plain
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -70,7 +74,7 @@ class StepState:
     PERSISTENT = ("anchors", "seq_lens", "max_seq_lens", "finished", "out_tokens", "generated", "prev_survival",
                   "keys", "reached", "accepted", "verified_drafts", "read")
 
-    def __init__(self, n: int, k: int, width: int, seed: int, dev: torch.device):
+    def __init__(self, n: int, k: int, width: int, dev: torch.device):
         long = dict(dtype=torch.long, device=dev)
         self.n, self.k, self.width = n, k, width
         self.anchors = torch.zeros(n, **long)
@@ -80,17 +84,18 @@ class StepState:
         self.out_tokens = torch.full((n * width + 1,), -1, **long)
         self.generated = torch.zeros(n, **long)
         self.prev_survival = torch.zeros(n, k, dtype=torch.float32, device=dev)
-        self.keys = torch.tensor([[seed, 0], [seed, 1]], **long)  # (seed, offset) of the draft and verify keys
+        self.keys = torch.zeros(2, 2, **long)  # (seed, offset) of the draft and verify keys
         self.key_step = torch.tensor([[0, 2], [0, 2]], **long)
         self.reached, self.accepted, self.verified_drafts = (torch.zeros(k, **long) for _ in range(3))
         self.read = torch.zeros(3, **long)  # rows, running requests, generated tokens
         self.draft_positions = torch.arange(k, device=dev)
         self.all_rows = torch.arange(n * (k + 1), device=dev)
 
-    def load(self, b) -> None:
-        """Start from a prefilled batch (``decoder._Batch``)."""
+    def load(self, b, seed: int) -> None:
+        """Start from a prefilled batch (``decoder._Batch``), the keys at (seed, 0) and (seed, 1)."""
         for name in ("anchors", "seq_lens", "max_seq_lens", "finished", "out_tokens", "generated"):
             getattr(self, name).copy_(getattr(b, name))
+        self.keys[:, 0] = seed
         self.keys[:, 1] = torch.arange(2, device=self.keys.device)
         for t in (self.prev_survival, self.reached, self.accepted, self.verified_drafts):
             t.zero_()
@@ -146,6 +151,37 @@ class _Runner:
         return out
 
 
+def _call_tensors(call: _CallSettings, dev) -> Dict[str, Optional[torch.Tensor]]:
+    """The tensors a call gives the step (None where it has none)."""
+    s, c = call.scheduler, call.confidence or dk.ConfidenceHead(None, None)
+    thresholds = torch.as_tensor(s.thresholds, dtype=torch.float32, device=dev) if s.mode == "threshold" else None
+    return {"stops": call.stop_token_ids, "thresholds": thresholds, "conf_weight": c.weight, "conf_bias": c.bias,
+            "sts": c.sts_temperatures}
+
+
+class _Setup:
+    """What a ``GraphDecoder`` keeps between calls: the state, the runner and its graphs, the caches they write,
+    and every tensor they read that a call gives: copies of the call's tensors (``_call_tensors``), which each call
+    refreshes, and the first call's cost table (equal to every later call's, by ``key``), whose device copies the
+    scheduler reads. ``key``: what the captured step holds as constants; a call of an equal key runs on this setup
+    with its values copied in (``refresh``) and its seed loaded into the state's keys (``StepState.load``)."""
+
+    def __init__(self, key: tuple, st: StepState, runner: _Runner, tensors: dict, cost_table):
+        self.key, self.st, self.runner, self.caches = key, st, runner, (None, None)
+        self.buffers = {name: None if t is None else t.clone() for name, t in tensors.items()}
+        self.cost_table = cost_table
+
+    def refresh(self, call: _CallSettings, tensors: dict) -> _CallSettings:
+        """The settings the step reads: ``call``'s, its tensors copied into this setup's."""
+        b = self.buffers
+        for name, t in tensors.items():
+            if t is not None:
+                b[name].copy_(t)
+        conf = None if b["conf_weight"] is None else dk.ConfidenceHead(b["conf_weight"], b["conf_bias"], b["sts"])
+        s = dataclasses.replace(call.scheduler, thresholds=b["thresholds"], cost_table=self.cost_table)
+        return call._replace(scheduler=s, confidence=conf, stop_token_ids=b["stops"])
+
+
 class GraphDecoder:
     """``SpeculativeDecoder.generate`` with the step replayed from CUDA graphs (see the module docstring).
 
@@ -160,7 +196,7 @@ class GraphDecoder:
                  draft_hook: Optional[Callable[[StepState], None]] = None):
         self.dec, self.buckets_arg, self.graphs_arg = dec, buckets, graphs
         self.split, self.static_kv_arg, self.draft_hook = split, static_kv, draft_hook
-        self._setup = None  # (signature, state, runner): reused by a generate of the same signature
+        self._setup: Optional[_Setup] = None  # the last call's: reused by a call of the same key
 
     # ---------------------------------------------------------------------------------------------- the pieces
     def _draft_pieces(self, st: StepState, call: _CallSettings, drafted: bool, kv: int, has_prev: bool
@@ -176,12 +212,8 @@ class GraphDecoder:
                                        return_logits=call.temperature > 0, top_k=dec.draft_top_k,
                                        backend=dec.backend)
 
-        def schedule():
-            s = call.scheduler
-            if s.mode == "threshold":  # the eager loop's rule, with the thresholds already on the device
-                lens = (st.drafts.survival >= self._thresholds).int().cumprod(1).sum(1).clamp(min=s.min_len)
-            else:
-                lens = dec._schedule(s, st.drafts, st.prev_survival if has_prev else None, k)
+        def schedule():  # the thresholds are already on the device (_Setup.refresh)
+            lens = dec._schedule(call.scheduler, st.drafts, st.prev_survival if has_prev else None, k)
             st.lens = torch.where(st.finished, 0, lens.int())
 
         def plain():
@@ -261,22 +293,23 @@ class GraphDecoder:
         return [("target", target), ("verify_chain", verify), ("accept_prefix_scan", scan), ("commit", commit)]
 
     # ---------------------------------------------------------------------------------------------- the loop
-    def _prepare(self, call: _CallSettings, stops: tuple, n: int, capacity: int, max_new_tokens: int, dev,
-                 graphs: bool) -> Tuple[StepState, _Runner, bool]:
-        """The state and runner of this batch shape and these settings: the last call's (its graphs, when the caches
-        they write are still the target's and the drafter's), or new ones."""
-        s = call.scheduler
-        signature = (n, capacity, max_new_tokens, call.temperature, stops, id(s), graphs, self.split)
-        caches = (self.dec.target.cache, self.dec.drafter.cache)
+    def _prepare(self, call: _CallSettings, n: int, capacity: int, max_new_tokens: int, dev, graphs: bool
+                 ) -> Tuple[_Setup, _CallSettings, bool]:
+        """The setup of this call (the last call's when the key is the same and the caches its graphs write are
+        still the target's and the drafter's, else a new one), the settings the step reads, and whether the setup
+        is the last call's."""
+        dec, s, tensors = self.dec, call.scheduler, _call_tensors(call, dev)
+        layout = tuple((name, t if t is None else (t.shape, t.dtype)) for name, t in tensors.items())
+        key = (n, capacity, max_new_tokens, graphs, self.split, self.draft_hook, call.temperature, layout, s.mode,
+               s.verify_len, s.min_len, s.min_gain, s.cost_table, dec.draft_top_k, dec.method, dec.backend)
         old = self._setup
-        if old is not None and old[0] == signature and all(a is b for a, b in zip(old[3], caches)):
-            return old[1], old[2], True
-        k = self.dec.drafter.block_size
-        st = StepState(n, k, max_new_tokens + k + 1, self.dec.seed, dev)
-        self._thresholds = (torch.as_tensor(s.thresholds, dtype=torch.float32, device=dev)
-                            if s.mode == "threshold" else None)
-        self._setup = (signature, st, _Runner(st, graphs, self.split), (None, None))
-        return st, self._setup[2], False
+        reuse = (old is not None and old.key == key
+                 and all(a is b for a, b in zip(old.caches, (dec.target.cache, dec.drafter.cache))))
+        if not reuse:
+            k = dec.drafter.block_size
+            st = StepState(n, k, max_new_tokens + k + 1, dev)
+            self._setup = _Setup(key, st, _Runner(st, graphs, self.split), tensors, s.cost_table)
+        return self._setup, self._setup.refresh(call, tensors), reuse
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
@@ -298,18 +331,19 @@ class GraphDecoder:
         buckets = sorted(self.buckets_arg or default_buckets(n, k))
         if buckets[-1] < n * (k + 1):
             raise ValueError(f"the largest bucket ({buckets[-1]}) must hold N (K+1) = {n * (k + 1)} rows")
-        st, runner, reuse = self._prepare(call, tuple(stop_token_ids), n, capacity, max_new_tokens, dev, graphs)
+        setup, call, reuse = self._prepare(call, n, capacity, max_new_tokens, dev, graphs)
+        st = setup.st
         with _hidden_layers(dec.target, dec.drafter.config.target_layer_ids):
             b = dec._prefill(prompts, max_new_tokens, capacity, reuse_caches=reuse)
-            self._setup = self._setup[:3] + ((dec.target.cache, dec.drafter.cache),)
-            st.load(b)
+            setup.caches = (dec.target.cache, dec.drafter.cache)
+            st.load(b, dec.seed)
             stats, clock = _StatsAccumulator(k, dev), _Clock(dev, profile)
             t0 = time.perf_counter()
             clock.mark(None)
             static_kv = graphs if self.static_kv_arg is None else bool(self.static_kv_arg)
             bound = (lambda step: capacity - k - 1) if static_kv else (
                 lambda step: b.prompt_context + min(max_new_tokens, step * (k + 1)))
-            self._loop(st, runner, call, buckets, bound, static_kv, reuse, stats, clock)
+            self._loop(st, setup.runner, call, buckets, bound, static_kv, reuse, stats, clock)
             wall = time.perf_counter() - t0
         stats.reached, stats.accepted, stats.verified = st.reached, st.accepted, st.verified_drafts
         tokens = _trim(_host_read(st.out_tokens[:-1].view(n, st.width)[:, :max_new_tokens]), set(stop_token_ids))
