@@ -66,7 +66,8 @@ def verify_chain(
             a request scores draft ``d_{j+1}`` and row L the bonus token.
         draft_tokens: int32/int64 ``[N, K]``.
         cu_seqlens: int32/int64 ``[N+1]``, the packed layout's row offsets (request r owns rows
-            ``cu[r]..cu[r+1]-1``, so its verify length is ``cu[r+1] - cu[r] - 1``).
+            ``cu[r]..cu[r+1]-1``, so its verify length is ``cu[r+1] - cu[r] - 1``; rows past R are not its own,
+            and it owns none unless ``0 <= cu[r] < R`` and ``cu[r+1] > cu[r]``).
         draft_logits: float ``[N, K, V]``, the logits the drafts were sampled from (``draft_block(...,
             return_logits=True)``); None means one-hot drafts (``q(d_j) = 1``). ``[N, K, Vd]`` with
             ``draft_to_target``, ``[N, K, k]`` with ``draft_candidates``: the kernels read these rows as they are.
