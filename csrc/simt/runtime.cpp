@@ -563,7 +563,7 @@ DSPARK_SIMT_UNMODELLED void complete_cp_async(Fiber* f, uint64_t up_to_group, bo
       keep.push_back(c);
       continue;
     }
-    memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
+    if (c.src_bytes > 0) memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));  // a zero-fill may name no source
     memset(c.dst + c.src_bytes, 0, static_cast<size_t>(c.bytes - c.src_bytes));
   }
   f->cp_queue.swap(keep);
