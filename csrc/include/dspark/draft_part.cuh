@@ -90,19 +90,6 @@ struct Part {
     }
     add_exp(x);
   }
-  // add_greedy once stats.m is above -inf, for a partial whose calls come in token order (each call's tokens after
-  // the last's): a tie with the maximum is then a later token than the winner's, so only pm > m moves anything, and
-  // the winner moves with the maximum.
-  template <int kN>
-  DSPARK_DEVICE void add_greedy_seeded(const float (&x)[kN], float pm, int64_t i, int perm) {
-    if (pm > stats.m) {
-      win = ArgMax{pm, i + first_at(x, pm, perm)};
-      scaled = pm;
-      stats.s *= sum_exp2((stats.m - pm) * kLog2e);
-      stats.m = pm;
-    }
-    add_exp_at(x, stats.m);
-  }
   // The lowest token offset of x (tokens i + (e ^ perm)) holding pm, which some x[e] equals. Halves as they stand
   // (perm 0: a constant where the caller never swaps them): a select from the last element down; else the ties by
   // element (constant shifts), turned into token order (a rotation by perm: e ^ kN / 2 = e -+ kN / 2).
@@ -135,8 +122,8 @@ struct Part {
       for (int e = 0; e < kN; ++e) bad |= x[e] != x[e] ? 1 : 0;
     }
   }
-  // add_exp's sum at a maximum m above -inf. Each term is 2^((x - m) log2 e): x - m is exact near the maximum, where
-  // x log2 e - m log2 e would carry the rounding of m log2 e (up to half its ulp, 1 at |m| = 2^24) into every term.
+  // add_exp's sum at a maximum m above -inf. Each term is 2^((x - m) log2 e), x - m formed first: exact near the
+  // maximum whatever |m| (at T = 1e-6, |m| reaches 2^24).
   template <int kN>
   DSPARK_DEVICE void add_exp_at(const float (&x)[kN], float m) {
     float t[kN];
