@@ -1,6 +1,8 @@
 """The CUDA-graph step (dspark_kernels/decode/graphs.py): its pieces on the CPU against the eager loop (buckets,
 padding, the same tokens, the drafting gate, one host read a step), and on a GPU captured for real."""
 
+import contextlib
+import copy
 import gc
 import weakref
 
@@ -191,14 +193,21 @@ def _write_into(dst, src) -> None:
             _write_into(a, b)
 
 
-class _EmulatedGraph:
-    """A CUDA graph's contract on the CPU: its capture fixes the tensors it reads and writes; a replay reads those
-    and writes into those, whatever Python has bound since (the pieces run again against the capture's bindings and
-    their results are copied into the capture's outputs; Python's bindings are left as they were)."""
+def _weights(models):
+    """Each parameter and buffer slot of the models: (module, its _parameters or _buffers, the name, the tensor)."""
+    return [(d, name, t) for m in models for sub in m.modules() for d in (sub._parameters, sub._buffers)
+            for name, t in d.items() if t is not None]
 
-    def __init__(self, state, group):
-        self.state, self.group = state, group
-        self.reads = dict(vars(state))
+
+class _EmulatedGraph:
+    """A CUDA graph's contract on the CPU: its capture fixes the tensors it reads and writes (the step state's, and
+    the weights of ``models``); a replay reads those and writes into those, whatever Python has bound since (the
+    pieces run again against the capture's bindings and their results are copied into the capture's outputs;
+    Python's bindings are left as they were)."""
+
+    def __init__(self, state, group, models=()):
+        self.state, self.group, self.models = state, group, models
+        self.reads, self.weights = dict(vars(state)), _weights(models)
         for _, fn in group:
             fn()
         self.writes = dict(vars(state))
@@ -206,19 +215,45 @@ class _EmulatedGraph:
     def replay(self):
         bound = dict(vars(self.state))
         vars(self.state).update(self.reads)
-        for _, fn in self.group:
-            fn()
+        with _weights_bound(self.weights, self.models):
+            for _, fn in self.group:
+                fn()
         for name, t in self.writes.items():
             if t is not self.reads.get(name):
                 _write_into(t, getattr(self.state, name))
         vars(self.state).update(bound)
 
 
-def _emulated_capture(runner, pieces):
+@contextlib.contextmanager
+def _weights_bound(weights, models):
+    """The models' parameters and buffers bound to ``weights`` (a capture's ``_weights``) inside the block."""
+    now = _weights(models)
+    for d, name, t in weights:
+        d[name] = t
+    try:
+        yield
+    finally:
+        for d, name, t in now:
+            d[name] = t
+
+
+class _EmulatedOne:
+    """``_capture_one``'s graph on the CPU: a replay runs the step on the weights its capture read."""
+
+    def __init__(self, fn, models):
+        self.fn, self.models, self.weights = fn, models, _weights(models)
+        fn()
+
+    def replay(self):
+        with _weights_bound(self.weights, self.models):
+            self.fn()
+
+
+def _emulated_capture(runner, pieces, models=()):
     saved = runner.state.snapshot()
     out = []
     for group in ([[p] for p in pieces] if runner.split else [pieces]):
-        graph = _EmulatedGraph(runner.state, group)
+        graph = _EmulatedGraph(runner.state, group, models)
         out.append((group[-1][0] if runner.split else None, graph, dict(vars(runner.state))))
     runner.state.restore(saved)
     return out
@@ -354,6 +389,30 @@ def test_a_second_call_follows_a_changed_seed(target, monkeypatch, emulated):
     for seed in (0, 1, 0):
         dec.seed = seed
         assert gd.generate(PROMPTS, MAX_NEW, temperature=1.0, scheduler=sched).tokens == eager[seed]
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_second_call_reads_replaced_weights(monkeypatch, alone):
+    """A weight replaced by a new tensor between calls (graphs emulated on the CPU, binding the weights their
+    capture read) is read by the next call: greedy gives the changed target's own tokens, with the drafter
+    (GraphDecoder) and without (TargetAlone)."""
+    target = tiny_target(seed=0)
+    dec = SpeculativeDecoder(target, tiny_drafter(target, block_size=4), kv_block_size=4)
+    models = (target, dec.drafter)
+    monkeypatch.setattr(graphs_mod._Runner, "_capture", lambda runner, pieces: _emulated_capture(runner, pieces, models))
+    monkeypatch.setattr(graphs_mod, "_capture_one", lambda fn: _EmulatedOne(fn, models))
+    gd = TargetAlone(target, graphs=True) if alone else GraphDecoder(dec, graphs=True)
+
+    def tokens():
+        out = gd.generate(PROMPTS, MAX_NEW)
+        return out[0] if alone else out.tokens
+    assert tokens() == greedy_reference(copy.deepcopy(target), PROMPTS, MAX_NEW)  # a copy: the target keeps its cache
+    w = target.lm_head_weight
+    for mod in target.modules():
+        for name, t in mod._parameters.items():
+            if t is w:
+                setattr(mod, name, torch.nn.Parameter(w.detach().flip(0).clone()))
+    assert tokens() == greedy_reference(copy.deepcopy(target), PROMPTS, MAX_NEW)
 
 
 class _ForeignReads(TorchDispatchMode):

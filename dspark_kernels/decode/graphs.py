@@ -15,9 +15,11 @@ mode; a bucket's group per bucket and drafting group, since it reads that group'
 them; the first step runs eagerly, so every kernel is loaded before a capture) and replayed after; ``split=True``
 captures each piece on its own instead, so a profile can time them. After a replay the state's tensors are those
 the replayed group's capture bound, so a group captured next reads what the last replay wrote. Every tensor the
-graphs read is held by the decoder's ``_Setup``: a second ``generate`` whose step holds the same constants (batch
-size, capacity, the settings of ``_Setup``'s key) copies its own values (the seed, the stop ids, the confidence head,
-the thresholds) into the setup's tensors and replays the graphs already captured. On the CPU the same pieces run
+graphs read is held by the decoder's ``_Setup``, but the models' weights: a second ``generate`` whose step holds the
+same constants (batch size, capacity, the settings of ``_Setup``'s key, every weight where it was: ``_weights_key``)
+copies its own values (the seed, the stop ids, the confidence head, the thresholds) into the setup's tensors and
+replays the graphs already captured. Weights changed in place (``load_state_dict``, ``copy_``) are read by the
+replays; a weight replaced by a new tensor makes the next call capture again. On the CPU the same pieces run
 eagerly. With ``static_kv`` (graphs' default) the drafter and the target read keys up to the cache's capacity
 (masked past each request's length); without it, up to the eager loop's per-step bound, which gives the eager
 loop's exact rounding.
@@ -29,6 +31,7 @@ The drafting gate (``Scheduler.draft_cost``) works as in the eager loop: a plain
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -149,6 +152,16 @@ class _Runner:
             # the tensors the capture bound stay alive with the graph (later captures never reuse them)
             out.append((group[-1][0] if self.split else None, graph, dict(vars(self.state))))
         return out
+
+
+def _weights_key(*models) -> tuple:
+    """What a captured step holds of the models' weights: each parameter's and buffer's address, shape, strides
+    and dtype (a model that is not an ``nn.Module`` is searched one attribute deep, as ``HFTarget.model``). A weight
+    replaced by another tensor, not copied into, changes the key, so the step is captured again."""
+    mods = [m for x in models for m in ([x] if isinstance(x, torch.nn.Module) else vars(x).values())
+            if isinstance(m, torch.nn.Module)]
+    return tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+                 for m in mods for t in itertools.chain(m.parameters(), m.buffers()))
 
 
 def _call_tensors(call: _CallSettings, dev) -> Dict[str, Optional[torch.Tensor]]:
@@ -301,7 +314,8 @@ class GraphDecoder:
         dec, s, tensors = self.dec, call.scheduler, _call_tensors(call, dev)
         layout = tuple((name, t if t is None else (t.shape, t.dtype)) for name, t in tensors.items())
         key = (n, capacity, max_new_tokens, graphs, self.split, self.draft_hook, call.temperature, layout, s.mode,
-               s.verify_len, s.min_len, s.min_gain, s.cost_table, dec.draft_top_k, dec.method, dec.backend)
+               s.verify_len, s.min_len, s.min_gain, s.cost_table, dec.draft_top_k, dec.method, dec.backend,
+               _weights_key(dec.target, dec.drafter))
         old = self._setup
         reuse = (old is not None and old.key == key
                  and all(a is b for a, b in zip(old.caches, (dec.target.cache, dec.drafter.cache))))
@@ -398,7 +412,7 @@ class TargetAlone:
     """Greedy decoding with the target alone, one token a request a step (the baseline a speculative step is
     measured against), the step replayed from a CUDA graph on a GPU (``graphs``, default: on CUDA). Keys are read
     up to the capacity (masked past each request's position). A second ``generate`` of the same batch size and
-    lengths replays the graph already captured."""
+    lengths, with every weight where it was (``_weights_key``), replays the graph already captured."""
 
     def __init__(self, target, graphs: Optional[bool] = None):
         self.target, self.graphs_arg = target, graphs
@@ -413,7 +427,7 @@ class TargetAlone:
         lens = [len(p) for p in prompts]
         capacity = max(lens) + max_new_tokens + 1
         graphs = dev.type == "cuda" if self.graphs_arg is None else bool(self.graphs_arg)
-        key = (n, capacity, max_new_tokens, graphs)
+        key = (n, capacity, max_new_tokens, graphs, _weights_key(target))
         if self._setup is None or self._setup[0] != key or self._setup[1]["cache"] is not target.cache:
             target.alloc_cache(n, capacity)
             long = dict(dtype=torch.long, device=dev)
