@@ -88,6 +88,31 @@ def test_greedy_requests_in_a_sampled_batch(impl):
     assert out.tolist() == [[3, 0, -1], [2, 6, 1]]
 
 
+@pytest.mark.parametrize("temps", [None, [0.0, 1.0]], ids=["all_greedy", "mixed"])
+def test_greedy_requests_ignore_draft_probs(impl, temps):
+    """Greedy requests follow the argmax rule whatever ``draft_probs`` gives their drafts (here no mass); a sampled
+    request's draft without mass is rejected, the correction drawn from max(p - q, 0) (all on its draft)."""
+    _, fn = impl
+    logits = argmax_rows([3, 5, 2, 6])
+    logits[2:] *= 50
+    probs = torch.full((4, V), 1 / (V - 1))
+    probs[torch.arange(4), torch.tensor([3, 5, 2, 6])] = 0.0
+    meta = metadata(None if temps is None else torch.tensor(temps))
+    out = sample(fn, [[3, 5], [2, 6]], logits, [7, 1], draft_probs=probs, meta=meta)
+    assert out.tolist() == [[3, 5, 7], [2, 6, 1] if temps is None else [2, -1, -1]]
+
+
+def test_drafts_outside_the_vocabulary_are_rejected():
+    """Plugin only (vLLM's kernels index by the id unchecked): an id >= V is rejected like the -1 placeholder, with
+    or without ``draft_probs``, greedy or sampled."""
+    logits = sharp_target([1, 3, 4])
+    probs = torch.softmax(logits, -1)
+    for meta in (metadata(), metadata(torch.tensor([1.0]))):
+        for draft_probs in (None, probs):
+            out = sample(dkv.rejection_sample, [[1, V + 2, 4]], logits, [7], draft_probs=draft_probs, meta=meta)
+            assert out.tolist() == [[1, 3, -1, -1]]
+
+
 def sharp_target(tokens, hot=30.0):
     """Target rows with (almost) all mass on ``tokens``: p(token) = 1 - ~1e-12."""
     rows = torch.zeros(len(tokens), V)

@@ -107,6 +107,40 @@ def test_drafts_equal_the_package_loop(name):
         assert float(probs[:, :, outside].abs().max()) == 0.0
 
 
+def test_seeded_requests_draft_from_their_own_generator():
+    """A sampled request with its own generator (``SamplingParams(seed=...)``) drafts the same tokens for the same
+    committed tokens and seed, whatever its row, its batch neighbours or the engine's step count."""
+    import numpy as np
+
+    from dspark_kernels.decode import load_target
+    from dspark_kernels.demo.train import target_forward
+
+    from .acceptance import TARGET_DIR
+    target = load_target(TARGET_DIR, dtype=torch.float32)
+    p = proposer_for("dspark_vanilla", target)
+    with open(os.path.join(ASSETS, "prompts.json")) as fh:
+        states = [s[:n] for s, n in zip(json.load(fh)["prompts"][:4], (32, 20, 27, 9))]
+    ids = p.drafter.config.target_layer_ids
+    with torch.no_grad():
+        contexts = [(np.array(s[:-1]), target_forward(target, torch.tensor([s[:-1]]), keep=ids)[1][0]) for s in states]
+
+    def seeded_drafts(order, mine):
+        """Drafts of request 0 (seed 3) placed at row ``mine`` among the requests ``order``."""
+        rows = np.zeros((len(order), 40), dtype=np.int64)
+        for row, i in enumerate(order):
+            rows[row, :len(states[i])] = states[i]
+        p.contexts = {row: contexts[i] for row, i in enumerate(order)}
+        meta = SimpleNamespace(all_greedy=False, temperature=torch.ones(len(order)),
+                               generators={mine: torch.Generator().manual_seed(3)})
+        p.observe_sampling_metadata(meta)
+        p.step += 1
+        drafts, _ = p._draft(list(range(len(order))), rows, np.array([len(states[i]) for i in order]))
+        return drafts[mine]
+
+    alone = seeded_drafts([0], 0)
+    assert all(seeded_drafts(order, order.index(0)) == alone for order in ([1, 0, 2], [3, 2, 1, 0], [0, 3]))
+
+
 class _VllmStyleLayer(torch.nn.Module):
     """A package target layer behind vLLM's decoder-layer interface: ``(positions, hidden, residual) ->
     (hidden, residual)`` whose sum is the stream after the layer; like vLLM's fused add it adds into the tensor it

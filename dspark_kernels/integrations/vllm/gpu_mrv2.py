@@ -1,19 +1,24 @@
-"""GPU ONLY, UNTESTED HERE: Model Runner v2's DSpark drafting and verification routed through dspark_kernels.
+"""GPU ONLY, NEVER RUN INSIDE vLLM HERE: Model Runner v2's DSpark drafting and verification routed through
+dspark_kernels.
 
 Written against vLLM 0.32's signatures (``vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.rejection_sample``,
 ``vllm/v1/worker/gpu/spec_decode/dspark/speculator.DSparkSpeculator._sample_sequential``); Model Runner v2 needs a
-CUDA GPU, so nothing in this file has run in this repository's CI (the CPU leg tests Model Runner v1). The plugin
+CUDA GPU, so this file has not run inside vLLM in this repository's CI (the CPU leg tests Model Runner v1); its two
+functions are tested on the inputs MRv2 hands over, without vLLM (``python_tests/test_vllm_mrv2.py``). The plugin
 installs it on CUDA platforms only, when ``DSPARK_VLLM=1``.
 
 * Verification: MRv2 already hands over the packed layout dk uses (target rows ``[anchor, d_1..d_L]`` per request,
-  exclusive ``cu_num_logits``, the draft scored by row i is ``draft_sampled[i + 1]``, raw draft logits per request
-  state, temperatures applied inside). One ``dk.verify_chain`` call replaces the Triton kernels; the emitted token
-  after the accepted drafts is dk's (correction or bonus). MRv2 seeds every request; dk keys the whole batch with one
-  (seed, offset), here the requests' seeds mixed with their positions, so a seeded request's samples are lossless
-  but depend on its batch neighbours. Synthetic acceptance and watermarking stay with vLLM's own kernels.
+  exclusive ``cu_num_logits``, the draft scored by row i is ``draft_sampled[i + 1]``, draft logits per request
+  state). Its target logits arrive divided by each request's temperature (``Sampler.apply_sampling_params``), its
+  draft logits before it: the draft rows are divided here and dk verifies at temperature 1 (0 for greedy requests).
+  One ``dk.verify_chain`` call replaces the Triton kernels; the emitted token after the accepted drafts is dk's
+  (correction or bonus). MRv2 seeds every request; dk keys the whole batch with one (seed, offset), here the
+  requests' seeds mixed with their positions, so a seeded request's samples are lossless but depend on its batch
+  neighbours. Synthetic acceptance and watermarking stay with vLLM's own kernels.
 * Drafting: the sequential Markov stage of greedy DSpark drafting (full-vocabulary drafts, no top-k candidates) is
   one ``dk.draft_block`` launch over the backbone's logits, with the confidence head; sampled drafting (which fills
-  vLLM's draft-logits cache) stays with vLLM's own loop.
+  vLLM's draft-logits cache), adaptive verification's acceptance estimator (fed at each step of vLLM's loop), and
+  a logits processor that scales or soft-caps the Markov bias stay with vLLM's own loop.
 """
 
 from __future__ import annotations
@@ -68,18 +73,31 @@ def rejection_sample(target_logits, draft_logits, draft_sampled, cu_num_logits, 
     drafts = torch.where(valid, draft_sampled.to(torch.int64)[rows], -1)
     req_state = idx_mapping.to(torch.int64)
     key = (seed.to(torch.int64)[req_state] * _MIX + pos.to(torch.int64)[cu[:-1]]).sum().reshape(1)
+    temps = temperature.float()[req_state]
+    sampled = temps > 0
     out = dk.verify_chain(target_logits, drafts, cu_seqlens=cu_num_logits,
-                          draft_logits=None if draft_logits is None else draft_logits[req_state, :steps],
-                          temperature=temperature.float()[req_state], seed=key,
+                          draft_logits=_scaled_draft_logits(draft_logits, req_state, steps, temps, sampled),
+                          temperature=sampled.float(), seed=key,
                           method="block" if use_block_verification else "token")
     return out.tokens, out.num_accepted + 1
+
+
+def _scaled_draft_logits(draft_logits, req_state, steps, temps, sampled):
+    """float32 ``[R, S, V]``: MRv2's draft logits (stored before temperature) divided by each sampled request's
+    temperature, so both sides are verified at temperature 1 (MRv2's target logits arrive already divided)."""
+    if draft_logits is None:
+        return None
+    rows = draft_logits[req_state, :steps].float()  # a copy (indexed by a tensor): divided in place
+    return rows.div_(torch.where(sampled, temps, 1.0).view(-1, 1, 1))
 
 
 def _sample_sequential(self, num_reqs: int, head_hidden: torch.Tensor) -> None:
     """DSparkSpeculator's sequential Markov stage as one ``dk.draft_block`` (greedy, full-vocabulary drafts)."""
     model = self.model
     if (self._draft_topk is not None or self.draft_logits is not None
-            or getattr(model, "draft_id_to_target_id", None) is not None or model.logits_processor.scale != 1.0):
+            or getattr(self, "acceptance_estimator", None) is not None
+            or getattr(model, "draft_id_to_target_id", None) is not None or model.logits_processor.scale != 1.0
+            or getattr(model.logits_processor, "soft_cap", None) is not None):
         return _original["_sample_sequential"](self, num_reqs, head_hidden)
     n_spec = self.num_speculative_steps
     sample_hidden = head_hidden[self.sample_indices[:num_reqs * n_spec]]

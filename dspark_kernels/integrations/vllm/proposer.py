@@ -27,7 +27,8 @@ custom-class drafts as one-hot proposals (lossless, but only ``p(d)`` is ever ac
 it hands the proposer the batch's ``SamplingMetadata`` before ``propose`` (``observe_sampling_metadata``) and
 collects ``take_last_draft_probs()`` after it, which the runner then passes to the rejection sampler. So sampled
 requests draft at their own temperature and are verified against the distribution each draft was drawn from; greedy
-requests draft greedily.
+requests draft greedily. A request with its own generator (``SamplingParams(seed=...)``) drafts with a key drawn from
+it, as the rejection sampler verifies it: its drafts depend on its seed and committed tokens, not on its batch.
 """
 
 from __future__ import annotations
@@ -159,11 +160,13 @@ class DSparkProposer:
         self.contexts: dict = {}  # batch row -> (tokens np [c], hidden [c, n_ids * d])
         self.step = 0
         self.temperature = None   # [B] of the step being drafted (None: all greedy or not told)
+        self.generators: dict = {}  # batch row -> torch.Generator of the requests with their own seed
         self.last_probs = None    # [B, K, V] draft distributions of the last proposal (sampled requests only)
 
     def observe_sampling_metadata(self, sampling_metadata) -> None:
         """The batch's sampling parameters (the plugin calls this before ``propose``)."""
         self.temperature = None if sampling_metadata.all_greedy else sampling_metadata.temperature
+        self.generators = {} if sampling_metadata.all_greedy else dict(sampling_metadata.generators)
 
     def take_last_draft_probs(self):
         """Draft distributions of the last ``propose`` (``[B, K, V]``, batch rows), or None when all drafts were
@@ -277,6 +280,8 @@ class DSparkProposer:
         seed = torch.randint(0, 2 ** 62, (1,), device=dev) if sampled else 0
         d = dk.draft_block(base, anchor, self.head, hidden=hidden, confidence=self.confidence, temperature=temp,
                            seed=seed, offset=self.step, return_logits=sampled)
+        if sampled:
+            d = self._redraft_seeded(d, ready, base, anchor, hidden, temp)
         probs = None
         if sampled:  # the distributions the drafts were drawn from (greedy rows: unused by vLLM's greedy rule)
             t = torch.where(temp > 0, temp, 1.0).view(n, 1, 1)
@@ -287,6 +292,25 @@ class DSparkProposer:
         lens = self._verify_lens(d, n, dev)
         tokens, lens = d.tokens[:, :self.k].tolist(), lens.tolist()  # the step's one host read
         return [t[:length] for t, length in zip(tokens, lens)], probs
+
+    def _redraft_seeded(self, d, ready, base, anchor, hidden, temp):
+        """``d`` with the rows of requests that have their own generator drafted again alone, keyed by a draw from
+        that generator: their drafts depend on their seed and committed tokens, not on their row, their batch
+        neighbours or the step count (as their verification does). One extra launch per seeded request."""
+        seeded = [(row, self.generators[i]) for row, i in enumerate(ready) if i in self.generators]
+        if not seeded:
+            return d
+        tokens, logits = d.tokens.clone(), d.logits.clone()
+        survival = None if d.survival is None else d.survival.clone()
+        for row, gen in seeded:
+            one = slice(row, row + 1)
+            key = torch.randint(0, 2 ** 62, (1,), generator=gen, device=gen.device).to(base.device)
+            again = dk.draft_block(base[one], anchor[one], self.head, hidden=hidden[one], confidence=self.confidence,
+                                   temperature=temp[one], seed=key, return_logits=True)
+            tokens[one], logits[one] = again.tokens, again.logits
+            if survival is not None:
+                survival[one] = again.survival
+        return d._replace(tokens=tokens, logits=logits, survival=survival)
 
     def _verify_lens(self, d, n, dev):
         if self.opts["scheduler"] == "fixed":

@@ -92,7 +92,8 @@ def rejection_sample(
     """Drop-in for vLLM 0.32's ``rejection_sample``, verified by ``dk.verify_chain``.
 
     Args:
-        draft_token_ids: int ``[T]``, every request's drafts back to back (-1 = a placeholder, always rejected).
+        draft_token_ids: int ``[T]``, every request's drafts back to back (-1 = a placeholder; it and any id outside
+            ``[0, V)`` are rejected).
         num_draft_tokens: host list ``[B]`` of draft counts (0 allowed).
         max_spec_len: host int, ``max(num_draft_tokens)`` (the output has ``max_spec_len + 1`` columns).
         cu_num_draft_tokens: int ``[B]``, inclusive prefix sums of ``num_draft_tokens``.
@@ -128,8 +129,8 @@ def rejection_sample(
     _stats["requests"] += batch
     _stats["draft_tokens"] += num_tokens
     dev, k_len = target_logits.device, max(int(max_spec_len), 1)
-    packed = _Packed(draft_token_ids, cu_num_draft_tokens, draft_probs, target_logits, k_len)
     temps = _temperature(sampling_metadata, batch, dev)
+    packed = _Packed(draft_token_ids, cu_num_draft_tokens, draft_probs, target_logits, k_len, temps)
     method = current_method()
     out = dk.verify_chain(packed.target, packed.drafts, cu_seqlens=packed.cu_seqlens, draft_logits=packed.draft_logits,
                           draft_logprobs=packed.draft_logprobs, temperature=temps,
@@ -146,9 +147,11 @@ def rejection_sample(
 
 
 class _Packed:
-    """The batch in ``dk.verify_chain``'s packed layout (device ops only)."""
+    """The batch in ``dk.verify_chain``'s packed layout (device ops only). ``temps``: ``_temperature``'s value; the
+    drafts of sampled requests that their own distribution gives no mass are rejected (greedy requests keep the
+    argmax rule whatever ``draft_probs`` says)."""
 
-    def __init__(self, draft_token_ids, cu_num_draft_tokens, draft_probs, target_logits, k_len):
+    def __init__(self, draft_token_ids, cu_num_draft_tokens, draft_probs, target_logits, k_len, temps):
         dev = target_logits.device
         num_tokens, vocab = target_logits.shape
         batch = cu_num_draft_tokens.shape[0]
@@ -167,13 +170,15 @@ class _Packed:
         self.draft_logits = self.draft_logprobs = None
         if draft_probs is not None:
             q = draft_probs.to(device=dev, dtype=torch.float32)
-            safe = drafts.clamp(min=0)
+            valid = (drafts >= 0) & (drafts < vocab)
+            safe = torch.where(valid, drafts, 0)
             self.draft_logits = q.new_zeros((batch, k_len, vocab))
             self.draft_logits.index_put_((req, pos), q.log())
             q_d = torch.zeros((batch, k_len), device=dev).index_put_((req, pos), q.gather(1, safe[req, pos].view(-1, 1))
-                                                                     .view(-1))
+                                                                     .view(-1)) * valid
             self.draft_logprobs = q_d.log()
-            drafts = torch.where(q_d > 0, drafts, -1)  # a draft its own distribution gives no mass: rejected
+            greedy = torch.as_tensor(temps, device=dev).view(-1, 1) <= 0
+            drafts = torch.where((q_d > 0) | greedy, drafts, -1)  # a sampled draft its distribution gives no mass
         self.drafts = drafts
 
 
