@@ -313,6 +313,17 @@ def test_cuda_takes_a_cpu_key_by_value_and_reads_a_device_key(cuda_device):
     _cpu_and_device_keys_draw_the_same(cuda_device, "cuda")
 
 
+def test_cuda_launcher_rejects_requests_beyond_the_counter(cuda_device):
+    """The request is a 32-bit counter word: an out of more than 2^32 requests (here an empty one, K = 0) is
+    rejected by the launcher, naming them, rather than drawing wrapped requests."""
+    if cuda_device.type != "cpu":
+        pytest.skip("checked through the SIMT library here")
+    key = rng.make_rng_key(1, 2, "cpu")
+    with pytest.raises(RuntimeError, match="requests"):
+        torch.ops.dspark_simt.rng_uniform_(torch.empty(2 ** 32 + 1, 0, 1), key, 0)
+    torch.ops.dspark_simt.rng_uniform_(torch.empty(2 ** 32, 0, 1), key, 0)  # the largest count: nothing to draw
+
+
 def test_triton_takes_a_cpu_key_by_value_and_reads_a_device_key(triton_device):
     _cpu_and_device_keys_draw_the_same(triton_device, "triton")
 

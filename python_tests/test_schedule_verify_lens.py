@@ -628,6 +628,14 @@ def test_cuda_n_zero_and_k_zero(cuda_device, simt_check):
                        budget_survival=torch.rand(2, 3), min_gain=0.2)
 
 
+def test_cuda_k_zero_many_requests(cuda_device, simt_check):
+    """K = 0 for more requests than one CTA's shared memory holds a word of each (70000 x 4 bytes): no candidates,
+    so no per-request admissions are kept; every length 0."""
+    for mode in ("exact", "argmax"):
+        o = _cuda_vs_reference(cuda_device, simt_check, torch.zeros(70000, 0), cost_table=LINEAR_TABLE, mode=mode)
+        assert o.verify_lens.abs().sum() == 0 and o.cu_seqlens[-1] == 70000
+
+
 # ---------------------------------------------------------------- CPU kernel (csrc/cpu)
 CPU = torch.device("cpu")
 

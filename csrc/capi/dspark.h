@@ -7,15 +7,16 @@
  * Conventions of the op entries (dspark_accept_prefix_scan, dspark_schedule_verify_lens, dspark_draft_block,
  * dspark_verify_chain): every array is a contiguous device buffer; a parameter struct mirrors the op's arguments
  * (dspark_kernels.accept_prefix_scan / schedule_verify_lens / draft_block / verify_chain, whose documentation is
- * the spec); dtypes are DSPARK_DTYPE_* values; the caller allocates the outputs and a workspace of at least
+ * the spec); dtypes are DSPARK_DTYPE_* values; every array must be aligned to its element size
+ * (DSPARK_ERR_BAD_VALUE naming it otherwise); the caller allocates the outputs and a workspace of at least
  * dspark_<op>_workspace_size() bytes (0 is possible: then workspace may be NULL; a non-NULL workspace must be
  * 16-byte aligned, as cudaMalloc's are) - nothing is allocated inside a call and nothing synchronises with the
  * host. accept_prefix_scan and schedule_verify_lens enqueue exactly one kernel on the given stream, verify_chain one
  * to three and draft_block K + 2 (2K + 2 with a gated or rnn head; 2 with top_k) in stream order. A workspace needs
- * no initialisation (verify_chain's: zeroed once before its first call, see there) and may be reused once the call's
- * kernels have finished (stream order). Integer outputs equal
- * the reference's exactly. Values that cannot be checked without reading device memory (token ids,
- * temperatures, offsets) are not checked: they get the reference's defined results, stated per entry.
+ * no initialisation, may be larger than its call needs and may be reused by any later call once the call's kernels
+ * have finished (stream order); verify_chain also takes a tickets buffer, zeroed once by the caller (see there).
+ * Integer outputs equal the reference's exactly. Values that cannot be checked without reading device memory
+ * (token ids, temperatures, offsets) are not checked: they get the reference's defined results, stated per entry.
  *
  * Random numbers come from the package's generator (dspark_kernels/rng.py, csrc/include/dspark/rng.cuh):
  * Philox4x32-10, key = (seed_lo, seed_hi ^ offset_hi), counter = (token >> 2, position | stream << 24,
@@ -66,11 +67,14 @@ DSPARK_API const char* dspark_last_error(void);
 
 /* out[n, k, v] = uniform(seed, offset, request=n, position=k, stream, token=v) for a contiguous float32
  * [N, K, V] device buffer. rng_key: device int64 [2] = (seed, offset), read by the kernel (graph-safe).
- * N, K, V >= 0, K < 2^24, V <= 2^34, 0 <= stream < 256. */
+ * N, K, V >= 0, N <= 2^32, K < 2^24, V <= 2^34 (DSPARK_ERR_BAD_SHAPE naming the size otherwise),
+ * 0 <= stream < 256. */
 DSPARK_API int dspark_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, const int64_t* rng_key,
                                   int stream, cudaStream_t s);
 
-/* The generator on the host: the uint32 draw and its float32 uniform of one cell (either output may be NULL). */
+/* The generator on the host: the uint32 draw and its float32 uniform of one cell (either output may be NULL).
+ * request < 2^32, position < 2^24, token < 2^34, 0 <= stream < 256 (DSPARK_ERR_BAD_VALUE naming the argument
+ * otherwise). */
 DSPARK_API int dspark_philox_uniform_host(uint64_t seed, uint64_t offset, uint64_t request, uint64_t position,
                                           int stream, uint64_t token, uint32_t* bits, float* uniform);
 
@@ -151,7 +155,10 @@ typedef struct dspark_schedule_verify_lens_args {
   float* theta;                  /* [1] */
 } dspark_schedule_verify_lens_args;
 
-/* Bytes of workspace (0 while N*K fits the CTA's shared memory: about 8000 candidates). */
+/* Bytes of workspace: 0 while N*K (and NB*KB with a budget in DSPARK_SCHEDULE_ARGMAX mode) is at most 2048, the
+ * one tile the CTA holds in shared memory, whatever N; beyond, the sort's arrays: about 16 to 20 bytes per element
+ * of the larger plus 4 per request. Limits (of the size query too): N*(K+1) < 2^31 (cu_seqlens is int32) and
+ * NB*KB < 2^31, DSPARK_ERR_BAD_SHAPE otherwise. */
 DSPARK_API int dspark_schedule_verify_lens_workspace_size(const dspark_schedule_verify_lens_args* args,
                                                           size_t* bytes);
 DSPARK_API int dspark_schedule_verify_lens(const dspark_schedule_verify_lens_args* args, void* workspace,
@@ -307,13 +314,21 @@ typedef struct dspark_verify_chain_args {
   int64_t* tokens;               /* [N, K+1]: accepted drafts, then the bonus/correction token, then -1 */
   int32_t* num_accepted;         /* [N] */
   uint8_t* accept_mask;          /* [N, K] bool (0/1) */
+  /* the kernels' tickets (neither input nor output) */
+  uint32_t* tickets;             /* at least dspark_verify_chain_tickets_size(N) bytes (3 N words, indexed by
+                                    request): zeroed once by the caller (cudaMemsetAsync) before its first call and
+                                    left zero by every call, so one buffer serves every later call of at most its
+                                    capacity in requests, whatever its other shapes; calls that may overlap (on
+                                    other streams) need a buffer each */
+  size_t tickets_bytes;          /* the buffer's size */
 } dspark_verify_chain_args;
 
-/* Bytes of workspace (depends on N, K, V, W and the device's SM count; never 0 for N > 0). The workspace holds the
- * kernels' per-request tickets: zero it once (cudaMemsetAsync) before its first verify_chain call; every call leaves
- * it ready for the next (in stream order). Kernels: one for greedy calls (temperature NULL), two for token
- * sampling, three for block verification. */
+/* Bytes of workspace (depends on N, K, V, W and the device's SM count; never 0 for N > 0): the kernels' partials,
+ * no initialisation needed. Kernels: one for greedy calls (temperature NULL), two for token sampling, three for
+ * block verification. */
 DSPARK_API int dspark_verify_chain_workspace_size(const dspark_verify_chain_args* args, size_t* bytes);
+/* Bytes of tickets (args.tickets) a call of N requests needs: 12 N (3 N uint32 words; N >= 0). */
+DSPARK_API int dspark_verify_chain_tickets_size(int64_t N, size_t* bytes);
 DSPARK_API int dspark_verify_chain(const dspark_verify_chain_args* args, void* workspace, size_t workspace_bytes,
                                    cudaStream_t stream);
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 
 #include <exception>
+#include <initializer_list>
 #include <string>
 
 #include "dspark/accept_prefix_scan.h"
@@ -32,6 +33,12 @@ static_assert(DSPARK_DTYPE_F32 == static_cast<int>(dspark::DType::kFloat32) &&
                   DSPARK_DTYPE_F16 == static_cast<int>(dspark::DType::kFloat16) &&
                   DSPARK_DTYPE_F8E4M3 == static_cast<int>(dspark::DType::kFloat8E4M3),
               "DSPARK_DTYPE_* must equal dspark::DType");
+
+#define DSPARK_TRY(expr)      \
+  do {                        \
+    const int rc_ = (expr);   \
+    if (rc_ != DSPARK_OK) return rc_; \
+  } while (0)
 
 namespace {
 
@@ -55,6 +62,33 @@ int ok() {
   return DSPARK_OK;
 }
 
+// A pointer argument and its element size: the kernels' loads and stores fault on a GPU unless every array is
+// aligned to its element.
+struct Array {
+  const char* name;
+  const void* ptr;
+  size_t elem;
+};
+template <typename T>
+Array typed(const char* name, const T* ptr) {
+  return Array{name, ptr, sizeof(T)};
+}
+
+int check_aligned(const char* fn, std::initializer_list<Array> arrays) {
+  for (const Array& a : arrays)
+    if (reinterpret_cast<uintptr_t>(a.ptr) % a.elem != 0)
+      return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": " + a.name + " must be aligned to its " +
+                                            std::to_string(a.elem) + "-byte elements");
+  return DSPARK_OK;
+}
+
+// n * (k + 1) < limit for n, k >= 0, without a product or sum that can overflow.
+bool rows_below(int64_t n, int64_t k, int64_t limit) { return n == 0 || (k < limit && k + 1 <= (limit - 1) / n); }
+// a * b < limit for a, b >= 0, likewise.
+bool product_below(int64_t a, int64_t b, int64_t limit) { return a == 0 || b <= (limit - 1) / a; }
+
+constexpr int64_t kInt32Limit = int64_t(1) << 31;
+
 // An integer array argument: DSPARK_DTYPE_I32 / I64 (NULL allowed when optional).
 int int_array(const char* fn, const char* name, const void* ptr, int dtype, bool optional, dspark::IntArray* out) {
   if (ptr == nullptr) {
@@ -66,6 +100,7 @@ int int_array(const char* fn, const char* name, const void* ptr, int dtype, bool
     return fail(DSPARK_ERR_BAD_DTYPE, std::string(fn) + ": " + name +
                                           "_dtype must be DSPARK_DTYPE_I32 or DSPARK_DTYPE_I64, got " +
                                           std::to_string(dtype));
+  DSPARK_TRY(check_aligned(fn, {Array{name, ptr, dtype == DSPARK_DTYPE_I64 ? 8u : 4u}}));
   *out = dspark::IntArray{ptr, dtype == DSPARK_DTYPE_I64};
   return DSPARK_OK;
 }
@@ -85,7 +120,8 @@ int float_array(const char* fn, const char* name, const void* ptr, int dtype, bo
     if (!optional) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": " + name + " is NULL");
     return DSPARK_OK;
   }
-  return float_dtype(fn, name, dtype, out);
+  DSPARK_TRY(float_dtype(fn, name, dtype, out));
+  return check_aligned(fn, {Array{name, ptr, dtype == DSPARK_DTYPE_F32 ? 4u : 2u}});
 }
 
 int null_pointer(const char* fn, const char* name, const char* why = nullptr) {
@@ -103,12 +139,6 @@ int check_workspace(const char* fn, void* workspace, size_t workspace_bytes, siz
     return fail(DSPARK_ERR_WORKSPACE, std::string(fn) + ": workspace must be 16-byte aligned");
   return DSPARK_OK;
 }
-
-#define DSPARK_TRY(expr)      \
-  do {                        \
-    const int rc_ = (expr);   \
-    if (rc_ != DSPARK_OK) return rc_; \
-  } while (0)
 
 // Runs a launch function; the SIMT runtime reports a fault by throwing.
 template <typename F>
@@ -130,8 +160,9 @@ int scan_params(const dspark_accept_prefix_scan_args* a, dspark::AcceptPrefixSca
   if (a->N < 0 || a->K < 0)
     return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N and K must be >= 0, got N=" + std::to_string(a->N) +
                                           " K=" + std::to_string(a->K));
-  if (a->N > 0 && (a->K + 1) > ((int64_t(1) << 31) - 1) / a->N)
-    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N*(K+1) must be < 2^31 (cu_out is int32)");
+  if (!rows_below(a->N, a->K, kInt32Limit))
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N*(K+1) must be < 2^31 (cu_out is int32), got N=" +
+                                          std::to_string(a->N) + " K=" + std::to_string(a->K));
   p->N = a->N;
   p->K = a->K;
   const bool any = a->N > 0;
@@ -180,6 +211,9 @@ int scan_params(const dspark_accept_prefix_scan_args* a, dspark::AcceptPrefixSca
   p->hidden_rows = a->hidden_rows;
   p->kv_slots = a->block_table != nullptr ? a->kv_slots : nullptr;
   p->finished = a->finished;
+  DSPARK_TRY(check_aligned(fn, {typed("cu_out", p->cu_out), typed("out_tokens", p->out_tokens),
+                                typed("new_seq_lens", p->new_seq_lens), typed("next_anchor", p->next_anchor),
+                                typed("hidden_rows", p->hidden_rows), typed("kv_slots", p->kv_slots)}));
   if (!dspark::accept_prefix_scan_fits(a->N))
     return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N = " + std::to_string(a->N) +
                                           " requests exceed what one launch keeps resident on this device");
@@ -193,6 +227,9 @@ int schedule_params(const dspark_schedule_verify_lens_args* a, dspark::ScheduleV
   if (a->N < 0 || a->K < 0)
     return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N and K must be >= 0, got N=" + std::to_string(a->N) +
                                           " K=" + std::to_string(a->K));
+  if (!rows_below(a->N, a->K, kInt32Limit))
+    return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N*(K+1) must be < 2^31 (cu_seqlens is int32), got N=" +
+                                          std::to_string(a->N) + " K=" + std::to_string(a->K));
   if (!(0 <= a->min_len && a->min_len <= a->max_len && a->max_len <= a->K))
     return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": need 0 <= min_len <= max_len <= K=" +
                                           std::to_string(a->K) + ", got min_len=" + std::to_string(a->min_len) +
@@ -206,15 +243,16 @@ int schedule_params(const dspark_schedule_verify_lens_args* a, dspark::ScheduleV
   if ((a->survival == nullptr) == (a->conf_logits == nullptr) && any)
     return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": exactly one of survival and conf_logits must be given");
   if (a->survival != nullptr) {
-    DSPARK_TRY(float_dtype(fn, "survival", a->survival_dtype, &p->survival_dtype));
+    DSPARK_TRY(float_array(fn, "survival", a->survival, a->survival_dtype, false, &p->survival_dtype));
     if (a->sts_temperatures != nullptr)
       return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": sts_temperatures is only used with conf_logits");
     p->survival = a->survival;
   } else if (a->conf_logits != nullptr) {
-    DSPARK_TRY(float_dtype(fn, "conf_logits", a->conf_logits_dtype, &p->conf_dtype));
+    DSPARK_TRY(float_array(fn, "conf_logits", a->conf_logits, a->conf_logits_dtype, false, &p->conf_dtype));
     p->conf_logits = a->conf_logits;
     if (a->sts_temperatures != nullptr) {
-      DSPARK_TRY(float_dtype(fn, "sts_temperatures", a->sts_temperatures_dtype, &p->sts_dtype));
+      DSPARK_TRY(float_array(fn, "sts_temperatures", a->sts_temperatures, a->sts_temperatures_dtype, false,
+                             &p->sts_dtype));
       p->sts_temperatures = a->sts_temperatures;
     }
   } else {
@@ -240,7 +278,11 @@ int schedule_params(const dspark_schedule_verify_lens_args* a, dspark::ScheduleV
   if (a->budget_survival != nullptr) {
     if (a->NB < 0 || a->KB < 0)
       return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": NB and KB must be >= 0");
-    DSPARK_TRY(float_dtype(fn, "budget_survival", a->budget_survival_dtype, &p->budget_dtype));
+    if (!product_below(a->NB, a->KB, kInt32Limit))
+      return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": NB*KB (budget_survival's elements) must be < 2^31, got "
+                                            "NB=" + std::to_string(a->NB) + " KB=" + std::to_string(a->KB));
+    DSPARK_TRY(float_array(fn, "budget_survival", a->budget_survival, a->budget_survival_dtype, false,
+                           &p->budget_dtype));
     p->budget_survival = a->budget_survival;
     p->has_budget = true;
     p->NB = a->NB;
@@ -254,7 +296,9 @@ int schedule_params(const dspark_schedule_verify_lens_args* a, dspark::ScheduleV
   p->verify_lens = a->verify_lens;
   p->cu_seqlens = a->cu_seqlens;
   p->theta = a->theta;
-  return DSPARK_OK;
+  return check_aligned(fn, {typed("token_counts", p->token_counts), typed("step_time_ms", p->step_time_ms),
+                            typed("verify_lens", p->verify_lens), typed("cu_seqlens", p->cu_seqlens),
+                            typed("theta", p->theta)});
 }
 
 // ---- draft_block
@@ -366,7 +410,11 @@ int draft_params(const dspark_draft_block_args* a, dspark::DraftBlockParams* p, 
   p->tokens = a->tokens;
   p->logprobs = a->draft_logprobs;
   p->logits = a->logits;
-  return DSPARK_OK;
+  return check_aligned(fn, {typed("w2_scale", p->w2_scale), typed("temperature", p->temperature),
+                            typed("rng_key", a->temperature != nullptr ? a->rng_key : nullptr),
+                            typed("tokens", p->tokens), typed("draft_logprobs", p->logprobs),
+                            typed("logits", p->logits), typed("candidates", p->candidates),
+                            typed("conf_logits", p->conf), typed("survival", p->survival)});
 }
 
 // ---- verify_chain
@@ -488,15 +536,18 @@ int verify_params(const dspark_verify_chain_args* a, dspark::VerifyChainParams* 
   p->out_tokens = a->tokens;
   p->out_num_accepted = a->num_accepted;
   p->out_accept_mask = a->accept_mask;
-  return DSPARK_OK;
+  return check_aligned(fn, {typed("target_to_draft", p->target_to_draft), typed("draft_logprobs", p->draft_logprobs),
+                            typed("temperature", p->temperature),
+                            typed("rng_key", a->temperature != nullptr ? a->rng_key : nullptr),
+                            typed("tokens", p->out_tokens), typed("num_accepted", p->out_num_accepted),
+                            typed("tickets", a->tickets)});
 }
 
-// verify_chain's workspace: the kernels' scratch, then the tickets (zeroed once by the caller).
-size_t verify_scratch_bytes(const dspark::VerifyChainParams& p) {
+size_t verify_workspace_bytes(const dspark::VerifyChainParams& p) {
   return dspark::verify_chain_workspace_bytes(p.N, p.K, p.V, p.draft_logits != nullptr ? p.draft_width : p.V);
 }
-size_t verify_workspace_bytes(const dspark::VerifyChainParams& p) {
-  return verify_scratch_bytes(p) + sizeof(uint32_t) * static_cast<size_t>(dspark::verify_chain_ticket_count(p.N));
+size_t verify_tickets_bytes(int64_t N) {
+  return sizeof(uint32_t) * static_cast<size_t>(dspark::verify_chain_ticket_count(N));
 }
 
 }  // namespace
@@ -510,6 +561,8 @@ DSPARK_API int dspark_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, c
   if (N < 0 || K < 0 || V < 0)
     return fail(DSPARK_ERR_BAD_SHAPE, "dspark_rng_uniform: N, K, V must be >= 0, got N=" + std::to_string(N) +
                                           " K=" + std::to_string(K) + " V=" + std::to_string(V));
+  if (N > (int64_t(1) << 32))
+    return fail(DSPARK_ERR_BAD_SHAPE, "dspark_rng_uniform: N (requests) must be <= 2^32, got " + std::to_string(N));
   if (K >= (int64_t(1) << 24))
     return fail(DSPARK_ERR_BAD_SHAPE, "dspark_rng_uniform: K (positions) must be < 2^24, got " + std::to_string(K));
   if (V > (int64_t(1) << 34))
@@ -519,6 +572,7 @@ DSPARK_API int dspark_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, c
   if (N == 0 || K == 0 || V == 0) return ok();
   if (out == nullptr) return fail(DSPARK_ERR_NULL_POINTER, "dspark_rng_uniform: out is NULL");
   if (rng_key == nullptr) return fail(DSPARK_ERR_NULL_POINTER, "dspark_rng_uniform: rng_key is NULL");
+  DSPARK_TRY(check_aligned("dspark_rng_uniform", {typed("out", out), typed("rng_key", rng_key)}));
   const cudaError_t err = dspark::launch_rng_uniform(out, N, K, V, dspark::rng::Key::on_device(rng_key), stream, s);
   if (err != cudaSuccess)
     return fail(DSPARK_ERR_CUDA, std::string("dspark_rng_uniform: launch failed: ") + cuda_message(err));
@@ -527,9 +581,15 @@ DSPARK_API int dspark_rng_uniform(float* out, int64_t N, int64_t K, int64_t V, c
 
 DSPARK_API int dspark_philox_uniform_host(uint64_t seed, uint64_t offset, uint64_t request, uint64_t position,
                                           int stream, uint64_t token, uint32_t* bits, float* uniform) {
+  constexpr const char* fn = "dspark_philox_uniform_host";
   if (stream < 0 || stream >= 256)
-    return fail(DSPARK_ERR_BAD_VALUE,
-                "dspark_philox_uniform_host: stream must be in [0, 256), got " + std::to_string(stream));
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": stream must be in [0, 256), got " + std::to_string(stream));
+  const char* out_of_range = request >= (uint64_t(1) << 32)    ? "request must be < 2^32"
+                             : position >= (uint64_t(1) << 24) ? "position must be < 2^24"
+                             : token >= (uint64_t(1) << 34)    ? "token must be < 2^34"
+                                                               : nullptr;
+  if (out_of_range)
+    return fail(DSPARK_ERR_BAD_VALUE, std::string(fn) + ": " + out_of_range + " (the generator's counter)");
   const uint32_t x = dspark::rng::Philox::make(seed, offset).bits(request, position, uint32_t(stream), token);
   if (bits) *bits = x;
   if (uniform) *uniform = dspark::rng::bits_to_uniform(x);
@@ -638,6 +698,14 @@ DSPARK_API int dspark_verify_chain_workspace_size(const dspark_verify_chain_args
   return ok();
 }
 
+DSPARK_API int dspark_verify_chain_tickets_size(int64_t N, size_t* bytes) {
+  constexpr const char* fn = "dspark_verify_chain_tickets_size";
+  if (bytes == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": bytes is NULL");
+  if (N < 0) return fail(DSPARK_ERR_BAD_SHAPE, std::string(fn) + ": N must be >= 0, got " + std::to_string(N));
+  *bytes = verify_tickets_bytes(N);
+  return ok();
+}
+
 DSPARK_API int dspark_verify_chain(const dspark_verify_chain_args* args, void* workspace, size_t workspace_bytes,
                                    cudaStream_t stream) {
   constexpr const char* fn = "dspark_verify_chain";
@@ -646,8 +714,12 @@ DSPARK_API int dspark_verify_chain(const dspark_verify_chain_args* args, void* w
   if (p.N == 0) return ok();
   const size_t need = verify_workspace_bytes(p);
   DSPARK_TRY(check_workspace(fn, workspace, workspace_bytes, need));
-  uint32_t* tickets = reinterpret_cast<uint32_t*>(static_cast<char*>(workspace) + verify_scratch_bytes(p));
-  return run_launch(fn, [&] { return dspark::launch_verify_chain(p, workspace, tickets, stream); });
+  if (args->tickets == nullptr) return null_pointer(fn, "tickets", "zeroed once, see dspark_verify_chain_tickets_size");
+  const size_t need_tickets = verify_tickets_bytes(p.N);
+  if (args->tickets_bytes < need_tickets)
+    return fail(DSPARK_ERR_WORKSPACE, std::string(fn) + ": tickets must hold " + std::to_string(need_tickets) +
+                                          " bytes (tickets_bytes), got " + std::to_string(args->tickets_bytes));
+  return run_launch(fn, [&] { return dspark::launch_verify_chain(p, workspace, args->tickets, stream); });
 }
 
 }  // extern "C"

@@ -545,9 +545,12 @@ void run_verify(const Json& c, int index) {
   size_t bytes = 0;
   check(dspark_verify_chain_workspace_size(&a, &bytes) == DSPARK_OK && bytes > 0,
         name + ": workspace size: " + dspark_last_error());
-  std::vector<double> ws(bytes / sizeof(double) + 2);  // zeroed: the tickets' one initialisation
+  std::vector<double> ws(bytes / sizeof(double) + 2);
+  std::vector<uint32_t> tickets(3 * N, 0);  // zeroed once
+  a.tickets = tickets.data();
+  a.tickets_bytes = tickets.size() * sizeof(uint32_t);
   int rc = DSPARK_OK;
-  for (int call = 0; call < 2 && rc == DSPARK_OK; ++call)  // a second call on the same workspace: tickets left at 0
+  for (int call = 0; call < 2 && rc == DSPARK_OK; ++call)  // a second call on the same buffers: tickets left at 0
     rc = dspark_verify_chain(&a, ws.data(), bytes, nullptr);
   check(rc == DSPARK_OK, name + ": dspark_verify_chain returned " + std::to_string(rc) + ": " + dspark_last_error());
   if (rc != DSPARK_OK) return;
@@ -697,13 +700,274 @@ void draft_verify_argument_errors() {
   check(dspark_verify_chain(&v, reinterpret_cast<char*>(ws.data()) + 4, bytes, nullptr) == DSPARK_ERR_WORKSPACE &&
             strstr(dspark_last_error(), "aligned") != nullptr,
         "a misaligned workspace must be rejected");
+  check(dspark_verify_chain(&v, ws.data(), bytes, nullptr) == DSPARK_ERR_NULL_POINTER &&
+            strstr(dspark_last_error(), "tickets") != nullptr,
+        std::string("NULL tickets must be rejected, naming tickets; got: ") + dspark_last_error());
+  uint32_t tickets[3] = {0, 0, 0};
+  size_t tickets_bytes = 0;
+  check(dspark_verify_chain_tickets_size(1, &tickets_bytes) == DSPARK_OK && tickets_bytes == sizeof tickets,
+        "verify_chain's tickets: 3 words a request");
+  v.tickets = tickets;
+  v.tickets_bytes = sizeof tickets - 1;
+  check(dspark_verify_chain(&v, ws.data(), bytes, nullptr) == DSPARK_ERR_WORKSPACE &&
+            strstr(dspark_last_error(), "tickets") != nullptr,
+        std::string("too few tickets must be rejected, naming tickets; got: ") + dspark_last_error());
+  v.tickets_bytes = sizeof tickets;
+  v.target_logits = reinterpret_cast<const char*>(target) + 2;  // a float array at an address no float may have
+  check(dspark_verify_chain(&v, ws.data(), bytes, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "target_logits must be aligned") != nullptr,
+        std::string("a misaligned target_logits must be rejected, naming it; got: ") + dspark_last_error());
+  v.target_logits = target;
+  v.tokens = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(out) + 4);
+  check(dspark_verify_chain(&v, ws.data(), bytes, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "tokens must be aligned") != nullptr,
+        std::string("a misaligned tokens output must be rejected, naming it; got: ") + dspark_last_error());
+  v.tokens = out;
   check(dspark_verify_chain(&v, ws.data(), bytes, nullptr) == DSPARK_OK, std::string("a valid greedy verify_chain "
                                                                                       "call without rng_key: ") +
                                                                               dspark_last_error());
   check(nacc[0] == 1 && out[0] == 0 && out[1] == 0 && mask[0] == 1, "all-zero logits: draft 0 accepted, bonus 0");
+  check(tickets[0] == 0 && tickets[1] == 0 && tickets[2] == 0, "a call leaves its tickets at zero");
   v.N = 0;
   v.target_logits = nullptr;
   check(dspark_verify_chain(&v, nullptr, 0, nullptr) == DSPARK_OK, "N = 0 is a no-op");
+}
+
+
+// ---- verify_chain's buffers across calls of other shapes: one workspace never initialised (0xAB bytes) and one
+// tickets buffer zeroed once, sized for the largest call, serve calls of any N, V and draft width, greedy and sampled:
+// each call's outputs equal those of the same call on buffers of its own.
+struct ReuseCase {
+  int64_t N, V, W;  // W < V: reduced draft rows (target_to_draft); W == V: dense rows
+  bool sampled;
+  int method;
+};
+
+struct VerifyOut {
+  int rc = DSPARK_OK;
+  std::vector<int64_t> tokens;
+  std::vector<int32_t> n_acc;
+  std::vector<uint8_t> mask;
+};
+
+uint32_t lcg(uint32_t* state) {
+  *state = *state * 1664525u + 1013904223u;
+  return *state >> 8;
+}
+
+// One call of case `c` with inputs drawn from `seed`; with ws NULL the workspace size query only (into *need).
+VerifyOut verify_call(const ReuseCase& c, uint32_t seed, void* ws, size_t ws_bytes, uint32_t* tickets,
+                      size_t tickets_bytes, size_t* need) {
+  constexpr int64_t K = 3;
+  uint32_t st = seed;
+  std::vector<float> target(c.N * (K + 1) * c.V), dlogits(c.sampled ? c.N * K * c.W : 0), temps(c.N);
+  for (float& x : target) x = static_cast<float>(lcg(&st) % 1000) / 250.0f - 2.0f;
+  for (float& x : dlogits) x = static_cast<float>(lcg(&st) % 1000) / 250.0f - 2.0f;
+  std::vector<int64_t> drafts(c.N * K);
+  for (int64_t r = 0; r < c.N; ++r) {
+    temps[r] = r % 4 == 3 ? 0.0f : 0.5f + static_cast<float>(r % 3) * 0.5f;  // every fourth request greedy
+    for (int64_t j = 0; j < K; ++j) {
+      const float* row = &target[(r * (K + 1) + j) * c.V];
+      int64_t best = 0;
+      for (int64_t v = 1; v < c.V; ++v) best = row[v] > row[best] ? v : best;
+      // the target's argmax (accepted by a greedy request) up to a per-request cut, then another id
+      drafts[r * K + j] = j < r % (K + 1) ? best : static_cast<int64_t>(lcg(&st) % c.V);
+    }
+  }
+  std::vector<int32_t> t2d(c.V);
+  for (int64_t v = 0; v < c.V; ++v) t2d[v] = v < c.W ? static_cast<int32_t>(c.W - 1 - v) : -1;
+  const int64_t key[2] = {1234, 5};
+  VerifyOut o;
+  o.tokens.assign(c.N * (K + 1), 12345);
+  o.n_acc.assign(c.N, 12345);
+  o.mask.assign(c.N * K, 7);
+  dspark_verify_chain_args a;
+  memset(&a, 0, sizeof a);
+  a.N = c.N;
+  a.K = K;
+  a.V = c.V;
+  a.target_logits = target.data();
+  a.draft_tokens = drafts.data();
+  a.draft_tokens_dtype = DSPARK_DTYPE_I64;
+  if (c.sampled) {
+    a.draft_logits = dlogits.data();
+    a.draft_width = c.W;
+    a.target_to_draft = c.W < c.V ? t2d.data() : nullptr;
+    a.temperature = temps.data();
+    a.rng_key = key;
+  }
+  a.method = c.method;
+  a.tokens = o.tokens.data();
+  a.num_accepted = o.n_acc.data();
+  a.accept_mask = o.mask.data();
+  a.tickets = tickets;
+  a.tickets_bytes = tickets_bytes;
+  o.rc = ws == nullptr ? dspark_verify_chain_workspace_size(&a, need) : dspark_verify_chain(&a, ws, ws_bytes, nullptr);
+  return o;
+}
+
+void verify_reuse() {
+  const ReuseCase cases[] = {
+      {128, 64, 64, false, DSPARK_VERIFY_TOKEN}, {1, 64, 64, false, DSPARK_VERIFY_TOKEN},
+      {24, 64, 64, true, DSPARK_VERIFY_TOKEN},   {1, 64, 64, true, DSPARK_VERIFY_TOKEN},
+      {6, 200, 200, true, DSPARK_VERIFY_BLOCK},  {3, 200, 24, true, DSPARK_VERIFY_TOKEN},
+      {2, 40, 40, false, DSPARK_VERIFY_BLOCK},   {24, 40, 8, true, DSPARK_VERIFY_BLOCK},
+  };
+  size_t ws_max = 0, tickets_max = 0;
+  for (const ReuseCase& c : cases) {
+    size_t need = 0, tickets = 0;
+    check(verify_call(c, 0, nullptr, 0, nullptr, 0, &need).rc == DSPARK_OK &&
+              dspark_verify_chain_tickets_size(c.N, &tickets) == DSPARK_OK,
+          std::string("verify_chain reuse: size queries: ") + dspark_last_error());
+    ws_max = need > ws_max ? need : ws_max;
+    tickets_max = tickets > tickets_max ? tickets : tickets_max;
+  }
+  std::vector<double> ws(ws_max / sizeof(double) + 1);
+  memset(ws.data(), 0xAB, ws.size() * sizeof(double));
+  std::vector<uint32_t> tickets(tickets_max / sizeof(uint32_t), 0);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    const ReuseCase& c = cases[i];
+    const std::string name = "verify_chain reuse call " + std::to_string(i) + " (N=" + std::to_string(c.N) +
+                             " V=" + std::to_string(c.V) + " W=" + std::to_string(c.W) +
+                             (c.sampled ? " sampled)" : " greedy)");
+    const uint32_t seed = 100 + static_cast<uint32_t>(i);
+    const VerifyOut got = verify_call(c, seed, ws.data(), ws.size() * sizeof(double), tickets.data(),
+                                      tickets.size() * sizeof(uint32_t), nullptr);
+    check(got.rc == DSPARK_OK, name + ": returned " + std::to_string(got.rc) + ": " + dspark_last_error());
+    size_t need = 0;
+    verify_call(c, seed, nullptr, 0, nullptr, 0, &need);
+    std::vector<double> own_ws(need / sizeof(double) + 1);
+    memset(own_ws.data(), 0x5C, own_ws.size() * sizeof(double));
+    std::vector<uint32_t> own_tickets(3 * c.N, 0);
+    const VerifyOut want = verify_call(c, seed, own_ws.data(), need, own_tickets.data(),
+                                       own_tickets.size() * sizeof(uint32_t), nullptr);
+    check(want.rc == DSPARK_OK, name + ": on its own buffers: " + dspark_last_error());
+    bool written = true;
+    for (int32_t n : want.n_acc) written = written && n >= 0 && n <= 3;
+    check(written, name + ": on its own buffers: num_accepted not written");
+    check(got.tokens == want.tokens && got.n_acc == want.n_acc && got.mask == want.mask,
+          name + ": outputs differ from the same call on its own buffers");
+  }
+  bool zero = true;
+  for (uint32_t t : tickets) zero = zero && t == 0;
+  check(zero, "verify_chain reuse: the calls leave the tickets at zero");
+}
+
+// ---- limits: sizes whose products overflow int64 or int32, the generator's ranges, schedule_verify_lens without
+// candidates for many requests
+void limits() {
+  size_t bytes = 0;
+  int32_t cu[2];
+  int64_t any64[2];
+  int32_t any32[2];
+  uint8_t any8[2];
+  dspark_accept_prefix_scan_args a;
+  memset(&a, 0, sizeof a);
+  a.N = 1;
+  a.K = INT64_MAX;  // K + 1 overflows int64
+  a.tokens = any64;
+  a.tokens_dtype = DSPARK_DTYPE_I64;
+  a.seq_lens = any64;
+  a.seq_lens_dtype = DSPARK_DTYPE_I64;
+  a.num_accepted = any32;
+  a.num_accepted_dtype = DSPARK_DTYPE_I32;
+  a.cu_out = cu;
+  a.out_tokens = any64;
+  a.new_seq_lens = any32;
+  a.next_anchor = any64;
+  a.hidden_rows = any32;
+  a.finished = any8;
+  check(dspark_accept_prefix_scan_workspace_size(&a, &bytes) == DSPARK_ERR_BAD_SHAPE &&
+            strstr(dspark_last_error(), "N*(K+1)") != nullptr,
+        std::string("accept_prefix_scan with K = INT64_MAX must be rejected; got: ") + dspark_last_error());
+  a.K = 1;
+  a.out_tokens = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(any64) + 4);
+  check(dspark_accept_prefix_scan_workspace_size(&a, &bytes) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "out_tokens must be aligned") != nullptr,
+        std::string("a misaligned out_tokens must be rejected, naming it; got: ") + dspark_last_error());
+
+  dspark_schedule_verify_lens_args s;
+  memset(&s, 0, sizeof s);
+  float surv[2] = {0.5f, 0.4f}, c1 = 1.0f, t1 = 10.0f, theta = 0;
+  s.N = 1;
+  s.K = int64_t(1) << 32;  // uint32(K) == 0
+  s.survival = surv;
+  s.token_counts = &c1;
+  s.step_time_ms = &t1;
+  s.P = 1;
+  s.max_len = 2;
+  s.mode = DSPARK_SCHEDULE_ARGMAX;
+  s.verify_lens = any32;
+  s.cu_seqlens = cu;
+  s.theta = &theta;
+  check(dspark_schedule_verify_lens_workspace_size(&s, &bytes) == DSPARK_ERR_BAD_SHAPE &&
+            strstr(dspark_last_error(), "N*(K+1)") != nullptr,
+        std::string("schedule_verify_lens with K = 2^32 must be rejected, naming N*(K+1); got: ") +
+            dspark_last_error());
+  check(dspark_schedule_verify_lens(&s, nullptr, 0, nullptr) == DSPARK_ERR_BAD_SHAPE,
+        "schedule_verify_lens with K = 2^32 must be rejected by the call too");
+  s.N = (int64_t(1) << 30) + 1;  // N*(K+1) = 2^31 + 2 with K = 1
+  s.K = 1;
+  s.max_len = 1;
+  check(dspark_schedule_verify_lens_workspace_size(&s, &bytes) == DSPARK_ERR_BAD_SHAPE &&
+            strstr(dspark_last_error(), "N*(K+1)") != nullptr,
+        std::string("schedule_verify_lens with N*(K+1) >= 2^31 must be rejected; got: ") + dspark_last_error());
+  s.N = 1;
+  s.K = 2;
+  s.max_len = 2;
+  s.budget_survival = surv;
+  s.NB = s.KB = int64_t(1) << 31;  // NB*KB = 2^62
+  check(dspark_schedule_verify_lens_workspace_size(&s, &bytes) == DSPARK_ERR_BAD_SHAPE &&
+            strstr(dspark_last_error(), "NB*KB") != nullptr,
+        std::string("a budget of 2^62 elements must be rejected, naming NB*KB; got: ") + dspark_last_error());
+  s.NB = INT64_MAX;
+  s.KB = 2;
+  check(dspark_schedule_verify_lens_workspace_size(&s, &bytes) == DSPARK_ERR_BAD_SHAPE &&
+            strstr(dspark_last_error(), "NB*KB") != nullptr,
+        std::string("NB = INT64_MAX must be rejected, naming NB*KB; got: ") + dspark_last_error());
+  s.NB = 1;
+  check(dspark_schedule_verify_lens_workspace_size(&s, &bytes) == DSPARK_OK && bytes == 0,
+        std::string("a one-tile schedule needs no workspace; got: ") + dspark_last_error());
+  s.budget_survival = nullptr;
+  s.NB = s.KB = 0;
+
+  // no candidates (K = 0) for more requests than shared memory holds a word of each: every length 0
+  const int64_t many = 70000;
+  std::vector<int32_t> lens(many, 7), cus(many + 1, 7);
+  s.N = many;
+  s.K = 0;
+  s.survival = nullptr;
+  s.min_len = s.max_len = 0;
+  s.verify_lens = lens.data();
+  s.cu_seqlens = cus.data();
+  theta = -1.0f;
+  check(dspark_schedule_verify_lens_workspace_size(&s, &bytes) == DSPARK_OK && bytes == 0,
+        std::string("K = 0: no workspace; got: ") + dspark_last_error());
+  const int rc = dspark_schedule_verify_lens(&s, nullptr, 0, nullptr);
+  check(rc == DSPARK_OK, std::string("schedule_verify_lens with K = 0 and N = 70000: ") + dspark_last_error());
+  bool trivial = rc == DSPARK_OK;
+  for (int64_t r = 0; r < many && trivial; ++r) trivial = lens[r] == 0 && cus[r] == r;
+  check(trivial && cus[many] == many && theta > 0.0f, "K = 0: every length 0, cu_seqlens 0..N, a positive theta");
+
+  // the generator's ranges: request < 2^32, position < 2^24, token < 2^34; rng_uniform's N <= 2^32
+  uint32_t b = 0;
+  check(dspark_philox_uniform_host(1, 2, (uint64_t(1) << 32) - 1, (uint64_t(1) << 24) - 1, 3,
+                                   (uint64_t(1) << 34) - 1, &b, nullptr) == DSPARK_OK,
+        "the generator's largest cell");
+  check(dspark_philox_uniform_host(1, 2, uint64_t(1) << 32, 0, 3, 0, &b, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "request") != nullptr,
+        std::string("request = 2^32 must be rejected, naming request; got: ") + dspark_last_error());
+  check(dspark_philox_uniform_host(1, 2, 0, uint64_t(1) << 24, 3, 0, &b, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "position") != nullptr,
+        std::string("position = 2^24 must be rejected, naming position; got: ") + dspark_last_error());
+  check(dspark_philox_uniform_host(1, 2, 0, 0, 3, uint64_t(1) << 34, &b, nullptr) == DSPARK_ERR_BAD_VALUE &&
+            strstr(dspark_last_error(), "token") != nullptr,
+        std::string("token = 2^34 must be rejected, naming token; got: ") + dspark_last_error());
+  float u[1];
+  const int64_t key[2] = {1, 2};
+  check(dspark_rng_uniform(u, (int64_t(1) << 32) + 1, 0, 1, key, 3, nullptr) == DSPARK_ERR_BAD_SHAPE &&
+            strstr(dspark_last_error(), "N (requests)") != nullptr,
+        std::string("rng_uniform with N = 2^32 + 1 must be rejected, naming N; got: ") + dspark_last_error());
 }
 
 }  // namespace
@@ -753,6 +1017,8 @@ int main(int argc, char** argv) {
   check(n_scan > 0 && n_sched > 0 && n_draft > 0 && n_verify > 0, "no vectors read");
   argument_errors();
   draft_verify_argument_errors();
+  verify_reuse();
+  limits();
   if (failures) {
     fprintf(stderr, "test_capi_vectors: %d failures\n", failures);
     return 1;

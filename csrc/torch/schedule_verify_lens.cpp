@@ -23,8 +23,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
   const char* x_name = survival.has_value() ? "survival" : "conf_logits";
   const dspark::DType x_dtype = check_float(kOp, x_name, x, x, {kAnySize, kAnySize});
   const int64_t N = x.size(0), K = x.size(1);
-  TORCH_CHECK(N * (K + 1) < (int64_t(1) << 31), kOp, ": N*(K+1) must be < 2^31 (cu_seqlens is int32), got ",
-              N * (K + 1));
+  constexpr int64_t kLimit = int64_t(1) << 31;  // N*(K+1) below it, compared by division (no overflow)
+  TORCH_CHECK(N == 0 || (K < kLimit && K + 1 <= (kLimit - 1) / N), kOp,
+              ": N*(K+1) must be < 2^31 (cu_seqlens is int32), got N=", N, " K=", K);
   TORCH_CHECK(mode == "exact" || mode == "argmax", kOp, ": mode must be 'exact' or 'argmax', got '", mode, "'");
   TORCH_CHECK(0 <= min_len && min_len <= max_len && max_len <= K, kOp, ": need 0 <= min_len <= max_len <= K=",
               K, ", got min_len=", min_len, ", max_len=", max_len);
@@ -68,8 +69,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
     p.has_budget = true;
     p.NB = budget_survival->size(0);
     p.KB = budget_survival->size(1);
-    TORCH_CHECK(p.NB * p.KB < (int64_t(1) << 31), kOp, ": budget_survival must have fewer than 2^31 elements, got ",
-                budget_survival->sizes());
+    TORCH_CHECK(p.NB == 0 || p.KB <= (kLimit - 1) / p.NB, kOp,
+                ": budget_survival must have fewer than 2^31 elements, got ", budget_survival->sizes());
   }
   p.gain = 1.0 + min_gain;
   at::Tensor lens = at::empty({N}, x.options().dtype(at::kInt));

@@ -117,7 +117,9 @@ DSPARK_HOST_DEVICE_FN Layout layout(const ScheduleVerifyLensParams& p) {
   const int64_t tiles = l.multi ? (e + l.tile - 1) / l.tile : 1;
   l.theta_len = tiles * l.tile + 1;
   const size_t theta = size_t(l.theta_len) * 8, sorted = size_t(l.sort_len) * 4;
-  const size_t ukeys = l.multi ? size_t(e) * 4 : 0, admit = size_t(p.N) * 4, xbuf = size_t(l.tile) * 8;
+  // the admissions per request: read only with candidates (max_len > min_len), so K >= 1 and one tile's N <= 2048
+  const size_t admit = c.hi > c.lo ? size_t(c.n) * 4 : 0;
+  const size_t ukeys = l.multi ? size_t(e) * 4 : 0, xbuf = size_t(l.tile) * 8;
   auto up16 = [](size_t x) { return (x + 15) / 16 * 16; };
   l.theta_off = 0;
   l.sorted_off = up16(theta);
