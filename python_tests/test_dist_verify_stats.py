@@ -43,6 +43,24 @@ def test_cuda_verify_stats_matches_reference(cuda_device, simt_check, local, sta
         assert_stats_match(out, ref, (local, dtype, packed, t is not None))
 
 
+@pytest.mark.parametrize("local,start,vocab,dtype,packed", CASES)
+def test_cuda_verify_stats_infinite_temperature(cuda_device, simt_check, local, start, vocab, dtype, packed):
+    """T = inf beside T = 1 and greedy rows, finite logits (each scaled logit 0: p uniform over the row), shards whose
+    rows end inside a batch of vector loads: the loads past a row's end take no part in the sums."""
+    target, draft, drafts = _stats_case_inputs(N, K, local, start, vocab, dtype, seed=local)
+    target, draft = (torch.nan_to_num(x.float(), nan=0.5, posinf=3.0, neginf=-3.0).to(dtype) for x in (target, draft))
+    cu = None
+    if packed:
+        target, cu = _packed(target, torch.tensor([K, 0, 1, K]))
+    temps = torch.tensor([float("inf"), 1.0, float("inf"), 0.0])
+    dev = lambda x: None if x is None else x.to(cuda_device)  # noqa: E731
+    for d in (None, draft):
+        args = (dev(target), dev(cu), dev(drafts), dev(d), dev(temps), start, vocab)
+        ref = D.ops.verify_stats(*args, "reference")
+        out = simt_check(lambda: D.ops.verify_stats(*args, "cuda"))
+        assert_stats_match(out, ref, (local, dtype, packed, d is not None))
+
+
 def test_cuda_verify_stats_reads_the_row_once(cuda_device):
     """One launch of (row, chunk) CTAs, at N = 1 a CTA for every multiprocessor; the bytes within 1.05x of
     bench/floors.py's floor (the rows once, the drafts, the temperatures, the output); every line at the ideal

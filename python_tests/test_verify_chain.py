@@ -392,6 +392,10 @@ def test_bad_input_names_the_argument(host_backend):
         (dict(backend="tpu"), "backend"),
         (dict(seed=1.5), "seed"),
         (dict(target_logits=torch.zeros(7, 9), cu_seqlens=torch.zeros(2, dtype=torch.int32)), "cu_seqlens"),
+        (dict(draft_logits=torch.zeros(2, 3, 0), draft_candidates=torch.zeros(2, 3, 0, dtype=torch.int64)),
+         "draft_logits"),
+        (dict(draft_logits=torch.zeros(2, 3, 0), draft_to_target=torch.zeros(0, dtype=torch.int64)), "draft_logits"),
+        (dict(draft_logits=torch.zeros(2, 3, 0), target_to_draft=torch.zeros(9, dtype=torch.int32)), "draft_logits"),
     ]
     for override, name in cases:
         kwargs = dict(target_logits=t, draft_tokens=d)
@@ -496,6 +500,12 @@ def test_triton_draft_rows_read_as_they_are(triton_device, method):
         on_dev = {key: v.to(triton_device) if isinstance(v, torch.Tensor) else v for key, v in kwargs.items()}
         out = dk.verify_chain(*(a.to(triton_device) for a in args), backend="triton", **on_dev)
         assert all(torch.equal(a.cpu(), b) for a, b in zip(out, ref)), (out.tokens, ref.tokens)
+
+
+def test_triton_infinite_temperature(triton_device):
+    for args, kwargs in infinite_temperature_calls():
+        out = run_both(triton_device, lambda fn: fn(), args, kwargs, backend="triton")
+        assert out.num_accepted[0] == args[1].shape[1]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -690,6 +700,19 @@ def low_temperature_calls():
             yield (target, drafts), dict(temperature=temperature, seed=seed, method=method, draft_logits=draft_logits)
 
 
+def infinite_temperature_calls():
+    """T = inf (alone and beside finite and greedy rows): every scaled logit is 0, so p and q are uniform and every
+    draft is accepted (p / q = 1), and the bonus is a uniform draw. V = 17: a row that does not fill its block."""
+    gen = torch.Generator().manual_seed(7)
+    n, k, vocab = 3, 3, 17
+    target = torch.randn(n, k + 1, vocab, generator=gen) * 2
+    draft_logits = torch.randn(n, k, vocab, generator=gen)
+    drafts = torch.randint(0, vocab, (n, k), generator=gen)
+    for temperature, method in itertools.product((float("inf"), torch.tensor([float("inf"), 1.0, 0.0])),
+                                                 ("token", "block")):
+        yield (target, drafts), dict(temperature=temperature, seed=3, method=method, draft_logits=draft_logits)
+
+
 def nan_before_finite_calls():
     """A NaN that a thread reads before any finite logit (an unaligned row's scalar head; a NaN run at an aligned
     row's start; -inf then NaN), in a target row and in a draft row: torch's softmax of the row is NaN, so its draft is
@@ -746,6 +769,12 @@ def test_cuda_low_temperature(cuda_device, simt_check):
         run_both(cuda_device, simt_check, args, kwargs)
 
 
+def test_cuda_infinite_temperature(cuda_device, simt_check):
+    for args, kwargs in infinite_temperature_calls():
+        out = run_both(cuda_device, simt_check, args, kwargs)
+        assert out.num_accepted[0] == args[1].shape[1]
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_cuda_nan_before_finite(cuda_device, simt_check):
     for args, kwargs in nan_before_finite_calls():
@@ -769,10 +798,10 @@ def test_cpu_matches_reference(n, k, vocab, dtype, method, draft_mode, packed, t
 @pytest.mark.parametrize("calls", [mixed_dtype_and_large_vocab_calls, no_rows_and_empty_batch_calls,
                                    lambda: adversarial_calls("token"), lambda: adversarial_calls("block"),
                                    lambda: wide_logit_range_calls("token"), lambda: wide_logit_range_calls("block"),
-                                   nan_before_finite_calls, low_temperature_calls],
+                                   nan_before_finite_calls, low_temperature_calls, infinite_temperature_calls],
                          ids=["mixed_dtype_large_vocab", "no_rows_empty_batch", "adversarial_token",
                               "adversarial_block", "wide_range_token", "wide_range_block", "nan_before_finite",
-                              "low_temperature"])
+                              "low_temperature", "infinite_temperature"])
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_cpu_special_cases_match_reference(calls):
     for args, kwargs in calls():

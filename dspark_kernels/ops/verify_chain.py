@@ -159,6 +159,9 @@ def draft_layout(draft_logits, draft_to_target, target_to_draft, draft_candidate
     if draft_logits is None:
         raise ValueError(f"{name} needs draft_logits (the rows over the draft ids it maps)")
     check_tensor("draft_logits", draft_logits, ndim=3, dtypes=FLOAT_DTYPES, device=dev)
+    if draft_logits.shape[-1] < 1:
+        raise ValueError(f"draft_logits must have at least one column (a draft row to sample from), got shape "
+                         f"{tuple(draft_logits.shape)}")
     if name == "draft_candidates":
         check_tensor(name, draft_candidates, shape=(n, k_len, None), dtypes=INT_DTYPES, device=dev)
         return None, draft_candidates.shape[-1]

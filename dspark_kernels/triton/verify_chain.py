@@ -92,10 +92,11 @@ def _chunk_stats(row_ptr, begin, end, t, BLOCK_V: tl.constexpr):
     bad = tl.zeros([BLOCK_V], tl.int32)
     for start in range(begin, end, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V).to(tl.int64)
-        x = tl.load(row_ptr + cols, mask=cols < end, other=NEG_INF).to(tl.float32) / t
-        odd = (x != x) | (x == float("inf"))
+        inside = cols < end
+        x = tl.load(row_ptr + cols, mask=inside, other=0.0).to(tl.float32) / t
+        odd = inside & ((x != x) | (x == float("inf")))
         bad = bad | odd.to(tl.int32)
-        x = tl.where(odd, NEG_INF, x)
+        x = tl.where(odd | ~inside, NEG_INF, x)
         m_new = tl.maximum(m, x)
         m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
         s = s * tl.exp(m - m_safe) + tl.exp(x - m_safe)

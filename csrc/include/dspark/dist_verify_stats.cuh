@@ -48,7 +48,7 @@ struct ShardScan {
     bad = 0u;
   }
   template <bool kSum, int kU, int kN>
-  DSPARK_DEVICE void batch(const float (&x)[kU][kN], int64_t at, int64_t stride) {
+  DSPARK_DEVICE void batch(const float (&x)[kU][kN], int64_t at, int64_t stride, int valid = kU) {
     raw.template batch<false>(x, at, stride);
     if constexpr (kSum) {
       float c[kU][kN];
@@ -60,7 +60,7 @@ struct ShardScan {
           bad |= odd ? 1u : 0u;
           c[k][e] = odd ? neg_inf() : x[k][e];
         }
-      clean.template batch<true>(c, at, stride);
+      clean.template batch<true>(c, at, stride, valid);
     }
   }
   DSPARK_DEVICE VStats stats(float t) const {
@@ -82,7 +82,7 @@ DSPARK_DEVICE void scan_shard(const T* row, int64_t begin, int64_t end, ShardSca
   }
   for_each_batch<verify::kLoadsInFlight, 32>(
       row, begin, end, threadIdx.x, blockDim.x,
-      [&](const auto& x, int64_t at, int64_t stride, int) { sc.template batch<kSum>(x, at, stride); },
+      [&](const auto& x, int64_t at, int64_t stride, int valid) { sc.template batch<kSum>(x, at, stride, valid); },
       [&](int64_t i, float v) {
         const float x[1][1] = {{v}};
         sc.template batch<kSum>(x, i, int64_t(1));

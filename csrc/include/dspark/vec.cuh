@@ -166,10 +166,12 @@ DSPARK_DEVICE void for_each_batch(const T* row, int64_t begin, int64_t end, int 
   const uint32_t pad = neg_inf_word<T>();
   for (int64_t i = t; i < nvec; i += static_cast<int64_t>(kU) * nthreads) {
     uint4 raw[kU];
+    int valid = 0;  // the batch's vectors inside the row: a prefix of the kU
 #pragma unroll
     for (int k = 0; k < kU; ++k) {  // all kU loads issue before the first use
-      raw[k] = i + static_cast<int64_t>(k) * nthreads < nvec ? ldg(vecs + i + static_cast<int64_t>(k) * nthreads)
-                                                             : make_uint4(pad, pad, pad, pad);
+      const bool in = i + static_cast<int64_t>(k) * nthreads < nvec;
+      raw[k] = in ? ldg(vecs + i + static_cast<int64_t>(k) * nthreads) : make_uint4(pad, pad, pad, pad);
+      valid += in ? 1 : 0;
     }
     float x[kU][kN];
 #pragma unroll
@@ -179,8 +181,7 @@ DSPARK_DEVICE void for_each_batch(const T* row, int64_t begin, int64_t end, int 
 #pragma unroll
       for (int e = 0; e < kN; ++e) x[k][e] = to_float(v.v[e]);
     }
-    const int64_t left = (nvec - i + nthreads - 1) / nthreads;
-    on_batch(x, body + i * kN, static_cast<int64_t>(nthreads) * kN, static_cast<int>(left < kU ? left : kU));
+    on_batch(x, body + i * kN, static_cast<int64_t>(nthreads) * kN, valid);
   }
   const int64_t tail = body + nvec * kN;
   for (int64_t i = tail + t; i < end; i += nthreads) on_scalar(i, to_float(ldg(row + i)));

@@ -69,10 +69,11 @@ struct RowScan {
     amx = INT64_MAX;
     first = INT64_MAX;
   }
-  // Max and argmax of a batch x[kU][kN] (element (k, e) at index at + k * stride + e; vectors past the end are
-  // -inf).
+  // Max and argmax of a batch x[kU][kN] (element (k, e) at index at + k * stride + e), of which the first `valid`
+  // vectors are the row's (those past its end are -inf: the sum leaves them out, as at T = inf their term
+  // (-inf - mx) * 0 is NaN).
   template <bool kSum, int kU, int kN>
-  DSPARK_DEVICE void batch(const float (&x)[kU][kN], int64_t at, int64_t stride) {
+  DSPARK_DEVICE void batch(const float (&x)[kU][kN], int64_t at, int64_t stride, int valid = kU) {
     if (first == INT64_MAX) first = at;
     float bm = neg_inf();
 #pragma unroll
@@ -86,16 +87,18 @@ struct RowScan {
 #pragma unroll
         for (int e = kN - 1; e >= 0; --e)
           if (x[k][e] == bm) where = at + k * stride + e;
-      if (kSum) s *= sum_exp2((mx - bm) * c);
+      if (kSum) s = mx > neg_inf() ? s * sum_exp2((mx - bm) * c) : 0.f;  // s is 0 until a finite maximum
       mx = bm;
       amx = where;
     }
     if (kSum) {
       if (mx > neg_inf()) {
 #pragma unroll
-        for (int k = 0; k < kU; ++k)
+        for (int k = 0; k < kU; ++k) {
+          const float ck = k < valid ? c : 1.f;  // past the end: (-inf - mx) * 1, a term of 0
 #pragma unroll
-          for (int e = 0; e < kN; ++e) s += sum_exp2((x[k][e] - mx) * c);
+          for (int e = 0; e < kN; ++e) s += sum_exp2((x[k][e] - mx) * ck);
+        }
       } else {
 #pragma unroll
         for (int k = 0; k < kU; ++k)
@@ -127,7 +130,7 @@ template <bool kSum, typename T>
 DSPARK_DEVICE void scan_chunk(const T* row, int64_t begin, int64_t end, RowScan& sc) {
   for_each_batch<kLoadsInFlight, 32>(
       row, begin, end, threadIdx.x, blockDim.x,
-      [&](const auto& x, int64_t at, int64_t stride, int) { sc.template batch<kSum>(x, at, stride); },
+      [&](const auto& x, int64_t at, int64_t stride, int valid) { sc.template batch<kSum>(x, at, stride, valid); },
       [&](int64_t i, float v) {
         const float x[1][1] = {{v}};
         sc.template batch<kSum>(x, i, int64_t(1));
