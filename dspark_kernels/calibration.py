@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
 import os
 from typing import Dict, Optional, Sequence, Tuple, Union
 
@@ -98,7 +99,7 @@ class CostTable:
         if len(counts) != len(times):
             raise ValueError(f"token_counts and step_time_ms must have the same length, got {len(counts)} and "
                              f"{len(times)}")
-        if any(float(c) != int(c) or c < 0 for c in counts):
+        if any(not math.isfinite(c) or float(c) != int(c) or c < 0 for c in counts):
             raise ValueError(f"token_counts must be non-negative integers, got {counts}")
         counts = [int(c) for c in counts]
         if any(b <= a for a, b in zip(counts, counts[1:])):
@@ -226,9 +227,12 @@ def expected_calibration_error(pred, label, n_bins: int = 15) -> float:
     if pred.shape != label.shape:
         raise ValueError(f"pred and label must have the same number of elements, got {pred.numel()} and "
                          f"{label.numel()}")
-    n_bins = int(n_bins)
+    try:
+        n_bins = operator.index(n_bins)
+    except TypeError:
+        raise ValueError(f"n_bins must be an int >= 1, got {n_bins!r}") from None
     if n_bins < 1:
-        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+        raise ValueError(f"n_bins must be an int >= 1, got {n_bins}")
     m = pred.numel()
     if m == 0:
         return 0.0

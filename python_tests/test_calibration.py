@@ -66,6 +66,8 @@ def test_appendix_sps():
     (([1, 1], [1.0, 2.0]), "strictly ascending"),
     (([1, 2.5], [1.0, 2.0]), "integers"),
     (([-1, 2], [1.0, 2.0]), "integers"),
+    (([1, float("inf")], [1.0, 2.0]), "token_counts"),
+    (([1, float("nan")], [1.0, 2.0]), "token_counts"),
     (([1, 2], [1.0, 0.0]), "positive"),
     (([1, 2], [1.0, -3.0]), "positive"),
     (([1, 2], [1.0, float("nan")]), "positive"),
@@ -123,6 +125,9 @@ def test_ece_by_hand():
     assert dk.expected_calibration_error(torch.tensor([]), torch.tensor([])) == 0.0
     with pytest.raises(ValueError, match="n_bins"):
         dk.expected_calibration_error(pred, label, n_bins=0)
+    for n_bins in (1.5, float("nan")):
+        with pytest.raises(ValueError, match="n_bins"):
+            dk.expected_calibration_error(pred, label, n_bins=n_bins)
     with pytest.raises(ValueError, match="same number"):
         dk.expected_calibration_error(pred, label[:3])
 
