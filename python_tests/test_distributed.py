@@ -398,6 +398,15 @@ def test_draft_block_refuses_a_reduced_draft_vocabulary():
         D.draft_block(base[..., :8], anchors, mapped, vocab_start=0, vocab_size=8, validate=False)
 
 
+def test_draft_block_refuses_a_head_that_is_not_a_markov_head():
+    """A head_shard that is not a MarkovHead is this rank's error naming it, raised where every rank's errors are
+    (validate=False: before any collective), not an AttributeError that would leave the other ranks waiting."""
+    base, anchors, _, _, _ = draft_inputs(2, 3, 20, "vanilla", seed=2)
+    for head in (None, "vanilla"):
+        with pytest.raises(TypeError, match=r"head_shard must be a dk\.MarkovHead"):
+            D.draft_block(base, anchors, head, vocab_start=0, vocab_size=20, validate=False)
+
+
 def test_sharded_joint_law_of_two_tokens():
     """Chi-square of the joint law of two generated tokens through the sharded path (token with draft_logprobs,
     block), on a one-token shard and a three-token one; the same case's power is shown in test_verify_chain
@@ -438,6 +447,51 @@ def test_local_ops_opcheck():
                           (torch.stack([part, part]), torch.zeros(n, k, dtype=torch.int64), "reference"))
 
 
+def test_reference_and_triton_pieces_refuse_bad_input():
+    """The reference and Triton backends of the pieces with kernels check what the CUDA launchers check (no kernel
+    reads past an input): a ValueError naming the argument, for each piece."""
+    vocab, n, k, start, size = 30, 3, 2, 10, 12
+    inp = verify_inputs(n, k, vocab, seed=6)
+    key = make_rng_key(3, 1, "cpu")
+    tgt, dr = inp["target"][..., start:start + size], inp["draft"][..., start:start + size]
+    drafts, temps = inp["drafts"], inp["temps"]
+    stats_args = (tgt, None, drafts, dr, temps, start, vocab)
+    stats = torch.stack([D.ops.verify_stats(*stats_args, "reference")] * 2)
+    shards = torch.tensor([[0, 15], [15, 15]])
+    decide_args = (stats, shards, None, None, 0, drafts, None, None, None, None, temps, key, None, "token", True, vocab)
+    plan = D.ops.verify_decide(*decide_args, "reference")[3]
+    residual_args = (tgt, None, drafts, dr, plan, temps, key, start, vocab)
+    g = torch.Generator().manual_seed(0)
+    step_args = (torch.randn(n, size, generator=g), torch.randn(n, 5, generator=g), torch.randn(size, 5, generator=g),
+                 temps, key, 1, start, True)
+    cases = [
+        ("verify_stats", stats_args, 0, tgt[:2], r"target_shard must have shape \[3, 3, \*\]"),
+        ("verify_stats", stats_args, 3, dr[:, :1], r"draft_logits_shard must have shape \[3, 2, 12\]"),
+        ("verify_stats", stats_args, 4, temps[:2], r"temperature must have shape \[3\]"),
+        ("verify_stats", stats_args, 4, temps.double(), r"temperature must have dtype in \(float32\)"),
+        ("verify_stats", stats_args, 6, 20, r"\[10, 22\) must lie in \[0, vocab_size = 20\)"),
+        ("verify_stats", stats_args, 2, drafts.float(), "draft_tokens must have dtype"),
+        ("verify_decide", decide_args, 0, stats[..., :4], r"stats must have shape \[\*, 3, 3, 10\]"),
+        ("verify_decide", decide_args, 1, shards[:1], r"shards must have shape \[2, 2\]"),
+        ("verify_decide", decide_args, 2, torch.zeros(2, n, 3, L.RES_WIDTH),
+         r"residual must have shape \[2, 3, 1, 5\]"),
+        ("verify_decide", decide_args, 3, torch.zeros(n, dtype=torch.int64), r"cu_seqlens must have shape \[4\]"),
+        ("verify_decide", decide_args, 11, key[:1], r"rng_key must have shape \[2\]"),
+        ("verify_decide", decide_args, 13, "greedy", "method must be one of"),
+        ("verify_residual", residual_args, 4, plan[:, :, :5], r"plan must have shape \[3, \*, 9\]"),
+        ("verify_residual", residual_args, 5, None, "temperature is required"),
+        ("draft_step", step_args, 2, step_args[2][:-1], r"w2_shard must have shape \[12, 5\]"),
+        ("draft_step", step_args, 1, step_args[1][:2], r"v must have shape \[3, \*\]"),
+        ("draft_step", step_args, 3, temps[:2], r"temperature must have shape \[3\]"),
+    ]
+    for piece, args, i, value, msg in cases:
+        wrong = list(args)
+        wrong[i] = value
+        for backend in ("reference", "triton"):
+            with pytest.raises(ValueError, match=msg):
+                getattr(D.ops, piece)(*wrong, backend)
+
+
 def test_triton_draft_step_equals_the_reference():
     """The Triton draft_step (interpreter on the CPU): the same winners, statistics to 1e-5, on odd shard sizes,
     greedy and mixed temperatures, a row holding a NaN and a row of -inf."""
@@ -461,8 +515,8 @@ def test_triton_draft_step_equals_the_reference():
 
 def test_triton_verify_residual_equals_the_reference():
     """The Triton residual pass (interpreter on the CPU) against the reference, on the plans the decide step makes:
-    token and block, dense and packed, one-hot drafts and draft rows, a NaN row; winners (of both races) equal,
-    masses to 1e-5."""
+    token and block, dense and packed, one-hot drafts and draft rows, a NaN row, plan rows outside [0, K] (read as
+    the clamped row); winners (of both races) equal, masses to 1e-5."""
     vocab, n, k, start, size = 700, 6, 3, 200, 301
     inp = verify_inputs(n, k, vocab, seed=8)
     inp["target"][2, 1, 250] = float("nan")
@@ -481,6 +535,8 @@ def test_triton_verify_residual_equals_the_reference():
         plan = D.ops.verify_decide(stats, shards, None, cu, target.shape[0] if packed else 0, inp["drafts"], None,
                                    None, None, None, inp["temps"], key, None, method, draft, vocab, "reference")[3]
         plan[..., L.PLAN_NEED] = 1.0         # every slot, so the comparison covers every row
+        plan[0, -1, L.PLAN_ROW] = k + 5.0    # rows outside [0, K]: the clamped row, its uniforms included
+        plan[1, -1, L.PLAN_ROW] = -3.0
         args = (sl(target), cu, inp["drafts"], None if dr is None else sl(dr), plan, inp["temps"], key, start, vocab)
         ref, out = D.ops.verify_residual(*args, "reference"), D.ops.verify_residual(*args, "triton")
         ids = [L.RES_ID, L.RES_GID]
@@ -488,6 +544,35 @@ def test_triton_verify_residual_equals_the_reference():
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True)
     clean = args[:2] + (inp["drafts"].clamp(0, vocab - 1),) + args[3:] + ("triton",)
     torch.library.opcheck(torch.ops.dspark_dist.verify_residual.default, clean)
+
+
+def test_triton_pieces_read_a_strided_temperature():
+    """The Triton pieces that take the temperature (stats, residual, draft_step) read a strided one (a column of an
+    [N, 2] tensor, as distributed.verify_chain passes a float32 view on) as the reference does."""
+    from dspark_kernels.distributed.local_draft import unpack_id
+    vocab, n, k, start, size = 40, 4, 2, 10, 17
+    inp = verify_inputs(n, k, vocab, seed=3)
+    temps = torch.stack([torch.tensor([0.3, 1.0, 0.0, 2.5]), torch.full((n,), 50.0)], dim=1)[:, 0]
+    key = make_rng_key(1, 2, "cpu")
+    tgt, dr = inp["target"][..., start:start + size], inp["draft"][..., start:start + size]
+    args = (tgt, None, inp["drafts"], dr, temps, start, vocab)
+    ref = D.ops.verify_stats(*args, "reference")
+    torch.testing.assert_close(D.ops.verify_stats(*args, "triton"), ref, rtol=1e-5, atol=1e-6, equal_nan=True)
+    shards = torch.tensor([[0, start], [start, size], [start + size, vocab - start - size]])
+    stats = torch.stack([ref] * 3)
+    plan = D.ops.verify_decide(stats, shards, None, None, 0, inp["drafts"], None, None, None, None, temps, key, None,
+                               "block", True, vocab, "reference")[3]
+    plan[..., L.PLAN_NEED] = 1.0
+    args = (tgt, None, inp["drafts"], dr, plan, temps, key, start, vocab)
+    ref, out = D.ops.verify_residual(*args, "reference"), D.ops.verify_residual(*args, "triton")
+    assert torch.equal(out[..., [L.RES_ID, L.RES_GID]], ref[..., [L.RES_ID, L.RES_GID]])
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True)
+    g = torch.Generator().manual_seed(4)
+    args = (torch.randn(n, size, generator=g), torch.randn(n, 3, generator=g), torch.randn(size, 3, generator=g),
+            temps, key, 1, start, True)
+    ref, out = D.ops.draft_step(*args, "reference"), D.ops.draft_step(*args, "triton")
+    assert torch.equal(unpack_id(out[0]), unpack_id(ref[0]))
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-5, atol=1e-5)
 
 
 def _stats_case_inputs(n, k, local, vocab_start, vocab, dtype, seed):

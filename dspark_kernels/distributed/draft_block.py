@@ -61,7 +61,7 @@ def draft_block(
         error, temps = e, None
     signature = [("N (base_logits_shard.shape[0])", n), ("K (base_logits_shard.shape[1])", k_len),
                  ("r (head_shard.w2.shape[1])", rank), ("head kind", HEAD_KINDS.index(head_shard.kind)
-                                                        if head_shard.kind in HEAD_KINDS else -1),
+                                                        if getattr(head_shard, "kind", None) in HEAD_KINDS else -1),
                  ("confidence head given", confidence is not None), ("sampling (temperature)", temps is not None)]
     comm.shard_table(group, dev, vocab_start=int(vocab_start), local_size=local, vocab_size=int(vocab_size),
                      signature=signature, validate=validate, local_error=error)
@@ -113,6 +113,8 @@ def _check_args(base, anchor_tokens, head, hidden, confidence, vocab_start, voca
         raise ValueError(f"the shard [vocab_start, vocab_start + Vl) = [{vocab_start}, {vocab_start + local}) must be "
                          f"part of [0, vocab_size = {vocab_size}) with vocab_size <= 2^24")
     check_tensor("anchor_tokens", anchor_tokens, shape=(n,), dtypes=INT_DTYPES, device=dev)
+    if not isinstance(head, MarkovHead):
+        raise TypeError(f"head_shard must be a dk.MarkovHead, got {type(head).__name__}")
     if head.kind not in HEAD_KINDS:
         raise ValueError(f"head_shard.kind must be one of {HEAD_KINDS}, got {head.kind!r}")
     if head.draft_to_target is not None:

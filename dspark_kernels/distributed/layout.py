@@ -57,6 +57,12 @@ class StatsLayout:
         return Q_AT + 1 if self.draft else T_AT + 1
 
 
+def plan_slots(sampled: bool, method: str, k_len: int) -> int:
+    """Slots per request of the residual plan and of the second exchange: 0 greedy, 1 token (the emitting row),
+    K+1 block (every row: S_i, and the emission at tau)."""
+    return 0 if not sampled else (1 if method == "token" else k_len + 1)
+
+
 def ids_to_slots(ids: torch.Tensor) -> torch.Tensor:
     """float32 slots holding ids in [0, 2^24] exactly."""
     return ids.to(torch.float32)

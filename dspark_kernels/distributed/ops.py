@@ -20,7 +20,10 @@ a CUDA kernel implements each op as it stands. Backends: "reference" (pure PyTor
 "cuda" for ``verify_stats``, ``verify_decide``, ``draft_step`` and ``verify_residual``
 (``torch.ops.dspark_C.<piece>``, csrc/include/dspark/dist_*.cuh; the SIMT harness runs them on CPU tensors under
 ``DSPARK_SIMT=1``); ``draft_logprobs`` (a few elementwise ops on [P, N, K, 5]) is the reference everywhere. Calling
-a piece with a backend it does not have raises; the composite ops pick per piece (``piece_backend``).
+a piece with a backend it does not have raises; the composite ops pick per piece (``piece_backend``). Every backend
+of the pieces with kernels checks their shapes, dtypes, devices and the shard's span before reading anything (no
+host synchronisation): the CUDA launchers (a RuntimeError), the reference and Triton backends through ``checks`` (a
+ValueError), each naming the argument.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ import torch
 from .. import _ext
 from ..ops._common import resolve_backend
 from ..ops._registry import CudaKernel
+from . import checks, local_draft, local_verify
 from . import layout as L
-from . import local_draft, local_verify
 
 KERNEL_PIECES = ("verify_stats", "verify_decide", "draft_step", "verify_residual")   # Triton and CUDA kernels
 
@@ -71,14 +74,26 @@ def _register_fakes(piece: str, op, fake) -> None:
 
 
 def _impl(piece: str, backend: str, reference_impl):
-    """The implementation of ``piece`` for a concrete backend string (the custom ops' dispatch)."""
-    if backend == "reference":
-        return reference_impl
-    if backend not in ("cuda", "triton") or piece not in KERNEL_PIECES:
+    """The implementation of ``piece`` for a concrete backend string (the custom ops' dispatch). The CUDA launcher
+    checks its arguments; the reference and Triton backends of the pieces with kernels run ``checks.<piece>``
+    first (the same checks)."""
+    if backend not in ("reference", "cuda", "triton") or (backend != "reference" and piece not in KERNEL_PIECES):
         raise ValueError(f"dspark_dist::{piece} has no {backend!r} backend (Triton and CUDA: "
                          f"{', '.join(KERNEL_PIECES)})")
     if backend == "cuda":
         return _cuda_kernel(piece)
+    impl = reference_impl if backend == "reference" else _triton_impl(piece)
+    if piece not in KERNEL_PIECES:   # draft_logprobs: torch ops on the gathered statistics
+        return impl
+
+    def checked(*args):
+        getattr(checks, piece)(*args)
+        return impl(*args)
+    return checked
+
+
+def _triton_impl(piece: str):
+    """The Triton backend of a piece with kernels."""
     from .. import triton as _patched  # noqa: F401  (the interpreter fix of the oldest supported Triton)
     if piece == "draft_step":
         from .triton_draft import draft_step
@@ -124,19 +139,13 @@ def verify_decide(stats: torch.Tensor, shards: torch.Tensor, residual: Optional[
         thresholds, temperature, rng_key, stop_token_ids, method, has_draft_logits, vocab_size)
 
 
-def plan_slots(sampled: bool, method: str, k_len: int) -> int:
-    """Slots per request of the residual plan and of the second exchange: 0 greedy, 1 token (the emitting row),
-    K+1 block (every row: S_i, and the emission at tau)."""
-    return 0 if not sampled else (1 if method == "token" else k_len + 1)
-
-
 def _verify_decide_fake(stats, shards, residual, cu_seqlens, num_rows, draft_tokens, draft_logprobs, verify_lens,
                         survival, thresholds, temperature, rng_key, stop_token_ids, method, has_draft_logits,
                         vocab_size):
     n, k = draft_tokens.shape
     new = draft_tokens.new_empty
     return (new((n, k + 1), dtype=torch.int64), new((n,), dtype=torch.int32), new((n, k), dtype=torch.bool),
-            new((n, plan_slots(temperature is not None, method, k), L.PLAN_WIDTH), dtype=torch.float32))
+            new((n, L.plan_slots(temperature is not None, method, k), L.PLAN_WIDTH), dtype=torch.float32))
 
 
 _register_fakes("verify_decide", verify_decide, _verify_decide_fake)

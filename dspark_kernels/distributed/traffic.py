@@ -4,8 +4,7 @@ the ops issue, checked against ``comm.count_traffic`` in the tests)."""
 from __future__ import annotations
 
 from .comm import Traffic
-from .layout import DRAFT_WIDTH, RES_WIDTH, StatsLayout
-from .ops import plan_slots
+from .layout import DRAFT_WIDTH, RES_WIDTH, StatsLayout, plan_slots
 
 _META_FIXED = 4          # vocab_start, local size, vocab_size, error flag
 _VERIFY_SIGNATURE = 10   # entries of verify_chain's signature

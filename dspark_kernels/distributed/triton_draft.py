@@ -79,7 +79,7 @@ def draft_step(base_logits_k, v, w2_shard, temperature, rng_key, position, vocab
     part = torch.empty(n, blocks, 6, dtype=torch.float32, device=dev)
     logits = torch.empty(n, local, dtype=torch.float32, device=dev) if return_logits else part.new_empty(0)
     base = base_logits_k if base_logits_k.stride(-1) == 1 else base_logits_k.contiguous()
-    temps = temperature if temperature is not None else part
+    temps = temperature.contiguous() if temperature is not None else part
     _draft_step_kernel[(n, blocks)](
         base, base.stride(0), v.float().contiguous(), w2_shard.contiguous(), temps, *key_args(rng_key, dev), part, logits, local,
         rank, position, vocab_start, HAS_TEMP=temperature is not None, RETURN_LOGITS=bool(return_logits),

@@ -121,6 +121,6 @@ def verify_stats(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, tem
     block = block_v or min(_BLOCK_V, triton.next_power_of_2(local))
     _stats_kernel[(n * (k_len + 1),)](
         rows2d, rows2d.stride(0), trow.reshape(-1).contiguous(), d2d, d2d.stride(0), at,
-        temperature if temperature is not None else out, out, local, k_len, vocab_start, lay.width,
+        temperature.contiguous() if temperature is not None else out, out, local, k_len, vocab_start, lay.width,
         SAMPLED=lay.sampled, HAS_DRAFT=lay.draft, BLOCK_V=block)
     return out

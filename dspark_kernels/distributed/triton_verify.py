@@ -34,15 +34,15 @@ def _residual_kernel(t_ptr, t_row_ptr, d_ptr, d_row_ptr, dtok_ptr, plan_ptr, tem
                      BLOCK_V: tl.constexpr, NONE: tl.constexpr):
     slot = tl.program_id(0)
     blk = tl.program_id(1)
-    n = tl.load(t_row_ptr + 2 * slot + 1)
+    n = tl.load(t_row_ptr + 3 * slot + 1)
     plan = plan_ptr + slot * 9
     live = tl.where(tl.load(plan + 1) > 0, local, 0)    # columns to read: none for a slot not needed
-    row = tl.load(plan + 0).to(tl.int64)
+    row = tl.load(t_row_ptr + 3 * slot + 2)            # the plan's row clamped into [0, K]
     cols = blk * BLOCK_V + tl.arange(0, BLOCK_V)
     inside = cols < live
     t = tl.load(temp_ptr + n)
     t = tl.where(t > 0, t, 1.0)
-    trow = tl.load(t_row_ptr + 2 * slot)
+    trow = tl.load(t_row_ptr + 3 * slot)
     x = tl.load(t_ptr + trow * local + cols, mask=inside, other=0.0).to(tl.float32) / t
     p = _prob(x, tl.load(plan + 3), tl.load(plan + 4), tl.load(plan + 5))
     if HAS_DRAFT:
@@ -91,7 +91,7 @@ def verify_residual(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, 
         if target_shard.shape[0] == 0:
             rows2d, _ = gather_target_rows(target_shard, cu_seqlens, k_len)
             rows2d, trow = rows2d.reshape(-1, local), req * (k_len + 1) + row
-    t_rows = torch.stack([trow, req], dim=-1).contiguous()
+    t_rows = torch.stack([trow, req, row], dim=-1).contiguous()   # (physical row, request, row)
     valid, safe, _, _ = _draft_rows(draft_tokens, 0, vocab_size, vocab_size)
     dtok = torch.where(valid, safe, -1).gather(1, qrow).contiguous()
     d2d = draft_logits_shard.reshape(-1, local).contiguous() if draft_logits_shard is not None else plan
@@ -99,8 +99,9 @@ def verify_residual(target_shard, cu_seqlens, draft_tokens, draft_logits_shard, 
     blocks = triton.cdiv(local, _BLOCK_V)
     part = torch.empty(n * slots, blocks, 5, device=dev)
     _residual_kernel[(n * slots, blocks)](
-        rows2d.contiguous(), t_rows, d2d, d_rows, dtok, plan.contiguous(), temperature, *key_args(rng_key, part.device),
-        part, local, vocab_start, HAS_DRAFT=draft_logits_shard is not None, BLOCK_V=_BLOCK_V, NONE=_NONE)
+        rows2d.contiguous(), t_rows, d2d, d_rows, dtok, plan.contiguous(), temperature.contiguous(),
+        *key_args(rng_key, part.device), part, local, vocab_start, HAS_DRAFT=draft_logits_shard is not None,
+        BLOCK_V=_BLOCK_V, NONE=_NONE)
     need = plan[..., L.PLAN_NEED] > 0
     out[..., L.RES_MASS] = torch.where(need, part[..., 0].sum(1).view(n, slots), 0.0)
     for s_slot, i_slot, c in ((L.RES_SCORE, L.RES_ID, 1), (L.RES_GSCORE, L.RES_GID, 3)):
