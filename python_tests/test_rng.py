@@ -346,6 +346,8 @@ def test_out_is_filled_in_place():
     (lambda: dk.rng_uniform((1, 1, 1), offset=2 ** 64), "offset"),
     (lambda: dk.rng_uniform((1, 1, 1), seed=torch.tensor([1, 2])), "seed"),
     (lambda: dk.rng_uniform((1, 1, 1), offset=torch.tensor([1.0])), "offset"),
+    (lambda: dk.rng_uniform((2 ** 32 + 1, 0, 1), backend="reference"), "requests"),
+    (lambda: dk.rng_uniform((1, 0, 2 ** 34 + 1), backend="reference"), "tokens"),
     (lambda: dk.rng_uniform((1, 1, 1), backend="bogus"), "backend"),
     (lambda: dk.rng_uniform((1, 1, 1), backend="cuda"), "cuda"),
 ])
@@ -355,7 +357,7 @@ def test_bad_input_names_the_argument(call, match):
 
 
 def test_empty_shapes():
-    for shape in [(0, 3, 4), (2, 0, 4), (2, 3, 0)]:
+    for shape in [(0, 3, 4), (2, 0, 4), (2, 3, 0), (2 ** 32, 0, 1)]:  # the most requests: nothing to draw
         assert dk.rng_uniform(shape, backend="reference").shape == shape
 
 

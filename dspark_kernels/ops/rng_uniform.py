@@ -54,8 +54,13 @@ def rng_uniform(shape_or_out: Union[Sequence[int], torch.Tensor], seed=0, offset
         out = torch.empty(shape, dtype=torch.float32, device=device)
     if not (isinstance(stream, int) and 0 <= stream < 256):
         raise ValueError(f"stream must be an int in [0, 256), got {stream!r}")
-    if out.shape[1] >= 2 ** 24:
-        raise ValueError(f"positions must be < 2**24, got K={out.shape[1]}")
+    n, k_len, vocab = out.shape  # the counter's words: request 32 bits, position 24, token 34
+    if n > 2 ** 32:
+        raise ValueError(f"requests must be <= 2**32, got N={n}")
+    if k_len >= 2 ** 24:
+        raise ValueError(f"positions must be < 2**24, got K={k_len}")
+    if vocab > 2 ** 34:
+        raise ValueError(f"tokens must be <= 2**34, got V={vocab}")
     rng_key = make_rng_key(seed, offset, out.device)
     RNG_UNIFORM(out, rng_key, stream, backend=resolve_backend(backend, out.device, RNG_UNIFORM.name))
     return out
