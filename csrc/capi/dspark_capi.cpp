@@ -82,10 +82,10 @@ int check_aligned(const char* fn, std::initializer_list<Array> arrays) {
   return DSPARK_OK;
 }
 
-// n * (k + 1) < limit for n, k >= 0, without a product or sum that can overflow.
-bool rows_below(int64_t n, int64_t k, int64_t limit) { return n == 0 || (k < limit && k + 1 <= (limit - 1) / n); }
-// a * b < limit for a, b >= 0, likewise.
+// a * b < limit for a, b >= 0, without a product that can overflow.
 bool product_below(int64_t a, int64_t b, int64_t limit) { return a == 0 || b <= (limit - 1) / a; }
+// n * (k + 1) < limit for n, k >= 0, likewise.
+bool rows_below(int64_t n, int64_t k, int64_t limit) { return n == 0 || (k < limit && product_below(n, k + 1, limit)); }
 
 constexpr int64_t kInt32Limit = int64_t(1) << 31;
 

@@ -294,23 +294,22 @@ class DSparkProposer:
         return [t[:length] for t, length in zip(tokens, lens)], probs
 
     def _redraft_seeded(self, d, ready, base, anchor, hidden, temp):
-        """``d`` with the rows of requests that have their own generator drafted again alone, keyed by a draw from
-        that generator: their drafts depend on their seed and committed tokens, not on their row, their batch
-        neighbours or the step count (as their verification does). One extra launch per seeded request."""
-        seeded = [(row, self.generators[i]) for row, i in enumerate(ready) if i in self.generators]
-        if not seeded:
-            return d
-        tokens, logits = d.tokens.clone(), d.logits.clone()
-        survival = None if d.survival is None else d.survival.clone()
-        for row, gen in seeded:
+        """``d`` (this step's own draft_block output) with the rows of requests that have their own generator
+        drafted again alone, in place, keyed by a draw from that generator: their drafts depend on their seed and
+        committed tokens, not on their row, their batch neighbours or the step count (as their verification does).
+        One extra launch per seeded request."""
+        for row, i in enumerate(ready):
+            gen = self.generators.get(i)
+            if gen is None:
+                continue
             one = slice(row, row + 1)
             key = torch.randint(0, 2 ** 62, (1,), generator=gen, device=gen.device).to(base.device)
             again = dk.draft_block(base[one], anchor[one], self.head, hidden=hidden[one], confidence=self.confidence,
                                    temperature=temp[one], seed=key, return_logits=True)
-            tokens[one], logits[one] = again.tokens, again.logits
-            if survival is not None:
-                survival[one] = again.survival
-        return d._replace(tokens=tokens, logits=logits, survival=survival)
+            for mine, theirs in zip(d, again):  # every output of the row: tokens, logits, confidence, log q
+                if mine is not None:
+                    mine[one] = theirs
+        return d
 
     def _verify_lens(self, d, n, dev):
         if self.opts["scheduler"] == "fixed":
