@@ -94,10 +94,11 @@ class _Capture:
     """Hooks keeping the last forward's residual stream at the drafter's layers, its positions and batch layout.
     vLLM's decoder layers return ``(hidden, residual)``, whose sum is the stream after the layer; id -1 is the
     embeddings (DeepSpec's ``hidden_states[0]``), the first layer's input, taken with the positions and the batch's
-    ``query_start_loc`` by a pre-hook on the first layer."""
+    ``query_start_loc`` by a pre-hook on the first layer. Those two are copied to the host without waiting on the
+    device; ``take`` (in ``propose``, after the step's sampled tokens reached the host) reads them."""
 
     def __init__(self, layers, layer_ids):
-        self.layer_ids, self.out, self.positions, self.qsl = list(layer_ids), {}, None, None
+        self.layer_ids, self.out, self.positions, self.qsl, self.copied = list(layer_ids), {}, None, None, None
         layers[0].register_forward_pre_hook(self._first_layer)
         for i in self.layer_ids:
             if i >= 0:
@@ -119,8 +120,8 @@ class _Capture:
             return
         n, md = batch
         self.out = {}
-        self.positions = args[0][:n].to("cpu", torch.int64)
-        self.qsl = md.query_start_loc.to("cpu", torch.int64)
+        self.positions, self.qsl = _to_host(args[0][:n]), _to_host(md.query_start_loc)
+        self.copied = _copied_event(args[0])
         if -1 in self.layer_ids:
             self.out[-1] = args[1][:n].to(torch.float32, copy=True)  # a copy: the layer may add into it in place
 
@@ -138,9 +139,30 @@ class _Capture:
         if self.qsl is None or any(i not in self.out for i in self.layer_ids):
             return None
         rows = torch.cat([self.out[i] for i in self.layer_ids], dim=-1)
+        if self.copied is not None:
+            self.copied.synchronize()  # the copies only; the step's sampled tokens reached the host after them
         got = (rows, self.positions, self.qsl)
         self.qsl, self.out = None, {}
         return got
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as int64 on the host. From a GPU: an asynchronous copy into pinned memory, so the forward's hook never
+    waits on the device (``_copied_event`` says when it has landed)."""
+    t = t.to(torch.int64)
+    if t.device.type == "cpu":
+        return t.clone()
+    host = torch.empty(t.shape, dtype=torch.int64, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
+
+
+def _copied_event(t: torch.Tensor):
+    """An event recorded after ``_to_host``'s copies on ``t``'s device (None on the host)."""
+    if t.device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 class DSparkProposer:
