@@ -59,6 +59,22 @@ def test_rejection_sample_reads_target_logits_after_temperature():
     assert not passes(first, torch.softmax(z[0] / temp ** 2, -1).double() * (n - 100))
 
 
+def test_rejection_sample_without_speculative_steps_emits_one_column():
+    """With no speculative steps (one target row per request) the output is MRv2's ``[R, 1]``: each request's
+    target sample (greedy: the argmax), one token each."""
+    gen = torch.Generator().manual_seed(5)
+    r = 3
+    z = torch.randn(r, V, generator=gen)
+    batch = mrv2_batch(torch.randn(r, 2, V, generator=gen), None, torch.zeros(r, dtype=torch.int64),
+                       torch.zeros(r), gen)
+    batch.update(target_logits=z, draft_sampled=torch.zeros(r, dtype=torch.int64), num_speculative_steps=0,
+                 cu_num_logits=torch.arange(r + 1, dtype=torch.int32), pos=torch.arange(r, dtype=torch.int64),
+                 expanded_idx_mapping=batch["idx_mapping"], expanded_local_pos=torch.zeros(r, dtype=torch.int32))
+    sampled, num_sampled = gpu_mrv2.rejection_sample(**batch)
+    assert sampled.shape == (r, 1)
+    assert torch.equal(sampled[:, 0], z.argmax(-1)) and torch.equal(num_sampled, torch.ones(r, dtype=torch.int32))
+
+
 def fake_speculator(gen, num_reqs=3, n_spec=4, d=5, rank=2, **overrides):
     """The parts of vLLM's ``DSparkSpeculator`` its ``_sample_sequential`` reads (greedy, full vocabulary)."""
     lm = torch.randn(V, d, generator=gen)

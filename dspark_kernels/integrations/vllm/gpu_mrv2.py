@@ -65,7 +65,7 @@ def rejection_sample(target_logits, draft_logits, draft_sampled, cu_num_logits, 
             target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping, expanded_idx_mapping,
             expanded_local_pos, temperature, seed, num_speculative_steps, synthetic_conditional_rates, use_fp64,
             use_block_verification, contexts, watermarking, watermarking_skip_mask, watermark_key)
-    steps = max(int(num_speculative_steps), 1)
+    steps = max(int(num_speculative_steps), 1)  # a draft column even without drafts; cut from the output below
     cu = cu_num_logits.to(torch.int64)
     j = torch.arange(steps, device=cu.device)
     rows = (cu[:-1].unsqueeze(1) + 1 + j).clamp(max=num_logits - 1)
@@ -79,7 +79,7 @@ def rejection_sample(target_logits, draft_logits, draft_sampled, cu_num_logits, 
                           draft_logits=_scaled_draft_logits(draft_logits, req_state, steps, temps, sampled),
                           temperature=sampled.float(), seed=key,
                           method="block" if use_block_verification else "token")
-    return out.tokens, out.num_accepted + 1
+    return out.tokens[:, :int(num_speculative_steps) + 1], out.num_accepted + 1
 
 
 def _scaled_draft_logits(draft_logits, req_state, steps, temps, sampled):
