@@ -193,6 +193,8 @@ def test_bad_input_names_the_argument(host_backend):
     for override, name in cases:
         with pytest.raises((ValueError, TypeError), match=name.replace(".", r"\.")):
             call(**override)
+    with pytest.raises(ValueError, match=r"base_logits .*V < 2\^31"):  # token ids are 32-bit in every kernel
+        call(base_logits=base[:, :, :1].expand(n, k, 2 ** 31))
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])

@@ -190,8 +190,9 @@ def draft_block(
     check_tensor("base_logits", base_logits, ndim=3, dtypes=FLOAT_DTYPES)
     n, k_len, vocab = base_logits.shape
     dev = base_logits.device
-    if k_len < 1 or vocab < 1:
-        raise ValueError(f"base_logits must have K >= 1 and V >= 1, got shape {tuple(base_logits.shape)}")
+    if k_len < 1 or vocab < 1 or vocab >= 2 ** 31:
+        raise ValueError(f"base_logits must have K >= 1 and 1 <= V < 2^31 (32-bit token ids), got shape "
+                         f"{tuple(base_logits.shape)}")
     check_tensor("anchor_tokens", anchor_tokens, shape=(n,), dtypes=INT_DTYPES, device=dev)
     if head.kind not in HEAD_KINDS:
         raise ValueError(f"head.kind must be one of {HEAD_KINDS}, got {head.kind!r}")

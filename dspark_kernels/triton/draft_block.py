@@ -185,7 +185,7 @@ def _vocab_pass(u_row, logits_row, cand_row, w2_ptr, w2s_ptr, e_row, e_ok, v_row
     """One pass over the W proposal columns (every draft id, W = V; or, TOPK, the candidates of the row, W = top_k,
     ids in increasing order): the logits (stored when asked for), the greedy or Gumbel-max argmax, and the softmax
     statistics of logits / T (T = 1 for greedy rows). Returns (drafted id, log_softmax(logits / T)[its column])."""
-    none = V + BLOCK_V
+    none = tl.cast(V, tl.int64) + BLOCK_V  # past every column, in 64 bits (V may be near 2^31)
     best = tl.full([BLOCK_V], NEG_INF, tl.float32)
     if TOPK:
         best_i = tl.full([BLOCK_V], none, tl.int64)
@@ -435,7 +435,7 @@ def _sweep_kernel(base_ptr, tokens_ptr, anchor_ptr, w1_ptr, scratch_ptr, w2_ptr,
     scaled = logits / safe_t[:, None]
     key = tl.where(vmask[None, :], key, NEG_INF)
     best = tl.max(key, axis=1)
-    none = V + BLOCK_V
+    none = tl.cast(V, tl.int64) + BLOCK_V  # past every column, in 64 bits (V may be near 2^31)
     win = tl.min(tl.where((key == best[:, None]) & vmask[None, :], cols[None, :], none), axis=1)
     lwin = tl.sum(tl.where(cols[None, :] == win[:, None], scaled, 0.0), axis=1)
     bad = tl.max(((scaled != scaled) & vmask[None, :]).to(tl.int32), axis=1)
