@@ -1,5 +1,6 @@
 """The shared generator: known answers, stored vectors on every backend, distribution, arguments, registration."""
 
+import importlib
 import json
 import os
 
@@ -152,6 +153,14 @@ def test_triton_equals_reference_large_vocab(triton_device):
     dev = triton_device
     ref = dk.rng_uniform((1, 1, 32003), 77, 2 ** 35, 2, device=dev, backend="reference")
     tri = dk.rng_uniform((1, 1, 32003), 77, 2 ** 35, 2, device=dev, backend="triton")
+    assert torch.equal(_bits_of(ref), _bits_of(tri))
+
+
+def test_triton_rows_beyond_the_grid_loop(triton_device, monkeypatch):
+    """More rows (N K) than a grid's first dimension holds: the programs loop over the rest."""
+    monkeypatch.setattr(importlib.import_module("dspark_kernels.triton.rng_uniform"), "_MAX_ROW_PROGRAMS", 4)
+    ref = dk.rng_uniform((3, 3, 9), 5, 6, 1, device=triton_device, backend="reference")
+    tri = dk.rng_uniform((3, 3, 9), 5, 6, 1, device=triton_device, backend="triton")
     assert torch.equal(_bits_of(ref), _bits_of(tri))
 
 
