@@ -43,8 +43,9 @@ def draft_block(n: int, k: int, v: int, r: int, *, d: int = 0, head: str = "vani
                 w_bytes: int = 2, hidden_bytes: Optional[int] = None, confidence: bool = False,
                 return_logits: bool = False, w2_on_chip: bool = False, w2_fp8: bool = False, top_k: int = 0) -> Floor:
     """U once, W2 once per position (or once per block with ``w2_on_chip``), the per-position head weights once per
-    position, the Markov rows of W1 actually used, hidden states once, and the outputs: tokens (int64), the float32
-    logits only when asked (``return_logits``), the float32 confidence logits and survival with a confidence head.
+    position, the Markov rows of W1 actually used, hidden states once, and the outputs: tokens (int64) and their
+    float32 log-probabilities (always), the float32 logits only when asked (``return_logits``), the float32
+    confidence logits and survival with a confidence head.
     ``w2_fp8``: W2 is e4m3 (1 byte an element) with a float32 scale per row. ``top_k``: top-k proposals read only
     the candidates' rows of W2, per request and position, and return sparse logits (float32 values + int64 ids).
     """
@@ -70,6 +71,7 @@ def draft_block(n: int, k: int, v: int, r: int, *, d: int = 0, head: str = "vani
         f.add("confidence weight", (d + r) * w_bytes)
         f.add("conf_logits + survival", 2 * n * k * F32)
     f.add("tokens", n * k * I64)
+    f.add("draft_logprobs", n * k * F32)   # always written (DraftBlockOutput.draft_logprobs)
     if return_logits:
         f.add("logits", n * k * (top_k * (F32 + I64) if top_k else v * F32))
     return f

@@ -320,7 +320,9 @@ def main(argv=None) -> int:
     else:
         previous, prev_path = previous_record(args.records, docs, args.bench)
     verdicts = judge(docs, step, previous)
+    cut = [p for p, d in zip(args.bench, docs) if d.get("settings", {}).get("complete") is False]
     print(f"goals judged on {', '.join(args.bench) or 'no bench record'}"
+          + (f" (cut short, the rows timed before the stop: {', '.join(cut)})" if cut else "")
           + (f"; step {args.step}" if args.step else "") + (f"; previous {prev_path}" if prev_path else ""))
     counts = report(verdicts)
     print()

@@ -19,13 +19,17 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import itertools
 import json
 import os
 import subprocess
 import sys
-from typing import Dict, List
+import time
+from typing import Callable, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if os.environ.get("DSPARK_USE_INSTALLED") != "1":  # bench/gpu_check.sh sets it to run an installed wheel
+    sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 METRICS = {  # ncu metric -> row key
@@ -99,20 +103,66 @@ def case_row(op: str, params: dict, floor_bytes: int, launches: List[Dict[str, o
                 dram_over_floor=round(dram / max(floor_bytes, 1), 3), kernels=launches)
 
 
-def profile(ncu: str, ops: List[str], ns: List[int], timeout: float) -> List[dict]:
+def interleaved(ops: List[str], ns: List[int]) -> List[tuple]:
+    """(op, index, case) of every op's cases, the ops taking turns (each op's cases in their order), so that a time
+    budget that ends the list early leaves every op some profiled cases."""
+    lists = [[(op, i, c) for i, c in enumerate(case_list(op, ns, dev="meta"))] for op in ops]
+    return [entry for turn in itertools.zip_longest(*lists) for entry in turn if entry is not None]
+
+
+def profile(ncu: str, ops: List[str], ns: List[int], timeout: float, time_budget: Optional[float] = None,
+            on_row: Optional[Callable[[List[dict]], None]] = None) -> List[dict]:
+    """One ncu run per case (``interleaved``), at most ``timeout`` seconds each; no case starts after
+    ``time_budget`` seconds, and none runs past it (each is a row saying so). ``on_row(rows so far)`` after each
+    case, so that a run stopped from outside keeps the cases it profiled."""
     metrics = ",".join(METRICS)
-    rows = []
-    for op in ops:
-        for i, case in enumerate(case_list(op, ns, dev="meta")):
-            cmd = [ncu, "--csv", "--page", "details", "--clock-control", "none", "--profile-from-start", "off",
-                   "--metrics", metrics, sys.executable, __file__, "--launch", op, str(i), "--N", *map(str, ns)]
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-                rows.append(case_row(op, case.params, case.floor.total, parse_ncu_csv(p.stdout)))
-            except (subprocess.SubprocessError, ValueError, OSError) as e:
+    rows: List[dict] = []
+    cases = interleaved(ops, ns)
+    t0 = time.perf_counter()
+    for op, i, case in cases:
+        left = timeout if time_budget is None else min(timeout, time_budget - (time.perf_counter() - t0))
+        if left < 1:
+            rows.append(dict(op=op, **case.params, skipped="the time budget was spent"))
+            continue
+        cmd = [ncu, "--csv", "--page", "details", "--clock-control", "none", "--profile-from-start", "off",
+               "--metrics", metrics, sys.executable, os.path.abspath(__file__), "--launch", op, str(i), "--N",
+               *map(str, ns)]
+        try:
+            rows.append(case_row(op, case.params, case.floor.total, parse_ncu_csv(_run_group(cmd, left))))
+        except subprocess.TimeoutExpired as e:
+            if left < timeout:  # the budget's end, not the case's own limit
+                rows.append(dict(op=op, **case.params, skipped=f"the time budget ended it after {left:.0f} s"))
+            else:
                 rows.append(dict(op=op, **case.params, error=f"{type(e).__name__}: {e}"[:300]))
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "kernels"}), flush=True)
+        except (subprocess.SubprocessError, ValueError, OSError) as e:
+            rows.append(dict(op=op, **case.params, error=f"{type(e).__name__}: {e}"[:300]))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "kernels"}), flush=True)
+        if on_row is not None:
+            on_row(rows)
     return rows
+
+
+def _run_group(cmd: List[str], timeout: float) -> str:
+    """stdout of ``cmd``, run in a process group of its own: past ``timeout`` the whole group is killed (ncu and the
+    program it profiles: killing ncu alone would leave that program on the GPU beside the timed steps)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, 9)
+        except OSError:
+            pass
+        p.communicate()
+        raise
+    return out
+
+
+def _write(path: Optional[str], rows: List[dict]) -> None:
+    if path:
+        with open(path + ".tmp", "w") as f:
+            json.dump(rows, f, indent=1)
+        os.replace(path + ".tmp", path)
 
 
 def main(argv=None) -> int:
@@ -122,6 +172,9 @@ def main(argv=None) -> int:
     ap.add_argument("--op", nargs="+", default=DEFAULT_OPS)
     ap.add_argument("--N", nargs="+", type=int, default=[1, 64])
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="seconds for every case together: none starts or runs past it (the rest are rows saying "
+                         "so; the exit status counts them as no failure)")
     ap.add_argument("--launch", nargs=2, metavar=("OP", "INDEX"), help="run one case (what ncu profiles)")
     ap.add_argument("--report", metavar="CSV", help="parse one ncu --csv output into per-launch rows")
     args = ap.parse_args(argv)
@@ -132,12 +185,11 @@ def main(argv=None) -> int:
         with open(args.report) as f:
             rows = parse_ncu_csv(f.read())
     elif args.ncu:
-        rows = profile(args.ncu, args.op, args.N, args.timeout)
+        rows = profile(args.ncu, args.op, args.N, args.timeout, args.time_budget,
+                       on_row=lambda rows: _write(args.json, rows))
     else:
         ap.error("give --ncu, --report or --launch")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    _write(args.json, rows)
     return 0 if all("error" not in r for r in rows) else 1
 
 

@@ -101,9 +101,10 @@ def make_timer(args, gpu: bool) -> Timer:
                  max(args.min_time or 0.0, 0.5 if gpu else (3.0 if args.full else 0.6)))
 
 
-def time_grid(plan, preset, dev, timer, copy_gbps, fi, time_budget, t_start) -> tuple:
+def time_grid(plan, preset, dev, timer, copy_gbps, fi, time_budget, t_start, on_case=None) -> tuple:
     """Every case of every op on every backend of each (ops, grid, backends) of ``plan``, in order: the rows, and
-    the cases the time budget left out."""
+    the cases the time budget left out. ``on_case(rows so far)`` is called after each case, so that a run stopped
+    from outside (bench/gpu_check.sh's timeout) keeps what it measured."""
     rows: List[dict] = []
     left_out: List[str] = []
     with torch.no_grad():
@@ -118,6 +119,8 @@ def time_grid(plan, preset, dev, timer, copy_gbps, fi, time_budget, t_start) -> 
                         torch.cuda.empty_cache()   # the case's inputs are gone: give their memory back
                     add_comparisons(new, copy_gbps)
                     rows.extend(new)
+                    if on_case is not None:
+                        on_case(rows)
                     print(f"  {op:<21} {case_str(new[0]):<44} " + "  ".join(
                         f"{r['backend']} {fmt_time(r.get('median_ms')) if r['status'] == 'ok' else r['status']}"
                         for r in new), flush=True)
@@ -177,7 +180,26 @@ def main(argv=None) -> int:
     print(f"bench: copy bandwidth {cb['gbps']:.1f} GB/s (median; best {cb['best_gbps']:.1f}) "
           f"over {fmt_bytes(cb['bytes'])} read + written")
     fi = flashinfer_runner() if "flashinfer" in backends else (None, "not asked for")
-    rows, left_out = time_grid(plan, preset, dev, timer, cb["gbps"], fi, args.time_budget, t_start)
+    mid = machine_id(info)
+    stem = (args.name or "{machine}_{preset}").format(machine=mid, preset=preset)
+    grid = plan[0][1] if len(plan) == 1 else [dict(ops=o, grid=g, backends=b) for o, g, b in plan]
+
+    def record(rows, left_out, structural, e2e, complete) -> dict:
+        settings = dict(preset=preset, grid=grid, ops=ops, backends=backends, timing=timing,
+                        min_reps=timer.min_reps, max_reps=timer.max_reps, min_time_s=timer.min_time,
+                        time_budget_s=args.time_budget, left_out=left_out,
+                        argv=sys.argv[1:] if argv is None else argv, floors="bench/floors.py",
+                        wall_s=round(time.perf_counter() - t_start, 1), complete=complete)
+        return dict(schema=SCHEMA, machine_id=mid, machine=info, settings=settings, copy_bandwidth=cb, rows=rows,
+                    structural=structural, e2e=e2e)
+
+    def partial(rows) -> None:
+        """The record as it stands (JSON and CSV, no plots; settings.complete false), written after every case and
+        replaced by the whole record at the end."""
+        write_outputs(record(rows, [], [], [], False), os.path.join(args.out_dir, stem), plots=False,
+                      record_dir=None)
+
+    rows, left_out = time_grid(plan, preset, dev, timer, cb["gbps"], fi, args.time_budget, t_start, partial)
     print()
     print_table(rows)
     if left_out:
@@ -187,18 +209,10 @@ def main(argv=None) -> int:
     if structural:
         print_structural(structural)
     e2e = [] if args.no_e2e else run_e2e(dev, preset, cb["gbps"])
-    grid = plan[0][1] if len(plan) == 1 else [dict(ops=o, grid=g, backends=b) for o, g, b in plan]
-    settings = dict(preset=preset, grid=grid, ops=ops, backends=backends, timing=timing,
-                    min_reps=timer.min_reps, max_reps=timer.max_reps, min_time_s=timer.min_time,
-                    time_budget_s=args.time_budget, left_out=left_out, argv=sys.argv[1:] if argv is None else argv,
-                    floors="bench/floors.py", wall_s=round(time.perf_counter() - t_start, 1))
-    mid = machine_id(info)
-    doc = dict(schema=SCHEMA, machine_id=mid, machine=info, settings=settings, copy_bandwidth=cb, rows=rows,
-               structural=structural, e2e=e2e)
-    stem = (args.name or "{machine}_{preset}").format(machine=mid, preset=preset)
+    doc = record(rows, left_out, structural, e2e, True)
     written = write_outputs(doc, os.path.join(args.out_dir, stem), plots=not args.no_plot,
                             record_dir=os.path.join(HERE, "records") if args.record else None)
-    print(f"bench: {len(rows)} rows in {settings['wall_s']} s; wrote " + ", ".join(written))
+    print(f"bench: {len(rows)} rows in {doc['settings']['wall_s']} s; wrote " + ", ".join(written))
     return 0
 
 

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -22,22 +23,22 @@ floors = load_bench("floors.py")
 def test_draft_block_floor_by_hand():
     # N=2, K=3, V=100, r=8, bf16, vanilla head, no confidence head:
     # U 2*3*100*2 = 1200; W2 once PER POSITION 3*100*8*2 = 4800; W1 rows 2*3*8*2 = 96; anchors 2*8 = 16;
-    # tokens 2*3*8 = 48
+    # tokens 2*3*8 = 48; draft_logprobs (float32, written on every call) 2*3*4 = 24
     f = floors.draft_block(2, 3, 100, 8)
-    assert f.terms == {"U": 1200, "W2": 4800, "W1 rows": 96, "anchors": 16, "tokens": 48}
-    assert f.total == 6160
+    assert f.terms == {"U": 1200, "W2": 4800, "W1 rows": 96, "anchors": 16, "tokens": 48, "draft_logprobs": 24}
+    assert f.total == 6184
     # the float32 logits only when asked: + 2*3*100*4
-    assert floors.draft_block(2, 3, 100, 8, return_logits=True).total == 6160 + 2400
+    assert floors.draft_block(2, 3, 100, 8, return_logits=True).total == 6184 + 2400
     # W2 kept on chip across positions: read once per block
-    assert floors.draft_block(2, 3, 100, 8, w2_on_chip=True).total == 6160 - 3200
-    assert floors.draft_block(2, 3, 100, 8, w2_fp8=True).total == 6160 - 4800 + 3 * 100 * (8 + 4)  # 1 B + a scale
+    assert floors.draft_block(2, 3, 100, 8, w2_on_chip=True).total == 6184 - 3200
+    assert floors.draft_block(2, 3, 100, 8, w2_fp8=True).total == 6184 - 4800 + 3 * 100 * (8 + 4)  # 1 B + a scale
     # top-k: 5 rows of W2 per request and position; sparse logits are float32 values + int64 ids
-    assert floors.draft_block(2, 3, 100, 8, top_k=5).total == 6160 - 4800 + 2 * 3 * 5 * 16
-    assert floors.draft_block(2, 3, 100, 8, top_k=5, return_logits=True).total == 6160 - 4800 + 480 + 2 * 3 * 5 * 12
+    assert floors.draft_block(2, 3, 100, 8, top_k=5).total == 6184 - 4800 + 2 * 3 * 5 * 16
+    assert floors.draft_block(2, 3, 100, 8, top_k=5, return_logits=True).total == 6184 - 4800 + 480 + 2 * 3 * 5 * 12
     # confidence head (d = 16): hidden 2*3*16*2 = 192, weight (16+8)*2 = 48, conf_logits + survival 2*2*3*4 = 48
-    assert floors.draft_block(2, 3, 100, 8, d=16, confidence=True).total == 6160 + 192 + 48 + 48
+    assert floors.draft_block(2, 3, 100, 8, d=16, confidence=True).total == 6184 + 192 + 48 + 48
     # gated head: Wg once per position 3*8*(16+8)*2 = 1152, bg 3*8*2 = 48, hidden 192
-    assert floors.draft_block(2, 3, 100, 8, d=16, head="gated").total == 6160 + 1152 + 48 + 192
+    assert floors.draft_block(2, 3, 100, 8, d=16, head="gated").total == 6184 + 1152 + 48 + 192
 
 
 def test_draft_block_headline_matches_design():
@@ -190,6 +191,37 @@ def test_quick_on_cpu(tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
 
+def test_a_run_stopped_from_outside_keeps_the_cases_it_timed(tmp_path, monkeypatch):
+    """bench/gpu_check.sh stops run.py with a timeout when a case overruns the time budget: the record is written
+    after every case (settings.complete false until the end), so the rows timed before the stop are kept, not lost
+    with the process."""
+    run = load_bench("run.py")
+    calls = []
+
+    def run_case(case, backends, dev, timer, fi):
+        calls.append(case.params)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what the timeout's signal leaves: nothing after this point runs
+        return [dict(op=case.op, backend=b, **case.params, floor_bytes=case.floor.total, status="ok", median_ms=1.0,
+                     p25_ms=1.0, p75_ms=1.0, min_ms=1.0, max_ms=1.0, reps=3, achieved_gbps=1.0) for b in backends]
+    monkeypatch.setattr(run, "run_case", run_case)
+    monkeypatch.setattr(run, "copy_bandwidth", lambda dev, timer: dict(bytes=1, median_ms=1.0, gbps=10.0,
+                                                                       best_gbps=10.0, reps=1))
+    argv = ["--quick", "--device", "cpu", "--op", "schedule_verify_lens", "--backend", "reference", "--N", "1",
+            "--no-structural", "--no-e2e", "--no-plot", "--out-dir", str(tmp_path), "--name", "t"]
+    with pytest.raises(KeyboardInterrupt):
+        run.main(argv)
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["settings"]["complete"] is False
+    assert [(r["N"], r["sched"]) for r in doc["rows"]] == [(1, "exact")] and doc["rows"][0]["floor_ms"] > 0
+    assert (tmp_path / "t.csv").exists()
+    monkeypatch.setattr(run, "run_case", lambda case, *a: [dict(op=case.op, backend="reference", **case.params,
+                                                                floor_bytes=1, status="skipped", note="-")])
+    run.main(argv)  # a whole run: the complete record replaces the partial one
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["settings"]["complete"] is True and len(doc["rows"]) == 2
+
+
 def test_preset_must_be_chosen():
     p = subprocess.run([sys.executable, os.path.join(BENCH, "run.py")], capture_output=True, text=True, timeout=120,
                        cwd=ROOT)
@@ -238,6 +270,67 @@ def test_ncu_cases_are_listed_without_allocating():
     for op in ncu.DEFAULT_OPS:
         cases = ncu.case_list(op, [1, 64], dev="meta")
         assert cases and all(c.params["N"] in (1, 64) for c in cases), op
+
+
+def _ncu_argv(tmp_path, *extra):
+    return ["--ncu", "ncu", "--json", str(tmp_path / "ncu.json"), "--op", "draft_block", "verify_chain", "--N", "1",
+            "64", *extra]
+
+
+def test_ncu_stays_within_its_budget_and_keeps_what_it_profiled(tmp_path, monkeypatch):
+    """A case takes seconds under ncu and bench/gpu_check.sh gives the step a minute: the ops take turns, no case
+    starts after the budget (each left out is a row saying so, which is no failure), and ncu.json is written after
+    every case, so a run stopped from outside keeps the cases it profiled."""
+    ncu = load_bench("ncu.py")
+    calls = []
+
+    def run_group(cmd, timeout):
+        calls.append((cmd[cmd.index("--launch") + 1], timeout))
+        time.sleep(0.3)
+        return _NCU_CSV
+    monkeypatch.setattr(ncu, "_run_group", run_group)
+    assert ncu.main(_ncu_argv(tmp_path, "--time-budget", "2.0")) == 0
+    rows = json.loads((tmp_path / "ncu.json").read_text())
+    profiled = [r for r in rows if "duration_us" in r]
+    assert len(rows) == 26 and 2 <= len(profiled) < 26 and len(profiled) == len(calls)
+    assert {r["op"] for r in profiled} == {"draft_block", "verify_chain"}  # the ops took turns
+    assert all(t <= 2.0 for _, t in calls)  # no case may run past the budget
+    assert all("time budget" in r["skipped"] for r in rows if "duration_us" not in r)
+
+    def stopped(cmd, timeout):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what the step's timeout leaves: nothing after this point runs
+        calls.append(cmd)
+        return _NCU_CSV
+    calls.clear()
+    monkeypatch.setattr(ncu, "_run_group", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        ncu.main(_ncu_argv(tmp_path))
+    assert len(json.loads((tmp_path / "ncu.json").read_text())) == 2
+
+
+def test_ncu_case_past_its_limit_is_killed_with_what_it_started(tmp_path):
+    """ncu starts the profiled program as a child of its own: a case past its limit is killed as a process group,
+    so that no profiled program stays on the GPU beside the timed steps."""
+    ncu = load_bench("ncu.py")
+    pid_file = tmp_path / "pid"
+    child = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); "
+             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    with pytest.raises(subprocess.TimeoutExpired):
+        ncu._run_group([sys.executable, "-c", child], 1.0)
+    pid = int(pid_file.read_text())
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] in "ZX":
+                    break  # killed (a zombie until its new parent reaps it)
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the profiled program's child outlived the case's time limit")
 
 
 def test_plot_lines_are_one_configuration_each():
