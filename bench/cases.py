@@ -98,7 +98,9 @@ def draft_block_cases(dev, grid, d):
     """W2 of the grid's dtype ("same"), or fp8 e4m3 with per-row scales ("fp8": bf16 grids only; a w2 key); the full
     proposal (top_k 0) or top-k proposals (a top_k key; with W2 of the grid's dtype only); the kernel alone (conf 0)
     or with the confidence head over d-wide hidden states (conf 1); the vanilla head, or a grid's "head" (a head key).
-    Greedy full-proposal rows of the vanilla kernel alone have the cuBLAS peer (cublas_draft_peer)."""
+    Greedy full-proposal rows of the vanilla kernel alone have the cuBLAS peer (cublas_draft_peer). Sampled rows
+    draw by the exponential race and return what greedy rows do (tokens and their log-probabilities, which
+    verify_chain's headline form reads), not the logits: the two differ by the cost of sampling alone."""
     for n, k, v, dt, mode, w2, top_k, conf, kind in itertools.product(
             grid["N"], grid["K"], grid["V"], grid["dtype"], grid["mode"], grid.get("w2", ["same"]),
             grid.get("top_k", [0]), grid.get("conf", [1]), grid.get("head", ["vanilla"])):
@@ -108,7 +110,7 @@ def draft_block_cases(dev, grid, d):
         esize = torch.empty(0, dtype=dtype).element_size()
         hidden_d = d if conf or kind != "vanilla" else 0
         fl = floors.draft_block(n, k, v, RANK, d=hidden_d, head=kind, u_bytes=esize, w_bytes=esize,
-                                confidence=bool(conf), return_logits=sampled, w2_fp8=fp8, top_k=top_k)
+                                confidence=bool(conf), w2_fp8=fp8, top_k=top_k)
 
         def inputs(n=n, k=k, v=v, dtype=dtype, fp8=fp8, conf=conf, kind=kind, hd=hidden_d):
             g = _gen(0, dev)
@@ -134,9 +136,9 @@ def draft_block_cases(dev, grid, d):
                       **({"head": kind} if kind != "vanilla" else {}))
         peer = not sampled and not fp8 and not top_k and not conf and kind == "vanilla"
         yield Case("draft_block", params, fl, inputs,
-                   lambda b, x, t=1.0 if sampled else 0.0, s=sampled, tk=top_k or None: dk.draft_block(
+                   lambda b, x, t=1.0 if sampled else 0.0, tk=top_k or None: dk.draft_block(
                        x["base"], x["anchors"], x["head"], hidden=x["hidden"], confidence=x["conf"], temperature=t,
-                       seed=1, offset=0, return_logits=s, top_k=tk, backend=b),
+                       seed=1, offset=0, top_k=tk, backend=b),
                    peers={"cublas": cublas_draft_peer} if peer else {},
                    peer_notes={"cublas": CUBLAS_NOTE if peer else
                                "no cuBLAS peer here (it has greedy full-proposal rows of the vanilla head alone)"})
