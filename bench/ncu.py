@@ -145,7 +145,7 @@ def profile(ncu: str, ops: List[str], ns: List[int], timeout: float, time_budget
 def _run_group(cmd: List[str], timeout: float) -> str:
     """stdout of ``cmd``, run in a process group of its own: past ``timeout`` the whole group is killed (ncu and the
     program it profiles: killing ncu alone would leave that program on the GPU beside the timed steps)."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
