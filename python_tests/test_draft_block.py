@@ -464,6 +464,28 @@ def test_cuda_nan_and_inf_logits(cuda_device, simt_check):
     check_nan_and_inf_logits(cuda_device, "cuda", simt_check)
 
 
+def check_infinite_logits_at_infinite_temperature(device, backend, wrap=lambda fn: fn()):
+    """T = inf: an infinite logit l gives l / T = NaN, so its row's log-probability is NaN (the reference's
+    log_softmax). V = 40: the +inf sits in the first tile of a row that goes on with finite logits (the CPU kernel
+    once dropped that tile from the row's statistics and gave a finite log-probability)."""
+    base, anchors, head, hidden, confidence, _ = make_triton_case("vanilla", 3, 2, 40, 4, 2, torch.float32,
+                                                                  "greedy", "none", seed=5)
+    base[0, 0, 3] = float("inf")
+    base[1, 1, 0] = float("-inf")
+    base[2, 0, 30] = float("inf")
+    for temperature in (float("inf"), torch.tensor([float("inf"), float("inf"), 1.0])):
+        ref, out = run_both(device, base, anchors, head, None, None, temperature, True, backend=backend, wrap=wrap)
+        assert ref.draft_logprobs[0, 0].isnan() and ref.draft_logprobs[1, 1].isnan()
+        assert torch.equal(out.tokens, ref.tokens)
+        torch.testing.assert_close(out.logits, ref.logits, equal_nan=True)
+        torch.testing.assert_close(out.draft_logprobs, ref.draft_logprobs, equal_nan=True)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_cuda_infinite_logits_at_infinite_temperature(cuda_device, simt_check):
+    check_infinite_logits_at_infinite_temperature(cuda_device, "cuda", simt_check)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("n,first", [(4, 0), (4, 3), (64, 0)])
 def test_cuda_greedy_fold_specials_and_ties(cuda_device, simt_check, n, first):
@@ -1005,6 +1027,11 @@ def test_cpu_mixed_input_dtypes():
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_cpu_nan_and_inf_logits():
     check_nan_and_inf_logits(CPU, "cpu")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_cpu_infinite_logits_at_infinite_temperature():
+    check_infinite_logits_at_infinite_temperature(CPU, "cpu")
 
 
 @pytest.mark.parametrize("kind,n,k,vd,vt,rank,d,dtype,temps,conf", REDUCED_CASES)

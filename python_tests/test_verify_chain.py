@@ -713,6 +713,23 @@ def infinite_temperature_calls():
         yield (target, drafts), dict(temperature=temperature, seed=3, method=method, draft_logits=draft_logits)
 
 
+def infinite_logits_at_infinite_temperature_calls():
+    """T = inf with infinite logits: l / T is NaN there, so torch's softmax of that row is NaN, its draft is rejected
+    and nothing is sampled from it. V = 300: the infinity sits in the first 256-token block of a row that goes on with
+    finite logits (the CPU kernel once dropped that block from the row's statistics and accepted the draft)."""
+    gen = torch.Generator().manual_seed(41)
+    n, k, vocab = 4, 2, 300
+    target = torch.randn(n, k + 1, vocab, generator=gen)
+    draft_logits = torch.zeros(n, k, vocab)        # q uniform at T = inf: p / q = 1 accepts on finite rows
+    drafts = torch.full((n, k), 7)
+    target[0, 0, 1] = float("inf")                 # a target row: rejected at position 0
+    target[1, 1, 299] = float("-inf")              # -inf / inf is NaN too: rejected at position 1
+    draft_logits[2, 0, 5] = float("inf")           # a draft row: q is NaN, rejected at position 0
+    for method in ("token", "block"):
+        for temperature in (float("inf"), torch.tensor([float("inf"), float("inf"), float("inf"), 1.0])):
+            yield (target, drafts), dict(temperature=temperature, method=method, seed=4, draft_logits=draft_logits)
+
+
 def nan_before_finite_calls():
     """A NaN that a thread reads before any finite logit (an unaligned row's scalar head; a NaN run at an aligned
     row's start; -inf then NaN), in a target row and in a draft row: torch's softmax of the row is NaN, so its draft is
@@ -776,6 +793,15 @@ def test_cuda_infinite_temperature(cuda_device, simt_check):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_cuda_infinite_logits_at_infinite_temperature(cuda_device, simt_check):
+    for args, kwargs in infinite_logits_at_infinite_temperature_calls():
+        out = run_both(cuda_device, simt_check, args, kwargs)
+        assert out.num_accepted[0] == 0 and out.num_accepted[2] == 0
+        if kwargs["method"] == "token":
+            assert out.num_accepted[1] == 1
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_cuda_nan_before_finite(cuda_device, simt_check):
     for args, kwargs in nan_before_finite_calls():
         out = run_both(cuda_device, simt_check, args, kwargs)
@@ -798,10 +824,11 @@ def test_cpu_matches_reference(n, k, vocab, dtype, method, draft_mode, packed, t
 @pytest.mark.parametrize("calls", [mixed_dtype_and_large_vocab_calls, no_rows_and_empty_batch_calls,
                                    lambda: adversarial_calls("token"), lambda: adversarial_calls("block"),
                                    lambda: wide_logit_range_calls("token"), lambda: wide_logit_range_calls("block"),
-                                   nan_before_finite_calls, low_temperature_calls, infinite_temperature_calls],
+                                   nan_before_finite_calls, low_temperature_calls, infinite_temperature_calls,
+                                   infinite_logits_at_infinite_temperature_calls],
                          ids=["mixed_dtype_large_vocab", "no_rows_empty_batch", "adversarial_token",
                               "adversarial_block", "wide_range_token", "wide_range_block", "nan_before_finite",
-                              "low_temperature", "infinite_temperature"])
+                              "low_temperature", "infinite_temperature", "infinite_logits_infinite_temperature"])
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_cpu_special_cases_match_reference(calls):
     for args, kwargs in calls():

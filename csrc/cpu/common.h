@@ -200,12 +200,14 @@ inline float log_prob(const Stats& st, float y) { return bad(st) ? kNaN : (y - s
 
 // Folds x[0..n) into st: the maximum is max(x) / T, exactly the maximum of x / T; the sum's terms are exp(x / T - m),
 // x / T rounded as the reference rounds it (an ulp of x / T is a large step in exp's argument when T is small).
+// At T = inf an infinite x gives x / T = NaN (as in the reference), so it marks the row NaN like a NaN x does.
 DSPARK_CPU_INLINE void fold_stats(const float* x, int64_t n, float t, Stats& st) {
   float mx = -kInf;
   int nan = 0;
+  const int inf_t = std::isinf(t);
 #pragma omp simd reduction(max : mx) reduction(| : nan)
   for (int64_t i = 0; i < n; ++i) {
-    nan |= x[i] != x[i];
+    nan |= (x[i] != x[i]) | (inf_t & (std::fabs(x[i]) == kInf));
     mx = x[i] > mx ? x[i] : mx;
   }
   st.nan = st.nan || nan;
