@@ -757,6 +757,65 @@ def test_cuda_matches_reference(cuda_device, simt_check, n, k, vocab, dtype, met
     run_both(cuda_device, simt_check, *kernel_case(n, k, vocab, dtype, method, draft_mode, packed, temps))
 
 
+def beyond_the_cuda_limits_calls():
+    """K = 17 drafts a request, and a top-k draft row of 1025 columns: past the CUDA kernels' limits (K <= 16, top-k
+    rows of at most 1024 columns), within the other backends'."""
+    gen = torch.Generator().manual_seed(17)
+    n, k, vocab = 2, 17, 40
+    target = torch.randn(n, k + 1, vocab, generator=gen)
+    drafts = target[:, :k].argmax(-1)
+    yield (target, drafts), {}
+    yield (target, drafts), dict(temperature=1.0, draft_logits=torch.randn(n, k, vocab, generator=gen))
+    k, vocab, width = 2, 1100, 1025
+    target = torch.randn(n, k + 1, vocab, generator=gen)
+    cands = torch.stack([torch.randperm(vocab, generator=gen)[:width] for _ in range(n * k)]).view(n, k, width)
+    yield (target, cands[..., 0]), dict(temperature=1.0, draft_logits=torch.randn(n, k, width, generator=gen),
+                                        draft_candidates=cands)
+
+
+def test_cuda_refuses_calls_beyond_its_limits_naming_them(cuda_device):
+    for (args, kwargs), name in zip(beyond_the_cuda_limits_calls(), ("K in", "K in", "at most 1024 columns")):
+        on_dev = {key: val.to(cuda_device) if isinstance(val, torch.Tensor) else val for key, val in kwargs.items()}
+        with pytest.raises(RuntimeError, match=name):
+            dk.verify_chain(*(a.to(cuda_device) for a in args), backend="cuda", **on_dev)
+
+
+def test_auto_runs_triton_where_the_cuda_kernels_cannot(monkeypatch, triton_device):
+    """"auto" on a GPU picks the CUDA kernels; a call beyond their limits (which they refuse) runs Triton instead,
+    with the reference's result; an explicit backend (argument or DSPARK_BACKEND) is kept."""
+    import sys
+    mod = sys.modules["dspark_kernels.ops.verify_chain"]  # the module (the package exports the function)
+    picked = []
+    real = mod.VERIFY_CHAIN
+
+    class Spy:
+        name = real.name
+
+        def __call__(self, *args, backend):
+            if backend != "reference":
+                picked.append(backend)
+            return real(*args, backend="triton" if backend == "cuda" else backend)  # no CUDA kernel here
+    monkeypatch.setattr(mod, "VERIFY_CHAIN", Spy())
+    monkeypatch.setattr(mod, "resolve_backend",
+                        lambda backend, device, op: {"auto": "cuda"}.get(mod.requested_backend(backend),
+                                                                         mod.requested_backend(backend)))
+    monkeypatch.delenv("DSPARK_BACKEND", raising=False)
+    for args, kwargs in beyond_the_cuda_limits_calls():
+        on_dev = {key: val.to(triton_device) if isinstance(val, torch.Tensor) else val
+                  for key, val in kwargs.items()}
+        out = dk.verify_chain(*(a.to(triton_device) for a in args), **on_dev)
+        ref = dk.verify_chain(*args, backend="reference", **kwargs)
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(out, ref))
+    assert picked[-1] == "triton" and picked.count("triton") == 3
+    target = torch.randn(1, 3, 9)
+    dk.verify_chain(target, target[:, :2].argmax(-1))
+    assert picked[-1] == "cuda"                         # within the limits "auto" keeps the CUDA kernels
+    args, kwargs = next(beyond_the_cuda_limits_calls())
+    monkeypatch.setenv("DSPARK_BACKEND", "cuda")       # asked for by name: kept (and refused by the kernels)
+    mod.verify_chain(*args, **kwargs)
+    assert picked[-1] == "cuda"
+
+
 def test_cuda_mixed_draft_dtype_and_large_vocab(cuda_device, simt_check):
     for args, kwargs in mixed_dtype_and_large_vocab_calls():
         run_both(cuda_device, simt_check, args, kwargs)

@@ -52,6 +52,14 @@ def resolve_backend(backend: Optional[str], device: torch.device, cuda_op: str) 
     return backend
 
 
+def requested_backend(backend: Optional[str]) -> str:
+    """The backend the caller asked for: ``backend``, or ``DSPARK_BACKEND`` when it is None or "auto" ("auto"
+    when neither names one). An op that refines "auto" (a kernel that cannot take some call) refines only this."""
+    if backend is None or backend == "auto":
+        return os.environ.get(ENV_BACKEND, "auto") or "auto"
+    return backend
+
+
 def check_tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[Sequence[torch.dtype]] = None,
                  device: Optional[torch.device] = None, shape: Optional[Sequence[Optional[int]]] = None,
                  optional: bool = False) -> None:

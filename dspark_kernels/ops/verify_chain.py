@@ -8,10 +8,13 @@ import torch
 
 from .. import reference
 from ..rng import make_rng_key
-from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
+from ._common import (FLOAT_DTYPES, INT_DTYPES, check_tensor, requested_backend, resolve_backend,
+                      temperature_tensor)
 from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 METHODS = ("token", "block")
+CUDA_MAX_K = 16         # the CUDA kernels' draft positions a request (csrc/include/dspark/verify_chain.h, kMaxK)
+CUDA_MAX_TOP_K = 1024   # and columns of a top-k draft row (kMaxTopK); "auto" runs Triton beyond either
 
 
 class VerifyOutput(NamedTuple):
@@ -100,7 +103,8 @@ def verify_chain(
         method: "token" (standard rejection sampling) or "block" (Sun et al., 2024); both lossless.
         backend: "auto" | "cpu" | "cuda" | "triton" | "reference" ("auto": CUDA or Triton on a GPU, the CPU
             kernel on CPU tensors where it builds, else the reference; ``DSPARK_BACKEND`` sets the default). Every
-            mode and draft layout has a CPU kernel.
+            mode and draft layout has a CPU kernel. The CUDA kernels take K <= 16 and top-k rows of at most 1024
+            columns ("cuda" raises beyond; "auto" then runs Triton on a GPU).
 
     Returns:
         ``VerifyOutput(tokens int64 [N, K+1], num_accepted int32 [N], accept_mask bool [N, K])``: ``tokens`` holds
@@ -127,10 +131,13 @@ def verify_chain(
                          stop_token_ids, method, draft_width=width)
     temps = temperature_tensor(temperature, n, dev)
     rng_key = make_rng_key(seed, offset, dev)
+    chosen = resolve_backend(backend, dev, VERIFY_CHAIN.name)
+    if chosen == "cuda" and requested_backend(backend) == "auto" and (
+            k_len > CUDA_MAX_K or (draft_candidates is not None and width > CUDA_MAX_TOP_K)):
+        chosen = "triton"  # "auto" never picks a backend that cannot take the call; Triton has neither limit
     return VerifyOutput(*VERIFY_CHAIN(
         target_logits, cu_seqlens, draft_tokens, draft_logits, target_to_draft, draft_candidates, draft_logprobs,
-        verify_lens, survival, thresholds, temps, rng_key, stop_token_ids, method,
-        backend=resolve_backend(backend, dev, VERIFY_CHAIN.name)))
+        verify_lens, survival, thresholds, temps, rng_key, stop_token_ids, method, backend=chosen))
 
 
 def target_to_draft_map(draft_to_target: torch.Tensor, vocab: int) -> torch.Tensor:
