@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -124,6 +125,13 @@ def _corrupt(tmp_path, target, edit):
     (lambda sd, cfg: cfg.__setitem__("target_layer_ids", [0, 2]), "final layer"),
     (lambda sd, cfg: cfg.pop("block_size"), "block_size"),
     (lambda sd, cfg: cfg.__setitem__("markov_head_type", "lstm"), "Markov head"),
+    # weights the config leaves no place for were dropped silently (a gated head loaded as vanilla, no head at all)
+    (lambda sd, cfg: cfg.pop("markov_head_type"), "no place for.*markov_head.gate_proj.bias"),
+    (lambda sd, cfg: cfg.__setitem__("markov_rank", 0), "no place for.*markov_head.markov_w1.weight"),
+    (lambda sd, cfg: cfg.__setitem__("enable_confidence_head", False), "no place for.*confidence_head.proj"),
+    (lambda sd, cfg: sd.update({k.replace("layers.0.", "layers.1."): v.clone() for k, v in sd.items()
+                                if k.startswith("layers.0.")}), "no place for.*layers.1."),
+    (lambda sd, cfg: cfg.__setitem__("block_size", 0), "block_size .* must be an int >= 1"),
 ])
 def test_bad_draft_checkpoints(tmp_path, target, edit, match):
     _corrupt(tmp_path, target, edit)
@@ -152,12 +160,26 @@ def test_bad_generate_input(target):
     cases = [([], 4, None, "prompts is empty"), ([[1], []], 4, None, "prompt 1 is empty"),
              ([[1, 48]], 4, None, "outside"), ([list(range(30))], 8, None, "max_seq_len=40"),
              (PROMPTS, 0, None, "max_new_tokens"), (PROMPTS, 4, Scheduler("fastest"), "scheduler.mode"),
-             (PROMPTS, 4, Scheduler("exact"), "cost_table"), (PROMPTS, 4, Scheduler("threshold"), "thresholds")]
+             (PROMPTS, 4, Scheduler("exact"), "cost_table"), (PROMPTS, 4, Scheduler("threshold"), "thresholds"),
+             # before: a negative verify_len gave its requests no verify row, and generate never returned; a
+             # threshold min_len past K read drafts past the block (IndexError on the CPU, out of bounds on a GPU)
+             (PROMPTS, 4, Scheduler("fixed", verify_len=-1), "verify_len must be an int >= 0"),
+             (PROMPTS, 4, Scheduler("fixed", verify_len=1.5), "verify_len must be an int >= 0"),
+             (PROMPTS, 4, Scheduler("threshold", thresholds=[0.5] * 4, min_len=5), r"min_len must be an int in \[0"),
+             (PROMPTS, 4, Scheduler("threshold", thresholds=[0.5] * 4, min_len=-1), "min_len must be an int"),
+             # before: float token ids were truncated silently (1.7 -> 1)
+             ([[1.7, 2.0]], 4, None, "prompt 0 has a token that is not an integer id"),
+             ([[1], torch.tensor([2.0, 3.0])], 4, None, "prompt 1 has a token that is not an integer id"),
+             ([[True, 3]], 4, None, "prompt 0 has a token that is not an integer id")]
     for prompts, max_new, sched, match in cases:
         with pytest.raises(ValueError, match=match):
             dec.generate(prompts, max_new, scheduler=sched)
         assert target.cache is cache  # rejected before anything was allocated or written
     assert dec.generate(PROMPTS, 6).tokens == good
+    as_ints = [torch.tensor(PROMPTS[0]), [np.int64(t) for t in PROMPTS[1]]] + PROMPTS[2:]  # integer ids of any kind
+    assert dec.generate(as_ints, 6).tokens == good
+    with pytest.raises(ValueError, match="block_size"):
+        tiny_drafter(target, block_size=0)  # K = 0: before, an IndexError inside the drafter's first forward
     no_conf = tiny_drafter(target, block_size=4, confidence=False)
     with pytest.raises(ValueError, match="confidence head"):
         SpeculativeDecoder(target, no_conf).generate(PROMPTS, 4, scheduler=Scheduler("argmax"))

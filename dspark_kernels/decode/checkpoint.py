@@ -117,6 +117,15 @@ def load_drafter(path, target, *, dtype=None, device=None) -> DSparkDrafter:
             raise ValueError(f"draft {name} has shape {tuple(tensors[name].shape)} but the target's is "
                              f"{tuple(ref.shape)} (mismatched vocabularies)")
     drafter = DSparkDrafter(cfg, emb, target.lm_head_weight, num_target_layers=target.num_layers)
+    # a tensor the config leaves no place for (a layer past num_hidden_layers, a Markov head of another kind or
+    # rank 0, a confidence head it does not enable) is a config that does not match its weights: refused, as the
+    # target's loader does, rather than dropped
+    used = set(drafter.state_dict()) | {name for name, _ in shared} | {"t2d"}
+    extra = sorted(k for k in tensors if k not in used and not k.endswith(_IGNORED))
+    if extra:
+        raise ValueError(f"draft checkpoint has tensors its config.json leaves no place for: {extra[:8]}"
+                         f"{' ...' if len(extra) > 8 else ''} (markov_rank, markov_head_type, "
+                         f"enable_confidence_head or num_hidden_layers do not match the weights?)")
     _load_checked(drafter, tensors, "draft", dtype)
     return drafter.to(device or emb.weight.device).eval()
 

@@ -141,6 +141,8 @@ class DSparkDrafter(nn.Module):
         if embed_tokens.weight.shape != (b.vocab_size, b.hidden_size):
             raise ValueError(f"the drafter expects a [{b.vocab_size}, {b.hidden_size}] target embedding, got "
                              f"{tuple(embed_tokens.weight.shape)} (target and drafter vocabularies differ?)")
+        if isinstance(cfg.block_size, bool) or not isinstance(cfg.block_size, int) or cfg.block_size < 1:
+            raise ValueError(f"block_size (K, drafts per block) must be an int >= 1, got {cfg.block_size!r}")
         if not 0 <= cfg.mask_token_id < b.vocab_size:
             raise ValueError(f"mask_token_id {cfg.mask_token_id} is outside the vocabulary [0, {b.vocab_size})")
         self.config = cfg
