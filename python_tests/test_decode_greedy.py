@@ -107,6 +107,34 @@ def test_stop_tokens_and_length_limits(target, reference, k):
         assert dec.generate(PROMPTS5, limit).tokens == [r[:limit] for r in reference]
 
 
+@pytest.mark.parametrize("mode", ["exact", "argmax"])
+def test_finished_requests_take_no_admissions(target, reference, mode, monkeypatch):
+    """The scheduler sees a finished request's survival as 0. Before, its drafts (zeroed only after scheduling)
+    competed for admissions: with 15 finished requests at survival 0.95 a running one got L = 1 where alone it got
+    L = 5."""
+    stops = [reference[0][2], reference[2][3]]
+    want = greedy_reference(target, PROMPTS5, MAX_NEW, stop_token_ids=stops)
+    drafter = oracle_drafter(target, block_size=4)
+    drafter.set_reference([p + r for p, r in zip(PROMPTS5, reference)])
+    dec = SpeculativeDecoder(target, drafter, kv_block_size=4)
+    seen, orig = [], dk.schedule_verify_lens
+
+    def spy(survival, **kw):
+        seen.append((survival.clone(), None if kw.get("budget_survival") is None else kw["budget_survival"].clone()))
+        return orig(survival, **kw)
+    monkeypatch.setattr(dk, "schedule_verify_lens", spy)
+    log = {}
+    assert dec.generate(PROMPTS5, MAX_NEW, stop_token_ids=stops, scheduler=scheduler(mode, 4), log=log).tokens == want
+    assert len(seen) == len(log["active"]) + 1  # the last step reads that every request finished, after scheduling
+    finished_steps = 0
+    for (surv, budget), active in zip(seen, log["active"]):
+        finished_steps += int(not active.all())
+        assert (surv[~active] == 0).all() and (surv[active] > 0).any()
+        if budget is not None:
+            assert (budget[~active] == 0).all()
+    assert finished_steps > 0
+
+
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
 def test_equals_transformers_generate(model_type):
     target = tiny_target(seed=3, model_type=model_type)
@@ -165,6 +193,32 @@ def test_hot_path_host_reads(target, reference, monkeypatch):
         assert counts["designated"] == steps + 1 + 2
         extra.append(counts["all"] - counts["designated"])
     assert extra[0] == extra[1] and extra[0] <= 4, extra  # setup-only syncs, independent of the step count
+
+
+@pytest.mark.parametrize("mode", ["fixed", "threshold", "exact", "argmax"])
+def test_no_host_data_copied_to_the_device_per_step(target, reference, mode, monkeypatch):
+    """No step builds a device tensor from host data: on a GPU that copy from pageable memory synchronises the
+    stream (before: threshold mode copied its thresholds list to the device every step)."""
+    drafter = oracle_drafter(target, block_size=4)
+    drafter.set_reference([p + r for p, r in zip(PROMPTS5, reference)])
+    dec = SpeculativeDecoder(target, drafter, kv_block_size=4)
+    dec.generate(PROMPTS5, 3, scheduler=scheduler(mode, 4))  # warm up (the cost table's device copy is cached)
+    copies = {"n": 0}
+    for name in ("tensor", "as_tensor"):
+        orig = getattr(torch, name)
+
+        def wrapped(data, *a, _orig=orig, **kw):
+            if kw.get("device") is not None and not isinstance(data, torch.Tensor):
+                copies["n"] += 1
+            return _orig(data, *a, **kw)
+        monkeypatch.setattr(torch, name, wrapped)
+    per_call = []
+    for max_new in (4, 13):
+        copies["n"] = 0
+        res = dec.generate(PROMPTS5, max_new, scheduler=scheduler(mode, 4))
+        assert res.tokens == [r[:max_new] for r in reference]
+        per_call.append((copies["n"], res.stats.steps))
+    assert per_call[0][1] < per_call[1][1] and per_call[0][0] == per_call[1][0], per_call  # setup only
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

@@ -10,6 +10,8 @@ the first included, comes out of ``dk.verify_chain``. The hot path never synchro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import List, NamedTuple, Optional, Sequence
@@ -252,8 +254,16 @@ class SpeculativeDecoder:
         t = None if sts is None else torch.as_tensor(sts, dtype=torch.float32, device=w.device)
         return dk.ConfidenceHead(w, c.proj.bias, t)
 
-    def _schedule(self, s: Scheduler, drafts: dk.DraftBlockOutput, prev_survival, k: int):
+    def _schedule(self, s: Scheduler, drafts: dk.DraftBlockOutput, prev_survival, k: int,
+                  finished: Optional[torch.Tensor] = None):
+        """Verify lengths int32 ``[N]``. A ``finished`` request verifies nothing: its survival (and its row of the
+        budget's) is 0 here, so its drafts never take admissions (and Theta) from the running requests."""
         n, dev = drafts.tokens.shape[0], drafts.tokens.device
+        if finished is not None and drafts.survival is not None:
+            live = ~finished.view(-1, 1)
+            drafts = drafts._replace(survival=torch.where(live, drafts.survival, 0.0))
+            if prev_survival is not None:
+                prev_survival = torch.where(live, prev_survival, 0.0)
         if s.mode == "fixed":
             return torch.full((n,), min(k, s.verify_len if s.verify_len is not None else k), dtype=torch.int32,
                               device=dev)
@@ -298,6 +308,14 @@ class SpeculativeDecoder:
             raise ValueError(f"scheduler mode {scheduler.mode!r} needs a cost_table")
         if scheduler.mode == "threshold" and (scheduler.thresholds is None or len(scheduler.thresholds) != k):
             raise ValueError(f"scheduler mode 'threshold' needs {k} thresholds")
+        # the verify batch is built from these lengths: a negative one gives a request no row (it never advances,
+        # and the loop never ends), one past K reads drafts that do not exist
+        v = scheduler.verify_len
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ValueError(f"scheduler.verify_len must be an int >= 0 (None: K = {k}), got {v!r}")
+        m = scheduler.min_len
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= k:
+            raise ValueError(f"scheduler.min_len must be an int in [0, K = {k}], got {m!r}")
         if scheduler.draft_cost is not None and scheduler.mode not in ("exact", "argmax"):
             raise ValueError(f"scheduler.draft_cost needs mode 'exact' or 'argmax' (it weighs drafting against the "
                              f"cost table), got mode {scheduler.mode!r}")
@@ -348,7 +366,7 @@ class SpeculativeDecoder:
             return drafts, torch.zeros_like(b.seq_lens), False
         drafts = self._draft(b.anchors, b.seq_lens - 1, ctx_len, call, step, clock)
         clock.detail("draft", "draft_block")
-        lens = self._schedule(call.scheduler, drafts, b.prev_survival, k)
+        lens = self._schedule(call.scheduler, drafts, b.prev_survival, k, b.finished)
         return drafts, torch.where(b.finished, 0, lens.int()), True
 
     def _step(self, b: _Batch, step: int, call: _CallSettings, clock: _Clock) -> StepResult:
@@ -429,9 +447,12 @@ class SpeculativeDecoder:
         the steps after the warm-up (drafter, draft_block, schedule_verify_lens, target, verify_chain,
         accept_prefix_scan, rest). Returns tokens (cut after the first stop token) and stats."""
         scheduler = scheduler or Scheduler()
-        prompts = [[int(t) for t in p] for p in prompts]
+        prompts = [_token_ids(p, i) for i, p in enumerate(prompts)]
         capacity = self._check(prompts, max_new_tokens, scheduler, self.drafter.block_size)
         dev, n = self.drafter.fc.weight.device, len(prompts)
+        if scheduler.mode == "threshold":  # on the device once per call: a host list copied every step syncs
+            scheduler = dataclasses.replace(
+                scheduler, thresholds=torch.as_tensor(scheduler.thresholds, dtype=torch.float32, device=dev))
         stops = torch.tensor(list(stop_token_ids), dtype=torch.long, device=dev) if stop_token_ids else None
         call = _CallSettings(scheduler, self._confidence(scheduler.sts_temperatures), float(temperature), stops)
         with _hidden_layers(self.target, self.drafter.config.target_layer_ids):
@@ -465,6 +486,20 @@ class SpeculativeDecoder:
             bar.close()
         tokens = _trim(_host_read(b.out_tokens[:-1].view(n, b.width)[:, :max_new_tokens]), set(stop_token_ids))
         return GenerationResult(tokens, stats.result(sum(map(len, tokens)), clock, wall))
+
+
+def _token_ids(prompt, i: int) -> List[int]:
+    """Prompt ``i`` as a list of ints: integer values only (ints, integer numpy scalars or tensors); a float or a
+    bool token is an error, not truncated."""
+    out = []
+    for t in prompt:
+        try:
+            if isinstance(t, bool) or (isinstance(t, torch.Tensor) and t.dtype == torch.bool):
+                raise TypeError
+            out.append(operator.index(t))
+        except TypeError:
+            raise ValueError(f"prompt {i} has a token that is not an integer id: {t!r}") from None
+    return out
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ import torch
 import dspark_kernels as dk
 
 from .decoder import (GenerationResult, Scheduler, SpeculativeDecoder, _CallSettings, _Clock, _hidden_layers,
-                      _StatsAccumulator, _trim)
+                      _StatsAccumulator, _token_ids, _trim)
 from .draft_gate import DraftGate
 from .model import TargetModel
 
@@ -226,7 +226,7 @@ class GraphDecoder:
                                        backend=dec.backend)
 
         def schedule():  # the thresholds are already on the device (_Setup.refresh)
-            lens = dec._schedule(call.scheduler, st.drafts, st.prev_survival if has_prev else None, k)
+            lens = dec._schedule(call.scheduler, st.drafts, st.prev_survival if has_prev else None, k, st.finished)
             st.lens = torch.where(st.finished, 0, lens.int())
 
         def plain():
@@ -336,7 +336,7 @@ class GraphDecoder:
             raise ValueError(f"the graph path needs a TargetModel target (a paged cache it can pad into), got "
                              f"{type(dec.target).__name__}; use SpeculativeDecoder.generate")
         scheduler = scheduler or Scheduler()
-        prompts = [[int(t) for t in p] for p in prompts]
+        prompts = [_token_ids(p, i) for i, p in enumerate(prompts)]
         k, dev, n = dec.drafter.block_size, dec.drafter.fc.weight.device, len(prompts)
         capacity = dec._check(prompts, max_new_tokens, scheduler, k)
         stops = torch.tensor(list(stop_token_ids), dtype=torch.long, device=dev) if stop_token_ids else None
