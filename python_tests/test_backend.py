@@ -96,3 +96,37 @@ def test_backends_that_cannot_run_raise(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         resolve_backend("triton", CPU, "verify_chain")
+
+
+def _direct_calls():
+    """Calls of ``torch.ops.dspark.<op>`` itself whose arguments disagree, and the argument each names (before, the
+    CPU kernels read past the short tensor and returned what they found there)."""
+    g = torch.Generator().manual_seed(0)
+    ops, key = torch.ops.dspark, torch.tensor([1, 2])
+    n, k, v, r = 4, 2, 50, 3
+    tokens = torch.randint(0, v, (n, k + 1), generator=g)
+    yield "seq_lens", lambda b: ops.accept_prefix_scan(tokens, torch.full((1,), 5), torch.ones(n, dtype=torch.int32),
+                                                       None, None, None, 1, None, None, b)
+    target, drafts = torch.randn(n, k + 1, v, generator=g), tokens[:, :k]
+    yield "draft_logits", lambda b: ops.verify_chain(target, None, drafts, torch.randn(1, 1, 1), None, None, None,
+                                                     None, None, None, torch.ones(n), key, None, "token", b)
+    yield "rng_key", lambda b: ops.verify_chain(target, None, drafts, None, None, None, None, None, None, None, None,
+                                                key[:1], None, "token", b)
+    base, w1 = torch.randn(n, k, v, generator=g), torch.randn(v, r, generator=g)
+    yield "w2", lambda b: ops.draft_block(base, tokens[:, 0], "vanilla", w1, torch.randn(8, r), None, None, None, None,
+                                          None, None, None, None, None, None, None, key, False, 0, b)
+    yield "top_k", lambda b: ops.draft_block(base, tokens[:, 0], "vanilla", w1, torch.randn(v, r), None, None, None,
+                                             None, None, None, None, None, None, None, None, key, True, v + 1, b)
+    survival = torch.rand(n, k, generator=g)
+    yield "step_time_ms", lambda b: ops.schedule_verify_lens(survival, None, None, torch.tensor([1.0, 9.0]),
+                                                             torch.tensor([5.0]), 0.0, 0, k, "exact", None, 0.0, b)
+    yield "rng_key", lambda b: ops.rng_uniform_(torch.empty(n, k, v), key[:1], 0, b)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_direct_op_calls_check_their_arguments(backend):
+    """``torch.ops.dspark.<op>`` checks its arguments on every backend whose launcher does not (the CUDA launchers
+    check in C++): an error naming the argument, never a read out of bounds."""
+    for name, call in _direct_calls():
+        with pytest.raises(ValueError, match=name):
+            call(backend)

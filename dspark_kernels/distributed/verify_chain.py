@@ -6,8 +6,8 @@ from typing import Optional, Union
 
 import torch
 
-from ..ops._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, temperature_tensor
-from ..ops.verify_chain import METHODS, VerifyOutput, check_verify_options
+from ..ops._common import INT_DTYPES, check_tensor, temperature_tensor
+from ..ops.verify_chain import METHODS, VerifyOutput, check_rows, check_verify_options
 from ..rng import make_rng_key
 from . import comm, ops
 from .layout import MAX_VOCAB
@@ -110,14 +110,7 @@ def verify_chain(
 def _check_args(target, draft_tokens, draft_logits, cu_seqlens, draft_logprobs, verify_lens, survival, thresholds,
                 stop_token_ids, method, vocab_start, vocab_size) -> None:
     """dk.verify_chain's argument checks, on a shard."""
-    n, k_len = draft_tokens.shape
-    dev = draft_tokens.device
-    if cu_seqlens is None:
-        check_tensor("target_logits_shard", target, shape=(n, k_len + 1, None), dtypes=FLOAT_DTYPES, device=dev)
-    else:
-        check_tensor("target_logits_shard", target, ndim=2, dtypes=FLOAT_DTYPES, device=dev)
-        check_tensor("cu_seqlens", cu_seqlens, shape=(n + 1,), dtypes=INT_DTYPES, device=dev)
-    local = target.shape[-1]
+    n, k_len, local, dev = check_rows(target, cu_seqlens, draft_tokens, "target_logits_shard")
     for name, value in (("vocab_start", vocab_start), ("vocab_size", vocab_size)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")

@@ -86,6 +86,20 @@ def check_tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[S
         raise ValueError(f"{name} must be on {device} (the device of the other inputs), got {t.device}")
 
 
+def check_rng_key(rng_key, device: torch.device) -> None:
+    """Raise a ValueError naming ``rng_key`` unless it is ``make_rng_key``'s int64 ``[2]``, on the host or on
+    ``device``."""
+    check_tensor("rng_key", rng_key, shape=(2,), dtypes=(torch.int64,))
+    if rng_key.device not in (torch.device("cpu"), device):
+        raise ValueError(f"rng_key must be on the host or on {device}, got {rng_key.device}")
+
+
+def check_int(name: str, value, lo: int, hi: int) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is an int (not a bool) in [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
+
+
 def _fmt(shape) -> str:
     if shape is None:
         return ""

@@ -9,6 +9,11 @@ the CUDA extension's ``dspark_C::<name>``, the SIMT build's ``dspark_simt::<name
 ``csrc/torch/registration.cpp``, must equal ``schema``; ``python_tests/test_signatures.py`` checks every spelling) and
 the CPU kernels' ``dspark_cpu::<name>`` (defined from ``schema`` itself: ``_ext.define_cpu_schema``).
 
+Arguments are checked here too, for callers of ``torch.ops.dspark.<name>`` itself: each op's ``check`` (a function
+of the schema's parameters that raises a ValueError or TypeError naming the argument) runs before every backend but
+"cuda", whose C++ launchers check every argument themselves. The ``dk.*`` wrappers check their own, friendlier
+arguments before they call the op. No kernel reads or writes out of bounds for arguments that pass.
+
 Contiguity is decided here, once for every op: the kernel backends ("cpu", "triton", "cuda") get every tensor input
 contiguous (a copy where it is not); a tensor the op writes must be contiguous already. The reference takes any
 strides. The C++ launchers check contiguity and never copy.
@@ -27,6 +32,7 @@ from .. import _ext
 
 LIBRARY = "dspark"  # torch.ops.dspark
 BACKEND_PARAM = "str backend"
+SELF_CHECKING = ("cuda",)  # backends whose launchers check every argument (csrc/torch)
 
 _PARAM = re.compile(r"^\s*(?P<type>[A-Za-z]+(?:\([a-z]!?\))?\??(?:\[\])?)\s+(?P<name>\w+)\s*$")
 
@@ -53,6 +59,7 @@ class OpDef:
     fake: Callable
     impls: Mapping[str, Callable]
     op: Callable  # torch.ops.dspark.<name>
+    check: Optional[Callable] = None
 
     def __call__(self, *args, backend: str):
         return self.op(*args, backend)
@@ -108,8 +115,10 @@ def _kernel_inputs(args: tuple, written: Tuple[int, ...], names: Tuple[str, ...]
                  for i, a in enumerate(args))
 
 
-def define_op(name: str, schema: str, fake: Callable, impls: Mapping[str, Callable]) -> OpDef:
-    """Register ``torch.ops.dspark.<name>`` with ``schema`` + ``str backend``, the fake and the backend table."""
+def define_op(name: str, schema: str, fake: Callable, impls: Mapping[str, Callable],
+              check: Optional[Callable] = None) -> OpDef:
+    """Register ``torch.ops.dspark.<name>`` with ``schema`` + ``str backend``, the fake, the backend table and the
+    argument check (see the module docstring)."""
     if name in OPS:
         raise RuntimeError(f"dspark::{name} is defined twice")
     params = schema_params(schema)
@@ -123,6 +132,8 @@ def define_op(name: str, schema: str, fake: Callable, impls: Mapping[str, Callab
             impl = impl_table[backend]
         except KeyError:
             raise ValueError(f"dspark::{name}: backend must be one of {tuple(impl_table)}, got {backend!r}") from None
+        if check is not None and backend not in SELF_CHECKING:
+            check(*op_args)
         if backend != "reference":
             op_args = _kernel_inputs(tuple(op_args), written, names)
         return impl(*op_args)
@@ -134,6 +145,6 @@ def define_op(name: str, schema: str, fake: Callable, impls: Mapping[str, Callab
     op.register_fake(lambda *args: fake(*args[:-1]))
     _ext.register_fake(name, fake)
     _ext.define_cpu_schema(name, schema)
-    definition = OpDef(name, schema, names, fake, impl_table, getattr(getattr(torch.ops, LIBRARY), name))
+    definition = OpDef(name, schema, names, fake, impl_table, getattr(getattr(torch.ops, LIBRARY), name), check)
     OPS[name] = definition
     return definition

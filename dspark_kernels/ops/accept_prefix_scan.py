@@ -44,6 +44,29 @@ def _fake(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_
             new((n * kp1 if block_table is not None else 0,), dtype=torch.int64), new((n,), dtype=torch.bool))
 
 
+def _check_args(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table, block_size, max_seq_lens,
+                stop_token_ids):
+    check_tensor("tokens", tokens, ndim=2, dtypes=INT_DTYPES)
+    if tokens.shape[1] < 1:
+        raise ValueError(f"tokens must have shape [N, K+1] with K+1 >= 1, got {tuple(tokens.shape)}")
+    n, kp1 = tokens.shape
+    dev = tokens.device
+    check_tensor("seq_lens", seq_lens, shape=(n,), dtypes=INT_DTYPES, device=dev)
+    if (num_accepted is None) == (accept_mask is None):
+        raise ValueError("exactly one of num_accepted and accept_mask must be given")
+    check_tensor("num_accepted", num_accepted, shape=(n,), dtypes=INT_DTYPES, device=dev, optional=True)
+    check_tensor("accept_mask", accept_mask, shape=(n, kp1 - 1), dtypes=(torch.bool,), device=dev, optional=True)
+    check_tensor("verify_cu_seqlens", verify_cu_seqlens, shape=(n + 1,), dtypes=INT_DTYPES, device=dev,
+                 optional=True)
+    check_tensor("block_table", block_table, ndim=2, dtypes=INT_DTYPES, device=dev, optional=True)
+    if block_table is not None and block_table.shape[0] != n:
+        raise ValueError(f"block_table must have shape [{n}, max_blocks], got {tuple(block_table.shape)}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    check_tensor("max_seq_lens", max_seq_lens, shape=(n,), dtypes=INT_DTYPES, device=dev, optional=True)
+    check_tensor("stop_token_ids", stop_token_ids, ndim=1, dtypes=INT_DTYPES, device=dev, optional=True)
+
+
 ACCEPT_PREFIX_SCAN = define_op(
     "accept_prefix_scan",
     "(Tensor tokens, Tensor seq_lens, Tensor? num_accepted, Tensor? accept_mask, Tensor? verify_cu_seqlens, "
@@ -54,6 +77,7 @@ ACCEPT_PREFIX_SCAN = define_op(
      "cpu": CpuKernel("accept_prefix_scan", reference.accept_prefix_scan),
      "triton": TritonKernel("accept_prefix_scan", "accept_prefix_scan"),
      "cuda": CudaKernel("accept_prefix_scan")},
+    _check_args,
 )
 
 
@@ -106,31 +130,11 @@ def accept_prefix_scan(tokens: torch.Tensor, seq_lens: torch.Tensor, *, num_acce
     clamped; ``seq_lens > max_seq_lens`` emits nothing (and is finished); a bad ``block_table`` entry or position
     gives slot -1.
     """
-    check_tensor("tokens", tokens, ndim=2, dtypes=INT_DTYPES)
-    if tokens.shape[1] < 1:
-        raise ValueError(f"tokens must have shape [N, K+1] with K+1 >= 1, got {tuple(tokens.shape)}")
-    n, kp1 = tokens.shape
-    k = kp1 - 1
+    if block_table is not None and block_size is None:
+        raise ValueError("block_size must be a positive int when block_table is given, got None")
+    _check_args(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table,
+                1 if block_size is None else block_size, max_seq_lens, stop_token_ids)
     dev = tokens.device
-    check_tensor("seq_lens", seq_lens, shape=(n,), dtypes=INT_DTYPES, device=dev)
-    if (num_accepted is None) == (accept_mask is None):
-        raise ValueError("exactly one of num_accepted and accept_mask must be given")
-    check_tensor("num_accepted", num_accepted, shape=(n,), dtypes=INT_DTYPES, device=dev, optional=True)
-    check_tensor("accept_mask", accept_mask, shape=(n, k), dtypes=(torch.bool,), device=dev, optional=True)
-    check_tensor("verify_cu_seqlens", verify_cu_seqlens, shape=(n + 1,), dtypes=INT_DTYPES, device=dev,
-                 optional=True)
-    check_tensor("block_table", block_table, ndim=2, dtypes=INT_DTYPES, device=dev, optional=True)
-    if block_table is not None:
-        if block_table.shape[0] != n:
-            raise ValueError(f"block_table must have shape [{n}, max_blocks], got {tuple(block_table.shape)}")
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-            raise ValueError(f"block_size must be a positive int when block_table is given, got {block_size!r}")
-    elif block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
-                                     or block_size <= 0):
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    check_tensor("max_seq_lens", max_seq_lens, shape=(n,), dtypes=INT_DTYPES, device=dev, optional=True)
-    check_tensor("stop_token_ids", stop_token_ids, ndim=1, dtypes=INT_DTYPES, device=dev, optional=True)
-
     res = ACCEPT_PREFIX_SCAN(tokens, seq_lens, num_accepted, accept_mask, verify_cu_seqlens, block_table,
                              int(block_size) if block_table is not None else 1, max_seq_lens, stop_token_ids,
                              backend=resolve_backend(backend, dev, ACCEPT_PREFIX_SCAN.name))

@@ -9,7 +9,7 @@ import torch
 
 from .. import reference
 from ..rng import make_rng_key
-from ._common import FLOAT_DTYPES, INT_DTYPES, check_tensor, resolve_backend, temperature_tensor
+from ._common import FLOAT_DTYPES, INT_DTYPES, check_rng_key, check_tensor, resolve_backend, temperature_tensor
 from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 HEAD_KINDS = ("vanilla", "gated", "rnn")
@@ -117,6 +117,64 @@ def _cpu_supports(*args) -> bool:
     return args[-1] == 0
 
 
+_WRAPPER_NAMES = {"head_kind": "head.kind", "w1": "head.w1", "w2": "head.w2", "w2_scale": "head.w2_scale",
+                  "draft_to_target": "head.draft_to_target", "wg": "head.wg", "bg": "head.bg", "wj": "head.wj",
+                  "bj": "head.bj", "conf_weight": "confidence.weight", "conf_bias": "confidence.bias",
+                  "sts_temperatures": "confidence.sts_temperatures"}  # what dk.draft_block calls the flat arguments
+
+
+def _check_args(base_logits, anchor_tokens, head_kind, w1, w2, w2_scale, draft_to_target, wg, bg, wj, bj, hidden,
+                conf_weight, conf_bias, sts_temperatures, temperature, rng_key, return_logits, top_k, names=None):
+    """The op's arguments (``names``: what the caller calls them)."""
+    def name(param):
+        return (names or {}).get(param, param)
+    check_tensor("base_logits", base_logits, ndim=3, dtypes=FLOAT_DTYPES)
+    n, k_len, vocab = base_logits.shape
+    dev = base_logits.device
+    if k_len < 1 or vocab < 1 or vocab >= 2 ** 31:
+        raise ValueError(f"base_logits must have K >= 1 and 1 <= V < 2^31 (32-bit token ids), got shape "
+                         f"{tuple(base_logits.shape)}")
+    check_tensor("anchor_tokens", anchor_tokens, shape=(n,), dtypes=INT_DTYPES, device=dev)
+    if head_kind not in HEAD_KINDS:
+        raise ValueError(f"{name('head_kind')} must be one of {HEAD_KINDS}, got {head_kind!r}")
+    check_tensor(name("draft_to_target"), draft_to_target, shape=(vocab,), dtypes=INT_DTYPES, device=dev,
+                 optional=True)
+    check_tensor(name("w1"), w1, shape=(None if draft_to_target is not None else vocab, None), dtypes=FLOAT_DTYPES,
+                 device=dev)
+    rank = w1.shape[1]
+    check_tensor(name("w2"), w2, shape=(vocab, rank), dtypes=FLOAT_DTYPES + (W2_FP8,), device=dev)
+    check_tensor(name("w2_scale"), w2_scale, shape=(vocab,), dtypes=(torch.float32,), device=dev,
+                 optional=w2.dtype != W2_FP8)
+    if w2_scale is not None and w2.dtype != W2_FP8:
+        raise ValueError(f"{name('w2_scale')} goes with a float8_e4m3fn {name('w2')} only, got {w2.dtype}")
+    d = _check_hidden(hidden, head_kind, conf_weight is not None, n, k_len, dev)
+    if head_kind == "gated":
+        check_tensor(name("wg"), wg, shape=(rank, d + rank), dtypes=FLOAT_DTYPES, device=dev)
+        check_tensor(name("bg"), bg, shape=(rank,), dtypes=FLOAT_DTYPES, device=dev)
+    elif head_kind == "rnn":
+        check_tensor(name("wj"), wj, shape=(3 * rank, 2 * rank + d), dtypes=FLOAT_DTYPES, device=dev)
+        check_tensor(name("bj"), bj, shape=(3 * rank,), dtypes=FLOAT_DTYPES, device=dev)
+    if conf_weight is not None:
+        check_tensor(name("conf_weight"), conf_weight, shape=(d + rank,), dtypes=FLOAT_DTYPES, device=dev)
+        check_tensor(name("conf_bias"), conf_bias, shape=(), dtypes=FLOAT_DTYPES, device=dev)
+        check_tensor(name("sts_temperatures"), sts_temperatures, shape=(k_len,), dtypes=FLOAT_DTYPES, device=dev,
+                     optional=True)
+    check_tensor("temperature", temperature, shape=(n,), dtypes=(torch.float32,), device=dev, optional=True)
+    check_rng_key(rng_key, dev)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= min(vocab, MAX_TOP_K):
+        raise ValueError(f"top_k must be an int in [0, min(V, {MAX_TOP_K})] (V = {vocab}; 0: the full proposal), "
+                         f"got {top_k!r}")
+
+
+def _check_hidden(hidden, head_kind: str, confidence: bool, n: int, k_len: int, dev) -> int:
+    """d, the width of the checked hidden states (0 without them)."""
+    if (head_kind != "vanilla" or confidence) and hidden is None:
+        raise ValueError(f"hidden [N, K, d] is required by the {head_kind} head"
+                         + (" and the confidence head" if confidence else ""))
+    check_tensor("hidden", hidden, shape=(n, k_len, None), dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    return hidden.shape[2] if hidden is not None else 0
+
+
 DRAFT_BLOCK = define_op(
     "draft_block",
     "(Tensor base_logits, Tensor anchor_tokens, str head_kind, Tensor w1, Tensor w2, Tensor? w2_scale, "
@@ -128,6 +186,7 @@ DRAFT_BLOCK = define_op(
     {"reference": reference.draft_block, "cpu": CpuKernel("draft_block", reference.draft_block, _cpu_supports),
      "triton": TritonKernel("draft_block", "draft_block"),
      "cuda": CudaKernel("draft_block")},
+    _check_args,
 )
 
 
@@ -188,67 +247,32 @@ def draft_block(
         log-probability is NaN. Finite weights are the supported input.
     """
     check_tensor("base_logits", base_logits, ndim=3, dtypes=FLOAT_DTYPES)
-    n, k_len, vocab = base_logits.shape
-    dev = base_logits.device
-    if k_len < 1 or vocab < 1 or vocab >= 2 ** 31:
-        raise ValueError(f"base_logits must have K >= 1 and 1 <= V < 2^31 (32-bit token ids), got shape "
-                         f"{tuple(base_logits.shape)}")
-    check_tensor("anchor_tokens", anchor_tokens, shape=(n,), dtypes=INT_DTYPES, device=dev)
-    if head.kind not in HEAD_KINDS:
-        raise ValueError(f"head.kind must be one of {HEAD_KINDS}, got {head.kind!r}")
-    d2t = head.draft_to_target
-    check_tensor("head.draft_to_target", d2t, shape=(vocab,), dtypes=INT_DTYPES, device=dev, optional=True)
-    check_tensor("head.w1", head.w1, shape=(None if d2t is not None else vocab, None), dtypes=FLOAT_DTYPES,
-                 device=dev)
-    rank = head.w1.shape[1]
-    check_tensor("head.w2", head.w2, shape=(vocab, rank), dtypes=FLOAT_DTYPES + (W2_FP8,), device=dev)
-    check_tensor("head.w2_scale", head.w2_scale, shape=(vocab,), dtypes=(torch.float32,), device=dev,
-                 optional=head.w2.dtype != W2_FP8)
-    needs_hidden = head.kind != "vanilla" or confidence is not None
-    if needs_hidden and hidden is None:
-        raise ValueError(f"hidden [N, K, d] is required by the {head.kind} head"
-                         + (" and the confidence head" if confidence is not None else ""))
-    check_tensor("hidden", hidden, shape=(n, k_len, None), dtypes=FLOAT_DTYPES, device=dev, optional=True)
-    d = hidden.shape[2] if hidden is not None else 0
-    wg = bg = wj = bj = None
-    if head.kind == "gated":
-        wg, bg = head.wg, head.bg
-        check_tensor("head.wg", wg, shape=(rank, d + rank), dtypes=FLOAT_DTYPES, device=dev)
-        check_tensor("head.bg", bg, shape=(rank,), dtypes=FLOAT_DTYPES, device=dev)
-    elif head.kind == "rnn":
-        wj, bj = head.wj, head.bj
-        check_tensor("head.wj", wj, shape=(3 * rank, 2 * rank + d), dtypes=FLOAT_DTYPES, device=dev)
-        check_tensor("head.bj", bj, shape=(3 * rank,), dtypes=FLOAT_DTYPES, device=dev)
-
+    n, dev = base_logits.shape[0], base_logits.device
+    if not isinstance(head, MarkovHead):
+        raise TypeError(f"head must be a dk.MarkovHead, got {type(head).__name__}")
+    gated, rnn = head.kind == "gated", head.kind == "rnn"
     conf_weight = conf_bias = sts = None
-    if confidence is not None:
-        conf_weight = confidence.weight
-        check_tensor("confidence.weight", conf_weight, dtypes=FLOAT_DTYPES, device=dev)
-        conf_weight = conf_weight.reshape(-1)
-        if conf_weight.numel() != d + rank:
-            raise ValueError(f"confidence.weight must have d + r = {d + rank} elements ([d + r] or [1, d + r]), "
-                             f"got shape {tuple(confidence.weight.shape)}")
-        conf_bias = confidence.bias
+    if confidence is not None:  # the op's flat form: weight [d + r], bias []
+        conf_weight, conf_bias, sts = confidence.weight, confidence.bias, confidence.sts_temperatures
+        if isinstance(conf_weight, torch.Tensor) and conf_weight.dim() == 2 and conf_weight.shape[0] == 1:
+            conf_weight = conf_weight.reshape(-1)
         if isinstance(conf_bias, torch.Tensor):
-            check_tensor("confidence.bias", conf_bias, dtypes=FLOAT_DTYPES, device=dev)
-            if conf_bias.numel() != 1:
-                raise ValueError(f"confidence.bias must have one element, got shape {tuple(conf_bias.shape)}")
-            conf_bias = conf_bias.reshape(())
+            conf_bias = conf_bias.reshape(()) if conf_bias.numel() == 1 else conf_bias
         else:
             conf_bias = torch.full((), float(conf_bias), dtype=torch.float32, device=dev)
-        sts = confidence.sts_temperatures
-        check_tensor("confidence.sts_temperatures", sts, shape=(k_len,), dtypes=FLOAT_DTYPES, device=dev,
-                     optional=True)
-
+    vocab = base_logits.shape[2]
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
                               or not 1 <= top_k <= min(vocab, MAX_TOP_K)):
         raise ValueError(f"top_k must be None or an int in [1, min(V, {MAX_TOP_K})] (V = {vocab}), got {top_k!r}")
     temps = temperature_tensor(temperature, n, dev)
     rng_key = make_rng_key(seed, offset, dev)
+    args = (base_logits, anchor_tokens, head.kind, head.w1, head.w2, head.w2_scale, head.draft_to_target,
+            head.wg if gated else None, head.bg if gated else None, head.wj if rnn else None,
+            head.bj if rnn else None, hidden, conf_weight, conf_bias, sts, temps, rng_key, bool(return_logits),
+            top_k or 0)
+    _check_args(*args, names=_WRAPPER_NAMES)
     tokens, logits, conf, survival, logprobs, candidates = DRAFT_BLOCK(
-        base_logits, anchor_tokens, head.kind, head.w1, head.w2, head.w2_scale, d2t, wg, bg, wj, bj, hidden,
-        conf_weight, conf_bias, sts, temps, rng_key, bool(return_logits), top_k or 0,
-        backend=resolve_backend(backend, dev, DRAFT_BLOCK.name))
+        *args, backend=resolve_backend(backend, dev, DRAFT_BLOCK.name))
     has_conf = confidence is not None
     return DraftBlockOutput(tokens, logits if return_logits else None, conf if has_conf else None,
                             survival if has_conf else None, logprobs,

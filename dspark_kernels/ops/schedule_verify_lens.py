@@ -50,6 +50,36 @@ def _on_survival(kernel):
     return run
 
 
+def _check_args(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len,
+                max_len, mode, budget_survival, min_gain):
+    if (survival is None) == (conf_logits is None):
+        raise ValueError("exactly one of survival and conf_logits must be given")
+    x_name, x = ("survival", survival) if survival is not None else ("conf_logits", conf_logits)
+    check_tensor(x_name, x, ndim=2, dtypes=FLOAT_DTYPES)
+    k, dev = x.shape[1], x.device
+    if sts_temperatures is not None and conf_logits is None:
+        raise ValueError("sts_temperatures is only used with conf_logits (survival is already calibrated)")
+    check_tensor("sts_temperatures", sts_temperatures, shape=(k,), dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    for name, t in (("token_counts", token_counts), ("step_time_ms", step_time_ms)):
+        check_tensor(name, t, ndim=1, dtypes=(torch.float32,), device=dev)
+        if t.shape[0] < 1 or t.shape != token_counts.shape:
+            raise ValueError(f"{name} must have shape [P], P >= 1, as token_counts, got {tuple(t.shape)}")
+    if not (isinstance(fixed_overhead_ms, float) and math.isfinite(fixed_overhead_ms) and fixed_overhead_ms >= 0):
+        raise ValueError(f"fixed_overhead_ms must be a finite float >= 0, got {fixed_overhead_ms!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    for name, v in (("min_len", min_len), ("max_len", max_len)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an int, got {v!r}")
+    if not 0 <= min_len <= max_len <= k:
+        raise ValueError(f"need 0 <= min_len <= max_len <= K={k}, got min_len={min_len}, max_len={max_len}")
+    check_tensor("budget_survival", budget_survival, ndim=2, dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    if not (isinstance(min_gain, float) and math.isfinite(min_gain) and min_gain >= 0.0):
+        raise ValueError(f"min_gain must be finite and >= 0, got {min_gain}")
+    if mode == "exact" and (budget_survival is not None or min_gain != 0.0):
+        raise ValueError("budget_survival and min_gain apply to mode='argmax' only")
+
+
 SCHEDULE_VERIFY_LENS = define_op(
     "schedule_verify_lens",
     "(Tensor? survival, Tensor? conf_logits, Tensor? sts_temperatures, Tensor token_counts, Tensor step_time_ms, "
@@ -60,6 +90,7 @@ SCHEDULE_VERIFY_LENS = define_op(
      "cpu": _on_survival(CpuKernel("schedule_verify_lens", reference.schedule_verify_lens)),
      "triton": TritonKernel("schedule_verify_lens", "schedule_verify_lens"),
      "cuda": _on_survival(CudaKernel("schedule_verify_lens"))},
+    _check_args,
 )
 
 
@@ -99,37 +130,20 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
         :class:`ScheduleOutput`: ``verify_lens`` int32 ``[N]``, ``cu_seqlens`` int32 ``[N+1]``,
         ``theta`` float32 ``[]`` (predicted Theta of the returned schedule).
     """
-    if (survival is None) == (conf_logits is None):
-        raise ValueError("exactly one of survival and conf_logits must be given")
-    x_name, x = ("survival", survival) if survival is not None else ("conf_logits", conf_logits)
-    check_tensor(x_name, x, ndim=2, dtypes=FLOAT_DTYPES)
-    n, k = x.shape
-    dev = x.device
-    if sts_temperatures is not None and conf_logits is None:
-        raise ValueError("sts_temperatures is only used with conf_logits (survival is already calibrated)")
-    check_tensor("sts_temperatures", sts_temperatures, shape=(k,), dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    x = survival if survival is not None else conf_logits
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and max_len is None:
+        max_len = x.shape[1]
     if not isinstance(cost_table, CostTable):
         raise TypeError(f"cost_table must be a dk.CostTable, got {type(cost_table).__name__}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if max_len is None:
-        max_len = k
-    for name, v in (("min_len", min_len), ("max_len", max_len)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name} must be an int, got {v!r}")
-    if not 0 <= min_len <= max_len <= k:
-        raise ValueError(f"need 0 <= min_len <= max_len <= K={k}, got min_len={min_len}, max_len={max_len}")
-    check_tensor("budget_survival", budget_survival, ndim=2, dtypes=FLOAT_DTYPES, device=dev, optional=True)
     try:
         min_gain = float(min_gain)
     except (TypeError, ValueError):
         raise ValueError(f"min_gain must be a number, got {min_gain!r}") from None
-    if not (math.isfinite(min_gain) and min_gain >= 0.0):
-        raise ValueError(f"min_gain must be finite and >= 0, got {min_gain}")
-    if mode == "exact" and (budget_survival is not None or min_gain != 0.0):
-        raise ValueError("budget_survival and min_gain apply to mode='argmax' only")
-
+    dev = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
     token_counts, step_time_ms = cost_table.tensors(dev)
+    fixed_overhead_ms = float(cost_table.fixed_overhead_ms)
+    _check_args(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len,
+                max_len, mode, budget_survival, min_gain)
     chosen = resolve_backend(backend, dev, SCHEDULE_VERIFY_LENS.name)
     if chosen == "triton" and backend in (None, "auto"):
         # "auto" never picks a backend that cannot take the batch: the Triton twin sorts in one program (N*K <=
@@ -138,6 +152,6 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
         if x.numel() > MAX_ELEMENTS or (budget_survival is not None and budget_survival.numel() > MAX_ELEMENTS):
             chosen = "reference"
     verify_lens, cu_seqlens, theta = SCHEDULE_VERIFY_LENS(
-        survival, conf_logits, sts_temperatures, token_counts, step_time_ms, float(cost_table.fixed_overhead_ms),
-        min_len, max_len, mode, budget_survival, min_gain, backend=chosen)
+        survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
+        mode, budget_survival, min_gain, backend=chosen)
     return ScheduleOutput(verify_lens, cu_seqlens, theta)

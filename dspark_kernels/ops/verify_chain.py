@@ -8,8 +8,8 @@ import torch
 
 from .. import reference
 from ..rng import make_rng_key
-from ._common import (FLOAT_DTYPES, INT_DTYPES, check_tensor, requested_backend, resolve_backend,
-                      temperature_tensor)
+from ._common import (FLOAT_DTYPES, INT_DTYPES, check_rng_key, check_tensor, requested_backend,
+                      resolve_backend, temperature_tensor)
 from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 METHODS = ("token", "block")
@@ -30,6 +30,34 @@ def _fake(target_logits, cu_seqlens, draft_tokens, draft_logits, target_to_draft
     return new((n, k + 1), dtype=torch.int64), new((n,), dtype=torch.int32), new((n, k), dtype=torch.bool)
 
 
+def check_rows(target_logits, cu_seqlens, draft_tokens, target_name: str = "target_logits") -> tuple:
+    """(N, K, V, device) of checked target rows (named ``target_name``) and drafts."""
+    check_tensor("draft_tokens", draft_tokens, ndim=2, dtypes=INT_DTYPES)
+    n, k_len = draft_tokens.shape
+    dev = draft_tokens.device
+    if k_len < 1:
+        raise ValueError(f"draft_tokens must have K >= 1 columns, got shape {tuple(draft_tokens.shape)}")
+    if cu_seqlens is None:
+        check_tensor(target_name, target_logits, shape=(n, k_len + 1, None), dtypes=FLOAT_DTYPES, device=dev)
+    else:
+        check_tensor(target_name, target_logits, ndim=2, dtypes=FLOAT_DTYPES, device=dev)
+        check_tensor("cu_seqlens", cu_seqlens, shape=(n + 1,), dtypes=INT_DTYPES, device=dev)
+    vocab = target_logits.shape[-1]
+    if vocab < 1:
+        raise ValueError(f"{target_name} must have V >= 1")
+    return n, k_len, vocab, dev
+
+
+def _check_args(target_logits, cu_seqlens, draft_tokens, draft_logits, target_to_draft, draft_candidates,
+                draft_logprobs, verify_lens, survival, thresholds, temperature, rng_key, stop_token_ids, method):
+    n, k_len, vocab, dev = check_rows(target_logits, cu_seqlens, draft_tokens)
+    _, width = draft_layout(draft_logits, None, target_to_draft, draft_candidates, n, k_len, vocab, dev)
+    check_verify_options(n, k_len, vocab, dev, draft_logits, draft_logprobs, verify_lens, survival, thresholds,
+                         stop_token_ids, method, draft_width=width)
+    check_tensor("temperature", temperature, shape=(n,), dtypes=(torch.float32,), device=dev, optional=True)
+    check_rng_key(rng_key, dev)
+
+
 VERIFY_CHAIN = define_op(
     "verify_chain",
     "(Tensor target_logits, Tensor? cu_seqlens, Tensor draft_tokens, Tensor? draft_logits, Tensor? target_to_draft, "
@@ -39,6 +67,7 @@ VERIFY_CHAIN = define_op(
     {"reference": reference.verify_chain, "cpu": CpuKernel("verify_chain", reference.verify_chain),
      "triton": TritonKernel("verify_chain", "verify_chain"),
      "cuda": CudaKernel("verify_chain")},
+    _check_args,
 )
 
 
@@ -112,19 +141,7 @@ def verify_chain(
         checked: a draft outside [0, V) is rejected at its position; NaN logits never yield a token outside
         [0, V); packed rows outside ``[0, R)`` are never read, and a request with no rows emits nothing.
     """
-    check_tensor("draft_tokens", draft_tokens, ndim=2, dtypes=INT_DTYPES)
-    n, k_len = draft_tokens.shape
-    dev = draft_tokens.device
-    if k_len < 1:
-        raise ValueError(f"draft_tokens must have K >= 1 columns, got shape {tuple(draft_tokens.shape)}")
-    if cu_seqlens is None:
-        check_tensor("target_logits", target_logits, shape=(n, k_len + 1, None), dtypes=FLOAT_DTYPES, device=dev)
-    else:
-        check_tensor("target_logits", target_logits, ndim=2, dtypes=FLOAT_DTYPES, device=dev)
-        check_tensor("cu_seqlens", cu_seqlens, shape=(n + 1,), dtypes=INT_DTYPES, device=dev)
-    vocab = target_logits.shape[-1]
-    if vocab < 1:
-        raise ValueError("target_logits must have V >= 1")
+    n, k_len, vocab, dev = check_rows(target_logits, cu_seqlens, draft_tokens)
     target_to_draft, width = draft_layout(draft_logits, draft_to_target, target_to_draft, draft_candidates, n, k_len,
                                           vocab, dev)
     check_verify_options(n, k_len, vocab, dev, draft_logits, draft_logprobs, verify_lens, survival, thresholds,
