@@ -81,7 +81,7 @@ _SAMPLE_SIGNATURE = dict(
 KERNELS = {
     _rng_uniform_kernel: (
         dict(out_ptr="*fp32", rng_key_ptr="*i64", seed="i64", offset="i64", KEY_IN_MEMORY="constexpr", K="i32",
-             V="i32", quads_per_row="i32", stream="i32", BLOCK_Q="constexpr"),
+             V="i32", rows="i32", quads_per_row="i32", stream="i32", BLOCK_Q="constexpr"),
         dict(KEY_IN_MEMORY=[True, False], BLOCK_Q=[256]),
     ),
     _rows_kernel: [(_ROWS_SIGNATURE, variant) for variant in (
