@@ -391,6 +391,9 @@ def test_triton_bad_positions_and_blocks(triton_device):
     # a table without columns, seq_lens far out of range, a past-the-limit request
     _triton_vs_reference(triton_device, t([[5, 6], [7, 8], [9, 10]]), t([1 << 40, -7, 3]), num_accepted=t([1, 1, 5]),
                          block_table=torch.zeros(3, 0, dtype=I64), block_size=3, max_seq_lens=t([0, 1 << 41, 2]))
+    big = (1 << 63) - 1
+    _triton_vs_reference(triton_device, t([[5, 6], [7, 8], [9, 10], [1, 2]]), t([-big, big - 1, -5, big]),
+                         num_accepted=t([1, 1, 1, 1]), max_seq_lens=t([1 << 62, -(1 << 62), big, -big - 1]))
 
 
 def test_triton_n_zero_and_k_zero(triton_device):
@@ -475,6 +478,9 @@ def check_bad_positions_blocks_and_empty(compare):
     assert o.cu_out.cpu().tolist() == [0]
     compare(t([[3], [-1], [5]]), t([1, 2, 0]), num_accepted=t([0, 2, -1]), block_table=t([[0], [1], [2]]),
             block_size=2)  # K = 0
+    big = (1 << 63) - 1  # lengths at int64's ends: the room max(limit - S, 0) and "finished" exact, no overflow
+    compare(t([[5, 6], [7, 8], [9, 10], [1, 2]]), t([-big, big - 1, -5, big]), num_accepted=t([1, 1, 1, 1]),
+            max_seq_lens=t([1 << 62, -(1 << 62), big, -big - 1]), block_table=t([[0], [1], [2], [3]]), block_size=2)
 
 
 @pytest.mark.parametrize("kw", KERNEL_HAND_CASES)

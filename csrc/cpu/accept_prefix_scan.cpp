@@ -26,6 +26,18 @@ int64_t accepted(const at::Tensor& num_accepted, const at::Tensor& accept_mask, 
 }
 
 // The paged-KV slot of position p (-1 where p < 0, outside the table, or at a negative block id).
+// a + b in int64 as torch computes it (the reference): wrapping, never the undefined signed overflow.
+int64_t wrapping_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+
+// max(limit - seq, 0) exactly, capped at INT64_MAX (the reference's room).
+int64_t exact_room(int64_t limit, int64_t seq) {
+  if (limit <= seq) return 0;
+  const int64_t gap = static_cast<int64_t>(static_cast<uint64_t>(limit) - static_cast<uint64_t>(seq));
+  return gap < 0 ? INT64_MAX : gap;
+}
+
 int64_t kv_slot(const int64_t* table, int64_t max_blocks, int64_t block_size, int64_t p) {
   const int64_t blk = floor_div(p, block_size);
   if (p < 0 || blk < 0 || blk >= max_blocks) return -1;
@@ -76,7 +88,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const int64_t* row = tok + r * KP1;
     const int64_t n = accepted(n_in, mask, r, K);
     int64_t e = n + (row[n] >= 0 ? 1 : 0);
-    if (limit.defined()) e = std::min(e, std::max<int64_t>(limit.data_ptr<int64_t>()[r] - s[r], 0));
+    const int64_t room = limit.defined() ? exact_room(limit.data_ptr<int64_t>()[r], s[r]) : INT64_MAX;
+    e = std::min(e, room);
     const int64_t start = vcu.defined() ? vcu.data_ptr<int64_t>()[r] : r * KP1;
     const int64_t end = vcu.defined() ? vcu.data_ptr<int64_t>()[r + 1] : start + KP1;
     const uint64_t own = end > start ? static_cast<uint64_t>(end) - static_cast<uint64_t>(start) : 0;  // exact
@@ -86,14 +99,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       hidden_rows.data_ptr<int32_t>()[total + i] = static_cast<int32_t>(mine ? start + i : -1);
       if (table.defined()) {
         kv_slots.data_ptr<int64_t>()[total + i] =
-            kv_slot(table.data_ptr<int64_t>() + r * max_blocks, max_blocks, block_size, s[r] - 1 + i);
+            kv_slot(table.data_ptr<int64_t>() + r * max_blocks, max_blocks, block_size, wrapping_add(s[r], i - 1));
       }
     }
     total += e;
     cu_out.data_ptr<int32_t>()[r + 1] = static_cast<int32_t>(total);
-    new_seq_lens.data_ptr<int32_t>()[r] = static_cast<int32_t>(s[r] + e);
+    new_seq_lens.data_ptr<int32_t>()[r] = static_cast<int32_t>(wrapping_add(s[r], e));
     next_anchor.data_ptr<int64_t>()[r] = e > 0 ? row[e - 1] : -1;
-    const bool at_limit = limit.defined() && s[r] + e >= limit.data_ptr<int64_t>()[r];
+    const bool at_limit = limit.defined() && e >= room;  // S + e >= max_seq_lens[r], exactly
     finished.data_ptr<bool>()[r] = at_limit || emits_stop(row, e, stops);
   }
   return {cu_out, out_tokens, new_seq_lens, next_anchor, hidden_rows, kv_slots, finished};

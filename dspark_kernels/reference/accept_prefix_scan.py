@@ -83,8 +83,10 @@ def accept_prefix_scan(tokens: torch.Tensor, seq_lens: torch.Tensor, num_accepte
     bonus = tokens.gather(1, n_acc.unsqueeze(1)).squeeze(1) >= 0
     e = n_acc + bonus.to(torch.int64)
     if max_seq_lens is not None:
-        room = (max_seq_lens.to(torch.int64) - seq).clamp(min=0)
-        e = torch.minimum(e, room)
+        limit = max_seq_lens.to(torch.int64)
+        gap = limit - seq  # wraps where the true difference passes int64's range (then positive and huge)
+        room = torch.where(limit <= seq, 0, torch.where(gap < 0, torch.iinfo(torch.int64).max, gap))
+        e = torch.minimum(e, room)  # room: max(limit - S, 0) exactly (capped at int64's largest)
     keep = i < e.unsqueeze(1)  # [N, K+1]: emitted token i of request r is kept
 
     cu_out = torch.zeros(n + 1, dtype=torch.int64, device=dev)
@@ -129,7 +131,7 @@ def accept_prefix_scan(tokens: torch.Tensor, seq_lens: torch.Tensor, num_accepte
     else:
         finished = torch.zeros(n, dtype=torch.bool, device=dev)
     if max_seq_lens is not None:
-        finished = finished | (new_seq_lens >= max_seq_lens.to(torch.int64))
+        finished = finished | (e >= room)  # S + e >= max_seq_lens, exactly (no int64 overflow)
 
     return (cu_out.to(torch.int32), out_tokens, new_seq_lens.to(torch.int32), next_anchor,
             hidden_rows.to(torch.int32), kv_slots, finished)

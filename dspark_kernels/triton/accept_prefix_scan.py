@@ -46,7 +46,9 @@ def _accept_prefix_scan_kernel(
         e = n_acc + (bonus >= 0).to(tl.int64)
         if HAS_MAX_LEN:
             max_len = tl.load(maxlen_ptr + r, mask=rv, other=0).to(tl.int64)
-            e = tl.minimum(e, tl.maximum(max_len - seq, 0))
+            gap = max_len - seq  # wraps where the true difference passes int64's range (then huge)
+            room = tl.where(max_len <= seq, 0, tl.where(gap < 0, 9223372036854775807, gap))
+            e = tl.minimum(e, room)
         e = tl.where(rv, e, 0)
         keep = cols < e[:, None]                           # [BLOCK_N, BLOCK_K]; False on rows past N
 
@@ -92,7 +94,7 @@ def _accept_prefix_scan_kernel(
             is_stop = is_stop | (tok == tl.load(stops_ptr + si).to(tl.int64))
         finished = tl.max((is_stop & keep).to(tl.int32), axis=1) > 0
         if HAS_MAX_LEN:
-            finished = finished | (new_seq >= max_len)
+            finished = finished | (e >= room)  # S + e >= max_len, exactly
         tl.store(fin_ptr + r, finished.to(tl.uint8), mask=rv)
 
     # packed slots from cu_out[N] on: -1

@@ -84,6 +84,19 @@ struct Chunk {
   }
 };
 
+// a + b in int64 as torch computes it: wrapping, never the undefined signed overflow.
+DSPARK_DEVICE int64_t wrapping_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+
+// max(limit - seq, 0) exactly, capped at INT64_MAX (the reference's room): a true difference past int64's range
+// wraps negative, and is then the cap.
+DSPARK_DEVICE int64_t exact_room(int64_t limit, int64_t seq) {
+  if (limit <= seq) return 0;
+  const int64_t gap = static_cast<int64_t>(static_cast<uint64_t>(limit) - static_cast<uint64_t>(seq));
+  return gap < 0 ? INT64_MAX : gap;
+}
+
 // Bit b of the result: byte b of the 16 is 0.
 DSPARK_DEVICE uint32_t zero_bytes(const uint4& v) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -125,8 +138,7 @@ DSPARK_DEVICE void load_requests(const AcceptPrefixScanParams& p, const Chunk& s
   if (in) {
     seq = p.seq_lens.at(r);
     if (p.max_seq_lens.present()) {
-      room = p.max_seq_lens.at(r) - seq;
-      room = room < 0 ? 0 : room;
+      room = exact_room(p.max_seq_lens.at(r), seq);
     }
   }
   if (p.verify_cu_seqlens.present()) {  // cu[r] by lane r, cu[r+1] from lane r+1 (lane 31 loads its own)
@@ -182,7 +194,7 @@ DSPARK_UNROLL
     bid[u] = -1;
     if (!has_table || q >= tile) continue;
     const uint32_t rr = static_cast<uint32_t>(q) / kp1, i = static_cast<uint32_t>(q) - rr * kp1;
-    const int64_t pos = s.seq[rr] - 1 + i;
+    const int64_t pos = wrapping_add(s.seq[rr], int64_t(i) - 1);
     if (i < static_cast<uint32_t>(s.e[rr]) && pos >= 0 && pos / p.block_size < p.max_blocks)
       bid[u] = p.block_table.at((r0 + rr) * p.max_blocks + pos / p.block_size);
   }
@@ -191,7 +203,7 @@ DSPARK_UNROLL
     const int64_t q = q0 + int64_t(u) * kT;
     if (q >= tile) continue;
     const uint32_t rr = static_cast<uint32_t>(q) / kp1, i = static_cast<uint32_t>(q) - rr * kp1;
-    const int64_t e = s.e[rr], d = dense0 + q, o = prefix + s.cu[rr] + i, pos = s.seq[rr] - 1 + i;
+    const int64_t e = s.e[rr], d = dense0 + q, o = prefix + s.cu[rr] + i, pos = wrapping_add(s.seq[rr], int64_t(i) - 1);
     const int64_t row = i < static_cast<uint32_t>(s.rows[rr]) ? s.row0[rr] + int64_t(i) : -1;
     if (d >= total) {  // past the last emitted token: -1
       stg(p.out_tokens + d, int64_t(-1));
@@ -300,12 +312,12 @@ DSPARK_UNROLL
       if (r == N) stg(p.cu_out + N, static_cast<int32_t>(total));
       continue;
     }
-    const int64_t e = s.e[rr], new_len = s.seq[rr] + e;
+    const int64_t e = s.e[rr], new_len = wrapping_add(s.seq[rr], e);
     stg(p.cu_out + r, static_cast<int32_t>(prefix + s.cu[rr]));
     stg(p.new_seq_lens + r, static_cast<int32_t>(new_len));
     stg(p.next_anchor + r, e > 0 ? s.last[rr] : int64_t(-1));
     bool fin = s.acc[rr] != 0;
-    if (p.max_seq_lens.present()) fin = fin || e >= s.room[rr];  // S + e >= max_seq_lens[r]
+    if (p.max_seq_lens.present()) fin = fin || e >= s.room[rr];  // S + e >= max_seq_lens[r], exactly
     stg(p.finished + r, static_cast<uint8_t>(fin ? 1 : 0));
   }
 }
