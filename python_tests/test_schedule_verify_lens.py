@@ -831,13 +831,17 @@ def test_auto_never_picks_a_capped_backend(monkeypatch):
     mod = sys.modules["dspark_kernels.ops.schedule_verify_lens"]  # the module (the package exports the function)
     from dspark_kernels.triton.schedule_verify_lens import MAX_ELEMENTS
     monkeypatch.setattr(mod, "resolve_backend",
-                        lambda backend, device, op: "triton" if backend in (None, "auto") else backend)
+                        lambda backend, device, op: {"auto": "triton"}.get(mod.requested_backend(backend),
+                                                                           mod.requested_backend(backend)))
     surv = torch.rand(MAX_ELEMENTS + 1, 1, generator=torch.Generator().manual_seed(0))
     o = dk.schedule_verify_lens(surv, cost_table=LINEAR_TABLE, mode="argmax")
     ref = dk.schedule_verify_lens(surv, cost_table=LINEAR_TABLE, mode="argmax", backend="reference")
     assert torch.equal(o.verify_lens, ref.verify_lens) and torch.equal(o.theta, ref.theta)
     with pytest.raises(ValueError, match="N\\*K <= 16384"):
         dk.schedule_verify_lens(surv, cost_table=LINEAR_TABLE, mode="argmax", backend="triton")
+    monkeypatch.setenv("DSPARK_BACKEND", "triton")  # asked for by name through the environment: raises too
+    with pytest.raises(ValueError, match="N\\*K <= 16384"):
+        dk.schedule_verify_lens(surv, cost_table=LINEAR_TABLE, mode="argmax")
 
 
 @pytest.mark.parametrize("n,k", [(128, 15), (256, 8)])

@@ -9,7 +9,7 @@ import torch
 
 from .. import reference
 from ..calibration import CostTable, survival_from_conf
-from ._common import FLOAT_DTYPES, check_tensor, resolve_backend
+from ._common import FLOAT_DTYPES, check_tensor, requested_backend, resolve_backend
 from ._registry import CpuKernel, CudaKernel, TritonKernel, define_op
 
 MODES = ("exact", "argmax")
@@ -145,7 +145,7 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
     _check_args(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len,
                 max_len, mode, budget_survival, min_gain)
     chosen = resolve_backend(backend, dev, SCHEDULE_VERIFY_LENS.name)
-    if chosen == "triton" and backend in (None, "auto"):
+    if chosen == "triton" and requested_backend(backend) == "auto":
         # "auto" never picks a backend that cannot take the batch: the Triton twin sorts in one program (N*K <=
         # MAX_ELEMENTS); the CUDA kernel (picked first where the extension exists) and the reference have no cap
         from ..triton.schedule_verify_lens import MAX_ELEMENTS
