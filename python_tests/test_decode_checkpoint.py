@@ -175,6 +175,11 @@ def test_bad_generate_input(target):
         with pytest.raises(ValueError, match=match):
             dec.generate(prompts, max_new, scheduler=sched)
         assert target.cache is cache  # rejected before anything was allocated or written
+    for stops, match in (([2 ** 70], "stop_token_ids has a token outside int64"),
+                         ([3.0], "stop_token_ids has a token that is not an integer id")):
+        with pytest.raises(ValueError, match=match):  # before: an unclear overflow error, or 3.0 taken as 3
+            dec.generate(PROMPTS, 4, stop_token_ids=stops)
+        assert target.cache is cache  # rejected before anything was allocated or written
     assert dec.generate(PROMPTS, 6).tokens == good
     as_ints = [torch.tensor(PROMPTS[0]), [np.int64(t) for t in PROMPTS[1]]] + PROMPTS[2:]  # integer ids of any kind
     assert dec.generate(as_ints, 6).tokens == good

@@ -447,7 +447,8 @@ class SpeculativeDecoder:
         the steps after the warm-up (drafter, draft_block, schedule_verify_lens, target, verify_chain,
         accept_prefix_scan, rest). Returns tokens (cut after the first stop token) and stats."""
         scheduler = scheduler or Scheduler()
-        prompts = [_token_ids(p, i) for i, p in enumerate(prompts)]
+        prompts = [_token_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        stop_token_ids = _token_ids(stop_token_ids, "stop_token_ids")
         capacity = self._check(prompts, max_new_tokens, scheduler, self.drafter.block_size)
         dev, n = self.drafter.fc.weight.device, len(prompts)
         if scheduler.mode == "threshold":  # on the device once per call: a host list copied every step syncs
@@ -488,17 +489,19 @@ class SpeculativeDecoder:
         return GenerationResult(tokens, stats.result(sum(map(len, tokens)), clock, wall))
 
 
-def _token_ids(prompt, i: int) -> List[int]:
-    """Prompt ``i`` as a list of ints: integer values only (ints, integer numpy scalars or tensors); a float or a
-    bool token is an error, not truncated."""
+def _token_ids(ids, what: str) -> List[int]:
+    """``ids`` (prompt ``what``, or the stop tokens) as a list of ints: integer values that fit in int64 only (ints,
+    integer numpy scalars or tensors); a float or a bool token is an error, not truncated."""
     out = []
-    for t in prompt:
+    for t in ids:
         try:
             if isinstance(t, bool) or (isinstance(t, torch.Tensor) and t.dtype == torch.bool):
                 raise TypeError
             out.append(operator.index(t))
         except TypeError:
-            raise ValueError(f"prompt {i} has a token that is not an integer id: {t!r}") from None
+            raise ValueError(f"{what} has a token that is not an integer id: {t!r}") from None
+        if not -2 ** 63 <= out[-1] < 2 ** 63:
+            raise ValueError(f"{what} has a token outside int64: {out[-1]}")
     return out
 
 

@@ -336,7 +336,8 @@ class GraphDecoder:
             raise ValueError(f"the graph path needs a TargetModel target (a paged cache it can pad into), got "
                              f"{type(dec.target).__name__}; use SpeculativeDecoder.generate")
         scheduler = scheduler or Scheduler()
-        prompts = [_token_ids(p, i) for i, p in enumerate(prompts)]
+        prompts = [_token_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        stop_token_ids = _token_ids(stop_token_ids, "stop_token_ids")
         k, dev, n = dec.drafter.block_size, dec.drafter.fc.weight.device, len(prompts)
         capacity = dec._check(prompts, max_new_tokens, scheduler, k)
         stops = torch.tensor(list(stop_token_ids), dtype=torch.long, device=dev) if stop_token_ids else None
