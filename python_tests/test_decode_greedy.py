@@ -107,6 +107,18 @@ def test_stop_tokens_and_length_limits(target, reference, k):
         assert dec.generate(PROMPTS5, limit).tokens == [r[:limit] for r in reference]
 
 
+def test_a_stop_token_is_not_a_rejection_in_the_acceptance_statistics():
+    """Request 0 accepts d_1, a stop token, so acceptance ends with no bonus token (-1): d_2 was never judged and
+    counts neither as reached nor as rejected. Request 1 accepts d_1 and rejects d_2 (a correction follows). Before,
+    request 0's d_2 counted as a rejection: conditional acceptance 1/2 at position 2 instead of 0/1."""
+    acc = decoder_mod._StatsAccumulator(3, torch.device("cpu"))
+    verified = dk.VerifyOutput(torch.tensor([[9, -1, -1, -1], [4, 8, -1, -1]]), torch.tensor([1, 1], dtype=torch.int32),
+                               torch.tensor([[True, False, False], [True, False, False]]))
+    step = decoder_mod.StepResult(None, torch.tensor([3, 3], dtype=torch.int32), 8, 2, 0, True, verified)
+    acc.add(step, torch.zeros(2, dtype=torch.bool))
+    assert acc.reached.tolist() == [2, 1, 0] and acc.accepted.tolist() == [2, 0, 0]
+
+
 @pytest.mark.parametrize("mode", ["exact", "argmax"])
 def test_finished_requests_take_no_admissions(target, reference, mode, monkeypatch):
     """The scheduler sees a finished request's survival as 0. Before, its drafts (zeroed only after scheduling)

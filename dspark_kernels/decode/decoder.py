@@ -186,7 +186,10 @@ class _StatsAccumulator:
     def add(self, step: StepResult, was_finished: torch.Tensor) -> None:
         n_acc = step.verified.num_accepted.long().view(-1, 1)
         verified = (self.positions < step.verify_lens.view(-1, 1)) & ~was_finished.view(-1, 1)
-        self.reached += (verified & (self.positions <= n_acc)).sum(0)
+        # an accepted stop token ends acceptance with no bonus token (-1 after it): the draft after it was never
+        # judged, so it does not count as reached (nor as rejected)
+        judged = step.verified.tokens.gather(1, n_acc.clamp(max=step.verified.tokens.shape[1] - 1)) >= 0
+        self.reached += (verified & ((self.positions < n_acc) | ((self.positions == n_acc) & judged))).sum(0)
         self.accepted += (verified & (self.positions < n_acc)).sum(0)
         self.verified += verified.sum(0)
         self.steps, self.rows, self.active = self.steps + 1, self.rows + step.num_rows, self.active + step.num_active
