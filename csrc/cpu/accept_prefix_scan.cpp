@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common.h"
+#include "dspark/accept_prefix_scan.h"
 
 namespace dspark_cpu {
 
@@ -25,19 +26,10 @@ int64_t accepted(const at::Tensor& num_accepted, const at::Tensor& accept_mask, 
   return n;
 }
 
+using dspark::scan::exact_room;
+using dspark::scan::wrapping_add;
+
 // The paged-KV slot of position p (-1 where p < 0, outside the table, or at a negative block id).
-// a + b in int64 as torch computes it (the reference): wrapping, never the undefined signed overflow.
-int64_t wrapping_add(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-}
-
-// max(limit - seq, 0) exactly, capped at INT64_MAX (the reference's room).
-int64_t exact_room(int64_t limit, int64_t seq) {
-  if (limit <= seq) return 0;
-  const int64_t gap = static_cast<int64_t>(static_cast<uint64_t>(limit) - static_cast<uint64_t>(seq));
-  return gap < 0 ? INT64_MAX : gap;
-}
-
 int64_t kv_slot(const int64_t* table, int64_t max_blocks, int64_t block_size, int64_t p) {
   const int64_t blk = floor_div(p, block_size);
   if (p < 0 || blk < 0 || blk >= max_blocks) return -1;

@@ -94,12 +94,6 @@ def check_rng_key(rng_key, device: torch.device) -> None:
         raise ValueError(f"rng_key must be on the host or on {device}, got {rng_key.device}")
 
 
-def check_int(name: str, value, lo: int, hi: int) -> None:
-    """Raise a ValueError naming ``name`` unless ``value`` is an int (not a bool) in [lo, hi]."""
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
-
-
 def _fmt(shape) -> str:
     if shape is None:
         return ""

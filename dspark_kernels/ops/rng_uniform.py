@@ -66,7 +66,7 @@ def rng_uniform(shape_or_out: Union[Sequence[int], torch.Tensor], seed=0, offset
         if len(shape) != 3 or min(shape, default=0) < 0:
             raise ValueError(f"shape_or_out must be (N, K, V) with non-negative sizes, got {shape}")
         out = torch.empty(shape, dtype=torch.float32, device=device)
-    check_tensor("out", out, ndim=3)  # the device of the key
+    check_tensor("out", out, ndim=3)  # a tensor, whose device the key is made for
     rng_key = make_rng_key(seed, offset, out.device)
     _check_args(out, rng_key, stream)
     RNG_UNIFORM(out, rng_key, stream, backend=resolve_backend(backend, out.device, RNG_UNIFORM.name))

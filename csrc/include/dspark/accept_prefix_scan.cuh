@@ -84,19 +84,6 @@ struct Chunk {
   }
 };
 
-// a + b in int64 as torch computes it: wrapping, never the undefined signed overflow.
-DSPARK_DEVICE int64_t wrapping_add(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-}
-
-// max(limit - seq, 0) exactly, capped at INT64_MAX (the reference's room): a true difference past int64's range
-// wraps negative, and is then the cap.
-DSPARK_DEVICE int64_t exact_room(int64_t limit, int64_t seq) {
-  if (limit <= seq) return 0;
-  const int64_t gap = static_cast<int64_t>(static_cast<uint64_t>(limit) - static_cast<uint64_t>(seq));
-  return gap < 0 ? INT64_MAX : gap;
-}
-
 // Bit b of the result: byte b of the 16 is 0.
 DSPARK_DEVICE uint32_t zero_bytes(const uint4& v) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
