@@ -30,7 +30,8 @@ start with the ASan runtime preloaded (``LD_PRELOAD`` = ``asan_preload()``: the 
 The CPU kernels (``cpu_kernel(name)``; ``torch.ops.dspark_cpu``, dispatch key CPU) are ``csrc/cpu/*.cpp``, built with
 the host C++ compiler on first use (``torch.utils.cpp_extension.load``, cached like the others; seconds to a minute
 once). Their schemas are defined here from each op's ``define_op`` schema before the library loads. Where they
-cannot be built (no compiler, ``DSPARK_NO_JIT=1``) a warning says so once and the CPU ops run the reference.
+cannot be built (no compiler, ``DSPARK_NO_JIT=1``) a warning says so once and backend "auto" runs the reference on
+CPU tensors; backend "cpu", named, raises with the reason (``cpu_error()``).
 """
 
 from __future__ import annotations
@@ -393,6 +394,11 @@ def cpu_available() -> bool:
     if _cpu_library is not None or _cpu_error is not None:
         return _cpu_library is not None
     return load_cpu() is not None
+
+
+def cpu_error() -> Optional[str]:
+    """Why the CPU kernels cannot be built (None where they load, building them on the first call)."""
+    return None if cpu_available() else _cpu_error
 
 
 def cpu_kernel(name: str):

@@ -28,21 +28,28 @@ def test_auto_on_the_cpu_is_the_cpu_kernels_where_they_build(monkeypatch):
         resolve_backend("cpu", GPU, "verify_chain")
 
 
-def test_cpu_backend_falls_back_to_the_reference_with_one_warning(monkeypatch):
-    """Where the CPU kernels cannot be built, backend="cpu" runs the reference after one warning saying why."""
+def test_cpu_kernels_that_cannot_build(monkeypatch):
+    """Where the CPU kernels cannot be built, "auto" runs the reference after one warning saying why, and
+    backend="cpu" (named, or by DSPARK_BACKEND) raises with that reason instead of running something else."""
     monkeypatch.setattr(_ext, "_cpu_library", None)
     monkeypatch.setattr(_ext, "_cpu_error", None)
     monkeypatch.setenv("DSPARK_NO_JIT", "1")
     target, drafts = torch.randn(2, 3, 11), torch.randint(0, 11, (2, 2))
     ref = dk.verify_chain(target, drafts, temperature=1.0, backend="reference")
     with pytest.warns(RuntimeWarning, match="reference implementation"):
-        out = dk.verify_chain(target, drafts, temperature=1.0, backend="cpu")
+        out = dk.verify_chain(target, drafts, temperature=1.0, backend="auto")
     assert all(torch.equal(a, b) for a, b in zip(out, ref))
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        dk.verify_chain(target, drafts, temperature=1.0, backend="cpu")
-    assert resolve_backend("auto", CPU, "verify_chain") == "reference"
+        dk.verify_chain(target, drafts, temperature=1.0)
+        assert resolve_backend("auto", CPU, "verify_chain") == "reference"
+        with pytest.raises(RuntimeError, match="backend='cpu': .*DSPARK_NO_JIT"):
+            dk.verify_chain(target, drafts, temperature=1.0, backend="cpu")
+        monkeypatch.setenv("DSPARK_BACKEND", "cpu")
+        with pytest.raises(RuntimeError, match="backend='cpu'"):
+            dk.accept_prefix_scan(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, dtype=torch.long),
+                                  num_accepted=torch.ones(2, dtype=torch.long))
 
 
 def _ops_the_launchers_register():

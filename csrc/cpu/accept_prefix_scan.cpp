@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common.h"
-#include "dspark/accept_prefix_scan.h"
+#include "dspark/scan_lengths.h"
 
 namespace dspark_cpu {
 

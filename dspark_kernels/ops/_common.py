@@ -18,7 +18,8 @@ def resolve_backend(backend: Optional[str], device: torch.device, cuda_op: str) 
     "auto", "cpu", "cuda", "triton", "reference". "auto" picks "cuda" where the tensors are on a GPU and the CUDA
     extension loads and has this op's kernel (``torch.ops.dspark_C.<cuda_op>``), else "triton" on a GPU; on CPU
     tensors "cpu" where the CPU kernels build and load (``csrc/cpu``; an op or mode without a CPU kernel runs the
-    reference there), else "reference". "cpu" on tensors elsewhere raises.
+    reference there), else "reference". "cpu" on tensors elsewhere, or where the CPU kernels cannot be built,
+    raises.
     "cuda" on CPU tensors runs the CUDA kernels through the SIMT harness when ``DSPARK_SIMT=1`` (as
     ``TRITON_INTERPRET=1`` runs Triton kernels on the CPU). Asking for "cuda" or "triton" where they cannot run
     raises a ValueError.
@@ -35,8 +36,12 @@ def resolve_backend(backend: Optional[str], device: torch.device, cuda_op: str) 
             return "reference"
         from .. import _ext
         return "cuda" if _ext.has_op(cuda_op) else "triton"
-    if backend == "cpu" and device.type != "cpu":
-        raise ValueError(f"backend='cpu' needs CPU tensors, got {device}")
+    if backend == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"backend='cpu' needs CPU tensors, got {device}")
+        from .. import _ext
+        if not _ext.cpu_available():
+            raise RuntimeError(f"backend='cpu': {_ext.cpu_error()}; 'auto' runs the reference instead")
     if backend == "cuda":
         from .. import _ext
         if device.type == "cpu" and not _ext.simt_enabled():

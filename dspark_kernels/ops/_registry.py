@@ -84,7 +84,8 @@ class TritonKernel:
 
 class CpuKernel:
     """``torch.ops.dspark_cpu.<name>``, the C++ CPU kernel (``csrc/cpu``, built on first use); the reference where
-    the kernels cannot be built, the library has no kernel for the op, or ``supports(*args)`` says a mode has none."""
+    the library has no kernel for the op or ``supports(*args)`` says a mode has none (backend "cpu" is chosen only
+    where the kernels load: :func:`resolve_backend`)."""
 
     def __init__(self, name: str, reference: Callable, supports: Optional[Callable[..., bool]] = None):
         self.name, self.reference, self.supports = name, reference, supports

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "platform.cuh"  // cudaError_t, cudaStream_t
+#include "scan_lengths.h"  // scan::wrapping_add, scan::exact_room
 #include "vec.cuh"  // load_int (device side)
 
 namespace dspark {
@@ -21,20 +22,6 @@ struct IntArray {
   DSPARK_HOST_DEVICE_FN bool present() const { return ptr != nullptr; }
 };
 
-namespace scan {
-// Length arithmetic shared by the kernel and the CPU kernel (the reference's meaning, with no int64 overflow).
-// a + b in int64 as torch computes it: wrapping, never the undefined signed overflow.
-DSPARK_HOST_DEVICE_FN int64_t wrapping_add(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-}
-// max(limit - seq, 0) exactly, capped at INT64_MAX (the room before a length limit): a true difference past
-// int64's range wraps negative, and is then the cap.
-DSPARK_HOST_DEVICE_FN int64_t exact_room(int64_t limit, int64_t seq) {
-  if (limit <= seq) return 0;
-  const int64_t gap = static_cast<int64_t>(static_cast<uint64_t>(limit) - static_cast<uint64_t>(seq));
-  return gap < 0 ? INT64_MAX : gap;
-}
-}  // namespace scan
 
 struct AcceptPrefixScanParams {
   int64_t N = 0, K = 0;                 // tokens is [N, K+1]
