@@ -2,10 +2,14 @@
 shapes or the thread count (bit for bit, on this machine), and equals PyTorch's float32 result within the rounding
 of the 16-bit output; a bf16 target built on them decodes greedily to the same tokens speculatively and alone."""
 
+import os
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from dspark_kernels import _ext
 from dspark_kernels.decode import SpeculativeDecoder, TargetModel, greedy_reference
 from dspark_kernels.decode import batch_invariant as bi
 from dspark_kernels.decode.kv_cache import PagedKVCache, ragged_attention, ragged_batch, sdpa_gqa
@@ -20,7 +24,10 @@ def _kernels():
     """Built on first use, when a test runs (never while tests are collected: a run that selects none of these
     compiles nothing)."""
     if not bi.available():
-        pytest.skip("the batch-invariant kernels need a C++ compiler")
+        why = _ext.cpu_error()
+        if shutil.which(os.environ.get("CXX", "c++")) and os.environ.get("DSPARK_NO_JIT") != "1":
+            pytest.fail(f"a C++ compiler is here, yet the CPU kernels did not build: {why}")
+        pytest.skip(f"the batch-invariant kernels need a C++ compiler: {why}")
 
 
 def _bf16_bound(ref: torch.Tensor, dtype) -> torch.Tensor:
