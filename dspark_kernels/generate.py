@@ -156,8 +156,10 @@ def main(argv=None) -> int:
     if not prompts or any(len(p) == 0 for p in prompts):
         print("error: give at least one non-empty --prompt", file=sys.stderr)
         return 2
+    stops = args.stop_token_ids if args.stop_token_ids is not None else _stop_ids(args.target)
     if args.calibrate:
-        res = calibrate(dec, prompts, args.max_new_tokens, temperature=args.temperature, path=args.calibrate)
+        res = calibrate(dec, prompts, args.max_new_tokens, temperature=args.temperature, stop_token_ids=stops,
+                        path=args.calibrate)
         print(json.dumps(res))
         return 0
     sts = None
@@ -167,7 +169,6 @@ def main(argv=None) -> int:
     sched = Scheduler(args.mode, verify_len=args.verify_len, thresholds=args.thresholds, sts_temperatures=sts,
                       cost_table=dk.CostTable.from_json(args.cost_table) if args.cost_table else None,
                       draft_cost=dk.CostTable.from_json(args.draft_cost) if args.draft_cost else None)
-    stops = args.stop_token_ids if args.stop_token_ids is not None else _stop_ids(args.target)
     try:
         res = dec.generate(prompts, args.max_new_tokens, temperature=args.temperature, stop_token_ids=stops,
                            scheduler=sched, progress=not args.no_progress and args.max_new_tokens >= 64)

@@ -1,5 +1,7 @@
 """Lossless greedy speculative decoding: equals the target's own greedy decoding and transformers' generate."""
 
+import types
+
 import pytest
 import torch
 import transformers
@@ -114,9 +116,14 @@ def test_a_stop_token_is_not_a_rejection_in_the_acceptance_statistics():
     acc = decoder_mod._StatsAccumulator(3, torch.device("cpu"))
     verified = dk.VerifyOutput(torch.tensor([[9, -1, -1, -1], [4, 8, -1, -1]]), torch.tensor([1, 1], dtype=torch.int32),
                                torch.tensor([[True, False, False], [True, False, False]]))
-    step = decoder_mod.StepResult(None, torch.tensor([3, 3], dtype=torch.int32), 8, 2, 0, True, verified)
+    drafts = types.SimpleNamespace(conf_logits=torch.zeros(2, 3))
+    step = decoder_mod.StepResult(drafts, torch.tensor([3, 3], dtype=torch.int32), 8, 2, 0, True, verified)
     acc.add(step, torch.zeros(2, dtype=torch.bool))
     assert acc.reached.tolist() == [2, 1, 0] and acc.accepted.tolist() == [2, 0, 0]
+    # the calibration log: request 0's label "accepted >= k" is known for k <= 1 only, request 1's for k <= 3
+    log = {}
+    decoder_mod._log_step(log, step, torch.zeros(2, dtype=torch.bool))
+    assert log["observed_lens"][0].tolist() == [1, 3] and log["num_accepted"][0].tolist() == [1, 1]
 
 
 @pytest.mark.parametrize("mode", ["exact", "argmax"])

@@ -5,6 +5,7 @@ import re
 import warnings
 
 import pytest
+import torch
 import tokenizers
 
 import dspark_kernels as dk
@@ -83,6 +84,24 @@ def test_calibration_run(tmp_path):
     assert len(out["ece_after"]) == 4 and out["ece_after"][0] <= out["ece_before"][0] + 1e-9
     assert all(t > 0 for t in out["sts_temperatures"])
     assert json.loads((tmp_path / "sts.json").read_text())["sts_temperatures"] == out["sts_temperatures"]
+
+
+def test_calibration_log_leaves_drafts_after_a_stop_token_unobserved():
+    """The oracle drafter's drafts are all accepted, so every observed label ``num_accepted >= k`` is true. A step
+    that accepts a stop token ends there, its later drafts unjudged: verify_lens counts them, observed_lens not."""
+    target = tiny_target(seed=0)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    ref = greedy_reference(target, prompts, 24)
+    drafter = oracle_drafter(target, block_size=4)
+    drafter.set_reference([p + r for p, r in zip(prompts, ref)], wrong_every=10 ** 9)   # never wrong
+    stop = ref[0][5]
+    log = {}
+    SpeculativeDecoder(target, drafter).generate(prompts, 12, stop_token_ids=[stop], scheduler=Scheduler("fixed"),
+                                                 log=log)
+    active = torch.cat(log["active"])
+    acc, observed, vlen = (torch.cat(log[k])[active].long() for k in ("num_accepted", "observed_lens", "verify_lens"))
+    assert torch.equal(acc, observed)
+    assert (vlen > observed).any()
 
 
 @pytest.fixture

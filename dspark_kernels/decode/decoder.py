@@ -186,10 +186,10 @@ class _StatsAccumulator:
     def add(self, step: StepResult, was_finished: torch.Tensor) -> None:
         n_acc = step.verified.num_accepted.long().view(-1, 1)
         verified = (self.positions < step.verify_lens.view(-1, 1)) & ~was_finished.view(-1, 1)
-        # an accepted stop token ends acceptance with no bonus token (-1 after it): the draft after it was never
-        # judged, so it does not count as reached (nor as rejected)
-        judged = step.verified.tokens.gather(1, n_acc.clamp(max=step.verified.tokens.shape[1] - 1)) >= 0
-        self.reached += (verified & ((self.positions < n_acc) | ((self.positions == n_acc) & judged))).sum(0)
+        # the draft after the accepted prefix is reached (judged and rejected) unless an accepted stop token ended
+        # acceptance before it
+        judged = (self.positions < n_acc) | ((self.positions == n_acc) & ~_ended_by_stop(step).view(-1, 1))
+        self.reached += (verified & judged).sum(0)
         self.accepted += (verified & (self.positions < n_acc)).sum(0)
         self.verified += verified.sum(0)
         self.steps, self.rows, self.active = self.steps + 1, self.rows + step.num_rows, self.active + step.num_active
@@ -445,9 +445,11 @@ class SpeculativeDecoder:
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
                  stop_token_ids: Sequence[int] = (), scheduler: Optional[Scheduler] = None, progress: bool = False,
                  log: Optional[dict] = None, profile: bool = False) -> GenerationResult:
-        """Generate for a batch of token-id prompts. ``log`` (a dict) receives per-step conf_logits, verify_lens
-        and num_accepted tensors for calibration. ``profile`` adds ``stats.time_s["split"]``: seconds per part of
-        the steps after the warm-up (drafter, draft_block, schedule_verify_lens, target, verify_chain,
+        """Generate for a batch of token-id prompts. ``log`` (a dict) receives per-step conf_logits, verify_lens,
+        num_accepted and observed_lens tensors for calibration (observed_lens: the positions k whose label
+        ``num_accepted >= k`` is known: the verify length, or num_accepted where an accepted stop token ended
+        acceptance and left the drafts after it unjudged). ``profile`` adds ``stats.time_s["split"]``: seconds per
+        part of the steps after the warm-up (drafter, draft_block, schedule_verify_lens, target, verify_chain,
         accept_prefix_scan, rest). Returns tokens (cut after the first stop token) and stats."""
         scheduler = scheduler or Scheduler()
         prompts = [_token_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
@@ -519,9 +521,18 @@ def _hidden_layers(target, layer_ids):
         target.hidden_layer_ids = saved
 
 
+def _ended_by_stop(step: StepResult) -> torch.Tensor:
+    """bool ``[N]``: an accepted stop token ended the row's acceptance. verify_chain then writes no bonus token (-1
+    after the stop token), and the drafts after it were never judged, neither accepted nor rejected."""
+    n_acc = step.verified.num_accepted.long().view(-1, 1)
+    return step.verified.tokens.gather(1, n_acc.clamp(max=step.verified.tokens.shape[1] - 1)).view(-1) < 0
+
+
 def _log_step(log: dict, step: StepResult, was_finished: torch.Tensor) -> None:
+    n_acc = step.verified.num_accepted.long()
+    observed = torch.where(_ended_by_stop(step), n_acc, step.verify_lens.long())
     for key, val in (("conf_logits", step.drafts.conf_logits), ("verify_lens", step.verify_lens),
-                     ("num_accepted", step.verified.num_accepted.long()), ("active", ~was_finished)):
+                     ("num_accepted", n_acc), ("observed_lens", observed), ("active", ~was_finished)):
         log.setdefault(key, []).append(val)
 
 

@@ -154,16 +154,19 @@ def ece_per_position(conf_logits, accepted, verify_lens, sts_temperatures=None) 
 
 
 def calibrate(decoder: SpeculativeDecoder, prompts, max_new_tokens: int, *, temperature: float = 0.0,
-              path: Optional[str] = None, **fit_kw) -> dict:
+              stop_token_ids: Sequence[int] = (), path: Optional[str] = None, **fit_kw) -> dict:
     """Decode ``prompts`` verifying every draft (scheduler "fixed"), log the confidence logits and accepted lengths
-    of every request-step, and fit the STS temperatures with ``dk.fit_sts``. Returns (and writes to ``path`` as
-    JSON) ``{"sts_temperatures", "ece_before", "ece_after" (per position), "rows"}``."""
+    of every request-step, and fit the STS temperatures with ``dk.fit_sts``. A request stops at its first
+    ``stop_token_ids`` token, as it will when served; a draft after an accepted stop token was never judged and is
+    no observation (``observed_lens``). Returns (and writes to ``path`` as JSON) ``{"sts_temperatures",
+    "ece_before", "ece_after" (per position), "rows"}``."""
     log = {}
-    decoder.generate(prompts, max_new_tokens, temperature=temperature, scheduler=Scheduler("fixed"), log=log)
+    decoder.generate(prompts, max_new_tokens, temperature=temperature, stop_token_ids=stop_token_ids,
+                     scheduler=Scheduler("fixed"), log=log)
     active = torch.cat(log["active"])
     conf = torch.cat(log["conf_logits"])[active].float()
     acc = torch.cat(log["num_accepted"])[active].long()
-    vlen = torch.cat(log["verify_lens"])[active].long()
+    vlen = torch.cat(log["observed_lens"])[active].long()
     temps = dk.fit_sts(conf, acc, verify_lens=vlen, **fit_kw)
     out = {"sts_temperatures": temps.tolist(), "ece_before": ece_per_position(conf, acc, vlen),
            "ece_after": ece_per_position(conf, acc, vlen, temps), "rows": int(conf.shape[0])}
