@@ -198,6 +198,7 @@ def _verify_case(dev, n, k, v, dt, mode, form):
     esize = torch.empty(0, dtype=dtype).element_size()
     fl = floors.verify_chain_dense(n, k, v, target_bytes=esize, sampled=sampled,
                                    draft_logits_bytes=4 if sampled else None, draft_logprobs=sampled and lp,
+                                   rule=rule,
                                    draft_width=width, map_bytes=4 if layout == "reduced" else 0,
                                    id_bytes=8 if layout == "topk" else 0)
 

@@ -78,11 +78,12 @@ def draft_block(n: int, k: int, v: int, r: int, *, d: int = 0, head: str = "vani
 
 
 def verify_chain(verify_lens: Sequence[int], k: int, v: int, *, target_bytes: int = 2, sampled: bool = False,
-                 draft_logits_bytes: Optional[int] = None, draft_logprobs: bool = False,
+                 draft_logits_bytes: Optional[int] = None, draft_logprobs: bool = False, rule: str = "token",
                  draft_width: Optional[int] = None, map_bytes: int = 0, id_bytes: int = 0) -> Floor:
     """Greedy: the verified target rows once (``L_r + 1`` rows of request r). Sampling: the same, plus
     - with ``draft_logprobs`` (log q of each drafted token given): one draft row per request (the rejected one, for
-      the residual), and the logprobs themselves;
+      the residual), and the logprobs themselves; block verification (``rule="block"``) also reads draft rows
+      1..L-1 (``h_i`` needs the residual mass of row i against ``q_{i+1}``);
     - with draft logits but no logprobs: every verified draft row (``q(d_j)`` needs row j's normaliser);
     - without draft logits (one-hot q): nothing more.
     Draft rows have ``draft_width`` columns (V when None; Vd of a reduced vocabulary, k of top-k rows), with
@@ -95,7 +96,9 @@ def verify_chain(verify_lens: Sequence[int], k: int, v: int, *, target_bytes: in
     f = Floor("verify_chain")
     f.add("target rows", sum(x + 1 for x in lens) * v * target_bytes)
     if sampled and draft_logits_bytes is not None:
-        rows = n if draft_logprobs else sum(lens)
+        if rule not in ("token", "block"):
+            raise ValueError(f"rule must be token or block, got {rule!r}")
+        rows = (n + (sum(max(x - 1, 0) for x in lens) if rule == "block" else 0)) if draft_logprobs else sum(lens)
         f.add("draft rows", rows * width * (draft_logits_bytes + id_bytes))
         if draft_logprobs:
             f.add("draft_logprobs", n * k * F32)

@@ -59,6 +59,10 @@ def test_verify_chain_floor_by_hand():
     # sampling with draft_logprobs: + one fp32 draft row per request 3*1000*4, the logprobs 3*7*4, temperature 3*4
     lp = floors.verify_chain([7, 3, 0], 7, 1000, sampled=True, draft_logits_bytes=4, draft_logprobs=True)
     assert lp.total == greedy.total + 12000 + 84 + 12
+    # block verification with draft_logprobs also reads draft rows 1..L-1: 6 + 2 + 0 more rows
+    block = floors.verify_chain([7, 3, 0], 7, 1000, sampled=True, draft_logits_bytes=4, draft_logprobs=True,
+                                rule="block")
+    assert block.total == lp.total + 8 * 4000
     # sampling with draft logits but no logprobs: every verified draft row, (7 + 3 + 0) * 1000 * 4
     nolp = floors.verify_chain([7, 3, 0], 7, 1000, sampled=True, draft_logits_bytes=4)
     assert nolp.total == greedy.total + 40000 + 12
