@@ -109,6 +109,27 @@ def test_stop_tokens_and_length_limits(target, reference, k):
         assert dec.generate(PROMPTS5, limit).tokens == [r[:limit] for r in reference]
 
 
+def test_finished_requests_send_no_rows_to_the_target(target, reference, monkeypatch):
+    """Once a request has finished (here at a stop token), the steps' target forwards hold no row of it: every
+    request with rows in a forward is one still running. Before, each finished request sent its anchor every step."""
+    stops = [reference[0][2]]
+    want = greedy_reference(target, PROMPTS5, MAX_NEW, stop_token_ids=stops)
+    drafter = oracle_drafter(target, block_size=4)
+    drafter.set_reference([p + r for p, r in zip(PROMPTS5, reference)])
+    dec = SpeculativeDecoder(target, drafter)
+    calls = []
+    forward = type(target).__call__
+    monkeypatch.setattr(type(target), "__call__", lambda self, tokens, positions, cu, *a, **kw: (
+        calls.append(cu.diff().tolist()), forward(self, tokens, positions, cu, *a, **kw))[1])
+    res = dec.generate(PROMPTS5, MAX_NEW, stop_token_ids=stops, scheduler=Scheduler("fixed", verify_len=3))
+    assert res.tokens == want and len(want[0]) < MAX_NEW
+    steps = calls[1:]                                   # calls[0] is the prefill
+    assert all(r in (0, 4) for rows in steps for r in rows)   # a running request's anchor and 3 drafts, or nothing
+    running = [sum(r > 0 for r in rows) for rows in steps]
+    assert running == sorted(running, reverse=True) and running[-1] < len(PROMPTS5) and steps[-1][0] == 0
+    assert res.stats.verified_tokens_per_step * res.stats.steps == sum(map(sum, steps))
+
+
 def test_a_stop_token_is_not_a_rejection_in_the_acceptance_statistics():
     """Request 0 accepts d_1, a stop token, so acceptance ends with no bonus token (-1): d_2 was never judged and
     counts neither as reached nor as rejected. Request 1 accepts d_1 and rejects d_2 (a correction follows). Before,

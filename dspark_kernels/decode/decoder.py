@@ -380,7 +380,8 @@ class SpeculativeDecoder:
         # 1-3: draft a block per request, choose verify lengths
         ctx_len = b.prompt_context + min(b.max_new_tokens, step * (k + 1))
         drafts, verify_lens, drafted = self._plan(b, step, ctx_len, call, clock)
-        cu = torch.nn.functional.pad((verify_lens + 1).cumsum(0), (1, 0)).int()
+        # a running request's rows are its anchor and its L verified drafts; a finished one has none
+        cu = torch.nn.functional.pad(torch.where(b.finished, 0, verify_lens + 1).cumsum(0), (1, 0)).int()
         clock.mark("draft", "schedule_verify_lens")
         num_rows, num_active, generated = _host_read(torch.stack([cu[-1].long(), (~b.finished).sum(),
                                                                   b.generated.sum()]))

@@ -234,7 +234,8 @@ class GraphDecoder:
             st.lens = torch.zeros_like(st.seq_lens)
 
         def rows():
-            st.cu = torch.nn.functional.pad((st.lens + 1).cumsum(0), (1, 0)).int()
+            # a running request's rows are its anchor and its verified drafts; a finished one has none
+            st.cu = torch.nn.functional.pad(torch.where(st.finished, 0, st.lens + 1).cumsum(0), (1, 0)).int()
             cu = st.cu.long()
             req = torch.searchsorted(cu[1:], st.all_rows, right=True).clamp(max=n - 1)
             j = st.all_rows - cu[req]
