@@ -168,3 +168,14 @@ def test_drafter_block_attends_over_its_cache_in_place(shuffle):
     assert copies.largest < context / 4 if shuffle is None else copies.largest >= context
     with pytest.raises(ValueError, match="exceeds the drafter cache"):
         dr.forward_block(anchor, anchor_pos, 61)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+@pytest.mark.parametrize("act", ["gelu", "relu", "gelu_pytorch_tanh"])
+def test_unsupported_hidden_act_is_refused(model_type, act):
+    """transformers applies ACT2FN[hidden_act] in the MLP; ours is SiLU-gated, so any other activation is refused
+    (before: accepted silently, logits off by ~1 against transformers)."""
+    with pytest.raises(ValueError, match="hidden_act"):
+        tiny_target(model_type=model_type, hidden_act=act)
+    for ok in ("silu", "swish"):  # the same function under both names (ACT2FN)
+        tiny_target(model_type=model_type, hidden_act=ok)

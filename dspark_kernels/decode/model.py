@@ -48,6 +48,9 @@ class ModelConfig:
                                "num_attention_heads") if k not in cfg]
         if missing:
             raise ValueError(f"config.json lacks {missing}")
+        act = cfg.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):  # the MLP is SiLU-gated; transformers applies ACT2FN[hidden_act]
+            raise ValueError(f"unsupported hidden_act {act!r} (supported: 'silu')")
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
