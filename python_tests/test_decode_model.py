@@ -179,3 +179,19 @@ def test_unsupported_hidden_act_is_refused(model_type, act):
         tiny_target(model_type=model_type, hidden_act=act)
     for ok in ("silu", "swish"):  # the same function under both names (ACT2FN)
         tiny_target(model_type=model_type, hidden_act=ok)
+
+
+@pytest.mark.parametrize("extra", [dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),
+                                   dict(use_sliding_window=True, sliding_window=4, max_window_layers=0),
+                                   dict(layer_types=["full_attention", "sliding_attention", "full_attention"])])
+def test_qwen3_sliding_window_is_refused(extra):
+    """transformers' Qwen3 attends over a sliding window in the layers from max_window_layers on (or those
+    layer_types names "sliding_attention"); ours attends over every key, so such a config is refused (before:
+    accepted silently, logits differed from transformers' past the window)."""
+    with pytest.raises(ValueError, match="sliding"):
+        tiny_target(model_type="qwen3", **extra)
+    # no sliding layer: accepted (the window off, or every layer below max_window_layers, or a Llama, which has none)
+    tiny_target(model_type="qwen3", use_sliding_window=False, sliding_window=4, max_window_layers=0)
+    tiny_target(model_type="qwen3", use_sliding_window=True, sliding_window=4, max_window_layers=3)
+    tiny_target(model_type="qwen3", layer_types=["full_attention"] * 3)
+    tiny_target(model_type="llama", sliding_window=4)

@@ -56,6 +56,16 @@ class ModelConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "llama3"):
             raise ValueError(f"unsupported rope_type {rope_type!r} (supported: 'default', 'llama3')")
+        if model_type == "qwen3":  # transformers' Qwen3: a sliding window in layers >= max_window_layers
+            layers = int(cfg["num_hidden_layers"])
+            window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
+            types = cfg.get("layer_types") or ["sliding_attention" if window is not None and
+                                               i >= int(cfg.get("max_window_layers", 28)) else "full_attention"
+                                               for i in range(layers)]
+            if any(t != "full_attention" for t in types):
+                raise ValueError(f"unsupported sliding-window attention (use_sliding_window / sliding_window / "
+                                 f"max_window_layers / layer_types give layer types {types}; supported: every "
+                                 f"layer 'full_attention')")
         heads = int(cfg["num_attention_heads"])
         names = {f.name for f in fields(cls)}
         return cls(
