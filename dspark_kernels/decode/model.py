@@ -67,11 +67,15 @@ class ModelConfig:
                                  f"max_window_layers / layer_types give layer types {types}; supported: every "
                                  f"layer 'full_attention')")
         heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        if heads < 1 or kv_heads < 1 or heads % kv_heads:
+            raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads "
+                             f"({kv_heads})")
         names = {f.name for f in fields(cls)}
         return cls(
             vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
             intermediate_size=int(cfg["intermediate_size"]), num_hidden_layers=int(cfg["num_hidden_layers"]),
-            num_attention_heads=heads, num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            num_attention_heads=heads, num_key_value_heads=kv_heads,
             head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
             rope_scaling=rope if rope_type == "llama3" else None,
