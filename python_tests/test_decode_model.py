@@ -204,3 +204,24 @@ def test_kv_heads_must_divide_heads(kv):
     with pytest.raises(ValueError, match="num_key_value_heads"):
         tiny_target(model_type="llama", num_key_value_heads=kv) if kv else tiny_target(
             model_type="llama", num_attention_heads=0)
+
+
+def test_qwen3_mlp_has_no_bias_whatever_mlp_bias_says(tmp_path):
+    """transformers' Qwen3 MLP has no bias whatever ``mlp_bias`` says (only Llama honours it): a Qwen3 checkpoint
+    whose config.json carries ``mlp_bias: true`` loads and matches transformers (before: our model asked for
+    MLP biases the checkpoint does not have, and the load failed)."""
+    cfg = transformers.Qwen3Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, mlp_bias=True,
+                                   bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    hf = transformers.Qwen3ForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    assert __import__("json").loads((tmp_path / "config.json").read_text())["mlp_bias"] is True
+    loaded = load_target(tmp_path)
+    assert not any(k.endswith("mlp.gate_proj.bias") for k in loaded.state_dict())
+    seq = torch.arange(1, 10)
+    loaded.alloc_cache(1, 16)
+    got = loaded(seq, torch.arange(9), torch.tensor([0, 9], dtype=torch.int32), 9, 9).logits
+    with torch.no_grad():
+        torch.testing.assert_close(got, hf(seq[None]).logits[0], rtol=1e-5, atol=1e-5)
+    assert any(k.endswith("mlp.gate_proj.bias") for k in tiny_target(model_type="llama", mlp_bias=True).state_dict())

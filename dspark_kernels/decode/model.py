@@ -79,7 +79,8 @@ class ModelConfig:
             head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
             rope_scaling=rope if rope_type == "llama3" else None,
-            attention_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            mlp_bias=model_type == "llama" and bool(cfg.get("mlp_bias", False)),  # Qwen3's MLP has none, ever
             qk_norm=model_type == "qwen3", tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             extra={k: v for k, v in cfg.items() if k not in names},
         )
