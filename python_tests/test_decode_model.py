@@ -8,9 +8,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dspark_kernels.decode.checkpoint import load_target, save_target
 from dspark_kernels.decode.decoder import SpeculativeDecoder
 from dspark_kernels.decode.hf_target import HFTarget
-from dspark_kernels.decode.model import greedy_reference
+from dspark_kernels.decode.model import ModelConfig, TargetModel, greedy_reference
 from dspark_kernels.decode.kv_cache import sdpa_gqa
-from dspark_kernels.decode.testing import OracleDrafter, tiny_drafter, tiny_drafter_config, tiny_target
+from dspark_kernels.decode.testing import OracleDrafter, tiny_drafter, tiny_drafter_config, tiny_hf_config, tiny_target
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -225,3 +225,21 @@ def test_qwen3_mlp_has_no_bias_whatever_mlp_bias_says(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(got, hf(seq[None]).logits[0], rtol=1e-5, atol=1e-5)
     assert any(k.endswith("mlp.gate_proj.bias") for k in tiny_target(model_type="llama", mlp_bias=True).state_dict())
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_head_dim_default_is_transformers(model_type):
+    """A config.json without head_dim: transformers' Qwen3Config defaults it to 128, LlamaConfig to hidden / heads
+    (before: hidden / heads for both, so a Qwen3 model without head_dim had other shapes than transformers')."""
+    d = {k: v for k, v in tiny_hf_config(model_type).items() if k not in ("head_dim", "model_type")}
+    cfg_cls = transformers.Qwen3Config if model_type == "qwen3" else transformers.LlamaConfig
+    want = cfg_cls(**d).head_dim
+    assert want == (128 if model_type == "qwen3" else 8)
+    target = TargetModel(ModelConfig.from_hf({"model_type": model_type, **d})).init_random(1).eval()
+    assert target.config.head_dim == want
+    hf = hf_twin(target)
+    seq = torch.arange(1, 8)
+    target.alloc_cache(1, 8)
+    got = target(seq, torch.arange(7), torch.tensor([0, 7], dtype=torch.int32), 7, 7).logits
+    with torch.no_grad():
+        torch.testing.assert_close(got, hf(seq[None]).logits[0], rtol=1e-5, atol=1e-5)

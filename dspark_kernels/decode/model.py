@@ -76,7 +76,8 @@ class ModelConfig:
             vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
             intermediate_size=int(cfg["intermediate_size"]), num_hidden_layers=int(cfg["num_hidden_layers"]),
             num_attention_heads=heads, num_key_value_heads=kv_heads,
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            # transformers' defaults: Qwen3Config 128, LlamaConfig hidden_size / heads
+            head_dim=int(cfg.get("head_dim") or (128 if model_type == "qwen3" else cfg["hidden_size"] // heads)),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
             rope_scaling=rope if rope_type == "llama3" else None,
             attention_bias=bool(cfg.get("attention_bias", False)),
