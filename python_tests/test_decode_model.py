@@ -243,3 +243,28 @@ def test_head_dim_default_is_transformers(model_type):
     got = target(seq, torch.arange(7), torch.tensor([0, 7], dtype=torch.int32), 7, 7).logits
     with torch.no_grad():
         torch.testing.assert_close(got, hf(seq[None]).logits[0], rtol=1e-5, atol=1e-5)
+
+
+def test_llama3_rope_fields_as_transformers():
+    """llama3 RoPE: original_max_position_embeddings falls back to max_position_embeddings (as transformers
+    standardises it; before: a KeyError); factor / low_freq_factor / high_freq_factor are required (transformers
+    refuses without them; before: defaults were taken); a partial_rotary_factor below 1 is refused (transformers
+    cannot run it; before: ignored)."""
+    rope = {k: v for k, v in LLAMA3_ROPE.items() if k != "original_max_position_embeddings"}
+    d = tiny_hf_config("llama", max_position_embeddings=16, rope_scaling=rope)
+    target = TargetModel(ModelConfig.from_hf(dict(d))).init_random(5).eval()
+    assert target.config.rope_scaling["original_max_position_embeddings"] == 16
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{k: v for k, v in d.items() if k != "model_type"}))
+    sd = {("lm_head.weight" if k == "lm_head.weight" else "model." + k): v for k, v in target.state_dict().items()}
+    hf.load_state_dict(sd, strict=True)
+    seq = torch.randint(0, 48, (40,), generator=torch.Generator().manual_seed(1))
+    target.alloc_cache(1, 40)
+    got = target(seq, torch.arange(40), torch.tensor([0, 40], dtype=torch.int32), 40, 40).logits
+    with torch.no_grad():
+        torch.testing.assert_close(got, hf.eval()(seq[None]).logits[0], rtol=1e-5, atol=1e-5)
+    for key in ("factor", "low_freq_factor", "high_freq_factor"):
+        with pytest.raises(ValueError, match=key):
+            tiny_target(model_type="llama", rope_scaling={k: v for k, v in LLAMA3_ROPE.items() if k != key})
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        tiny_target(model_type="llama", rope_scaling=LLAMA3_ROPE, partial_rotary_factor=0.5)
+    tiny_target(model_type="llama", partial_rotary_factor=0.5)  # default RoPE: transformers ignores it, as we do

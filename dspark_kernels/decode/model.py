@@ -56,6 +56,17 @@ class ModelConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "llama3"):
             raise ValueError(f"unsupported rope_type {rope_type!r} (supported: 'default', 'llama3')")
+        if rope_type == "llama3":  # as transformers standardises and validates it
+            if "original_max_position_embeddings" in cfg:
+                rope["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+            rope.setdefault("original_max_position_embeddings",
+                            cfg.get("max_position_embeddings", 2048 if model_type == "llama" else 32768))
+            lacking = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
+            if lacking:
+                raise ValueError(f"llama3 rope_scaling lacks {lacking}")
+            partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+            if partial is not None and float(partial) != 1.0:
+                raise ValueError(f"unsupported partial_rotary_factor {partial} with llama3 RoPE (supported: 1.0)")
         if model_type == "qwen3":  # transformers' Qwen3: a sliding window in layers >= max_window_layers
             layers = int(cfg["num_hidden_layers"])
             window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
