@@ -27,9 +27,12 @@ def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write_gguf(model: TargetModel, path, tokens, merges):
+def _write_gguf(model: TargetModel, path, tokens, merges, extra=None):
+    """``extra(w)``: more metadata or tensors, added before the model's tensors."""
     cfg = model.config
     w = gguf.GGUFWriter(str(path), "llama")
+    if extra is not None:
+        extra(w)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(256)
     w.add_embedding_length(cfg.hidden_size)
@@ -93,6 +96,36 @@ def test_gguf_target_equals_the_model_it_was_written_from(llama, tmp_path):
     assert tok.encode("abcd").ids == [tokens.index("abcd")]  # the merges apply
     assert tok.encode("<|im_end|>").ids == [2]                 # control tokens stay whole
     assert tok.decode(tok.encode("ab ef").ids) == "ab ef"
+
+
+@pytest.mark.parametrize("extra,match", [
+    (lambda w: (w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR), w.add_rope_scaling_factor(4.0)),
+     "rope.scaling.type"),
+    (lambda w: w.add_rope_dimension_count(4), "rope.dimension_count"),
+    (lambda w: w.add_tensor("rope_freqs.weight", np.ones(4, np.float32)), "rope_freqs"),
+    (lambda w: w.add_tensor("blk.0.attn_q.bias", np.ones(32, np.float32)), "blk.0.attn_q.bias"),
+])
+def test_gguf_loader_refuses_what_it_does_not_implement(llama, tmp_path, extra, match):
+    """llama.cpp honours RoPE scaling (rope.scaling.type, or llama3's rope_freqs factors), a partial rotary
+    dimension and biases; the loader implements none, so it refuses them naming the key or tensor (before: the
+    scaling and rotary dimension were ignored silently, and a tensor it has no name for gave a KeyError or was
+    loaded under the weight's name)."""
+    tokens, merges = _vocab()
+    _write_gguf(llama, tmp_path / "x.gguf", tokens, merges, extra)
+    with pytest.raises(ValueError, match=match):
+        load_gguf_target(str(tmp_path / "x.gguf"), dtype=torch.float32)
+
+
+def test_gguf_head_dim_from_key_length(tmp_path):
+    """A head size other than embedding_length / head_count comes from attention.key_length (before: the shapes
+    did not match and the load failed)."""
+    model = TargetModel(ModelConfig.from_hf(tiny_hf_config("llama", vocab=48, layers=2, head_dim=16))).init_random(5)
+    tokens, merges = _vocab()
+    _write_gguf(model, tmp_path / "x.gguf", tokens, merges,
+                lambda w: (w.add_key_length(16), w.add_value_length(16), w.add_rope_dimension_count(16)))
+    loaded, _ = load_gguf_target(str(tmp_path / "x.gguf"), dtype=torch.float32)
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], p, rtol=0, atol=0, msg=name)
 
 
 def test_gguf_loader_rejects_other_architectures(tmp_path):

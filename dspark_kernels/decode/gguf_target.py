@@ -54,12 +54,20 @@ def config_from_gguf(reader) -> ModelConfig:
         raise ValueError(f"unsupported GGUF architecture {arch!r} (supported: 'llama')")
     g = lambda k: _field(reader, f"llama.{k}")  # noqa: E731
     d, heads = int(g("embedding_length")), int(g("attention.head_count"))
+    head_dim = int(g("attention.key_length") or d // heads)
+    # what llama.cpp honours and this model does not implement: refused, not ignored
+    scaling = g("rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise ValueError(f"unsupported GGUF llama.rope.scaling.type {scaling!r} (supported: none)")
+    for key in ("attention.value_length", "rope.dimension_count"):
+        if g(key) is not None and int(g(key)) != head_dim:
+            raise ValueError(f"unsupported GGUF llama.{key} {int(g(key))} (supported: the head size {head_dim})")
     tied = not any(t.name == "output.weight" for t in reader.tensors)
     return ModelConfig.from_hf(dict(
         model_type="llama", vocab_size=int(g("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)),
         hidden_size=d, intermediate_size=int(g("feed_forward_length")), num_hidden_layers=int(g("block_count")),
         num_attention_heads=heads, num_key_value_heads=int(g("attention.head_count_kv") or heads),
-        head_dim=d // heads, rms_norm_eps=float(g("attention.layer_norm_rms_epsilon")),
+        head_dim=head_dim, rms_norm_eps=float(g("attention.layer_norm_rms_epsilon")),
         rope_theta=float(g("rope.freq_base") or 10000.0), tie_word_embeddings=tied,
         eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id"))))
 
@@ -68,8 +76,12 @@ def _state_dict(reader, cfg: ModelConfig) -> dict:
     from gguf import dequantize
     out = {}
     for t in reader.tensors:
-        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(tuple(reversed(t.shape.tolist())))
         parts = t.name.split(".")
+        known = (parts[0] == "blk" and len(parts) == 4 and parts[2] in _NAMES and parts[3] == "weight") or \
+            t.name in ("token_embd.weight", "output_norm.weight", "output.weight")
+        if not known:  # rope_freqs (llama3 RoPE factors), biases, experts, ...: not implemented
+            raise ValueError(f"unsupported GGUF tensor {t.name!r}")
+        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(tuple(reversed(t.shape.tolist())))
         if parts[0] == "blk":
             kind = parts[2]
             if kind == "attn_q":
