@@ -268,3 +268,16 @@ def test_llama3_rope_fields_as_transformers():
     with pytest.raises(ValueError, match="partial_rotary_factor"):
         tiny_target(model_type="llama", rope_scaling=LLAMA3_ROPE, partial_rotary_factor=0.5)
     tiny_target(model_type="llama", partial_rotary_factor=0.5)  # default RoPE: transformers ignores it, as we do
+
+
+def test_rope_scaling_takes_precedence_over_rope_parameters():
+    """A config.json with both ``rope_scaling`` and ``rope_parameters`` (an old-style field added to a new config):
+    transformers reads rope_scaling (its rope_theta from the top level), so do we (before: rope_parameters won, and
+    the llama3 scaling and the top-level rope_theta were ignored silently)."""
+    both = dict(rope_parameters={"rope_type": "default", "rope_theta": 50.0}, rope_scaling=dict(LLAMA3_ROPE),
+                rope_theta=77.0)
+    c = ModelConfig.from_hf(tiny_hf_config("llama", **both))
+    want = transformers.LlamaConfig(**{k: v for k, v in tiny_hf_config("llama", **both).items()
+                                       if k != "model_type"}).rope_parameters
+    assert want["rope_type"] == "llama3" and want["rope_theta"] == 77.0
+    assert c.rope_theta == 77.0 and c.rope_scaling is not None and c.rope_scaling["factor"] == LLAMA3_ROPE["factor"]

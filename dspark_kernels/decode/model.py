@@ -51,7 +51,7 @@ class ModelConfig:
         act = cfg.get("hidden_act", "silu")
         if act not in ("silu", "swish"):  # the MLP is SiLU-gated; transformers applies ACT2FN[hidden_act]
             raise ValueError(f"unsupported hidden_act {act!r} (supported: 'silu')")
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})  # transformers' precedence
         theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "llama3"):
