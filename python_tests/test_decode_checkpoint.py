@@ -214,3 +214,16 @@ def test_layer_ids_checked_at_creation(tmp_path, target, ids, bad):
     with pytest.raises(ValueError, match=match):
         save_drafter(drafter, tmp_path / "d")
     assert not (tmp_path / "d" / "model.safetensors").exists()
+
+
+def test_drafter_round_trip_keeps_llama3_rope(tmp_path, target):
+    """A drafter whose backbone has llama3 RoPE scaling saves it (before: ``to_hf`` wrote rope_theta alone, so the
+    loaded drafter rotated with plain RoPE and drafted other tokens)."""
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16}
+    drafter = tiny_drafter(target, block_size=4, rope_scaling=rope)
+    assert drafter.config.backbone.rope_scaling is not None
+    save_drafter(drafter, tmp_path)
+    loaded = load_drafter(tmp_path, target)
+    assert loaded.config.backbone.rope_scaling == drafter.config.backbone.rope_scaling
+    torch.testing.assert_close(loaded.rope.cpu, drafter.rope.cpu, rtol=0, atol=0)

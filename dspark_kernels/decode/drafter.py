@@ -75,6 +75,8 @@ class DrafterConfig:
                "dflash_config": {"mask_token_id": self.mask_token_id,
                                  "target_layer_ids": list(self.target_layer_ids)}}
         cfg.pop("rope_parameters", None)
+        if b.rope_scaling:
+            cfg["rope_scaling"] = b.rope_scaling
         if self.draft_vocab_size:
             cfg["draft_vocab_size"] = self.draft_vocab_size
         if self.markov_rank > 0:
