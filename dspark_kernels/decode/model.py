@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import List, NamedTuple, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -51,32 +51,8 @@ class ModelConfig:
         act = cfg.get("hidden_act", "silu")
         if act not in ("silu", "swish"):  # the MLP is SiLU-gated; transformers applies ACT2FN[hidden_act]
             raise ValueError(f"unsupported hidden_act {act!r} (supported: 'silu')")
-        rope = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})  # transformers' precedence
-        theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "llama3"):
-            raise ValueError(f"unsupported rope_type {rope_type!r} (supported: 'default', 'llama3')")
-        if rope_type == "llama3":  # as transformers standardises and validates it
-            if "original_max_position_embeddings" in cfg:
-                rope["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
-            rope.setdefault("original_max_position_embeddings",
-                            cfg.get("max_position_embeddings", 2048 if model_type == "llama" else 32768))
-            lacking = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
-            if lacking:
-                raise ValueError(f"llama3 rope_scaling lacks {lacking}")
-            partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
-            if partial is not None and float(partial) != 1.0:
-                raise ValueError(f"unsupported partial_rotary_factor {partial} with llama3 RoPE (supported: 1.0)")
-        if model_type == "qwen3":  # transformers' Qwen3: a sliding window in layers >= max_window_layers
-            layers = int(cfg["num_hidden_layers"])
-            window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
-            types = cfg.get("layer_types") or ["sliding_attention" if window is not None and
-                                               i >= int(cfg.get("max_window_layers", 28)) else "full_attention"
-                                               for i in range(layers)]
-            if any(t != "full_attention" for t in types):
-                raise ValueError(f"unsupported sliding-window attention (use_sliding_window / sliding_window / "
-                                 f"max_window_layers / layer_types give layer types {types}; supported: every "
-                                 f"layer 'full_attention')")
+        theta, rope_scaling = _rope_from_hf(cfg, model_type)
+        _refuse_sliding_window(cfg, model_type)
         heads = int(cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
         if heads < 1 or kv_heads < 1 or heads % kv_heads:
@@ -89,13 +65,50 @@ class ModelConfig:
             num_attention_heads=heads, num_key_value_heads=kv_heads,
             # transformers' defaults: Qwen3Config 128, LlamaConfig hidden_size / heads
             head_dim=int(cfg.get("head_dim") or (128 if model_type == "qwen3" else cfg["hidden_size"] // heads)),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
-            rope_scaling=rope if rope_type == "llama3" else None,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(theta), rope_scaling=rope_scaling,
             attention_bias=bool(cfg.get("attention_bias", False)),
             mlp_bias=model_type == "llama" and bool(cfg.get("mlp_bias", False)),  # Qwen3's MLP has none, ever
             qk_norm=model_type == "qwen3", tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             extra={k: v for k, v in cfg.items() if k not in names},
         )
+
+
+def _rope_from_hf(cfg: dict, model_type: str) -> Tuple[float, Optional[dict]]:
+    """``(rope_theta, llama3 rope_scaling or None)`` as transformers reads them: ``rope_scaling`` before
+    ``rope_parameters``; llama3 scaling standardised and validated; other RoPE types refused."""
+    rope = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+    theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "llama3"):
+        raise ValueError(f"unsupported rope_type {rope_type!r} (supported: 'default', 'llama3')")
+    if rope_type == "default":
+        return theta, None
+    if "original_max_position_embeddings" in cfg:
+        rope["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+    rope.setdefault("original_max_position_embeddings",
+                    cfg.get("max_position_embeddings", 2048 if model_type == "llama" else 32768))
+    lacking = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
+    if lacking:
+        raise ValueError(f"llama3 rope_scaling lacks {lacking}")
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    if partial is not None and float(partial) != 1.0:
+        raise ValueError(f"unsupported partial_rotary_factor {partial} with llama3 RoPE (supported: 1.0)")
+    return theta, rope
+
+
+def _refuse_sliding_window(cfg: dict, model_type: str) -> None:
+    """Attention here is full in every layer; transformers' Qwen3 masks keys outside a window in layers >=
+    ``max_window_layers`` when ``use_sliding_window`` (or as ``layer_types`` says): such a config is refused."""
+    if model_type != "qwen3":
+        return
+    window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if window is not None and i >= int(cfg.get("max_window_layers", 28)) else "full_attention"
+        for i in range(int(cfg["num_hidden_layers"]))]
+    if any(t != "full_attention" for t in types):
+        raise ValueError(f"unsupported sliding-window attention (use_sliding_window / sliding_window / "
+                         f"max_window_layers / layer_types give layer types {types}; supported: every layer "
+                         f"'full_attention')")
 
 
 class RMSNorm(nn.Module):
