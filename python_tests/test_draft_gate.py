@@ -32,6 +32,13 @@ def test_plain_equivalent_by_hand():
     assert fixed.plain_equivalent(16, 8) == pytest.approx(8 * 23.0 / (t8 + 1.0))
 
 
+def test_plain_equivalent_counts_the_drafting_tables_fixed_overhead():
+    """A drafting pass costs D(N) = time_ms(N) + fixed_overhead_ms, as any CostTable step does: a draft table that
+    puts its 2 ms in the overhead prices a drafting step as the same table with the 2 ms in its points."""
+    overhead = DraftGate(TARGET, dk.CostTable([1, 8], [1e-9, 1e-9], fixed_overhead_ms=2.0), 4, 16, 0.05)
+    assert overhead.plain_equivalent(16, 8) == pytest.approx(gate().plain_equivalent(16, 8))
+
+
 def test_losing_drafts_run_plain_between_probes():
     """8 requests, a window of 16 request-steps: two drafting steps fill it, the third has drafted before the
     verdict is read (the lag), then 4 plain steps; each probe starts with an empty window, and each losing probe

@@ -65,4 +65,5 @@ class DraftGate:
     def plain_equivalent(self, rows: int, requests: int) -> float:
         """Tokens the target alone commits for ``requests`` requests in a drafting step's time."""
         t, fixed = self.cost_table.time_ms, self.cost_table.fixed_overhead_ms
-        return requests * (t(rows) + self.draft_cost.time_ms(requests) + fixed) / (t(requests) + fixed)
+        draft = self.draft_cost.time_ms(requests) + self.draft_cost.fixed_overhead_ms  # a drafting pass, D(N)
+        return requests * (t(rows) + draft + fixed) / (t(requests) + fixed)
