@@ -175,6 +175,26 @@ def test_finished_requests_take_no_admissions(target, reference, mode, monkeypat
     assert finished_steps > 0
 
 
+@pytest.mark.parametrize("mode", ["exact", "argmax", "threshold"])
+def test_drafts_past_the_length_limit_take_no_admissions(mode):
+    """A request with room for R more tokens emits at most R this step (the scan truncates at its length limit):
+    d_1..d_{R-1} and the bonus fill it, so d_R.. add no expected token and only cost target rows. Survival 0.99
+    and a flat cost table make every draft pay: rooms 9, 3, 1 and 0 verify 6, 2, 0 and 0 drafts (the brute-force
+    optimum of E[min(1 + accepted, R)] * SPS). Before, the scheduler saw d_R.. as worth 0.99 each: 6 for all."""
+    k, n = 6, 4
+    survival = torch.full((n, k), 0.99)
+    drafts = dk.DraftBlockOutput(torch.zeros(n, k, dtype=torch.long), None, torch.zeros(n, k), survival)
+    room = torch.tensor([9, 3, 1, 0], dtype=torch.int32)
+    flat = dk.CostTable([1, 64], [10.0, 10.0])
+    s = Scheduler(mode=mode, cost_table=flat, thresholds=[0.5] * k)
+    dec = types.SimpleNamespace(backend="reference")
+    lens = SpeculativeDecoder._schedule(dec, s, drafts, survival if mode == "argmax" else None, k, room=room)
+    assert lens.tolist() == [6, 2, 0, 0]
+    # the unclipped requests keep the schedule they get alone
+    alone = SpeculativeDecoder._schedule(dec, s, drafts._replace(survival=survival[:1]), None, k)
+    assert alone.tolist() == [6]
+
+
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
 def test_equals_transformers_generate(model_type):
     target = tiny_target(seed=3, model_type=model_type)

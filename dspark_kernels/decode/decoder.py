@@ -258,12 +258,16 @@ class SpeculativeDecoder:
         return dk.ConfidenceHead(w, c.proj.bias, t)
 
     def _schedule(self, s: Scheduler, drafts: dk.DraftBlockOutput, prev_survival, k: int,
-                  finished: Optional[torch.Tensor] = None):
+                  finished: Optional[torch.Tensor] = None, room: Optional[torch.Tensor] = None):
         """Verify lengths int32 ``[N]``. A ``finished`` request verifies nothing: its survival (and its row of the
-        budget's) is 0 here, so its drafts never take admissions (and Theta) from the running requests."""
+        budget's) is 0 here, so its drafts never take admissions (and Theta) from the running requests. A request
+        with ``room`` (int ``[N]``, tokens left before its length limit) R emits at most R tokens this step, so
+        its drafts d_R.. add no expected token: their survival (and the budget's) is 0 here as well."""
         n, dev = drafts.tokens.shape[0], drafts.tokens.device
-        if finished is not None and drafts.survival is not None:
-            live = ~finished.view(-1, 1)
+        if (finished is not None or room is not None) and drafts.survival is not None:
+            live = torch.ones(n, 1, dtype=torch.bool, device=dev) if finished is None else ~finished.view(-1, 1)
+            if room is not None:  # column c holds d_{c+1}: useful while c + 1 < R
+                live = live & (torch.arange(k, device=dev).view(1, -1) + 1 < room.view(-1, 1))
             drafts = drafts._replace(survival=torch.where(live, drafts.survival, 0.0))
             if prev_survival is not None:
                 prev_survival = torch.where(live, prev_survival, 0.0)
@@ -369,7 +373,7 @@ class SpeculativeDecoder:
             return drafts, torch.zeros_like(b.seq_lens), False
         drafts = self._draft(b.anchors, b.seq_lens - 1, ctx_len, call, step, clock)
         clock.detail("draft", "draft_block")
-        lens = self._schedule(call.scheduler, drafts, b.prev_survival, k, b.finished)
+        lens = self._schedule(call.scheduler, drafts, b.prev_survival, k, b.finished, b.max_seq_lens - b.seq_lens)
         return drafts, torch.where(b.finished, 0, lens.int()), True
 
     def _step(self, b: _Batch, step: int, call: _CallSettings, clock: _Clock) -> StepResult:

@@ -226,7 +226,8 @@ class GraphDecoder:
                                        backend=dec.backend)
 
         def schedule():  # the thresholds are already on the device (_Setup.refresh)
-            lens = dec._schedule(call.scheduler, st.drafts, st.prev_survival if has_prev else None, k, st.finished)
+            lens = dec._schedule(call.scheduler, st.drafts, st.prev_survival if has_prev else None, k, st.finished,
+                                 st.max_seq_lens - st.seq_lens)
             st.lens = torch.where(st.finished, 0, lens.int())
 
         def plain():
