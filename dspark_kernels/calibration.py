@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import operator
 import os
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -107,10 +108,9 @@ class CostTable:
         times = [float(t) for t in times]
         if any(not (math.isfinite(t) and t > 0.0) for t in times):
             raise ValueError(f"step_time_ms must be positive and finite, got {times}")
-        try:
-            overhead = float(self.fixed_overhead_ms)
-        except (TypeError, ValueError):
-            raise ValueError(f"fixed_overhead_ms must be a number, got {self.fixed_overhead_ms!r}") from None
+        if isinstance(self.fixed_overhead_ms, bool) or not isinstance(self.fixed_overhead_ms, numbers.Real):
+            raise ValueError(f"fixed_overhead_ms must be a number, got {self.fixed_overhead_ms!r}")
+        overhead = float(self.fixed_overhead_ms)
         if not (math.isfinite(overhead) and overhead >= 0.0):
             raise ValueError(f"fixed_overhead_ms must be finite and >= 0, got {overhead}")
         object.__setattr__(self, "token_counts", tuple(counts))
@@ -172,22 +172,21 @@ class CostTable:
 
 
 def _as_number_list(name: str, xs) -> list:
+    """``xs`` (a sequence or tensor of real numbers) as a list; a string, a bool or anything else is refused."""
     if isinstance(xs, torch.Tensor):
+        if xs.dtype == torch.bool or xs.is_complex():
+            raise ValueError(f"{name} must contain real numbers, got a {xs.dtype} tensor")
         xs = xs.detach().cpu().flatten().tolist()
-    if isinstance(xs, (str, bytes)) or not isinstance(xs, Sequence):
-        try:
-            xs = list(xs)
-        except TypeError:
-            raise ValueError(f"{name} must be a sequence of numbers, got {type(xs).__name__}") from None
-    out = []
+    if isinstance(xs, (str, bytes)):
+        raise ValueError(f"{name} must be a sequence of numbers, got {type(xs).__name__}")
+    try:
+        xs = list(xs)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of numbers, got {type(xs).__name__}") from None
     for x in xs:
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
-            try:
-                x = float(x)
-            except (TypeError, ValueError):
-                raise ValueError(f"{name} must contain numbers, got {x!r}") from None
-        out.append(x)
-    return out
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise ValueError(f"{name} must contain numbers, got {x!r}")
+    return xs
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,6 +78,13 @@ def test_appendix_sps():
     (([1, 2], [1.0, 2.0], "x"), "fixed_overhead_ms"),
     (([1, "a"], [1.0, 2.0]), "token_counts"),
     ((5, [1.0]), "token_counts"),
+    (("14", [1.0, 2.0]), "token_counts"),                 # a string is not the sequence 1, 4
+    (([1, "4"], [1.0, 2.0]), "token_counts"),
+    (([1, 2], [True, 2.0]), "step_time_ms"),
+    (([1, 2], "12"), "step_time_ms"),
+    ((torch.tensor([True, False]), [1.0, 2.0]), "token_counts"),
+    (([1, 2], [1.0, 2.0], "1.5"), "fixed_overhead_ms"),
+    (([1, 2], [1.0, 2.0], True), "fixed_overhead_ms"),
 ])
 def test_cost_table_validation(args, match):
     with pytest.raises(ValueError, match=match):
@@ -96,6 +104,8 @@ def test_cost_table_accepts_tensors_and_is_hashable():
     ct = dk.CostTable(torch.tensor([1, 4]), torch.tensor([2.0, 3.0]))
     assert ct.token_counts == (1, 4) and ct.step_time_ms == (2.0, 3.0)
     assert hash(ct) == hash(dk.CostTable([1, 4], [2.0, 3.0]))
+    numpy = dk.CostTable(np.array([1, 4]), [np.float32(2.0), 3.0], np.float64(0.5))
+    assert numpy == dk.CostTable([1, 4], [2.0, 3.0], 0.5)
 
 
 # --- survival and ECE -------------------------------------------------------------------------------------------
