@@ -519,19 +519,17 @@ def test_cuda_greedy_fold_specials_and_ties(cuda_device, simt_check, n, first):
     assert torch.equal(ref.tokens, want)
 
 
-@pytest.mark.harness_slow  # a statistical test through the SIMT harness: CI's slow leg (quick on a GPU)
-@pytest.mark.parametrize("temp", [0.6, 1.3])
-def test_cuda_sampled_tokens_follow_corrected_softmax(cuda_device, simt_check, temp):
-    """Chi-square through the CUDA path: position 0 against softmax(logits / T), later positions against the
+def assert_sampled_tokens_follow_corrected_softmax(dev, run, backend, temp, trials=3000):
+    """Chi-square through a kernel path: position 0 against softmax(logits / T), later positions against the
     mean of softmax(logits_k / T) over the prefixes actually drawn (the rnn state makes them differ)."""
-    trials, vocab = 3000, 30
+    vocab = 30
     base, _, head, hidden, _ = make_case("rnn", n=1, k=3, vocab=vocab, rank=4, d=3, seed=1, conf=False)
     base, hidden = base.expand(trials, -1, -1), hidden.expand(trials, -1, -1)
     anchors = torch.full((trials,), 7)
-    dev = lambda x: x.to(cuda_device)  # noqa: E731
-    dev_head = dk.MarkovHead("rnn", *(dev(w) for w in (head.w1, head.w2)), wj=dev(head.wj), bj=dev(head.bj))
-    out = simt_check(lambda: dk.draft_block(dev(base), dev(anchors), dev_head, hidden=dev(hidden), temperature=temp,
-                                            seed=123, return_logits=True, backend="cuda"))
+    to = lambda x: x.to(dev)  # noqa: E731
+    dev_head = dk.MarkovHead("rnn", *(to(w) for w in (head.w1, head.w2)), wj=to(head.wj), bj=to(head.bj))
+    out = run(lambda: dk.draft_block(to(base), to(anchors), dev_head, hidden=to(hidden), temperature=temp,
+                                     seed=123, return_logits=True, backend=backend))
     tokens, logits = out.tokens.cpu(), out.logits.cpu()
     p0 = torch.softmax(logits[0, 0] / temp, -1)
     assert passes(counts(tokens[:, 0], vocab), p0 * trials)
@@ -540,6 +538,30 @@ def test_cuda_sampled_tokens_follow_corrected_softmax(cuda_device, simt_check, t
     assert not passes(counts(logits[:, 0].argmax(-1), vocab), p0 * trials)  # the check can fail
     torch.testing.assert_close(out.draft_logprobs.cpu(), logprobs_from_logits(logits, tokens, temp),
                                rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.harness_slow  # a statistical test through the SIMT harness: CI's slow leg (quick on a GPU)
+@pytest.mark.parametrize("temp", [0.6, 1.3])
+def test_cuda_sampled_tokens_follow_corrected_softmax(cuda_device, simt_check, temp):
+    assert_sampled_tokens_follow_corrected_softmax(cuda_device, simt_check, "cuda", temp)
+
+
+# Through the Triton interpreter these take 0.5-2 min each: CI's slow leg (quick on a GPU).
+INTERPRETED = [pytest.mark.slow] if not torch.cuda.is_available() else []
+
+
+@pytest.mark.parametrize("temp", [pytest.param(t, marks=INTERPRETED) for t in (0.6, 1.3)])
+def test_triton_sampled_tokens_follow_corrected_softmax(triton_device, temp):
+    """Null hypothesis: the Triton kernels' drafts follow softmax(logits_k / T) (position 0 exactly; later positions
+    on average over the drawn prefixes); 3000 requests of one call."""
+    assert_sampled_tokens_follow_corrected_softmax(triton_device, lambda fn: fn(), "triton", temp)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=INTERPRETED)])
+def test_triton_reduced_vocabulary_samples_follow_the_draft_softmax(triton_device, backend):
+    """Null hypothesis: the Triton kernels' drafts over a reduced vocabulary follow softmax(logits / T) over the
+    draft ids, pushed through the map."""
+    assert_reduced_samples_follow_the_draft_softmax(triton_device, lambda fn: fn(), backend)
 
 
 def _nbytes(*ts):
