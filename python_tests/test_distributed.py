@@ -389,6 +389,40 @@ def _joint_law_cases(rank, world):
         dk.verify_chain = unsharded
 
 
+def _sampled_draft_law(rank, world, backend="reference"):
+    """3000 copies of one request drafted at T = 0.8 through the sharded path (shards [0, 7) and [7, 30), vanilla
+    head): position 0's drafts against softmax(logits_0 / T); position 1's against the mean over the requests of
+    softmax((U_1 + W2 W1[x_0]) / T) at the token x_0 each drew (the vanilla bias, computed here by hand)."""
+    from stats import counts, passes
+    trials, vocab, k, temp = 3000, 30, 2, 0.8
+    start, size = shard_spans([7, 23])[rank]
+    base, _, head, _, _ = draft_inputs(1, k, vocab, "vanilla", seed=12)
+    base, anchors = base.expand(trials, -1, -1).contiguous(), torch.full((trials,), 3)
+    out = D.draft_block(base[..., start:start + size], anchors, dk.MarkovHead("vanilla", head.w1,
+                        head.w2[start:start + size]), vocab_start=start, vocab_size=vocab, temperature=temp,
+                        seed=6, backend=backend)
+    tokens = out.tokens
+    logits = base + torch.stack([head.w1[anchors], head.w1[tokens[:, 0]]], 1) @ head.w2.T   # [N, K, V]
+    for j in range(k):
+        expected = torch.softmax(logits[:, j] / temp, -1).sum(0).double()
+        assert passes(counts(tokens[:, j], vocab), expected), (rank, j)
+    assert not passes(counts(tokens[:, 0], vocab), torch.softmax(logits[:, 0], -1).sum(0).double())  # T ignored
+
+
+def test_sharded_sampled_drafts_follow_the_draft_softmax():
+    """Null hypothesis: the sharded draft_block's sampled drafts (the packed race winners' all-reduce) follow
+    softmax(logits_k / T) over the whole vocabulary; P = 2 over the reference pieces."""
+    spawn(2, _sampled_draft_law)
+
+
+@pytest.mark.harness_slow  # 3000 requests through the SIMT harness on two ranks (~1.5 min): CI's slow leg
+def test_sharded_sampled_drafts_follow_the_draft_softmax_with_the_cuda_pieces(cuda_device):
+    """Null hypothesis: as above, each rank's draft step through the CUDA kernels (the SIMT harness)."""
+    if cuda_device.type != "cpu":
+        pytest.skip("gloo groups of CPU processes: the SIMT harness on each rank")
+    spawn(2, _sampled_draft_law, "cuda")
+
+
 def test_draft_block_refuses_a_reduced_draft_vocabulary():
     """Sharding a draft vocabulary is not built: a head with draft_to_target is an error naming it (validate=False
     raises before any collective, so no process group is needed)."""
