@@ -183,16 +183,6 @@ def test_cuda_topk_samples_follow_the_draft_softmax(cuda_device):
     assert_samples_follow_the_topk_softmax(cuda_device, lambda fn: fn(), "cuda", 1500)
 
 
-# ~2 min through the Triton interpreter: CI's slow leg (quick on a GPU).
-INTERPRETED = [pytest.mark.slow] if not torch.cuda.is_available() else []
-
-
-@pytest.mark.parametrize("backend", [pytest.param("triton", marks=INTERPRETED)])
-def test_triton_topk_samples_follow_the_draft_softmax(triton_device, backend):
-    """Null hypothesis: the Triton kernels' top-k drafts follow softmax(logits / T) over each row's candidates."""
-    assert_samples_follow_the_topk_softmax(triton_device, lambda fn: fn(), backend, 3000)
-
-
 def simulate_topk(method, trials, top_k, shift=0, length=2, k=3, vocab=12, temp=1.0, seed=0):
     """``length`` tokens per request by repeated draft_block(top_k) + verify_chain with the sparse rows; the target's
     law depends on the absolute position only. ``shift`` rolls the candidate ids handed to the verifier (0: true)."""
