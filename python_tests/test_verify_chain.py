@@ -1470,15 +1470,15 @@ def test_one_call_law_detects_a_wrong_correction(monkeypatch):
     assert not any(law_passes(*case) for case in cases)
 
 
-# Through the Triton interpreter a call of 2000 requests takes minutes: one case (block, top-k rows) in CI's slow leg,
-# all four on a GPU; through the SIMT harness about 10 s: two cases in the default run, the other two in the slow leg.
-INTERPRETED = [pytest.mark.slow] if not torch.cuda.is_available() else []
+# Through the Triton interpreter a call of 2000 requests takes minutes: the Triton cases run on a GPU (pytest -m gpu,
+# bench/gpu_check.sh); through the SIMT harness about 10 s: two cases in the default run, the other two in the slow
+# leg.
 ONE_CALL_KERNELS = [("token", "reduced", True), ("block", "topk", True), ("block", "reduced", False),
                     ("token", "topk", False)]
 
 
-@pytest.mark.parametrize("method,layout,use_logprobs", [pytest.param(*case, marks=INTERPRETED)
-                                                         for case in ONE_CALL_KERNELS[1:2 if INTERPRETED else 4]])
+@pytest.mark.gpu
+@pytest.mark.parametrize("method,layout,use_logprobs", ONE_CALL_KERNELS)
 def test_triton_one_call_is_lossless(triton_device, method, layout, use_logprobs):
     """Null hypothesis: the Triton kernels' emitted tokens, continued from the target, follow the target's law at
     every position (per request temperature); reduced and top-k rows, token and block, with and without
