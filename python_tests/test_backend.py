@@ -126,7 +126,7 @@ def _direct_calls():
                                              None, None, None, None, None, None, None, None, key, True, v + 1, b)
     survival = torch.rand(n, k, generator=g)
     yield "step_time_ms", lambda b: ops.schedule_verify_lens(survival, None, None, torch.tensor([1.0, 9.0]),
-                                                             torch.tensor([5.0]), 0.0, 0, k, "exact", None, 0.0, b)
+                                                             torch.tensor([5.0]), 0.0, 0, k, "exact", None, 0.0, None, b)
     yield "rng_key", lambda b: ops.rng_uniform_(torch.empty(n, k, v), key[:1], 0, b)
 
 

@@ -160,19 +160,36 @@ def test_finished_requests_take_no_admissions(target, reference, mode, monkeypat
     seen, orig = [], dk.schedule_verify_lens
 
     def spy(survival, **kw):
-        seen.append((survival.clone(), None if kw.get("budget_survival") is None else kw["budget_survival"].clone()))
+        seen.append((survival.clone(), None if kw.get("budget_survival") is None else kw["budget_survival"].clone(),
+                     kw["active"].clone()))
         return orig(survival, **kw)
     monkeypatch.setattr(dk, "schedule_verify_lens", spy)
     log = {}
     assert dec.generate(PROMPTS5, MAX_NEW, stop_token_ids=stops, scheduler=scheduler(mode, 4), log=log).tokens == want
     assert len(seen) == len(log["active"]) + 1  # the last step reads that every request finished, after scheduling
     finished_steps = 0
-    for (surv, budget), active in zip(seen, log["active"]):
+    for (surv, budget, scheduled), active in zip(seen, log["active"]):
         finished_steps += int(not active.all())
+        assert torch.equal(scheduled, active)  # finished requests count in neither B nor tau
         assert (surv[~active] == 0).all() and (surv[active] > 0).any()
         if budget is not None:
             assert (budget[~active] == 0).all()
     assert finished_steps > 0
+
+
+@pytest.mark.parametrize("mode", ["exact", "argmax"])
+def test_finished_requests_do_not_count_in_the_step(mode):
+    """Seven finished requests beside one running: it is scheduled as if alone (L = 5). Counted, the finished
+    requests' anchors (7 rows and 7 expected tokens) made its last draft look too dear: L = 4."""
+    k, n = 5, 8
+    survival = torch.zeros(n, k)
+    survival[7] = torch.tensor([0.9, 0.85, 0.8, 0.7, 0.05])
+    drafts = dk.DraftBlockOutput(torch.zeros(n, k, dtype=torch.long), None, torch.zeros(n, k), survival)
+    s = Scheduler(mode=mode, cost_table=dk.CostTable([1, 8, 16, 64], [10.0, 10.5, 11.0, 20.0]))
+    dec = types.SimpleNamespace(backend="reference")
+    lens = SpeculativeDecoder._schedule(dec, s, drafts, None, k, finished=torch.arange(n) < 7)
+    alone = SpeculativeDecoder._schedule(dec, s, drafts._replace(survival=survival[7:]), None, k)
+    assert lens.tolist() == [0] * 7 + alone.tolist() and alone.tolist() == [5]
 
 
 @pytest.mark.parametrize("mode", ["exact", "argmax", "threshold"])

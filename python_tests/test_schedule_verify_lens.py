@@ -295,6 +295,9 @@ META = torch.device("meta")
     (dict(min_len=2, max_len=1), "min_len"),
     (dict(max_len=3), "max_len"),
     (dict(max_len=1.5), "max_len"),
+    (dict(active=torch.ones(3, dtype=torch.int32)), "active"),
+    (dict(active=torch.ones(2, dtype=torch.bool)), "active"),
+    (dict(active=torch.ones(3, dtype=torch.bool, device=META)), "active"),
     (dict(backend="nope"), "backend"),
 ])
 def test_bad_arguments(kw, match):
@@ -318,22 +321,26 @@ def test_cost_table_tensors_cached():
 
 # --- torch.library ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
-def test_opcheck(backend):
-    op = torch.ops.dspark.schedule_verify_lens.default
+def _opcheck_samples():
+    """The op's flat arguments (without ``backend``) for torch.library.opcheck."""
     c, s = LINEAR_TABLE.tensors("cpu")
     c2, s2 = TABLES[1].tensors("cpu")
     g = torch.Generator().manual_seed(0)
     surv = torch.rand(5, 4, generator=g).cumprod(1)
-    samples = [
-        (surv, None, None, c, s, 0.0, 0, 4, "exact", None, 0.0, backend),
-        (surv, None, None, c2, s2, 3.0, 1, 3, "argmax", None, 0.1, backend),
+    return [
+        (surv, None, None, c, s, 0.0, 0, 4, "exact", None, 0.0, None),
+        (surv, None, None, c2, s2, 3.0, 1, 3, "argmax", None, 0.1, None),
         (None, torch.randn(5, 4, generator=g), torch.rand(4, generator=g) + 0.5, c, s, 0.0, 0, 4, "argmax",
-         torch.rand(2, 3, generator=g), 0.0, backend),
-        (torch.zeros(0, 3), None, None, c, s, 0.0, 0, 3, "exact", None, 0.0, backend),
+         torch.rand(2, 3, generator=g), 0.0, None),
+        (torch.zeros(0, 3), None, None, c, s, 0.0, 0, 3, "exact", None, 0.0, None),
+        (surv, None, None, c2, s2, 3.0, 1, 3, "argmax", None, 0.1, torch.tensor([True, False, True, False, False])),
     ]
-    for args in samples:
-        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_opcheck(backend):
+    for args in _opcheck_samples():
+        torch.library.opcheck(torch.ops.dspark.schedule_verify_lens.default, args + (backend,))
 
 
 def test_torch_compile_fullgraph():
@@ -354,10 +361,12 @@ def test_reference_never_syncs(mode):
     m = torch.device("meta")
     c, s = TABLES[1].tensors(m)
     budget = torch.zeros(2, 3, device=m) if mode == "argmax" else None
-    out = reference.schedule_verify_lens(torch.zeros(4, 5, device=m), None, None, c, s, 3.0, 1, 4, mode, budget, 0.1)
+    active = torch.ones(4, dtype=torch.bool, device=m)
+    out = reference.schedule_verify_lens(torch.zeros(4, 5, device=m), None, None, c, s, 3.0, 1, 4, mode, budget, 0.1,
+                                         active)
     assert [tuple(o.shape) for o in out] == [(4,), (5,), ()]
     out = reference.schedule_verify_lens(None, torch.zeros(4, 5, device=m), torch.ones(5, device=m), c, s, 0.0, 0, 5,
-                                         mode, None, 0.0)
+                                         mode, None, 0.0, None)
     assert all(o.device == m for o in out)
 
 
@@ -614,7 +623,7 @@ def test_cuda_kernel_conf_logits_path(cuda_device):
     for mode in ("exact", "argmax"):
         ref = dk.schedule_verify_lens(conf_logits=z, sts_temperatures=temps, cost_table=TABLES[0], mode=mode,
                                       backend="reference")
-        lens, cu, theta = op(None, z, temps, c, s, 0.0, 0, 4, mode, None, 0.0)
+        lens, cu, theta = op(None, z, temps, c, s, 0.0, 0, 4, mode, None, 0.0, None)
         assert lens.tolist() == ref.verify_lens.tolist() and cu.tolist() == ref.cu_seqlens.tolist()
         assert theta.item() == pytest.approx(ref.theta.item(), rel=1e-6)
 
@@ -734,20 +743,8 @@ def test_cuda_bytes_and_launches(cuda_device):
 def test_cuda_opcheck(cuda_device):
     if cuda_device.type != "cpu":
         pytest.skip("opcheck runs on the SIMT library here")
-    op = torch.ops.dspark_simt.schedule_verify_lens.default
-    c, s = LINEAR_TABLE.tensors("cpu")
-    c2, s2 = TABLES[1].tensors("cpu")
-    g = torch.Generator().manual_seed(0)
-    surv = torch.rand(5, 4, generator=g).cumprod(1)
-    samples = [
-        (surv, None, None, c, s, 0.0, 0, 4, "exact", None, 0.0),
-        (surv, None, None, c2, s2, 3.0, 1, 3, "argmax", None, 0.1),
-        (None, torch.randn(5, 4, generator=g), torch.rand(4, generator=g) + 0.5, c, s, 0.0, 0, 4, "argmax",
-         torch.rand(2, 3, generator=g), 0.0),
-        (torch.zeros(0, 3), None, None, c, s, 0.0, 0, 3, "exact", None, 0.0),
-    ]
-    for args in samples:
-        torch.library.opcheck(op, args)
+    for args in _opcheck_samples():
+        torch.library.opcheck(torch.ops.dspark_simt.schedule_verify_lens.default, args)
 
 
 def test_cuda_bad_arguments_named(cuda_device):
@@ -756,15 +753,18 @@ def test_cuda_bad_arguments_named(cuda_device):
     op = torch.ops.dspark_simt.schedule_verify_lens
     c, s = LINEAR_TABLE.tensors("cpu")
     with pytest.raises(RuntimeError, match="survival"):
-        op(torch.zeros(3, 2, dtype=torch.int32), None, None, c, s, 0.0, 0, 2, "exact", None, 0.0)
+        op(torch.zeros(3, 2, dtype=torch.int32), None, None, c, s, 0.0, 0, 2, "exact", None, 0.0, None)
     with pytest.raises(RuntimeError, match="max_len"):
-        op(torch.rand(3, 2), None, None, c, s, 0.0, 0, 3, "exact", None, 0.0)
+        op(torch.rand(3, 2), None, None, c, s, 0.0, 0, 3, "exact", None, 0.0, None)
     with pytest.raises(RuntimeError, match="mode"):
-        op(torch.rand(3, 2), None, None, c, s, 0.0, 0, 2, "greedy", None, 0.0)
+        op(torch.rand(3, 2), None, None, c, s, 0.0, 0, 2, "greedy", None, 0.0, None)
     with pytest.raises(RuntimeError, match="step_time_ms"):
-        op(torch.rand(3, 2), None, None, c, s[:1], 0.0, 0, 2, "exact", None, 0.0)
+        op(torch.rand(3, 2), None, None, c, s[:1], 0.0, 0, 2, "exact", None, 0.0, None)
     with pytest.raises(RuntimeError, match="budget_survival"):
-        op(torch.rand(3, 2), None, None, c, s, 0.0, 0, 2, "exact", torch.rand(2, 2), 0.0)
+        op(torch.rand(3, 2), None, None, c, s, 0.0, 0, 2, "exact", torch.rand(2, 2), 0.0, None)
+    for active in (torch.ones(3, dtype=torch.uint8), torch.ones(2, dtype=torch.bool)):
+        with pytest.raises(RuntimeError, match="active"):
+            op(torch.rand(3, 2), None, None, c, s, 0.0, 0, 2, "exact", None, 0.0, active)
 
 
 # 10,000 random cases (DSPARK_RANDOM_CASES changes the number); one op call each, small N and K.
@@ -796,6 +796,8 @@ def test_cuda_random_cases(cuda_device, first, stop):
             if case % 5 == 1:
                 nb, kb = int(torch.randint(0, 20, (1,), generator=g)), int(torch.randint(0, 17, (1,), generator=g))
                 kw["budget_survival"] = _random_survival(g, nb, kb, case % 4)
+        if case % 7 == 3:
+            kw["active"] = torch.rand(n, generator=g) < 0.6
         if case >= first:
             _cuda_vs_reference(cuda_device, lambda f: f(), surv, **kw)
 
@@ -894,3 +896,88 @@ def test_cuda_access_is_ideal(cuda_device, n, k, mode):
     inputs = surv.numel() * 4 * (2 if budget is not None else 1) + len(PROFILE_TABLE.token_counts) * 8
     assert launch["bytes_read"] == launch["unique_bytes_read"] == inputs
     assert launch["bytes_written"] == 4 * n + 4 * (n + 1) + 4
+
+
+# ---------------------------------------------------------------- inactive requests (the ``active`` mask)
+
+def _alone(survival, active, **kw):
+    """The reference's schedule of the active rows alone, spread back over the batch (0 and no rows elsewhere)."""
+    sub = dk.schedule_verify_lens(survival[active], backend="reference", **kw)
+    lens = torch.zeros(survival.shape[0], dtype=torch.int32)
+    lens[active] = sub.verify_lens
+    cu = torch.nn.functional.pad(torch.where(active, lens + 1, 0).cumsum(0), (1, 0)).int()
+    return lens, cu, sub.theta
+
+
+def _masks(g, n):
+    yield torch.ones(n, dtype=torch.bool)
+    yield torch.zeros(n, dtype=torch.bool)
+    yield torch.rand(n, generator=g) < 0.5
+    yield torch.arange(n) >= n // 2  # padding rows at the front
+
+
+def test_inactive_requests_by_hand(host_backend):
+    """Seven finished requests beside one running: the running one is scheduled as if alone. Counted, the others'
+    anchors (7 rows, and 7 expected tokens) would make its last draft look too dear to verify."""
+    table = dk.CostTable([1, 8, 16, 64], [10.0, 10.5, 11.0, 20.0])
+    surv = torch.zeros(8, 5)
+    surv[7] = torch.tensor([0.9, 0.85, 0.8, 0.7, 0.05])
+    active = torch.arange(8) == 7
+    o = dk.schedule_verify_lens(surv, cost_table=table, active=active, backend=host_backend)
+    assert o.verify_lens.tolist() == [0] * 7 + [5]
+    assert o.cu_seqlens.tolist() == [0] * 8 + [6]
+    step_ms = 10.0 + (6 - 1) * (10.5 - 10.0) / (8 - 1)  # B = 6 rows, between the table's points 1 and 8
+    assert o.theta.item() == pytest.approx((1 + 0.9 + 0.85 + 0.8 + 0.7 + 0.05) * 1000 / step_ms, rel=1e-6)
+    counted = dk.schedule_verify_lens(surv, cost_table=table, backend=host_backend)
+    assert counted.verify_lens.tolist() == [0] * 7 + [4]
+
+
+@pytest.mark.parametrize("mode", ["exact", "argmax"])
+def test_inactive_requests_equal_the_active_rows_alone(host_backend, mode):
+    g = torch.Generator().manual_seed(11 + (mode == "exact"))
+    for n, k in ((1, 3), (6, 4), (40, 7)):
+        for case, active in enumerate(_masks(g, n)):
+            kw = dict(cost_table=TABLES[case % 4], mode=mode, min_len=case % 2, max_len=k)
+            if mode == "argmax":
+                kw.update(min_gain=0.02 * case, budget_survival=torch.rand(3, k, generator=g).cumprod(1))
+            surv = _random_survival(g, n, k, case)
+            o = dk.schedule_verify_lens(surv, active=active, backend=host_backend, **kw)
+            lens, cu, theta = _alone(surv, active, **kw)
+            assert o.verify_lens.tolist() == lens.tolist() and o.cu_seqlens.tolist() == cu.tolist()
+            assert o.theta.item() == pytest.approx(theta.item(), rel=1e-6)
+            if case == 0:  # every request active: as without the mask, to the bit
+                plain = dk.schedule_verify_lens(surv, backend=host_backend, **kw)
+                assert all(torch.equal(a, b) for a, b in zip(o, plain))
+
+
+def _mask_cases(g, shapes):
+    for n, k in shapes:
+        for case, active in enumerate(_masks(g, n)):
+            kw = dict(cost_table=TABLES[case % 4] if case < 3 else _random_table(g), min_len=case % 2 if k else 0)
+            yield _random_survival(g, n, k, case), active, kw
+
+
+@pytest.mark.parametrize("mode", ["exact", "argmax"])
+def test_triton_inactive_requests(triton_device, mode):
+    g = torch.Generator().manual_seed(21)
+    for surv, active, kw in _mask_cases(g, [(1, 3), (5, 4), (60, 7), (9, 0)]):
+        if mode == "argmax":
+            kw["budget_survival"] = torch.rand(2, 5, generator=g)
+        _triton_vs_reference(triton_device, surv, active=active, mode=mode, **kw)
+
+
+@pytest.mark.parametrize("mode", ["exact", "argmax"])
+def test_cuda_inactive_requests(cuda_device, simt_check, mode):
+    """One tile of 32 and of 512 threads, several tiles (1000 x 7), K = 0."""
+    g = torch.Generator().manual_seed(31)
+    for surv, active, kw in _mask_cases(g, [(3, 5), (300, 6), (1000, 7), (9, 0)]):
+        if mode == "argmax":
+            kw["budget_survival"] = torch.rand(2, 5, generator=g)
+        _cuda_vs_reference(cuda_device, simt_check, surv, active=active, mode=mode, **kw)
+
+
+def test_cpu_inactive_requests():
+    g = torch.Generator().manual_seed(41)
+    for mode in ("exact", "argmax"):
+        for surv, active, kw in _mask_cases(g, [(1, 3), (17, 7), (9, 0)]):
+            _cpu_vs_reference(surv, active=active, mode=mode, **kw)

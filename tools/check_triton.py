@@ -146,13 +146,13 @@ KERNELS = {
              BLOCK_N=[128], BLOCK_K=[8], BLOCK_T=[1024]),
     ),
     _schedule_verify_lens_kernel: (
-        dict(surv_ptr="*fp32", budget_ptr="*fp16", counts_ptr="*fp32", times_ptr="*fp32", lens_ptr="*i32",
+        dict(surv_ptr="*fp32", budget_ptr="*fp16", active_ptr="*i1", counts_ptr="*fp32", times_ptr="*fp32", lens_ptr="*i32",
              cu_ptr="*i32", theta_ptr="*fp32", N="i32", K="i32", NB="i32", KB="i32", P="i32", min_len="i32",
              max_len="i32", overhead_bits="i64", gain_bits="i64", EXACT="constexpr", HAS_BUDGET="constexpr",
              BLOCK="constexpr", SHIFT="constexpr", BLOCK_B="constexpr", SHIFT_B="constexpr", BLOCK_R="constexpr",
-             BLOCK_K="constexpr", BLOCK_KB="constexpr"),
+             BLOCK_K="constexpr", BLOCK_KB="constexpr", HAS_ACTIVE="constexpr"),
         dict(EXACT=[True, False], HAS_BUDGET=[True], BLOCK=[256], SHIFT=[54], BLOCK_B=[64], SHIFT_B=[56],
-             BLOCK_R=[256], BLOCK_K=[16], BLOCK_KB=[8]),
+             BLOCK_R=[256], BLOCK_K=[16], BLOCK_KB=[8], HAS_ACTIVE=[False, True]),
     ),
     # the vocabulary-parallel pieces (dspark_kernels/distributed): a shard's draft step, verify statistics and
     # residual pass, and the per-request decision over every shard's statistics

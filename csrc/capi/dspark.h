@@ -149,6 +149,9 @@ typedef struct dspark_schedule_verify_lens_args {
   int budget_survival_dtype;
   int64_t NB, KB;
   double min_gain;               /* >= 0 (argmax only) */
+  const uint8_t* active;         /* [N] 0 / 1, or NULL (every request active): an inactive request verifies
+                                    nothing (verify_lens 0, no rows in cu_seqlens) and counts in neither B nor
+                                    tau; values other than 0 count as 1 */
   /* outputs */
   int32_t* verify_lens;          /* [N] */
   int32_t* cu_seqlens;           /* [N+1] */

@@ -289,6 +289,7 @@ int schedule_params(const dspark_schedule_verify_lens_args* a, dspark::ScheduleV
     p->KB = a->KB;
   }
   p->gain = 1.0 + a->min_gain;
+  p->active = a->active;
   if (a->verify_lens == nullptr && a->N > 0)
     return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": verify_lens is NULL");
   if (a->cu_seqlens == nullptr) return fail(DSPARK_ERR_NULL_POINTER, std::string(fn) + ": cu_seqlens is NULL");

@@ -294,6 +294,9 @@ void run_schedule(const Json& c, int index) {
   a.NB = c["NB"].i();
   a.KB = c["KB"].i();
   a.min_gain = c["min_gain"].d();
+  std::vector<uint8_t> active;
+  for (const Json& x : c["active"].items) active.push_back(static_cast<uint8_t>(x.i()));
+  a.active = c["active"].is_null() ? nullptr : active.data();
   a.verify_lens = lens.data();
   a.cu_seqlens = cu.data();
   a.theta = &theta;

@@ -300,6 +300,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
     const std::optional<at::Tensor>& survival, const std::optional<at::Tensor>& conf_logits,
     const std::optional<at::Tensor>& sts_temperatures, const at::Tensor& token_counts,
     const at::Tensor& step_time_ms, double fixed_overhead_ms, int64_t min_len, int64_t max_len,
-    c10::string_view mode, const std::optional<at::Tensor>& budget_survival, double min_gain);
+    c10::string_view mode, const std::optional<at::Tensor>& budget_survival, double min_gain,
+    const std::optional<at::Tensor>& active);
 
 }  // namespace dspark_cpu

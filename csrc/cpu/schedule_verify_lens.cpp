@@ -4,13 +4,14 @@
 // Theta_m = (tau0 + C_m) * SPS(B_0 + m) with C_m the sequential sum of the sorted survivals, as torch.cumsum takes
 // it. tau0's sum over the first min_len columns is sequential here and pairwise in torch: equal whenever the float64
 // sums of these float32 values are exact (always for min_len = 0, and whenever no survival there is below about
-// 2^-17 of the largest).
+// 2^-17 of the largest). Inactive requests hold no candidate and count in neither B nor tau.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
 
 #pragma GCC optimize("fp-contract=off")
 
-#include <numeric>
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -55,32 +56,40 @@ std::vector<double> clean_survival(const at::Tensor& survival) {
   return out;
 }
 
-// The admission order (candidates (r, j), min_len < j <= max_len, r-major, best first, stable) and
-// theta[m] after m admissions.
+// The admission order (the active requests' candidates (r, j), min_len < j <= max_len, as indices into the
+// r-major [N, max_len - min_len] grid, best first, stable) and theta[m] after m admissions.
 struct Curve {
   std::vector<int64_t> order;
   std::vector<double> theta;
 };
 
+// active: [N] or empty (every request active).
 Curve admission_curve(const std::vector<double>& a, int64_t N, int64_t K, int64_t min_len, int64_t max_len,
-                      const CostTable& table) {
+                      const CostTable& table, const std::vector<bool>& active) {
   const int64_t W = max_len - min_len;
   std::vector<double> cand(N * W);
+  std::vector<int64_t> order;
   double head = 0.0;
+  int64_t n = 0;
   for (int64_t r = 0; r < N; ++r) {
+    if (!active.empty() && !active[r]) continue;
+    ++n;
     for (int64_t j = 0; j < min_len; ++j) head += a[r * K + j];
-    for (int64_t c = 0; c < W; ++c) cand[r * W + c] = a[r * K + min_len + c];
+    for (int64_t c = 0; c < W; ++c) {
+      cand[r * W + c] = a[r * K + min_len + c];
+      order.push_back(r * W + c);
+    }
   }
   Curve cv;
-  cv.order.resize(N * W);
-  std::iota(cv.order.begin(), cv.order.end(), 0);
+  cv.order = std::move(order);
   std::stable_sort(cv.order.begin(), cv.order.end(), [&](int64_t x, int64_t y) { return cand[x] > cand[y]; });
-  const double b0 = static_cast<double>(N * (1 + min_len));
-  const double tau0 = static_cast<double>(N) + head;
-  cv.theta.resize(N * W + 1);
+  const int64_t M = static_cast<int64_t>(cv.order.size());
+  const double b0 = static_cast<double>(n * (1 + min_len));
+  const double tau0 = static_cast<double>(n) + head;
+  cv.theta.resize(M + 1);
   double cum = 0.0;
   cv.theta[0] = (tau0 + 0.0) * table.sps(b0);
-  for (int64_t m = 0; m < N * W; ++m) {
+  for (int64_t m = 0; m < M; ++m) {
     cum += cand[cv.order[m]];
     cv.theta[m + 1] = (tau0 + cum) * table.sps(b0 + static_cast<double>(m + 1));
   }
@@ -103,7 +112,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
     const std::optional<at::Tensor>& survival, const std::optional<at::Tensor>& conf_logits,
     const std::optional<at::Tensor>& sts_temperatures, const at::Tensor& token_counts,
     const at::Tensor& step_time_ms, double fixed_overhead_ms, int64_t min_len, int64_t max_len,
-    c10::string_view mode, const std::optional<at::Tensor>& budget_survival, double min_gain) {
+    c10::string_view mode, const std::optional<at::Tensor>& budget_survival, double min_gain,
+    const std::optional<at::Tensor>& active) {
   TORCH_CHECK(survival.has_value() && !conf_logits && !sts_temperatures,
               "schedule_verify_lens (cpu): pass the survival (dspark_kernels turns conf_logits into it)");
   TORCH_CHECK(mode == "exact" || mode == "argmax", "schedule_verify_lens: mode must be 'exact' or 'argmax'");
@@ -113,7 +123,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
   CostTable table{{counts.data_ptr<double>(), counts.data_ptr<double>() + counts.numel()},
                   {times.data_ptr<double>(), times.data_ptr<double>() + times.numel()},
                   fixed_overhead_ms};
-  const Curve cv = admission_curve(clean_survival(*survival), N, K, min_len, max_len, table);
+  std::vector<bool> act;
+  if (active) {
+    const at::Tensor flags = active->to(at::kBool).contiguous();
+    act.assign(flags.data_ptr<bool>(), flags.data_ptr<bool>() + N);
+  }
+  const Curve cv = admission_curve(clean_survival(*survival), N, K, min_len, max_len, table, act);
   const int64_t M = static_cast<int64_t>(cv.order.size());
 
   int64_t m_star = 0;
@@ -123,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
     if (budget_survival) {
       const int64_t Kb = budget_survival->size(1), budget_max = std::min(max_len, Kb);
       const Curve cb = admission_curve(clean_survival(*budget_survival), budget_survival->size(0), Kb,
-                                       std::min(min_len, budget_max), budget_max, table);
+                                       std::min(min_len, budget_max), budget_max, table, {});
       m_star = std::min(first_argmax(cb.theta), M);
     } else {
       m_star = first_argmax(cv.theta);
@@ -141,8 +156,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> schedule_verify_lens(
   int32_t* cu = cu_seqlens.data_ptr<int32_t>();
   cu[0] = 0;
   for (int64_t r = 0; r < N; ++r) {
-    lens[r] = static_cast<int32_t>(min_len + admitted[r]);
-    cu[r + 1] = cu[r] + 1 + lens[r];
+    const bool on = act.empty() || act[r];
+    lens[r] = on ? static_cast<int32_t>(min_len + admitted[r]) : 0;
+    cu[r + 1] = cu[r] + (on ? 1 + lens[r] : 0);
   }
   at::Tensor theta = at::scalar_tensor(static_cast<float>(cv.theta[m_star]), opts.dtype(at::kFloat));
   return {verify_lens, cu_seqlens, theta};

@@ -22,7 +22,7 @@ DSPARK_LIBRARY_(DSPARK_TORCH_LIBRARY, m) {
         "Tensor? stop_token_ids) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("schedule_verify_lens(Tensor? survival, Tensor? conf_logits, Tensor? sts_temperatures, Tensor token_counts, "
         "Tensor step_time_ms, float fixed_overhead_ms, int min_len, int max_len, str mode, Tensor? budget_survival, "
-        "float min_gain) -> (Tensor, Tensor, Tensor)");
+        "float min_gain, Tensor? active) -> (Tensor, Tensor, Tensor)");
   // The CUDA backends of dspark_dist's local pieces (dspark_kernels/distributed/ops.py: the same schemas there)
   m.def("draft_step(Tensor base_logits_k, Tensor v, Tensor w2_shard, Tensor? temperature, Tensor rng_key, "
         "int position, int vocab_start, bool return_logits) -> (Tensor, Tensor, Tensor)");

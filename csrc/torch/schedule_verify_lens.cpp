@@ -16,7 +16,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
     const std::optional<at::Tensor>& survival, const std::optional<at::Tensor>& conf_logits,
     const std::optional<at::Tensor>& sts_temperatures, const at::Tensor& token_counts,
     const at::Tensor& step_time_ms, double fixed_overhead_ms, int64_t min_len, int64_t max_len,
-    const std::string& mode, const std::optional<at::Tensor>& budget_survival, double min_gain) {
+    const std::string& mode, const std::optional<at::Tensor>& budget_survival, double min_gain,
+    const std::optional<at::Tensor>& active) {
   TORCH_CHECK(survival.has_value() != conf_logits.has_value(), kOp,
               ": exactly one of survival and conf_logits must be given");
   const at::Tensor& x = survival.has_value() ? *survival : *conf_logits;
@@ -73,6 +74,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch(
                 ": budget_survival must have fewer than 2^31 elements, got ", budget_survival->sizes());
   }
   p.gain = 1.0 + min_gain;
+  if (active.has_value()) {
+    check_tensor(kOp, "active", *active, x, at::kBool, {N});
+    p.active = reinterpret_cast<const uint8_t*>(active->data_ptr<bool>());
+  }
   at::Tensor lens = at::empty({N}, x.options().dtype(at::kInt));
   at::Tensor cu = at::empty({N + 1}, x.options().dtype(at::kInt));
   at::Tensor theta = at::empty({}, x.options().dtype(at::kFloat));

@@ -259,8 +259,9 @@ class SpeculativeDecoder:
 
     def _schedule(self, s: Scheduler, drafts: dk.DraftBlockOutput, prev_survival, k: int,
                   finished: Optional[torch.Tensor] = None, room: Optional[torch.Tensor] = None):
-        """Verify lengths int32 ``[N]``. A ``finished`` request verifies nothing: its survival (and its row of the
-        budget's) is 0 here, so its drafts never take admissions (and Theta) from the running requests. A request
+        """Verify lengths int32 ``[N]``. A ``finished`` request verifies nothing: the cost-aware schedulers leave it
+        out (``active``: neither its anchor nor its drafts count in the step's tokens), and its survival (and its
+        row of the budget's, which counts whole) is 0 here. A request
         with ``room`` (int ``[N]``, tokens left before its length limit) R emits at most R tokens this step, so
         its drafts d_R.. add no expected token: their survival (and the budget's) is 0 here as well."""
         n, dev = drafts.tokens.shape[0], drafts.tokens.device
@@ -280,7 +281,8 @@ class SpeculativeDecoder:
             return lens.clamp(min=s.min_len).int()
         extra = dict(budget_survival=prev_survival, min_gain=s.min_gain) if s.mode == "argmax" else {}
         return dk.schedule_verify_lens(drafts.survival, cost_table=s.cost_table, min_len=s.min_len, mode=s.mode,
-                                       backend=self.backend, **extra).verify_lens
+                                       active=None if finished is None else ~finished, backend=self.backend,
+                                       **extra).verify_lens
 
     def _draft(self, anchors, positions, ctx_len: int, call: _CallSettings, step: int, clock=None):
         """One drafting pass: the drafter's forward over each request's block, then ``dk.draft_block``."""

@@ -19,9 +19,10 @@ class ScheduleOutput(NamedTuple):
     """Result of :func:`schedule_verify_lens` for N requests.
 
     Attributes:
-        verify_lens: int32 ``[N]``, drafts to verify per request (``min_len <= L_r <= max_len``).
-        cu_seqlens: int32 ``[N+1]``, exclusive prefix sum of ``1 + verify_lens`` (rows of the packed verify
-            batch ``[anchor, d_1..d_L]``).
+        verify_lens: int32 ``[N]``, drafts to verify per request (``min_len <= L_r <= max_len``; 0 where not
+            ``active``).
+        cu_seqlens: int32 ``[N+1]``, exclusive prefix sum of each request's rows in the packed verify batch
+            (``[anchor, d_1..d_L]``: ``1 + verify_lens``; none where not ``active``).
         theta: float32 ``[]``, predicted expected accepted tokens per second of this schedule.
     """
 
@@ -31,7 +32,7 @@ class ScheduleOutput(NamedTuple):
 
 
 def _fake(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
-          mode, budget_survival, min_gain):
+          mode, budget_survival, min_gain, active):
     x = survival if survival is not None else conf_logits
     n = x.shape[0]
     new = x.new_empty
@@ -42,16 +43,16 @@ def _on_survival(kernel):
     """``kernel`` on the reference's own float32 survival (bit-identical on the same device: the CUDA kernel's
     in-kernel conf_logits path, which the C ABI uses, may differ from torch's sigmoid in the last bit)."""
     def run(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
-            mode, budget_survival, min_gain):
+            mode, budget_survival, min_gain, active):
         if survival is None:
             survival = survival_from_conf(conf_logits, sts_temperatures)
         return kernel(survival, None, None, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len, mode,
-                      None if mode == "exact" else budget_survival, min_gain)
+                      None if mode == "exact" else budget_survival, min_gain, active)
     return run
 
 
 def _check_args(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len,
-                max_len, mode, budget_survival, min_gain):
+                max_len, mode, budget_survival, min_gain, active):
     if (survival is None) == (conf_logits is None):
         raise ValueError("exactly one of survival and conf_logits must be given")
     x_name, x = ("survival", survival) if survival is not None else ("conf_logits", conf_logits)
@@ -74,6 +75,7 @@ def _check_args(survival, conf_logits, sts_temperatures, token_counts, step_time
     if not 0 <= min_len <= max_len <= k:
         raise ValueError(f"need 0 <= min_len <= max_len <= K={k}, got min_len={min_len}, max_len={max_len}")
     check_tensor("budget_survival", budget_survival, ndim=2, dtypes=FLOAT_DTYPES, device=dev, optional=True)
+    check_tensor("active", active, shape=(x.shape[0],), dtypes=(torch.bool,), device=dev, optional=True)
     if not (isinstance(min_gain, float) and math.isfinite(min_gain) and min_gain >= 0.0):
         raise ValueError(f"min_gain must be finite and >= 0, got {min_gain}")
     if mode == "exact" and (budget_survival is not None or min_gain != 0.0):
@@ -83,7 +85,8 @@ def _check_args(survival, conf_logits, sts_temperatures, token_counts, step_time
 SCHEDULE_VERIFY_LENS = define_op(
     "schedule_verify_lens",
     "(Tensor? survival, Tensor? conf_logits, Tensor? sts_temperatures, Tensor token_counts, Tensor step_time_ms, "
-    "float fixed_overhead_ms, int min_len, int max_len, str mode, Tensor? budget_survival, float min_gain) "
+    "float fixed_overhead_ms, int min_len, int max_len, str mode, Tensor? budget_survival, float min_gain, "
+    "Tensor? active) "
     "-> (Tensor, Tensor, Tensor)",
     _fake,
     {"reference": reference.schedule_verify_lens,
@@ -98,7 +101,7 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
                          sts_temperatures: Optional[torch.Tensor] = None, cost_table: CostTable,
                          min_len: int = 0, max_len: Optional[int] = None, mode: str = "exact",
                          budget_survival: Optional[torch.Tensor] = None, min_gain: float = 0.0,
-                         backend: Optional[str] = "auto") -> ScheduleOutput:
+                         active: Optional[torch.Tensor] = None, backend: Optional[str] = "auto") -> ScheduleOutput:
     """Choose each request's verify length ``L_r`` to maximise ``Theta = tau * SPS(B)``. Never synchronises.
 
     ``B = sum_r (1 + L_r)`` target tokens, ``tau = sum_r (1 + sum_{j<=L_r} a'[r, j])`` expected tokens, with
@@ -112,6 +115,11 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
       K'), applied to this step's order. Then, unless the schedule's Theta is at least ``(1 + min_gain)`` times
       the Theta of verifying everything (``L_r = max_len``), verify everything.
 
+    ``active`` (bool ``[N]``) leaves requests out: an inactive request (finished, or a padding row of a fixed-size
+    batch) gets ``L_r = 0`` and no rows in ``cu_seqlens`` (not even its anchor), and counts in neither B nor tau;
+    "everything" is every active request at ``max_len``. ``budget_survival`` describes its own batch and is
+    counted whole.
+
     Args:
         survival: float ``[N, K]`` (fp32/bf16/fp16), ``a[r, j-1]`` = P(first j drafts accepted); or
         conf_logits: float ``[N, K]`` confidence logits, with survival ``= dk.survival_from_conf(conf_logits,
@@ -122,6 +130,7 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
         mode: "exact" or "argmax".
         budget_survival: float ``[N', K']`` (argmax mode only).
         min_gain: float >= 0 (argmax mode only).
+        active: bool ``[N]`` on the survival's device, or None (every request active).
         backend: "auto" | "cpu" | "cuda" | "triton" | "reference". "auto" on CPU tensors: the CPU kernel where it
             builds (equal to the reference bit for bit), else the reference. "auto" on a GPU: CUDA where the
             extension builds (any N*K), else Triton up to its one-program size (N*K <= 16384), else the reference.
@@ -143,7 +152,7 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
     token_counts, step_time_ms = cost_table.tensors(dev)
     fixed_overhead_ms = float(cost_table.fixed_overhead_ms)
     _check_args(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len,
-                max_len, mode, budget_survival, min_gain)
+                max_len, mode, budget_survival, min_gain, active)
     chosen = resolve_backend(backend, dev, SCHEDULE_VERIFY_LENS.name)
     if chosen == "triton" and requested_backend(backend) == "auto":
         # "auto" never picks a backend that cannot take the batch: the Triton twin sorts in one program (N*K <=
@@ -153,5 +162,5 @@ def schedule_verify_lens(survival: Optional[torch.Tensor] = None, *, conf_logits
             chosen = "reference"
     verify_lens, cu_seqlens, theta = SCHEDULE_VERIFY_LENS(
         survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms, min_len, max_len,
-        mode, budget_survival, min_gain, backend=chosen)
+        mode, budget_survival, min_gain, active, backend=chosen)
     return ScheduleOutput(verify_lens, cu_seqlens, theta)

@@ -11,6 +11,10 @@ candidates (r, j), ``min_len < j <= max_len``, are admitted in descending surviv
 sort of the flattened ``[N, K]`` order). Admitting the first m candidates gives ``B_m = B_0 + m``,
 ``tau_m = tau_0 + (sum of their survivals)`` and ``Theta_m``.
 
+Inactive requests (``active[r]`` false: finished, or padding of a fixed-size batch) are not scheduled: they verify
+nothing (``L_r = 0`` and no rows, not even the anchor), count in neither B nor tau and hold no candidate; only the
+active requests are "everything" in the fall-back below.
+
 * "exact" (the paper's Algorithm 1): admit while each admission strictly raises Theta; stop at the first that
   does not. The early stop is what keeps the schedule independent of the drafted tokens' later confidences
   (lossless).
@@ -38,28 +42,36 @@ def clean_survival(survival: torch.Tensor) -> torch.Tensor:
 
 
 def admission_curve(a: torch.Tensor, min_len: int, max_len: int, token_counts: torch.Tensor,
-                    step_time_ms: torch.Tensor, fixed_overhead_ms: float
-                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+                    step_time_ms: torch.Tensor, fixed_overhead_ms: float, active: Optional[torch.Tensor] = None
+                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The admission order and the Theta after each number of admissions.
 
     Args:
         a: float64 ``[N, K]`` cleaned survival (see :func:`clean_survival`), ``0 <= min_len <= max_len <= K``.
+        active: bool ``[N]`` or None (every request active).
 
     Returns:
-        order: int64 ``[M]``, ``M = N * (max_len - min_len)``: candidate indices into the flattened
-            ``[N, max_len - min_len]`` candidate grid (request r, draft ``j = min_len + 1 + c``), best first.
-        theta: float64 ``[M+1]``, ``theta[m]`` = Theta after admitting the first m candidates.
+        order: int64 ``[N * W]``, ``W = max_len - min_len``: candidate indices into the flattened ``[N, W]``
+            candidate grid (request r, draft ``j = min_len + 1 + c``), best first; the first M are the active
+            requests' candidates.
+        theta: float64 ``[N * W + 1]``, ``theta[m]`` = Theta after admitting the first m candidates (m <= M;
+            -inf beyond).
+        m: int64 ``[]``, ``M = (active requests) * W``.
     """
-    n = a.shape[0]
-    cand = a[:, min_len:max_len].reshape(-1)  # [M] survival of (r, j), r-major
+    n, w = a.shape[0], max_len - min_len
+    act = torch.ones(n, dtype=torch.bool, device=a.device) if active is None else active
+    a = torch.where(act.view(-1, 1), a, 0.0)
+    cand = torch.where(act.view(-1, 1), a[:, min_len:max_len], -1.0).reshape(-1)  # (r, j) r-major; inactive last
     sorted_a, order = torch.sort(cand, descending=True, stable=True)
-    b0 = n * (1 + min_len)
-    tau0 = n + a[:, :min_len].sum()
-    m = cand.shape[0]
-    tokens = b0 + torch.arange(m + 1, device=a.device, dtype=torch.float64)  # B_m
-    tau = tau0 + torch.cat([torch.zeros(1, dtype=torch.float64, device=a.device), torch.cumsum(sorted_a, dim=0)])
-    theta = tau * sps_from_table(tokens, token_counts, step_time_ms, fixed_overhead_ms)
-    return order, theta
+    n_act = act.sum().to(torch.float64)
+    b0 = n_act * (1 + min_len)
+    tau0 = n_act + a[:, :min_len].sum()
+    m = act.sum() * w
+    steps = torch.arange(n * w + 1, device=a.device)
+    tau = tau0 + torch.cat([torch.zeros(1, dtype=torch.float64, device=a.device),
+                            torch.cumsum(sorted_a.clamp(min=0.0), dim=0)])
+    theta = tau * sps_from_table(b0 + steps.to(torch.float64), token_counts, step_time_ms, fixed_overhead_ms)
+    return order, torch.where(steps <= m, theta, float("-inf")), m
 
 
 def _at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -70,8 +82,8 @@ def _at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def schedule_verify_lens(survival: Optional[torch.Tensor], conf_logits: Optional[torch.Tensor],
                          sts_temperatures: Optional[torch.Tensor], token_counts: torch.Tensor,
                          step_time_ms: torch.Tensor, fixed_overhead_ms: float, min_len: int, max_len: int, mode: str,
-                         budget_survival: Optional[torch.Tensor], min_gain: float
-                         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         budget_survival: Optional[torch.Tensor], min_gain: float,
+                         active: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Choose verify lengths (the flat arguments of ``torch.ops.dspark.schedule_verify_lens``).
 
     Args:
@@ -82,10 +94,11 @@ def schedule_verify_lens(survival: Optional[torch.Tensor], conf_logits: Optional
         mode: "exact" or "argmax".
         budget_survival: float ``[N', K']`` or None (argmax only).
         min_gain: float >= 0 (argmax only).
+        active: bool ``[N]`` or None (every request active).
 
     Returns:
-        verify_lens: int32 ``[N]``, ``min_len + admitted drafts of r``.
-        cu_seqlens: int32 ``[N+1]``, exclusive prefix sum of ``1 + verify_lens``.
+        verify_lens: int32 ``[N]``, ``min_len + admitted drafts of r`` (0 where inactive).
+        cu_seqlens: int32 ``[N+1]``, exclusive prefix sum of the rows, ``1 + verify_lens`` (0 where inactive).
         theta: float32 ``[]``, predicted Theta of the returned schedule.
     """
     if survival is None:
@@ -93,8 +106,8 @@ def schedule_verify_lens(survival: Optional[torch.Tensor], conf_logits: Optional
     n = survival.shape[0]
     dev = survival.device
     a = clean_survival(survival)
-    order, theta = admission_curve(a, min_len, max_len, token_counts, step_time_ms, fixed_overhead_ms)
-    m_total = order.shape[0]
+    order, theta, m_total = admission_curve(a, min_len, max_len, token_counts, step_time_ms, fixed_overhead_ms,
+                                            active)
 
     if mode == "exact":
         # number of leading admissions that each strictly raise Theta
@@ -106,18 +119,19 @@ def schedule_verify_lens(survival: Optional[torch.Tensor], conf_logits: Optional
         else:
             ab = clean_survival(budget_survival)
             budget_max = min(max_len, ab.shape[1])
-            _, theta_b = admission_curve(ab, min(min_len, budget_max), budget_max, token_counts, step_time_ms,
-                                         fixed_overhead_ms)
-            m_star = torch.argmax(theta_b).clamp(max=m_total)
+            _, theta_b, _ = admission_curve(ab, min(min_len, budget_max), budget_max, token_counts, step_time_ms,
+                                            fixed_overhead_ms)
+            m_star = torch.minimum(torch.argmax(theta_b), m_total)
         # fall back to verifying everything unless the schedule beats it by min_gain
-        m_star = torch.where(_at(theta, m_star) < (1.0 + min_gain) * theta[m_total], m_total, m_star)
+        m_star = torch.where(_at(theta, m_star) < (1.0 + min_gain) * _at(theta, m_total), m_total, m_star)
 
     # rank[c] = position of candidate c in the admission order; the first m_star are admitted
-    rank = torch.empty(m_total, dtype=torch.int64, device=dev)
-    rank[order] = torch.arange(m_total, device=dev)
+    rank = torch.empty(order.shape[0], dtype=torch.int64, device=dev)
+    rank[order] = torch.arange(order.shape[0], device=dev)
     admitted = (rank < m_star).view(n, max_len - min_len)
     per_request = admitted.sum(dim=1)
-    verify_lens = min_len + per_request
+    act = torch.ones(n, dtype=torch.bool, device=dev) if active is None else active
+    verify_lens = torch.where(act, min_len + per_request, 0)
     cu_seqlens = torch.zeros(n + 1, dtype=torch.int64, device=dev)
-    cu_seqlens[1:] = torch.cumsum(1 + verify_lens, dim=0)
+    cu_seqlens[1:] = torch.cumsum(torch.where(act, 1 + verify_lens, 0), dim=0)
     return verify_lens.to(torch.int32), cu_seqlens.to(torch.int32), _at(theta, m_star).to(torch.float32)

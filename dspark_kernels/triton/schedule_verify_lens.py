@@ -16,7 +16,8 @@ Same meaning as ``dspark_kernels.reference.schedule_verify_lens`` (read that fir
 4. picks ``m*`` (exact: the first admission that does not strictly raise Theta; argmax: the first maximum, on the
    budget survival's own sorted curve when given, then the ``min_gain`` fall-back), and writes each request's
    ``min_len + #(its candidates with key <= key of the m*-th admission)`` and the prefix sums, one chunk of
-   requests at a time.
+   requests at a time. Inactive requests (``active``) hold no candidate, count in neither B nor tau, and get
+   ``L = 0`` and no rows.
 
 The reference sums in float64 in its own order, so the two Thetas can differ in the last bits; integer outputs
 differ only where the reference's own comparison hinges on that rounding. Survival below ``2**-SHIFT``
@@ -143,30 +144,45 @@ def _theta(total_fixed, b, n, counts_ptr, times_ptr, P, overhead, SHIFT: tl.cons
 
 
 @triton.jit
-def _curve(ptr, n, k, lo, hi, counts_ptr, times_ptr, P, overhead, BLOCK: tl.constexpr, SHIFT: tl.constexpr,
-           BLOCK_ROW: tl.constexpr):
-    """Admission curve of a survival ``[n, k]`` with candidates ``lo <= j < hi`` (0-based j).
+def _active(active_ptr, row, mask, HAS_ACTIVE: tl.constexpr):
+    """Whether each request ``row`` (where ``mask``) is active: ``active[row]``, or True without the mask."""
+    if HAS_ACTIVE:
+        return mask & (tl.load(active_ptr + row, mask=mask, other=0) != 0)
+    else:
+        return mask
+
+
+@triton.jit
+def _curve(ptr, active_ptr, n, k, lo, hi, counts_ptr, times_ptr, P, overhead, BLOCK: tl.constexpr,
+           SHIFT: tl.constexpr, BLOCK_ROW: tl.constexpr, HAS_ACTIVE: tl.constexpr):
+    """Admission curve of a survival ``[n, k]`` with candidates ``lo <= j < hi`` (0-based j) of its active rows.
 
     Returns (sorted keys [BLOCK], theta [BLOCK] after admitting p+1 candidates (p < M), theta after none,
     theta after admitting p (p < M; the exact mode's "before"), M).
     """
     f = tl.arange(0, BLOCK)
+    kk = tl.maximum(k, 1)
+    j = f % kk
     valid = f < n * k
-    j = f % tl.maximum(k, 1)
+    on = _active(active_ptr, f // kk, valid, HAS_ACTIVE)
     x = _clean(tl.load(ptr + f, mask=valid, other=0.0))
     a = _running_min(x, j, f, 0, BLOCK_ROW)
-    fixed = tl.where(valid, _to_fixed(a, SHIFT), 0)
+    fixed = tl.where(on, _to_fixed(a, SHIFT), 0)
     s0 = tl.sum(tl.where(j < lo, fixed, 0), axis=0)
-    skey = _sort(_key(a, f, valid & (j >= lo) & (j < hi)), 62 - SHIFT)
-    m = n * (hi - lo)
+    skey = _sort(_key(a, f, on & (j >= lo) & (j < hi)), 62 - SHIFT)
     p = tl.arange(0, BLOCK)
+    if HAS_ACTIVE:  # BLOCK >= n (the wrapper's block covers the rows too)
+        n_on = tl.sum(_active(active_ptr, p, p < n, HAS_ACTIVE).to(tl.int32), axis=0)
+    else:
+        n_on = n
+    m = n_on * (hi - lo)
     sval = (0x7FFFFFFF - (skey >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
     sfixed = tl.where(p < m, _to_fixed(sval, SHIFT), 0)
     incl = tl.cumsum(sfixed, axis=0)
-    b0 = n * (1 + lo)
-    theta = _theta(s0 + incl, b0 + 1 + p, n, counts_ptr, times_ptr, P, overhead, SHIFT)
-    before = _theta(s0 + incl - sfixed, b0 + p, n, counts_ptr, times_ptr, P, overhead, SHIFT)
-    theta0 = _theta(s0, b0, n, counts_ptr, times_ptr, P, overhead, SHIFT)
+    b0 = n_on * (1 + lo)
+    theta = _theta(s0 + incl, b0 + 1 + p, n_on, counts_ptr, times_ptr, P, overhead, SHIFT)
+    before = _theta(s0 + incl - sfixed, b0 + p, n_on, counts_ptr, times_ptr, P, overhead, SHIFT)
+    theta0 = _theta(s0, b0, n_on, counts_ptr, times_ptr, P, overhead, SHIFT)
     return skey, theta, theta0, before, m
 
 
@@ -186,18 +202,18 @@ def _first_argmax(theta, theta0, p, m):
 
 @triton.jit(do_not_specialize=["overhead_bits", "gain_bits"])
 def _schedule_verify_lens_kernel(
-    surv_ptr, budget_ptr, counts_ptr, times_ptr, lens_ptr, cu_ptr, theta_ptr,
+    surv_ptr, budget_ptr, active_ptr, counts_ptr, times_ptr, lens_ptr, cu_ptr, theta_ptr,
     N, K, NB, KB, P, min_len, max_len, overhead_bits, gain_bits,
     EXACT: tl.constexpr, HAS_BUDGET: tl.constexpr, BLOCK: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_B: tl.constexpr, SHIFT_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_KB: tl.constexpr,
+    BLOCK_KB: tl.constexpr, HAS_ACTIVE: tl.constexpr,
 ):
     # float64 scalars travel as their bit patterns (a Python float argument would be float32)
     overhead = (tl.zeros([], tl.int64) + overhead_bits).to(tl.float64, bitcast=True)
     gain = (tl.zeros([], tl.int64) + gain_bits).to(tl.float64, bitcast=True)
 
-    skey, theta, theta0, before, m = _curve(surv_ptr, N, K, min_len, max_len, counts_ptr, times_ptr, P, overhead,
-                                            BLOCK, SHIFT, BLOCK_K)
+    skey, theta, theta0, before, m = _curve(surv_ptr, active_ptr, N, K, min_len, max_len, counts_ptr, times_ptr, P,
+                                            overhead, BLOCK, SHIFT, BLOCK_K, HAS_ACTIVE)
     p = tl.arange(0, BLOCK)
     if EXACT:
         # admissions while each strictly raises Theta
@@ -206,8 +222,8 @@ def _schedule_verify_lens_kernel(
         if HAS_BUDGET:
             hi_b = tl.minimum(max_len, KB)
             lo_b = tl.minimum(min_len, hi_b)
-            _bk, theta_b, theta_b0, _bb, m_b = _curve(budget_ptr, NB, KB, lo_b, hi_b, counts_ptr, times_ptr, P,
-                                                      overhead, BLOCK_B, SHIFT_B, BLOCK_KB)
+            _bk, theta_b, theta_b0, _bb, m_b = _curve(budget_ptr, active_ptr, NB, KB, lo_b, hi_b, counts_ptr,
+                                                      times_ptr, P, overhead, BLOCK_B, SHIFT_B, BLOCK_KB, False)
             m_star = tl.minimum(_first_argmax(theta_b, theta_b0, tl.arange(0, BLOCK_B), m_b), m)
         else:
             m_star = _first_argmax(theta, theta0, p, m)
@@ -217,22 +233,23 @@ def _schedule_verify_lens_kernel(
     tl.store(theta_ptr, _theta_at(theta, theta0, p, m_star).to(tl.float32))
     thr = tl.max(tl.where(p == m_star - 1, skey, -1), axis=0)  # the first m_star admissions: key <= thr
 
-    # per request: min_len + admitted candidates, and the prefix sums of 1 + L
+    # per active request: min_len + admitted candidates, and the prefix sums of its rows, 1 + L
     cols = tl.arange(0, BLOCK_K)[None, :]
     carry = tl.zeros([], tl.int32)
     tl.store(cu_ptr, 0)
     for r0 in range(0, N, BLOCK_R):
         r = r0 + tl.arange(0, BLOCK_R)
         rv = r < N
-        in_row = rv[:, None] & (cols < K)
+        on = _active(active_ptr, r, rv, HAS_ACTIVE)
+        in_row = on[:, None] & (cols < K)
         f = r[:, None] * K + cols
         x = _clean(tl.load(surv_ptr + f, mask=in_row, other=0.0))
         idx = tl.broadcast_to(cols, [BLOCK_R, BLOCK_K])
         a = _running_min(x, idx, idx, 1, BLOCK_K)
         key = _key(a, f, in_row & (cols >= min_len) & (cols < max_len))
-        lens = min_len + tl.sum((key <= thr).to(tl.int32), axis=1)
+        lens = tl.where(on, min_len + tl.sum((key <= thr).to(tl.int32), axis=1), 0)
         tl.store(lens_ptr + r, lens, mask=rv)
-        rows = tl.where(rv, 1 + lens, 0)
+        rows = tl.where(on, 1 + lens, 0)
         tl.store(cu_ptr + 1 + r, carry + tl.cumsum(rows, axis=0), mask=rv)
         carry += tl.sum(rows, axis=0)
 
@@ -254,7 +271,7 @@ def _check_size(name: str, x: torch.Tensor) -> None:
 
 
 def schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, step_time_ms, fixed_overhead_ms,
-                         min_len, max_len, mode, budget_survival, min_gain):
+                         min_len, max_len, mode, budget_survival, min_gain, active):
     """Same flat arguments and results as ``dspark_kernels.reference.schedule_verify_lens`` (checked by the wrapper).
 
     Raises ValueError when ``N * K`` (or ``N' * K'`` of ``budget_survival``) exceeds ``MAX_ELEMENTS``.
@@ -276,17 +293,17 @@ def schedule_verify_lens(survival, conf_logits, sts_temperatures, token_counts, 
         return verify_lens, cu_seqlens, theta
     budget = budget_survival if use_budget else survival
     nb, kb = budget.shape
-    block, shift = _block_and_shift(n * k)
+    block, shift = _block_and_shift(n * k if active is None else max(n * k, n))
     block_b, shift_b = _block_and_shift(nb * kb) if use_budget else (1, 62)
     block_k = triton.next_power_of_2(max(k, 1))
     block_r = max(1, min(triton.next_power_of_2(n), 4096 // block_k))
     big = max(block, block_b)
     _schedule_verify_lens_kernel[(1,)](
-        survival, budget, token_counts, step_time_ms, verify_lens, cu_seqlens, theta,
+        survival, budget, survival if active is None else active, token_counts, step_time_ms, verify_lens, cu_seqlens, theta,
         n, k, nb, kb, token_counts.shape[0], min_len, max_len, _f64_bits(fixed_overhead_ms),
         _f64_bits(1.0 + float(min_gain)),
         EXACT=mode == "exact", HAS_BUDGET=use_budget, BLOCK=block, SHIFT=shift, BLOCK_B=block_b, SHIFT_B=shift_b,
-        BLOCK_R=block_r, BLOCK_K=block_k, BLOCK_KB=triton.next_power_of_2(max(kb, 1)),
+        BLOCK_R=block_r, BLOCK_K=block_k, BLOCK_KB=triton.next_power_of_2(max(kb, 1)), HAS_ACTIVE=active is not None,
         num_warps=4 if big <= 1024 else (8 if big <= 4096 else 16),
         enable_fp_fusion=False,  # float64 Theta: separately rounded multiplies and adds, as in the reference
     )

@@ -67,14 +67,14 @@ def _scan_case(tokens, seq_lens, num_accepted=None, accept_mask=None, verify_cu_
 
 
 def _sched_case(table, mode, survival=None, conf_logits=None, sts_temperatures=None, min_len=0, max_len=None,
-                budget_survival=None, min_gain=0.0):
+                budget_survival=None, min_gain=0.0, active=None):
     x = survival if survival is not None else conf_logits
     n, k = x.shape
     max_len = k if max_len is None else max_len
     c, s = table.tensors("cpu")
     lens, cu, theta = reference.schedule_verify_lens(survival, conf_logits, sts_temperatures, c, s,
                                                      table.fixed_overhead_ms, min_len, max_len, mode,
-                                                     budget_survival, min_gain)
+                                                     budget_survival, min_gain, active)
     return {
         "N": n, "K": k, "survival": _floats(survival), "conf_logits": _floats(conf_logits),
         "sts_temperatures": _floats(sts_temperatures), "token_counts": [float(v) for v in table.token_counts],
@@ -82,6 +82,7 @@ def _sched_case(table, mode, survival=None, conf_logits=None, sts_temperatures=N
         "min_len": min_len, "max_len": max_len, "mode": mode, "budget_survival": _floats(budget_survival),
         "NB": 0 if budget_survival is None else budget_survival.shape[0],
         "KB": 0 if budget_survival is None else budget_survival.shape[1], "min_gain": min_gain,
+        "active": None if active is None else [int(x) for x in active.tolist()],
         "expect": {"verify_lens": lens.tolist(), "cu_seqlens": cu.tolist(), "theta": float(theta)},
     }
 
@@ -348,6 +349,12 @@ def make_vectors() -> dict:
     z = f([[2.0, 1.0, -1.0], [3.0, 3.0, 0.5]])
     sched.append(_sched_case(tables[0], "argmax", conf_logits=z, sts_temperatures=f([1.0, 2.0, 0.5])))
     sched.append(_sched_case(linear, "exact", conf_logits=z))
+    # inactive requests (finished, or padding): no candidates, no rows, not counted in B or tau
+    on = torch.tensor([True, False, True])
+    sched.append(_sched_case(tables[0], "exact", f([[0.9, 0.8, 0.5], [0.9, 0.9, 0.9], [0.7, 0.6, 0.1]]), active=on))
+    sched.append(_sched_case(linear, "argmax", current, active=~on, min_gain=0.05, min_len=1))
+    sched.append(_sched_case(flat, "argmax", current, active=torch.zeros(3, dtype=torch.bool),
+                             budget_survival=f([[0.5, 0.2]])))
     return {"scan": scan, "schedule": sched, "draft": _draft_vectors(g), "verify": _verify_vectors(g)}
 
 

@@ -9,12 +9,14 @@
 //      scan (shuffles, one barrier for the warps' totals); from conf_logits the survival is the segmented product
 //      of sigmoid(z / T) in float64, rounded once. Candidates (r, j), min_len <= j < max_len, get the key
 //      0x3F800000 - bits(a) (ascending key = descending survival: non-negative float32 bits order like their
-//      values), the others 0xFFFFFFFF (after every candidate); the survivals of j < min_len are summed exactly;
+//      values), the others 0xFFFFFFFF (after every candidate); the survivals of j < min_len are summed exactly.
+//      Inactive requests (the `active` mask) hold no candidate and add nothing: the curve below counts the n'
+//      active requests only (their number: one more barrier, with the mask);
 //   2. sort: a bitonic network over the tile's keys, strides below 4 inside a thread, up to 64 by shuffles,
 //      larger ones through shared memory (one barrier each: log2(tile / 128) (log2(tile / 128) + 1) / 2 of them;
 //      10 at N = 256, K = 7). Only the sorted values matter (ties are equal values); the flat tie order comes
 //      back in step 5. Larger batches merge tiles with passes over the workspace;
-//   3. the curve, 4 consecutive admissions a thread: the reference's float64 tau_m = fl(fl(n + fl(sum of
+//   3. the curve, 4 consecutive admissions a thread: the reference's float64 tau_m = fl(fl(n' + fl(sum of
 //      j < min_len)) + C_m), C_m its sequential cumsum of the sorted survivals. The prefix sums are taken EXACTLY
 //      (one block scan) in a two-word fixed point (each float32 split into 2^-H and 2^-(H+L) parts,
 //      H = L = 62 - log2(n(K+1))); while every exact prefix is a float64 the sequential sums never rounded and C_m
@@ -28,7 +30,8 @@
 //      min_gain fall-back to "verify everything": one block reduction of each thread's candidates;
 //   5. admitted = candidates whose key precedes the m*-th key: all with a > v* plus the first (m* - #{a > v*})
 //      candidates with a == v* in flat order: one block scan of the (a > v*, a == v*) counts in flat order gives,
-//      at each row's last candidate, the admissions up to it; then L_r and cu_seqlens per request.
+//      at each row's last candidate, the admissions up to it; then L_r and cu_seqlens per request (with the
+//      mask, one block scan per 512 requests counts the active requests before each).
 // Barriers at N = 256, K = 7 (512 threads): 1 + 10 + 1 + 1 + 2. Float inputs are fp32 / bf16 / fp16
 // (dspark::DType, per array). Outputs: verify_lens int32 [N], cu_seqlens int32 [N+1], theta float32 [].
 //
@@ -49,6 +52,7 @@ namespace dspark {
 namespace sched {
 constexpr int kItems = 4;                          // elements per thread in every phase
 constexpr int kMaxThreads = 512;
+constexpr int kMaskedTileThreads = 256;        // several tiles with the active mask: 255 registers, no spills
 constexpr int64_t kMaxTile = int64_t(kItems) * kMaxThreads;
 constexpr int kTableSmem = 256;                    // cost-table points cached in shared memory
 constexpr uint32_t kOneBits = 0x3F800000u;         // bits of 1.0f: key = kOneBits - bits(a)
@@ -62,20 +66,22 @@ struct Curve {
   const void* temps;        // [K] STS temperatures or null (from_conf only)
   DType temps_dtype;
   int64_t n, K, lo, hi;     // candidates j in [lo, hi)
+  const uint8_t* active;    // [n] or null (every row active)
 };
+
 
 DSPARK_HOST_DEVICE_FN bool uses_budget(const ScheduleVerifyLensParams& p) { return !p.exact && p.has_budget; }
 
 DSPARK_HOST_DEVICE_FN Curve main_curve(const ScheduleVerifyLensParams& p) {
   const bool conf = p.survival == nullptr;
   return Curve{conf ? p.conf_logits : p.survival, conf ? p.conf_dtype : p.survival_dtype, conf,
-               p.sts_temperatures, p.sts_dtype, p.N, p.K, p.min_len, p.max_len};
+               p.sts_temperatures, p.sts_dtype, p.N, p.K, p.min_len, p.max_len, p.active};
 }
 
 DSPARK_HOST_DEVICE_FN Curve budget_curve(const ScheduleVerifyLensParams& p) {
   const int64_t hi = p.max_len < p.KB ? p.max_len : p.KB;
   const int64_t lo = p.min_len < hi ? p.min_len : hi;
-  return Curve{p.budget_survival, p.budget_dtype, false, nullptr, DType::kFloat32, p.NB, p.KB, lo, hi};
+  return Curve{p.budget_survival, p.budget_dtype, false, nullptr, DType::kFloat32, p.NB, p.KB, lo, hi, nullptr};
 }
 
 DSPARK_HOST_DEVICE_FN int threads_for(int64_t elements) {
@@ -111,7 +117,7 @@ DSPARK_HOST_DEVICE_FN Layout layout(const ScheduleVerifyLensParams& p) {
   }
   l.elements = e;
   l.multi = e > kMaxTile;
-  l.threads = l.multi ? kMaxThreads : threads_for(e);
+  l.threads = l.multi ? (p.active ? kMaskedTileThreads : kMaxThreads) : threads_for(e);
   l.tile = int64_t(kItems) * l.threads;
   l.sort_len = l.multi ? next_pow2(e) : l.tile;
   const int64_t tiles = l.multi ? (e + l.tile - 1) / l.tile : 1;
@@ -325,7 +331,7 @@ struct Pick {
   double fail_theta;    // Theta_fail
   int64_t best;         // argmax: the first maximum (-1: none seen)
   double best_theta;
-  double at[2];         // Theta at two requested admission counts
+  double at[2];         // Theta at M (every candidate admitted) and at a requested admission count
   int32_t has;          // bit i: at[i] is set
   int64_t inexact;      // the first admission whose exact prefix is not a float64 (INT64_MAX: none)
 };
@@ -349,13 +355,12 @@ DSPARK_DEVICE Pick combine(Pick a, const Pick& b) {
 }
 
 // Adds Theta at admission counts m0 .. m0+4 (th[i] at m0 + i, those <= M) to the thread's pick.
-DSPARK_DEVICE void add_thetas(Pick& pk, int64_t m0, const double (&th)[kItems + 1], int64_t M, int64_t want0,
-                              int64_t want1) {
+DSPARK_DEVICE void add_thetas(Pick& pk, int64_t m0, const double (&th)[kItems + 1], int64_t M, int64_t want1) {
 DSPARK_UNROLL
   for (int i = 0; i <= kItems; ++i) {
     const int64_t m = m0 + i;
     if (m > M) break;
-    if (m == want0) pk.at[0] = th[i], pk.has |= 1;
+    if (m == M) pk.at[0] = th[i], pk.has |= 1;
     if (m == want1) pk.at[1] = th[i], pk.has |= 2;
     if (pk.best < 0 || th[i] > pk.best_theta) pk.best = m, pk.best_theta = th[i];
     if (pk.fail == INT64_MAX && (m == M || (i < kItems && !(th[i + 1] > th[i])))) pk.fail = m, pk.fail_theta = th[i];
@@ -391,6 +396,7 @@ struct Scratch {
   int64_t sum_hi[2][32], sum_lo[2][32];
   uint64_t counts[2][32];
   int64_t tau_hi[32], tau_lo[32];
+  int64_t rows[32];
   Pick picks[32];
 };
 
@@ -539,8 +545,11 @@ DSPARK_DEVICE int64_t theta_slot(int64_t m, int64_t theta_len) {
   return b + (r & 3) * kT + (r >> 2);
 }
 
+// Whether row r (< c.n) is scheduled.
+DSPARK_DEVICE bool row_active(const Curve& c, int64_t r) { return c.active == nullptr || ldg(c.active + r) != 0; }
+
 // Step 1 over one tile (element base + u * 32 + lane of each warp's 128): keys (kPadKey where not a candidate)
-// and the exact sums of the survivals of j < lo; cmin / cmul carry the running scans between tiles.
+// and the exact sums of the survivals of j < lo of active rows; cmin / cmul carry the running scans between tiles.
 DSPARK_DEVICE void load_keys(const Curve& c, int64_t base, const Fixed& fx, uint32_t (&key)[kItems], float& cmin,
                              double& cmul, int64_t& h0, int64_t& l0, Scratch& s, Phase& ph) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -575,7 +584,7 @@ DSPARK_UNROLL
 DSPARK_UNROLL
   for (int u = 0; u < kItems; ++u) {
     key[u] = kPadKey;
-    if (!valid[u]) continue;
+    if (!valid[u] || !row_active(c, static_cast<uint32_t>(f[u]) / static_cast<uint32_t>(c.K))) continue;
     if (j[u] < c.lo) {
       int64_t h, l;
       fx.split(a[u], &h, &l);
@@ -585,6 +594,15 @@ DSPARK_UNROLL
       key[u] = key_of(a[u]);
     }
   }
+}
+
+// The curve's active rows: n without a mask, else the count keys_pass left in s.rows (after a barrier).
+template <int kT>
+DSPARK_DEVICE int64_t active_rows(const Curve& c, const Scratch& s) {
+  if (!c.active) return c.n;
+  int64_t na = 0;
+  for (int w = 0; w < kT / 32; ++w) na += s.rows[w];
+  return na;
 }
 
 // Exclusive scan over the block of the pair (a, b) in thread order, one barrier; ta / tb get the block's sums.
@@ -648,10 +666,10 @@ DSPARK_UNROLL
 // Thread 0 continues the sequential float64 cumsum from the first admission whose exact prefix is not a float64
 // (that prefix, before it, still is), rewriting Theta from there on.
 template <int kT, bool kMulti>
-DSPARK_DEVICE void sequential_tail(const Curve& c, const Table& tb, const Fixed& fx, const Bufs& b, double tau0,
-                                   int64_t first) {
-  const int64_t M = c.n * (c.hi - c.lo);
-  const double b0 = static_cast<double>(c.n * (1 + c.lo));
+DSPARK_DEVICE void sequential_tail(const Curve& c, int64_t na, const Table& tb, const Fixed& fx, const Bufs& b,
+                                   double tau0, int64_t first) {
+  const int64_t M = na * (c.hi - c.lo);
+  const double b0 = static_cast<double>(na * (1 + c.lo));
   int64_t A = 0, L = 0;
   for (int64_t q = 0; q < first; ++q) {
     int64_t h, l;
@@ -695,21 +713,26 @@ DSPARK_UNROLL
   }
   h0 = warp_sum(h0);
   l0 = warp_sum(l0);
+  int64_t rows = 0;
+  if (c.active)
+    for (int64_t r = threadIdx.x; r < c.n; r += kT) rows += row_active(c, r) ? 1 : 0;
+  rows = warp_sum(rows);
   if (lane == 0) {
     s.tau_hi[warp] = h0;
     s.tau_lo[warp] = l0;
+    s.rows[warp] = rows;
   }
 }
 
 // Step 3 over the sorted keys (x: this thread's 4 of a one-tile launch): Theta after each admission count m,
 // 4 consecutive admissions a thread (and m = q0, before them), kept in b.theta; the thread's pick.
 template <int kT, bool kMulti>
-DSPARK_DEVICE Pick theta_pass(const Curve& c, const Table& tb, const Fixed& fx, const Bufs& b, Scratch& s, Phase& ph,
-                              uint32_t (&x)[kItems], int64_t want0, int64_t want1, double& tau0) {
+DSPARK_DEVICE Pick theta_pass(const Curve& c, int64_t na, const Table& tb, const Fixed& fx, const Bufs& b,
+                              Scratch& s, Phase& ph, uint32_t (&x)[kItems], int64_t want1, double& tau0) {
   constexpr int64_t kTile = int64_t(kItems) * kT;
   const int tid = threadIdx.x, warp = tid >> 5, nwarps = kT / 32;
-  const int64_t M = c.n * (c.hi - c.lo);
-  const double b0 = static_cast<double>(c.n * (1 + c.lo));
+  const int64_t M = na * (c.hi - c.lo);
+  const double b0 = static_cast<double>(na * (1 + c.lo));
   int64_t carry_h = 0, carry_l = 0;
   Pick pk = empty_pick();
   for (int64_t base = 0; base == 0 || (kMulti && base < M); base += kTile) {
@@ -730,7 +753,7 @@ DSPARK_UNROLL
     if (base == 0) {  // the survivals of j < lo, published by the scan's barrier
       int64_t th = 0, tlo = 0;
       for (int w = 0; w < nwarps; ++w) th += s.tau_hi[w], tlo += s.tau_lo[w];
-      tau0 = dadd(static_cast<double>(c.n), fx.value(th, tlo));
+      tau0 = dadd(static_cast<double>(na), fx.value(th, tlo));
     }
     if (q0 <= M) {
       int64_t A = carry_h + sa, L = carry_l + sb;
@@ -751,7 +774,7 @@ DSPARK_UNROLL
         theta[u + 1] = dmul(dadd(tau0, fx.value(A, L)), tb.sps(xq, cnt));
         mst<kMulti>(b.theta + theta_slot<kT>(q + 1, b.theta_len), theta[u + 1]);
       }
-      add_thetas(pk, q0, theta, M, want0, want1);
+      add_thetas(pk, q0, theta, M, want1);
     }
     carry_h += ta;
     carry_l += tl;
@@ -761,9 +784,9 @@ DSPARK_UNROLL
 
 // The thread's pick again, from b.theta (after sequential_tail rewrote part of it).
 template <int kT, bool kMulti>
-DSPARK_DEVICE Pick repick(const Curve& c, const Bufs& b, int64_t want0, int64_t want1) {
+DSPARK_DEVICE Pick repick(const Curve& c, int64_t na, const Bufs& b, int64_t want1) {
   constexpr int64_t kTile = int64_t(kItems) * kT;
-  const int64_t M = c.n * (c.hi - c.lo);
+  const int64_t M = na * (c.hi - c.lo);
   Pick pk = empty_pick();
   for (int64_t base = 0; base == 0 || (kMulti && base < M); base += kTile) {
     const int64_t q0 = base + 4 * threadIdx.x;
@@ -772,19 +795,18 @@ DSPARK_DEVICE Pick repick(const Curve& c, const Bufs& b, int64_t want0, int64_t 
 DSPARK_UNROLL
     for (int i = 0; i <= kItems; ++i)
       theta[i] = q0 + i <= M ? mld<kMulti>(b.theta + theta_slot<kT>(q0 + i, b.theta_len)) : 0.0;
-    add_thetas(pk, q0, theta, M, want0, want1);
+    add_thetas(pk, q0, theta, M, want1);
   }
   return pk;
 }
 
 // Steps 1-4 for one curve: the keys (in ukey for a one-tile launch, in b.ukeys otherwise), their sort
 // (b.sorted), Theta at every admission count, and the block's pick (the same in every thread), which also holds
-// Theta at admission counts want0 and want1.
+// Theta at M = n' (hi - lo) (every candidate of the n' active rows admitted) and at min(want1, M).
 template <int kT, bool kMulti>
-DSPARK_DEVICE Pick curve(const Curve& c, const Table& tb, const Bufs& b, Scratch& s, Phase& ph, int64_t want0,
-                         int64_t want1, uint32_t (&ukey)[kItems]) {
+DSPARK_DEVICE Pick curve(const Curve& c, const Table& tb, const Bufs& b, Scratch& s, Phase& ph, int64_t want1,
+                         uint32_t (&ukey)[kItems]) {
   constexpr int64_t kTile = int64_t(kItems) * kT;
-  const int64_t M = c.n * (c.hi - c.lo);
   const Fixed fx = make_fixed(c.n, c.hi);
   keys_pass<kT, kMulti>(c, fx, b, s, ph, ukey);
   uint32_t x[kItems] = {ukey[0], ukey[1], ukey[2], ukey[3]};
@@ -794,12 +816,16 @@ DSPARK_DEVICE Pick curve(const Curve& c, const Table& tb, const Bufs& b, Scratch
   } else {
     sort_tiles<kT>(b, c.n * c.K, b.sort_len, ph);
   }
+  if (c.active) __syncthreads();  // publishes keys_pass's count of the active rows (a one-warp sort has no barrier)
+  const int64_t na = active_rows<kT>(c, s);
+  const int64_t M = na * (c.hi - c.lo);
+  if (want1 > M) want1 = M;
   double tau0 = 0.0;
-  Pick pk = block_pick(theta_pass<kT, kMulti>(c, tb, fx, b, s, ph, x, want0, want1, tau0), s);
+  Pick pk = block_pick(theta_pass<kT, kMulti>(c, na, tb, fx, b, s, ph, x, want1, tau0), s);
   if (pk.inexact < M) {  // an exact prefix was not a float64: the sequential sums from there, and pick again
-    if (threadIdx.x == 0) sequential_tail<kT, kMulti>(c, tb, fx, b, tau0, pk.inexact);
+    if (threadIdx.x == 0) sequential_tail<kT, kMulti>(c, na, tb, fx, b, tau0, pk.inexact);
     __syncthreads();
-    pk = block_pick(repick<kT, kMulti>(c, b, want0, want1), s);
+    pk = block_pick(repick<kT, kMulti>(c, na, b, want1), s);
   }
   return pk;
 }
@@ -853,10 +879,35 @@ DSPARK_UNROLL
   __syncthreads();
 }
 
+// Per request: L_r and the prefix sums of its rows, 1 + L_r (none where inactive), from A_r = admissions up to row
+// r's last candidate; with the mask, the active rows before each chunk of kT requests by one block scan.
+template <int kT, bool kMulti>
+DSPARK_DEVICE void requests(const Curve& c, const Bufs& b, const ScheduleVerifyLensParams& p, Scratch& s, Phase& ph) {
+  const bool any = c.hi > c.lo;
+  uint64_t done = 0;  // active rows before this chunk
+  for (int64_t r0 = 0; r0 <= c.n; r0 += kT) {
+    const int64_t r = r0 + threadIdx.x;
+    const bool on = r < c.n && row_active(c, r);
+    uint64_t before = static_cast<uint64_t>(r), chunk = 0;
+    if (c.active) {  // uniform: every thread runs the scan
+      before = done + block_exclusive_scan<uint64_t>(on ? 1 : 0, s.counts[ph.next()], &chunk);
+      done += chunk;
+    }
+    if (r > c.n) continue;
+    const int64_t prev = any && r > 0 ? mld<kMulti>(b.admit + r - 1) : 0;
+    if (r < c.n) {
+      const int64_t cur = any ? mld<kMulti>(b.admit + r) : 0;
+      stg(p.verify_lens + r, static_cast<int32_t>(on ? c.lo + cur - prev : 0));
+    }
+    stg(p.cu_seqlens + r, static_cast<int32_t>(static_cast<int64_t>(before) * (1 + c.lo) + prev));
+  }
+}
+
 }  // namespace sched
 
-template <int kT, bool kMulti>
-__global__ void __launch_bounds__(kT)
+// kActive: p.active is read (else every request is active and the code is that of an unmasked batch).
+template <int kT, bool kMulti, bool kActive>
+__global__ void __launch_bounds__(kT, 1)
     schedule_verify_lens_kernel(ScheduleVerifyLensParams p, void* __restrict__ workspace) {
   using namespace sched;
   DSPARK_SHARED_ARRAY(double, table_c, kTableSmem);
@@ -876,15 +927,14 @@ __global__ void __launch_bounds__(kT)
   const Table tb{table_c, table_t, p.token_counts, p.step_time_ms, p.P, p.fixed_overhead_ms};
   Phase ph;
   uint32_t ukey[kItems];
-  const Curve c = main_curve(p);
-  const int64_t M = c.n * (c.hi - c.lo);
+  Curve c = main_curve(p);
+  if constexpr (!kActive) c.active = nullptr;
 
   int64_t budget = -1;  // argmax with a budget: the admission count found on the budget's own curve
-  if (uses_budget(p)) {
-    const Pick pb = curve<kT, kMulti>(budget_curve(p), tb, b, s, ph, -1, -1, ukey);
-    budget = pb.best < M ? pb.best : M;
-  }
-  const Pick pk = curve<kT, kMulti>(c, tb, b, s, ph, M, budget, ukey);
+  if (uses_budget(p)) budget = curve<kT, kMulti>(budget_curve(p), tb, b, s, ph, -1, ukey).best;
+  const Pick pk = curve<kT, kMulti>(c, tb, b, s, ph, budget, ukey);
+  const int64_t M = active_rows<kT>(c, s) * (c.hi - c.lo);  // s.rows: the main curve's count, the last
+  if (budget > M) budget = M;
   int64_t m;
   double theta;
   if (p.exact) {
@@ -916,16 +966,7 @@ __global__ void __launch_bounds__(kT)
   }
   admissions<kT, kMulti>(c, kstar, ties, ukey, b, s, ph);
 
-  // per request: L_r and the prefix sums of 1 + L_r (A_r = admissions up to row r's last candidate)
-  const bool any = c.hi > c.lo;
-  for (int64_t r = tid; r <= c.n; r += kT) {
-    const int64_t prev = any && r > 0 ? mld<kMulti>(b.admit + r - 1) : 0;
-    if (r < c.n) {
-      const int64_t cur = any ? mld<kMulti>(b.admit + r) : 0;
-      stg(p.verify_lens + r, static_cast<int32_t>(c.lo + cur - prev));
-    }
-    stg(p.cu_seqlens + r, static_cast<int32_t>(r * (1 + c.lo) + prev));
-  }
+  requests<kT, kMulti>(c, b, p, s, ph);
 }
 #endif
 
@@ -938,14 +979,24 @@ namespace sched {
 // Opt the kernel in to its dynamic shared memory before each launch that uses any (a host-side attribute, no
 // sync): a GPU limits static + dynamic shared memory to 48 KB without it, and the static part (the scratch and
 // the cost table) counts too, so no dynamic size is safe to leave out.
-template <int kT, bool kMulti>
+template <int kT, bool kMulti, bool kActive>
 inline cudaError_t launch_with(const char* name, const ScheduleVerifyLensParams& p, void* workspace,
                                const LaunchConfig& cfg) {
   if (cfg.smem > 0) {
-    const cudaError_t e = set_max_dynamic_smem(schedule_verify_lens_kernel<kT, kMulti>, cfg.smem);
+    const cudaError_t e = set_max_dynamic_smem(schedule_verify_lens_kernel<kT, kMulti, kActive>, cfg.smem);
     if (e != cudaSuccess) return e;
   }
-  return launch(name, schedule_verify_lens_kernel<kT, kMulti>, cfg, p, workspace);
+  return launch(name, schedule_verify_lens_kernel<kT, kMulti, kActive>, cfg, p, workspace);
+}
+
+// One tile of l.threads threads (32, 128 or 512).
+template <bool kActive>
+inline cudaError_t launch_one_tile(const ScheduleVerifyLensParams& p, const LaunchConfig& cfg) {
+  switch (cfg.block.x) {
+    case 32: return launch_with<32, false, kActive>("schedule_verify_lens_kernel<32>", p, nullptr, cfg);
+    case 128: return launch_with<128, false, kActive>("schedule_verify_lens_kernel<128>", p, nullptr, cfg);
+    default: return launch_with<kMaxThreads, false, kActive>("schedule_verify_lens_kernel<512>", p, nullptr, cfg);
+  }
 }
 }  // namespace sched
 
@@ -958,12 +1009,12 @@ cudaError_t launch_schedule_verify_lens(const ScheduleVerifyLensParams& p, void*
   cfg.block = dim3(l.threads);
   cfg.smem = l.smem;
   cfg.stream = stream;
-  if (l.multi) return launch_with<kMaxThreads, true>("schedule_verify_lens_kernel<512, tiles>", p, workspace, cfg);
-  switch (l.threads) {
-    case 32: return launch_with<32, false>("schedule_verify_lens_kernel<32>", p, workspace, cfg);
-    case 128: return launch_with<128, false>("schedule_verify_lens_kernel<128>", p, workspace, cfg);
-    default: return launch_with<kMaxThreads, false>("schedule_verify_lens_kernel<512>", p, workspace, cfg);
-  }
+  if (l.multi && p.active)
+    return launch_with<kMaskedTileThreads, true, true>("schedule_verify_lens_kernel<256, tiles, active>", p,
+                                                       workspace, cfg);
+  if (l.multi)
+    return launch_with<kMaxThreads, true, false>("schedule_verify_lens_kernel<512, tiles>", p, workspace, cfg);
+  return p.active ? launch_one_tile<true>(p, cfg) : launch_one_tile<false>(p, cfg);
 }
 #endif
 

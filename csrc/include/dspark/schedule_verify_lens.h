@@ -30,6 +30,7 @@ struct ScheduleVerifyLensParams {
   DType budget_dtype = DType::kFloat32;
   int64_t NB = 0, KB = 0;
   double gain = 1.0;                       // 1 + min_gain (argmax only)
+  const uint8_t* active = nullptr;         // [N] 0 / 1 (0: not scheduled, no rows) or null (all active)
   int32_t* verify_lens = nullptr;          // [N]
   int32_t* cu_seqlens = nullptr;           // [N+1]
   float* theta = nullptr;                  // []
