@@ -1,5 +1,7 @@
 """The target model against transformers (fp32, tight), ragged paged batches, the HF adapter, checkpoints."""
 
+import dataclasses
+
 import pytest
 import torch
 import transformers
@@ -281,3 +283,22 @@ def test_rope_scaling_takes_precedence_over_rope_parameters():
                                        if k != "model_type"}).rope_parameters
     assert want["rope_type"] == "llama3" and want["rope_theta"] == 77.0
     assert c.rope_theta == 77.0 and c.rope_scaling is not None and c.rope_scaling["factor"] == LLAMA3_ROPE["factor"]
+
+
+@pytest.mark.parametrize("archs,want", [(["LlamaForCausalLM"], "llama"), (["Qwen3ForCausalLM"], "qwen3"),
+                                        (None, None), ([], None), (["MistralForCausalLM"], None),
+                                        (["LlamaForCausalLM", "Qwen3ForCausalLM"], None)])
+def test_model_type_from_architectures(archs, want):
+    """A config.json without model_type is read as the model its architectures name when they name one supported
+    model, and refused naming the field otherwise (before: read as qwen3 whatever it was, so a Llama checkpoint got
+    Qwen3's q/k norms and head_dim default)."""
+    d = {k: v for k, v in tiny_hf_config("llama").items() if k not in ("model_type", "head_dim")}
+    if archs is not None:
+        d["architectures"] = archs
+    if want is None:
+        with pytest.raises(ValueError, match="model_type"):
+            ModelConfig.from_hf(d)
+        return
+    got, ref = ModelConfig.from_hf(d), ModelConfig.from_hf({**d, "model_type": want})
+    assert got.qk_norm == (want == "qwen3")
+    assert dataclasses.replace(got, extra={}) == dataclasses.replace(ref, extra={})

@@ -40,10 +40,9 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelConfig":
-        """From a Hugging Face ``config.json`` dict (qwen3, llama, or a DSpark draft built on qwen3)."""
-        model_type = cfg.get("model_type", "qwen3")
-        if model_type not in ("qwen3", "llama"):
-            raise ValueError(f"unsupported model_type {model_type!r} (supported: 'qwen3', 'llama')")
+        """From a Hugging Face ``config.json`` dict (qwen3, llama, or a DSpark draft built on qwen3; without
+        ``model_type``, the model ``architectures`` names)."""
+        model_type = _model_type(cfg)
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads") if k not in cfg]
         if missing:
@@ -71,6 +70,25 @@ class ModelConfig:
             qk_norm=model_type == "qwen3", tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             extra={k: v for k, v in cfg.items() if k not in names},
         )
+
+
+_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3Model": "qwen3", "LlamaForCausalLM": "llama",
+                  "LlamaModel": "llama"}
+
+
+def _model_type(cfg: dict) -> str:
+    """``model_type`` ('qwen3' or 'llama'), or where it is absent the one type every entry of ``architectures``
+    names; anything else refused."""
+    if not cfg.get("model_type"):
+        archs = cfg.get("architectures") or []
+        kinds = {_ARCHITECTURES.get(a) for a in archs}
+        if len(kinds) != 1 or None in kinds:
+            raise ValueError(f"config.json has no model_type and its architectures {archs} do not name one "
+                             f"supported model ({', '.join(_ARCHITECTURES)}): set model_type ('qwen3' or 'llama')")
+        return kinds.pop()
+    if cfg["model_type"] not in ("qwen3", "llama"):
+        raise ValueError(f"unsupported model_type {cfg['model_type']!r} (supported: 'qwen3', 'llama')")
+    return cfg["model_type"]
 
 
 def _rope_from_hf(cfg: dict, model_type: str) -> Tuple[float, Optional[dict]]:
