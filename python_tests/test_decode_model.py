@@ -199,12 +199,13 @@ def test_qwen3_sliding_window_is_refused(extra):
     tiny_target(model_type="llama", sliding_window=4)
 
 
-@pytest.mark.parametrize("kv", [3, 8, 0])
+@pytest.mark.parametrize("kv", [3, 8, 0, None])
 def test_kv_heads_must_divide_heads(kv):
     """GQA maps query head h to KV head h // (heads / kv heads): kv heads not dividing the heads are refused when
-    the config is read (before: a reshape error deep in the first forward, naming no field)."""
+    the config is read (before: a reshape error deep in the first forward, naming no field), and so is a count of
+    0 (before: read as one KV head per query head)."""
     with pytest.raises(ValueError, match="num_key_value_heads"):
-        tiny_target(model_type="llama", num_key_value_heads=kv) if kv else tiny_target(
+        tiny_target(model_type="llama", num_key_value_heads=kv) if kv is not None else tiny_target(
             model_type="llama", num_attention_heads=0)
 
 

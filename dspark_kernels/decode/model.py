@@ -53,7 +53,7 @@ class ModelConfig:
         theta, rope_scaling = _rope_from_hf(cfg, model_type)
         _refuse_sliding_window(cfg, model_type)
         heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        kv_heads = int(heads if cfg.get("num_key_value_heads") is None else cfg["num_key_value_heads"])
         if heads < 1 or kv_heads < 1 or heads % kv_heads:
             raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads "
                              f"({kv_heads})")
