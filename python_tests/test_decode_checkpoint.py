@@ -123,6 +123,8 @@ def _corrupt(tmp_path, target, edit):
     (lambda sd, cfg: sd.__setitem__("lm_head.weight", torch.zeros(50, 32)), "mismatched vocabularies"),
     (lambda sd, cfg: cfg.__setitem__("target_layer_ids", [0, 3]), "target_layer_ids"),
     (lambda sd, cfg: cfg.__setitem__("target_layer_ids", [0, 2]), "final layer"),
+    # before: converted silently into the float parameter
+    (lambda sd, cfg: sd.__setitem__("fc.weight", sd["fc.weight"].to(torch.int8)), "fc.weight: torch.int8"),
     (lambda sd, cfg: cfg.pop("block_size"), "block_size"),
     (lambda sd, cfg: cfg.__setitem__("markov_head_type", "lstm"), "Markov head"),
     # weights the config leaves no place for were dropped silently (a gated head loaded as vanilla, no head at all)
@@ -150,6 +152,37 @@ def test_bad_target_checkpoint(tmp_path, target):
         load_target(tmp_path)
     with pytest.raises(ValueError, match="config.json"):
         load_target(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.bool, torch.float8_e4m3fn, None])
+def test_quantized_checkpoints_are_refused(tmp_path, target, dtype):
+    """A tensor of an integer, boolean or 8-bit float dtype for a float parameter (quantized storage), and a
+    config.json with a quantization_config, are refused naming the tensor and its dtype, or the quantization
+    (before: the tensor was converted silently, the quantization_config ignored)."""
+    save_target(target, tmp_path)
+    if dtype is None:
+        cfg = json.loads((tmp_path / "config.json").read_text())
+        cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [8, 8]}
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+    else:
+        sd = load_file(tmp_path / "model.safetensors")
+        sd["model.layers.1.mlp.up_proj.weight"] = torch.ones(64, 32).to(dtype)
+        save_file(sd, tmp_path / "model.safetensors")
+    match = "quantized checkpoints are not supported"
+    with pytest.raises(ValueError, match=f"{match}.*fp8" if dtype is None else
+                       rf"layers.1.mlp.up_proj.weight: {dtype}.*{match}"):
+        load_target(tmp_path)
+
+
+def test_float_draft_to_target_offsets_are_refused(tmp_path, target):
+    """A reduced drafter's ``d2t`` stored as floats is refused naming it (before: truncated into the int64 buffer,
+    so 2.5 read as 2)."""
+    drafter = tiny_drafter(target, block_size=4, draft_ids=[5, 6, 7, 8])
+    save_drafter(drafter, tmp_path)
+    sd = load_file(tmp_path / "model.safetensors")
+    save_file({**sd, "d2t": sd["d2t"] + 0.5}, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="d2t: torch.float32"):
+        load_drafter(tmp_path, target)
 
 
 def test_bad_generate_input(target):

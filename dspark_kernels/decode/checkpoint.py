@@ -3,8 +3,9 @@
 Target: Hugging Face Qwen3ForCausalLM / LlamaForCausalLM layout (``model.layers.0.self_attn.q_proj.weight``, ...,
 ``lm_head.weight`` unless tied). Drafter: DeepSpec's ``Qwen3DSparkModel`` layout (no prefix: ``layers.*``, ``fc``,
 ``hidden_norm``, ``norm``, ``markov_head.markov_w1/markov_w2/gate_proj/joint_proj``, ``confidence_head.proj``;
-``embed_tokens`` / ``lm_head`` are optional there and the target's are used). Every tensor is checked (names and
-shapes) before anything is copied: a bad folder raises ``ValueError`` and leaves nothing half-built.
+``embed_tokens`` / ``lm_head`` are optional there and the target's are used). Every tensor is checked (names,
+shapes, dtypes: quantized storage is refused) before anything is copied: a bad folder raises ``ValueError`` and
+leaves nothing half-built.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .drafter import DrafterConfig, DSparkDrafter, check_layer_ids
 from .model import ModelConfig, TargetModel
 
 _IGNORED = ("rotary_emb.inv_freq",)
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def read_config(path) -> dict:
@@ -46,14 +48,31 @@ def read_tensors(path) -> Dict[str, torch.Tensor]:
     return out
 
 
-def _load_checked(module: nn.Module, tensors: Dict[str, torch.Tensor], what: str, dtype) -> None:
-    expected = module.state_dict()
+def _unreadable_dtype(t: torch.Tensor, want: torch.dtype) -> bool:
+    """Whether copying ``t`` into a tensor of dtype ``want`` would change what it means: integers, booleans or 8-bit
+    floats (quantized storage) into a float parameter, a float into an integer buffer."""
+    if want.is_floating_point:
+        return t.dtype not in _FLOAT_DTYPES
+    return t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool
+
+
+def _check_tensors(expected: Dict[str, torch.Tensor], tensors: Dict[str, torch.Tensor], what: str) -> None:
     missing = [k for k in expected if k not in tensors]
     bad = [f"{k}: {tuple(tensors[k].shape)} (expected {tuple(v.shape)})" for k, v in expected.items()
            if k in tensors and tensors[k].shape != v.shape]
     if missing or bad:
         raise ValueError(f"{what} checkpoint does not match its config: missing {missing[:8]}"
                          f"{' ...' if len(missing) > 8 else ''}; ill-shaped {bad[:8]}")
+    odd = [f"{k}: {tensors[k].dtype}" for k, v in expected.items() if _unreadable_dtype(tensors[k], v.dtype)]
+    if odd:
+        raise ValueError(f"{what} checkpoint has tensors of a dtype its parameters cannot take: {odd[:8]} (floating "
+                         f"parameters take float16 / bfloat16 / float32 / float64; quantized checkpoints are not "
+                         f"supported)")
+
+
+def _load_checked(module: nn.Module, tensors: Dict[str, torch.Tensor], what: str, dtype) -> None:
+    expected = module.state_dict()
+    _check_tensors(expected, tensors, what)
     module.to(dtype)  # load_state_dict copies into the module's tensors, keeping their dtype
     module.load_state_dict({k: tensors[k].to(dtype) if tensors[k].is_floating_point() else tensors[k]
                             for k in expected}, strict=True)

@@ -43,6 +43,7 @@ class ModelConfig:
         """From a Hugging Face ``config.json`` dict (qwen3, llama, or a DSpark draft built on qwen3; without
         ``model_type``, the model ``architectures`` names)."""
         model_type = _model_type(cfg)
+        _refuse_quantized(cfg)
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads") if k not in cfg]
         if missing:
@@ -89,6 +90,15 @@ def _model_type(cfg: dict) -> str:
     if cfg["model_type"] not in ("qwen3", "llama"):
         raise ValueError(f"unsupported model_type {cfg['model_type']!r} (supported: 'qwen3', 'llama')")
     return cfg["model_type"]
+
+
+def _refuse_quantized(cfg: dict) -> None:
+    """transformers dequantizes (or runs quantized) what ``quantization_config`` describes; this model does not."""
+    quant = cfg.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise ValueError(f"quantized checkpoints are not supported (config.json has a quantization_config, "
+                         f"quant_method {method!r})")
 
 
 def _rope_from_hf(cfg: dict, model_type: str) -> Tuple[float, Optional[dict]]:
