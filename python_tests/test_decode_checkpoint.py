@@ -185,6 +185,23 @@ def test_float_draft_to_target_offsets_are_refused(tmp_path, target):
         load_drafter(tmp_path, target)
 
 
+def test_tied_checkpoint_lm_head(tmp_path, target):
+    """tie_word_embeddings: a checkpoint whose lm_head.weight differs from its embed_tokens.weight is refused
+    (before: the stored LM head was dropped silently, where transformers keeps it); one that stores the LM head
+    alone loads with it as the embedding too, as transformers ties them (before: refused as ill-shaped)."""
+    save_target(target, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    with pytest.raises(ValueError, match="tie_word_embeddings.*lm_head.weight differs"):
+        load_target(tmp_path)
+    sd = load_file(tmp_path / "model.safetensors")
+    del sd["model.embed_tokens.weight"]
+    save_file(sd, tmp_path / "model.safetensors")
+    loaded = load_target(tmp_path)
+    assert loaded.lm_head.weight is loaded.embed_tokens.weight
+    assert torch.equal(loaded.embed_tokens.weight, target.lm_head.weight)
+
+
 def test_bad_generate_input(target):
     drafter = tiny_drafter(target, block_size=4)
     dec = SpeculativeDecoder(target, drafter, max_seq_len=40)

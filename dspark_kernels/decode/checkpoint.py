@@ -84,16 +84,27 @@ def load_target(path, *, dtype=torch.float32, device="cpu") -> TargetModel:
     tensors = {(k[len("model."):] if k.startswith("model.") else k): v for k, v in raw.items()}
     tensors = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED)}
     if cfg.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
+        _tie(tensors)
     model = TargetModel(cfg)
-    state_names = set(model.state_dict())
-    if cfg.tie_word_embeddings:  # tied: lm_head.weight is embed_tokens.weight
-        tensors["lm_head.weight"] = tensors.get("embed_tokens.weight", torch.empty(0))
-    _load_checked(model, tensors, "target", dtype)
-    extra = sorted(set(tensors) - state_names)
+    extra = sorted(set(tensors) - set(model.state_dict()))
     if extra:
         raise ValueError(f"target checkpoint has tensors this model does not use: {extra[:8]}")
+    _load_checked(model, tensors, "target", dtype)
     return model.to(device).eval()
+
+
+def _tie(tensors: Dict[str, torch.Tensor]) -> None:
+    """tie_word_embeddings: ``lm_head.weight`` is ``embed_tokens.weight``. A checkpoint that stores the LM head
+    alone gives both (transformers ties them so); one whose LM head differs from its embedding is refused
+    (transformers unties them then, against the config)."""
+    head, emb = tensors.pop("lm_head.weight", None), tensors.get("embed_tokens.weight")
+    if head is not None and emb is None:
+        tensors["embed_tokens.weight"] = emb = head
+    elif head is not None and (head.dtype != emb.dtype or head.shape != emb.shape or not torch.equal(head, emb)):
+        raise ValueError("config.json sets tie_word_embeddings but the checkpoint's lm_head.weight differs from its "
+                         "embed_tokens.weight: set tie_word_embeddings to false to use both as stored")
+    if emb is not None:
+        tensors["lm_head.weight"] = emb
 
 
 def save_target(model: TargetModel, path) -> None:
