@@ -202,6 +202,15 @@ def test_tied_checkpoint_lm_head(tmp_path, target):
     assert torch.equal(loaded.embed_tokens.weight, target.lm_head.weight)
 
 
+def test_tensor_in_two_files_is_refused(tmp_path, target):
+    """A tensor stored in two .safetensors files of the folder is refused naming it (before: one file's copy was
+    taken silently)."""
+    save_target(target, tmp_path)
+    save_file({"model.norm.weight": torch.zeros(32)}, tmp_path / "extra.safetensors")
+    with pytest.raises(ValueError, match=r"\['model.norm.weight'\] are stored in"):
+        load_target(tmp_path)
+
+
 def test_bad_generate_input(target):
     drafter = tiny_drafter(target, block_size=4)
     dec = SpeculativeDecoder(target, drafter, max_seq_len=40)

@@ -44,7 +44,11 @@ def read_tensors(path) -> Dict[str, torch.Tensor]:
         raise ValueError(f"{path!r} has no .safetensors files")
     out = {}
     for f in files:
-        out.update(load_file(os.path.join(path, f)))
+        part = load_file(os.path.join(path, f))
+        twice = sorted(set(part) & set(out))
+        if twice:
+            raise ValueError(f"{path!r}: tensors {twice[:8]} are stored in {f} and in another .safetensors file")
+        out.update(part)
     return out
 
 
