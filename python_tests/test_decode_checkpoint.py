@@ -211,6 +211,17 @@ def test_tensor_in_two_files_is_refused(tmp_path, target):
         load_target(tmp_path)
 
 
+def test_saved_config_names_the_saved_dtype(tmp_path, target):
+    """save_target / save_drafter write the torch_dtype of the tensors they save (before: the dtype left from the
+    config read, and transformers loads weights in the dtype the config names: float32 weights of a model read
+    from a bfloat16 checkpoint came back as bfloat16)."""
+    save_target(tiny_target(seed=0, model_type="llama", dtype="bfloat16").half(), tmp_path / "t")
+    save_drafter(tiny_drafter(target, torch_dtype="bfloat16"), tmp_path / "d")
+    for folder, want in (("t", "float16"), ("d", "float32")):
+        cfg = json.loads((tmp_path / folder / "config.json").read_text())
+        assert cfg["torch_dtype"] == want and "dtype" not in cfg
+
+
 def test_bad_generate_input(target):
     drafter = tiny_drafter(target, block_size=4)
     dec = SpeculativeDecoder(target, drafter, max_seq_len=40)

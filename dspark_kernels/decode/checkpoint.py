@@ -129,7 +129,17 @@ def save_target(model: TargetModel, path) -> None:
           for k, v in model.state_dict().items() if not (c.tie_word_embeddings and k == "lm_head.weight")}
     save_file(sd, os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w") as fh:
-        json.dump(cfg, fh, indent=2)
+        json.dump(_with_dtype(cfg, sd), fh, indent=2)
+
+
+def _with_dtype(cfg: dict, tensors: Dict[str, torch.Tensor]) -> dict:
+    """``cfg`` whose ``torch_dtype`` is the saved floating tensors' (transformers loads them in the dtype the config
+    names: one left from the config read would load float32 weights as bfloat16)."""
+    cfg = {k: v for k, v in cfg.items() if k not in ("dtype", "torch_dtype")}
+    floats = {v.dtype for v in tensors.values() if v.is_floating_point()}
+    if len(floats) == 1:
+        cfg["torch_dtype"] = str(floats.pop()).removeprefix("torch.")
+    return cfg
 
 
 def load_drafter(path, target, *, dtype=None, device=None) -> DSparkDrafter:
@@ -179,4 +189,4 @@ def save_drafter(drafter: DSparkDrafter, path) -> None:
         sd["lm_head.weight"] = sd["lm_head.weight"].clone()
     save_file(sd, os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w") as fh:
-        json.dump(drafter.config.to_hf(), fh, indent=2)
+        json.dump(_with_dtype(drafter.config.to_hf(), sd), fh, indent=2)
