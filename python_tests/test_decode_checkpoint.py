@@ -116,13 +116,21 @@ def _corrupt(tmp_path, target, edit):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
 
 
+def _set_layer_ids(cfg, ids):
+    cfg["target_layer_ids"] = cfg["dflash_config"]["target_layer_ids"] = ids
+
+
 @pytest.mark.parametrize("edit,match", [
     (lambda sd, cfg: sd.pop("markov_head.gate_proj.weight"), "missing.*markov_head.gate_proj.weight"),
     (lambda sd, cfg: sd.__setitem__("fc.weight", torch.zeros(32, 7)), "ill-shaped.*fc.weight"),
     (lambda sd, cfg: cfg.__setitem__("vocab_size", 50), "vocab"),
     (lambda sd, cfg: sd.__setitem__("lm_head.weight", torch.zeros(50, 32)), "mismatched vocabularies"),
-    (lambda sd, cfg: cfg.__setitem__("target_layer_ids", [0, 3]), "target_layer_ids"),
-    (lambda sd, cfg: cfg.__setitem__("target_layer_ids", [0, 2]), "final layer"),
+    (lambda sd, cfg: _set_layer_ids(cfg, [0, 3]), "target_layer_ids"),
+    (lambda sd, cfg: _set_layer_ids(cfg, [0, 2]), "final layer"),
+    # before: read from the top level silently, where vLLM reads dflash_config
+    (lambda sd, cfg: cfg["dflash_config"].__setitem__("target_layer_ids", [-1, 0]),
+     r"\['target_layer_ids'\].*dflash_config"),
+    (lambda sd, cfg: cfg["dflash_config"].__setitem__("mask_token_id", 3), r"\['mask_token_id'\].*dflash_config"),
     # before: converted silently into the float parameter
     (lambda sd, cfg: sd.__setitem__("fc.weight", sd["fc.weight"].to(torch.int8)), "fc.weight: torch.int8"),
     (lambda sd, cfg: cfg.pop("block_size"), "block_size"),
