@@ -519,15 +519,19 @@ def test_cuda_greedy_fold_specials_and_ties(cuda_device, simt_check, n, first):
     assert torch.equal(ref.tokens, want)
 
 
-def assert_sampled_tokens_follow_corrected_softmax(dev, run, backend, temp, trials=3000):
+def assert_sampled_tokens_follow_corrected_softmax(dev, run, backend, temp, trials=3000, kind="rnn", vocab=30,
+                                                   fp8=False):
     """Chi-square through a kernel path: position 0 against softmax(logits / T), later positions against the
-    mean of softmax(logits_k / T) over the prefixes actually drawn (the rnn state makes them differ)."""
-    vocab = 30
-    base, _, head, hidden, _ = make_case("rnn", n=1, k=3, vocab=vocab, rank=4, d=3, seed=1, conf=False)
+    mean of softmax(logits_k / T) over the prefixes actually drawn (the previous draft and the rnn state make them
+    differ). ``fp8``: W2 quantized to e4m3 with per-row scales (the law is that of the logits the kernel returns)."""
+    base, _, head, hidden, _ = make_case(kind, n=1, k=3, vocab=vocab, rank=4, d=3, seed=1, conf=False)
     base, hidden = base.expand(trials, -1, -1), hidden.expand(trials, -1, -1)
     anchors = torch.full((trials,), 7)
-    to = lambda x: x.to(dev)  # noqa: E731
-    dev_head = dk.MarkovHead("rnn", *(to(w) for w in (head.w1, head.w2)), wj=to(head.wj), bj=to(head.bj))
+    if fp8:
+        q, scale = dk.quantize_w2(head.w2)
+        head = dataclasses.replace(head, w2=q, w2_scale=scale)
+    to = lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x  # noqa: E731
+    dev_head = dataclasses.replace(head, **{f.name: to(getattr(head, f.name)) for f in dataclasses.fields(head)})
     out = run(lambda: dk.draft_block(to(base), to(anchors), dev_head, hidden=to(hidden), temperature=temp,
                                      seed=123, return_logits=True, backend=backend))
     tokens, logits = out.tokens.cpu(), out.logits.cpu()
@@ -547,7 +551,7 @@ def test_cuda_sampled_tokens_follow_corrected_softmax(cuda_device, simt_check, t
 
 
 # Through the Triton interpreter the dense case takes minutes: it runs on a GPU (pytest -m gpu, bench/gpu_check.sh);
-# the reduced one in CI's slow leg.
+# the reduced, fp8 and top-k ones (fewer requests, smaller V) in CI's slow leg.
 INTERPRETED = [pytest.mark.slow] if not torch.cuda.is_available() else []
 
 
@@ -951,6 +955,16 @@ def test_cuda_fp8_w2_samples_follow_the_draft_softmax(cuda_device, simt_check):
     for k in (1, 2):
         assert passes(counts(tokens[:, k], vocab), torch.softmax(logits[:, k] / temp, -1).sum(0).double())
     assert not passes(counts(logits[:, 0].argmax(-1), vocab), p0 * trials)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=INTERPRETED)])
+def test_triton_fp8_w2_samples_follow_the_draft_softmax(triton_device, backend):
+    """Null hypothesis: the Triton kernels' drafts with an fp8 W2 follow softmax(logits_k / T) of the logits they
+    return (position 0 exactly, later positions on average over the drawn prefixes); 300 requests of one call
+    over V = 8 at T = 2, where a sampler at T = 1 or 4 fails the same test (a request costs ~20 ms in the
+    interpreter)."""
+    assert_sampled_tokens_follow_corrected_softmax(triton_device, lambda fn: fn(), backend, 2.0, trials=300,
+                                                   kind="vanilla", vocab=8, fp8=True)
 
 
 def test_cuda_fp8_w2_halves_the_w2_bytes(cuda_device):
