@@ -9,8 +9,8 @@ import torch
 import dspark_kernels as dk
 from dspark_kernels.reference.draft_block import topk_candidates
 from stats import counts, passes
-from test_draft_block import (_nbytes, assert_float_outputs_close, assert_low_temperature_logprobs, fp8_case,
-                               low_temperature_case, make_triton_case, reduced_case, zero_rank_case)
+from test_draft_block import (INTERPRETED, _nbytes, assert_float_outputs_close, assert_low_temperature_logprobs,
+                               fp8_case, low_temperature_case, make_triton_case, reduced_case, zero_rank_case)
 
 
 def test_topk_candidates_by_hand():
@@ -153,20 +153,21 @@ def test_cuda_topk_nan_and_inf_logits(cuda_device, simt_check):
     assert_nan_and_inf_logits(cuda_device, "cuda", simt_check)
 
 
-def assert_samples_follow_the_topk_softmax(dev, run, backend, trials):
-    """Chi-square of position 0's drafts against softmax(logits / T) over the candidates (zero elsewhere)."""
-    vocab, temp, top_k = 40, 0.8, 10
-    base, _, head, _, _, _ = make_triton_case("vanilla", 1, 1, vocab, 4, 3, torch.float32, "greedy", "none", seed=9)
+def assert_samples_follow_the_topk_softmax(dev, run, backend, trials, vocab=40, top_k=10, k=1, temp=0.8):
+    """Chi-square of each position's drafts against softmax(logits / T) over the candidates (zero elsewhere), summed
+    over the requests (later positions: their logits depend on the previous draft)."""
+    base, _, head, _, _, _ = make_triton_case("vanilla", 1, k, vocab, 4, 3, torch.float32, "greedy", "none", seed=9)
     head = dk.MarkovHead("vanilla", head.w1.to(dev), head.w2.to(dev))
     out = run(lambda: dk.draft_block(base.expand(trials, -1, -1).to(dev), torch.full((trials,), 7, device=dev), head,
                                      temperature=temp, seed=4, top_k=top_k, return_logits=True, backend=backend))
     tokens, logits, cand = out.tokens.cpu(), out.logits.cpu(), out.candidates.cpu()
-    expected = torch.zeros(vocab, dtype=torch.float64)
-    expected[cand[0, 0]] = torch.softmax(logits[0, 0] / temp, -1).double() * trials
-    observed = counts(tokens[:, 0], vocab)
-    assert observed[expected == 0].sum() == 0
-    assert passes(observed[cand[0, 0]], expected[cand[0, 0]])
-    assert not passes(observed[cand[0, 0]].flip(0), expected[cand[0, 0]])  # the check can fail
+    for j in range(k):
+        expected = torch.zeros(trials, vocab, dtype=torch.float64).scatter(
+            1, cand[:, j], torch.softmax(logits[:, j] / temp, -1).double()).sum(0)
+        observed, on = counts(tokens[:, j], vocab), expected > 0
+        assert observed[~on].sum() == 0, j
+        assert passes(observed[on], expected[on]), j
+        assert not passes(observed[on].flip(0), expected[on]), j  # the check can fail
     lp = torch.log_softmax(logits / temp, -1)
     col = (tokens.unsqueeze(-1) == cand).int().argmax(-1)
     torch.testing.assert_close(out.draft_logprobs.cpu(), lp.gather(-1, col.unsqueeze(-1)).squeeze(-1),
@@ -181,6 +182,15 @@ def test_topk_samples_follow_the_draft_softmax():
 def test_cuda_topk_samples_follow_the_draft_softmax(cuda_device):
     """One schedule (the exact-equality tests compare schedules): a CTA walks each of the 1500 requests."""
     assert_samples_follow_the_topk_softmax(cuda_device, lambda fn: fn(), "cuda", 1500)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=INTERPRETED)])  # ~12 s in the interpreter
+def test_triton_topk_samples_follow_the_draft_softmax(triton_device, backend):
+    """Null hypothesis: the Triton kernels' top-k drafts follow softmax(logits / T) over each row's candidates, at
+    both positions of the walk; 200 requests over top-4 of V = 6 at T = 3, where a sampler at T = 1, 1.5 or 6 fails
+    the same test."""
+    assert_samples_follow_the_topk_softmax(triton_device, lambda fn: fn(), backend, 200, vocab=6, top_k=4, k=2,
+                                           temp=3.0)
 
 
 def simulate_topk(method, trials, top_k, shift=0, length=2, k=3, vocab=12, temp=1.0, seed=0):
