@@ -389,13 +389,13 @@ def _joint_law_cases(rank, world):
         dk.verify_chain = unsharded
 
 
-def _sampled_draft_law(rank, world, backend="reference"):
-    """3000 copies of one request drafted at T = 0.8 through the sharded path (shards [0, 7) and [7, 30), vanilla
-    head): position 0's drafts against softmax(logits_0 / T); position 1's against the mean over the requests of
-    softmax((U_1 + W2 W1[x_0]) / T) at the token x_0 each drew (the vanilla bias, computed here by hand)."""
+def _sampled_draft_law(rank, world, backend="reference", trials=3000, sizes=(7, 23), temp=0.8):
+    """``trials`` copies of one request drafted at T through the sharded path (shards of ``sizes``, in rank order;
+    vanilla head): position 0's drafts against softmax(logits_0 / T); position 1's against the mean over the requests
+    of softmax((U_1 + W2 W1[x_0]) / T) at the token x_0 each drew (the vanilla bias, computed here by hand)."""
     from stats import counts, passes
-    trials, vocab, k, temp = 3000, 30, 2, 0.8
-    start, size = shard_spans([7, 23])[rank]
+    vocab, k = sum(sizes), 2
+    start, size = shard_spans(sizes)[rank]
     base, _, head, _, _ = draft_inputs(1, k, vocab, "vanilla", seed=12)
     base, anchors = base.expand(trials, -1, -1).contiguous(), torch.full((trials,), 3)
     out = D.draft_block(base[..., start:start + size], anchors, dk.MarkovHead("vanilla", head.w1,
@@ -421,6 +421,15 @@ def test_sharded_sampled_drafts_follow_the_draft_softmax_with_the_cuda_pieces(cu
     if cuda_device.type != "cpu":
         pytest.skip("gloo groups of CPU processes: the SIMT harness on each rank")
     spawn(2, _sampled_draft_law, "cuda")
+
+
+@pytest.mark.slow  # ~15 s: a request's draft step costs ~25 ms on each rank in the Triton interpreter
+def test_sharded_sampled_drafts_follow_the_draft_softmax_with_the_triton_pieces():
+    """Null hypothesis: as above, each rank's draft step through the Triton kernel (the interpreter); 250 requests
+    over shards of 3 and 5 ids at T = 2, where a sampler at T = 1 or 4 fails the same test at position 0."""
+    if torch.cuda.is_available():
+        pytest.skip("gloo groups of CPU processes: the Triton pieces run on CPU tensors in the interpreter only")
+    spawn(2, _sampled_draft_law, "triton", 250, (3, 5), 2.0)
 
 
 def test_draft_block_refuses_a_reduced_draft_vocabulary():
