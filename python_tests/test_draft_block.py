@@ -941,20 +941,7 @@ def test_cuda_fp8_w2_matches_reference(cuda_device, simt_check, kind, n, k, voca
 def test_cuda_fp8_w2_samples_follow_the_draft_softmax(cuda_device, simt_check):
     """Chi-square of sampled drafts through the CUDA path with an fp8 W2 against softmax(logits / T) (position
     0; later positions against the mean over the prefixes drawn); the greedy token's law fails the same test."""
-    trials, vocab, temp = 3000, 30, 0.8
-    base, _, head, hidden, _ = make_case("rnn", n=1, k=3, vocab=vocab, rank=4, d=3, seed=2, conf=False)
-    q, scale = dk.quantize_w2(head.w2)
-    base, hidden = base.expand(trials, -1, -1), hidden.expand(trials, -1, -1)
-    dev = lambda x: x.to(cuda_device)  # noqa: E731
-    dev_head = dk.MarkovHead("rnn", dev(head.w1), dev(q), wj=dev(head.wj), bj=dev(head.bj), w2_scale=dev(scale))
-    out = simt_check(lambda: dk.draft_block(dev(base), dev(torch.full((trials,), 7)), dev_head, hidden=dev(hidden),
-                                            temperature=temp, seed=5, return_logits=True, backend="cuda"))
-    tokens, logits = out.tokens.cpu(), out.logits.cpu()
-    p0 = torch.softmax(logits[0, 0] / temp, -1)
-    assert passes(counts(tokens[:, 0], vocab), p0 * trials)
-    for k in (1, 2):
-        assert passes(counts(tokens[:, k], vocab), torch.softmax(logits[:, k] / temp, -1).sum(0).double())
-    assert not passes(counts(logits[:, 0].argmax(-1), vocab), p0 * trials)
+    assert_sampled_tokens_follow_corrected_softmax(cuda_device, simt_check, "cuda", 0.8, fp8=True)
 
 
 @pytest.mark.parametrize("backend", [pytest.param("triton", marks=INTERPRETED)])
