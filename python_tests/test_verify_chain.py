@@ -508,6 +508,15 @@ def test_triton_infinite_temperature(triton_device):
         assert out.num_accepted[0] == args[1].shape[1]
 
 
+@pytest.mark.parametrize("case", [(9, 4, 23, torch.float32, "token", "logprobs", False, "mixed"),
+                                  (9, 5, 17, torch.bfloat16, "block", "logprobs", True, "mixed")],
+                         ids=["token", "block-packed-bf16"])
+def test_triton_dense_rows_with_logprobs_match_the_reference(triton_device, case):
+    """Dense draft rows with draft_logprobs (q(d_j) from them, the rejected row's normaliser implied by them), beside
+    greedy requests, an invalid draft, stop tokens, lengths and thresholds (make_case): the reference's tokens."""
+    run_both(triton_device, lambda fn: fn(), *kernel_case(*case), backend="triton")
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_triton_nan_before_finite_no_rows_and_low_temperature(triton_device):
     for args, kwargs in [*nan_before_finite_calls(), *no_rows_and_empty_batch_calls(), *low_temperature_calls()]:
@@ -1423,10 +1432,15 @@ def one_call_law_passes(tokens, p, temp):
     return True
 
 
-def check_one_call_law(backend, method, layout, use_logprobs, n, device="cpu", seed=0, against_reference=False):
-    target, drafts, kw, temp = one_call_case(layout, use_logprobs, n, seed=seed)
+def check_one_call_law(backend, method, layout, use_logprobs, n, device="cpu", seed=0, against_reference=False,
+                       temps=(0.7, 1.3), verify=None):
+    """One call of ``n`` requests (one_call_case) through ``verify`` (dk.verify_chain by default; called as it is,
+    with ``backend``), its tokens equal to the reference's when asked, and the law of its tokens completed by the
+    target (chi-square per temperature and position)."""
+    target, drafts, kw, temp = one_call_case(layout, use_logprobs, n, temps=temps, seed=seed)
     on = {key: v.to(device) if isinstance(v, torch.Tensor) else v for key, v in kw.items()}
-    out = dk.verify_chain(target.to(device), drafts.to(device), seed=seed + 5, method=method, backend=backend, **on)
+    out = (verify or dk.verify_chain)(target.to(device), drafts.to(device), seed=seed + 5, method=method,
+                                      backend=backend, **on)
     out_tokens, num_accepted = out.tokens.cpu(), out.num_accepted.cpu()
     if against_reference:
         ref = dk.verify_chain(target, drafts, seed=seed + 5, method=method, backend="reference", **kw)
@@ -1471,17 +1485,21 @@ def test_one_call_law_detects_a_wrong_correction(monkeypatch):
 
 
 # Through the Triton interpreter a call of 2000 requests takes minutes: the Triton cases run on a GPU (pytest -m gpu,
-# bench/gpu_check.sh); through the SIMT harness about 10 s: two cases in the default run, the other two in the slow
-# leg.
+# bench/gpu_check.sh); through the SIMT harness about 10 s: two cases in the default run, the others in the slow
+# leg. Every draft-row layout (dense, reduced, top-k, one-hot: each a kind of q in the kernels) under both rules, with
+# and without draft_logprobs; the CUDA kernels' dense rows token + logprobs and block without them are also in
+# test_cuda_lossless_joint_law, so only Triton's list adds them.
 ONE_CALL_KERNELS = [("token", "reduced", True), ("block", "topk", True), ("block", "reduced", False),
-                    ("token", "topk", False)]
+                    ("token", "topk", False), ("token", "dense", False), ("block", "dense", True),
+                    ("token", "onehot", False), ("block", "onehot", False)]
+ONE_CALL_TRITON = ONE_CALL_KERNELS + [("token", "dense", True), ("block", "dense", False)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method,layout,use_logprobs", ONE_CALL_KERNELS)
+@pytest.mark.parametrize("method,layout,use_logprobs", ONE_CALL_TRITON)
 def test_triton_one_call_is_lossless(triton_device, method, layout, use_logprobs):
     """Null hypothesis: the Triton kernels' emitted tokens, continued from the target, follow the target's law at
-    every position (per request temperature); reduced and top-k rows, token and block, with and without
+    every position (per request temperature); every draft-row layout, token and block, with and without
     draft_logprobs; the tokens also equal the reference's."""
     check_one_call_law("triton", method, layout, use_logprobs, 2000, device=triton_device, seed=40,
                        against_reference=True)
@@ -1494,3 +1512,81 @@ def test_cuda_one_call_is_lossless(cuda_device, method, layout, use_logprobs):
     exact-equality tests compare schedules)."""
     check_one_call_law("cuda", method, layout, use_logprobs, 2000, device=cuda_device, seed=40,
                        against_reference=True)
+
+
+# ---------------------------------------------------------------- infinite temperature: a uniform target
+INF = float("inf")
+
+
+def check_infinite_temperature_by_hand(backend, device, method, n=64, vocab=6):
+    """T = inf, K = 1, every output from the generator's uniforms: each scaled logit is 0, so p is uniform whatever
+    the (wild, finite) target logits. One-hot drafts: d is accepted iff u < 1/V (token: u q(d) < p(d) with q(d) = 1;
+    block: eta <= h_1 = rho_1 = 1/V); a rejection emits the argmax over v != d of row 0's residual-stream uniforms
+    (the race over the residual max(0, p - q), uniform off d), a full acceptance the argmax of all V of row 1's (the
+    race over a uniform p). Dense draft rows: q is uniform too (p / q = 1), so every draft is accepted and row 1's
+    argmax follows."""
+    gen = torch.Generator().manual_seed(9)
+    target = torch.randn(n, 2, vocab, generator=gen) * 30
+    drafts = torch.randint(0, vocab, (n, 1), generator=gen)
+    key, requests = torch.tensor([6, 2]), torch.arange(n)
+    u = rng.uniform(key, requests, 0, rng.STREAM_ACCEPT, 0)
+    race = [rng.uniform_rows(key, requests, row, rng.STREAM_RESIDUAL, vocab) for row in (0, 1)]
+    bonus = race[1].argmax(-1)
+    accepted = u < 1.0 / vocab
+    assert 0 < int(accepted.sum()) < n
+    correction = race[0].scatter(1, drafts, 0.0).argmax(-1)
+    onehot = torch.stack([torch.where(accepted, drafts[:, 0], correction), torch.where(accepted, bonus, -1)], 1)
+    for draft_logits, expected in ((None, onehot), (torch.randn(n, 1, vocab, generator=gen) * 30,
+                                                     torch.cat([drafts, bonus.unsqueeze(1)], 1))):
+        out = dk.verify_chain(target.to(device), drafts.to(device), temperature=INF, seed=6, offset=2, method=method,
+                              backend=backend, draft_logits=None if draft_logits is None else draft_logits.to(device))
+        assert torch.equal(out.tokens.cpu(), expected), (method, draft_logits is None)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_infinite_temperature_by_hand(host_backend, method):
+    check_infinite_temperature_by_hand(host_backend, CPU, method)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_triton_infinite_temperature_by_hand(triton_device, method):
+    check_infinite_temperature_by_hand("triton", triton_device, method, n=24)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_cuda_infinite_temperature_by_hand(cuda_device, method):
+    check_infinite_temperature_by_hand("cuda", cuda_device, method)
+
+
+# Half the requests at T = inf, half at 0.7, in one call: at T = inf the one-hot and sparse rows reject (p / q is 1/V
+# at a one-hot draft, Vd/V and top/V at a sparse one), so the residual race over the ids q misses is exercised at
+# every position; dense rows accept everything and test the bonus's race.
+ONE_CALL_INF = [(method, layout, logprobs) for method in ("token", "block")
+                for layout, logprobs in (("dense", True), ("reduced", True), ("topk", False), ("onehot", False))]
+ONE_CALL_INF_KERNELS = [("token", "reduced", True), ("block", "topk", False)]
+
+
+@pytest.mark.parametrize("method,layout,use_logprobs", ONE_CALL_INF)
+def test_one_call_is_lossless_at_infinite_temperature(host_backend, method, layout, use_logprobs):
+    """Null hypothesis: at T = inf the emitted tokens, continued from the target, are uniform at every position
+    (and follow softmax(p_logits[m] / 0.7) for the requests beside them); 8000 requests of one call."""
+    check_one_call_law(host_backend, method, layout, use_logprobs, 8000, temps=(INF, 0.7),
+                       seed=100 + ONE_CALL_INF.index((method, layout, use_logprobs)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method,layout,use_logprobs", ONE_CALL_INF_KERNELS)
+def test_triton_one_call_is_lossless_at_infinite_temperature(triton_device, method, layout, use_logprobs):
+    """Null hypothesis: as test_one_call_is_lossless_at_infinite_temperature, through the Triton kernels; the tokens
+    also equal the reference's."""
+    check_one_call_law("triton", method, layout, use_logprobs, 2000, device=triton_device, seed=41,
+                       against_reference=True, temps=(INF, 0.7))
+
+
+@pytest.mark.harness_slow
+@pytest.mark.parametrize("method,layout,use_logprobs", ONE_CALL_INF_KERNELS)
+def test_cuda_one_call_is_lossless_at_infinite_temperature(cuda_device, method, layout, use_logprobs):
+    """Null hypothesis: as test_one_call_is_lossless_at_infinite_temperature, through the CUDA kernels; the tokens
+    also equal the reference's."""
+    check_one_call_law("cuda", method, layout, use_logprobs, 2000, device=cuda_device, seed=41,
+                       against_reference=True, temps=(INF, 0.7))
