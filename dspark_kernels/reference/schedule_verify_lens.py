@@ -68,8 +68,7 @@ def admission_curve(a: torch.Tensor, min_len: int, max_len: int, token_counts: t
     tau0 = n_act + a[:, :min_len].sum()
     m = act.sum() * w
     steps = torch.arange(n * w + 1, device=a.device)
-    tau = tau0 + torch.cat([torch.zeros(1, dtype=torch.float64, device=a.device),
-                            torch.cumsum(sorted_a.clamp(min=0.0), dim=0)])
+    tau = tau0 + torch.cat([torch.zeros(1, dtype=torch.float64, device=a.device), torch.cumsum(sorted_a, dim=0)])
     theta = tau * sps_from_table(b0 + steps.to(torch.float64), token_counts, step_time_ms, fixed_overhead_ms)
     return order, torch.where(steps <= m, theta, float("-inf")), m
 

@@ -31,7 +31,7 @@
 //   5. admitted = candidates whose key precedes the m*-th key: all with a > v* plus the first (m* - #{a > v*})
 //      candidates with a == v* in flat order: one block scan of the (a > v*, a == v*) counts in flat order gives,
 //      at each row's last candidate, the admissions up to it; then L_r and cu_seqlens per request (with the
-//      mask, one block scan per 512 requests counts the active requests before each).
+//      mask, one block scan per block of requests counts the active requests before each).
 // Barriers at N = 256, K = 7 (512 threads): 1 + 10 + 1 + 1 + 2. Float inputs are fp32 / bf16 / fp16
 // (dspark::DType, per array). Outputs: verify_lens int32 [N], cu_seqlens int32 [N+1], theta float32 [].
 //
