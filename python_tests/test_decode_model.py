@@ -248,6 +248,23 @@ def test_head_dim_default_is_transformers(model_type):
         torch.testing.assert_close(got, hf(seq[None]).logits[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_kv_heads_default_is_transformers(model_type):
+    """``num_key_value_heads`` as transformers reads it: absent, Qwen3Config's 32 and LlamaConfig's one per query
+    head; null, one per query head for both (before: one per query head whenever absent, so a Qwen3 config of 32
+    heads without the field built an attention other than transformers')."""
+    base = {k: v for k, v in tiny_hf_config(model_type).items() if k not in ("num_key_value_heads", "model_type")}
+    cfg_cls = transformers.Qwen3Config if model_type == "qwen3" else transformers.LlamaConfig
+    for heads, null in ((32, False), (32, True), (64, False)):
+        d = dict(base, num_attention_heads=heads, hidden_size=4 * heads, head_dim=4,
+                 **({"num_key_value_heads": None} if null else {}))
+        got = ModelConfig.from_hf({"model_type": model_type, **d}).num_key_value_heads
+        assert got == cfg_cls(**d).num_key_value_heads == (32 if model_type == "qwen3" and not null else heads)
+    if model_type == "qwen3":   # 16 heads over Qwen3's default 32 KV heads: refused, the default named
+        with pytest.raises(ValueError, match="num_key_value_heads.*default"):
+            ModelConfig.from_hf({"model_type": model_type, **dict(base, num_attention_heads=16)})
+
+
 def test_llama3_rope_fields_as_transformers():
     """llama3 RoPE: original_max_position_embeddings falls back to max_position_embeddings (as transformers
     standardises it; before: a KeyError); factor / low_freq_factor / high_freq_factor are required (transformers

@@ -54,10 +54,7 @@ class ModelConfig:
         theta, rope_scaling = _rope_from_hf(cfg, model_type)
         _refuse_sliding_window(cfg, model_type)
         heads = int(cfg["num_attention_heads"])
-        kv_heads = int(heads if cfg.get("num_key_value_heads") is None else cfg["num_key_value_heads"])
-        if heads < 1 or kv_heads < 1 or heads % kv_heads:
-            raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads "
-                             f"({kv_heads})")
+        kv_heads = _kv_heads(cfg, model_type, heads)
         names = {f.name for f in fields(cls)}
         return cls(
             vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
@@ -75,6 +72,19 @@ class ModelConfig:
 
 _ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3Model": "qwen3", "LlamaForCausalLM": "llama",
                   "LlamaModel": "llama"}
+
+
+def _kv_heads(cfg: dict, model_type: str, heads: int) -> int:
+    """``num_key_value_heads`` as transformers reads it: null means multi-head attention; absent, Qwen3Config's
+    default of 32 (LlamaConfig's is null)."""
+    absent = "num_key_value_heads" not in cfg
+    raw = cfg.get("num_key_value_heads", 32 if model_type == "qwen3" else None)
+    kv_heads = heads if raw is None else int(raw)
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+        default = " (absent from config.json: Qwen3's default)" if absent and raw is not None else ""
+        raise ValueError(f"num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads "
+                         f"({kv_heads}{default})")
+    return kv_heads
 
 
 def _model_type(cfg: dict) -> str:
