@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import dspark_kernels as dk
 from dspark_kernels.decode.checkpoint import load_drafter, load_target, save_drafter, save_target
 from dspark_kernels.decode.decoder import Scheduler, SpeculativeDecoder
 from dspark_kernels.decode.testing import tiny_drafter, tiny_target
@@ -45,6 +46,39 @@ def test_drafter_round_trip(tmp_path, target, markov, confidence, rank):
     a = SpeculativeDecoder(target, drafter, seed=3).generate(PROMPTS, 9, temperature=0.8, scheduler=sched)
     b = SpeculativeDecoder(target, loaded, seed=3).generate(PROMPTS, 9, temperature=0.8, scheduler=sched)
     assert a.tokens == b.tokens and a.stats.verified_tokens_per_step == b.stats.verified_tokens_per_step
+
+
+@pytest.mark.parametrize("name", ["embed_tokens.weight", "lm_head.weight"])
+def test_own_copy_that_differs_is_used(tmp_path, target, name, monkeypatch):
+    """A drafter storing its own embedding or LM head that differs from the target's uses it, as vLLM loads such a
+    drafter; the other one stays the target's (before: the target's were used whatever the checkpoint held, so
+    the drafts differed from vLLM's). The copy's values decide the drafts: those of a greedy generation differ
+    from the sharing drafter's and equal those of a drafter built on the changed weight."""
+    drafter = tiny_drafter(target, block_size=3, markov="gated")
+    changed = {}
+
+    def perturb(sd, cfg):
+        changed[name] = sd[name] = sd[name].flip(0).contiguous()   # rows permuted: the same shape and dtype
+    _corrupt(tmp_path, target, perturb)
+    loaded = load_drafter(tmp_path, target)
+    own, other = ((loaded.embed_tokens.weight, loaded.lm_head_weight) if name == "embed_tokens.weight"
+                  else (loaded.lm_head_weight, loaded.embed_tokens.weight))
+    assert torch.equal(own, changed[name].to(own.dtype))
+    assert other is (target.lm_head_weight if name == "embed_tokens.weight" else target.embed_tokens.weight)
+    twin = tiny_drafter(target, block_size=3, markov="gated")
+    twin.load_state_dict(drafter.state_dict())
+    if name == "embed_tokens.weight":
+        twin.__dict__["embed_tokens"] = torch.nn.Embedding.from_pretrained(changed[name].clone())
+    else:
+        twin.__dict__["lm_head_weight"] = changed[name].clone()
+    draft_block = dk.draft_block
+
+    def drafts(d):
+        seen = []
+        monkeypatch.setattr(dk, "draft_block", lambda *a, **kw: seen.append(draft_block(*a, **kw)) or seen[-1])
+        SpeculativeDecoder(target, d, seed=3).generate(PROMPTS, 9)
+        return [o.tokens.tolist() for o in seen]
+    assert drafts(loaded) == drafts(twin) != drafts(drafter)
 
 
 def test_load_in_the_dtype_asked(tmp_path, target):
@@ -149,6 +183,23 @@ def test_bad_draft_checkpoints(tmp_path, target, edit, match):
     with pytest.raises(ValueError, match=match):
         load_drafter(tmp_path, target)
     assert all(torch.equal(v, target.state_dict()[k]) for k, v in before.items())  # nothing written
+
+
+@pytest.mark.parametrize("where", ["dflash_config", "top level"])
+def test_draft_ids_read_where_vllm_reads_them(tmp_path, target, where):
+    """``mask_token_id`` and ``target_layer_ids`` given in one place only (``dflash_config``, where vLLM reads them,
+    or the top level) load the same drafter (before: a config with them only in ``dflash_config`` was refused as
+    not a draft)."""
+    drafter = tiny_drafter(target, block_size=3, markov="gated")
+
+    def keep_one(sd, cfg):
+        inner = cfg["dflash_config"]
+        for k in ("mask_token_id", "target_layer_ids"):
+            (cfg if where == "dflash_config" else inner).pop(k)
+    _corrupt(tmp_path, target, keep_one)
+    loaded = load_drafter(tmp_path, target)
+    assert loaded.config.mask_token_id == drafter.config.mask_token_id
+    assert loaded.config.target_layer_ids == drafter.config.target_layer_ids
 
 
 def test_bad_target_checkpoint(tmp_path, target):

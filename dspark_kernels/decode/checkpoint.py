@@ -3,7 +3,8 @@
 Target: Hugging Face Qwen3ForCausalLM / LlamaForCausalLM layout (``model.layers.0.self_attn.q_proj.weight``, ...,
 ``lm_head.weight`` unless tied). Drafter: DeepSpec's ``Qwen3DSparkModel`` layout (no prefix: ``layers.*``, ``fc``,
 ``hidden_norm``, ``norm``, ``markov_head.markov_w1/markov_w2/gate_proj/joint_proj``, ``confidence_head.proj``;
-``embed_tokens`` / ``lm_head`` are optional there and the target's are used). Every tensor is checked (names,
+``embed_tokens`` / ``lm_head`` are optional there: the target's are used, unless the drafter stores copies that
+differ from them, as vLLM reads such a drafter). Every tensor is checked (names,
 shapes, dtypes: quantized storage is refused) before anything is copied: a bad folder raises ``ValueError`` and
 leaves nothing half-built.
 """
@@ -156,11 +157,11 @@ def load_drafter(path, target, *, dtype=None, device=None) -> DSparkDrafter:
     shared = [("embed_tokens.weight", emb.weight)]
     if not cfg.draft_vocab_size:  # a reduced drafter's lm_head is its own (over the draft ids)
         shared.append(("lm_head.weight", target.lm_head_weight))
-    for name, ref in shared:
-        if name in tensors and tensors[name].shape != ref.shape:
-            raise ValueError(f"draft {name} has shape {tuple(tensors[name].shape)} but the target's is "
-                             f"{tuple(ref.shape)} (mismatched vocabularies)")
-    drafter = DSparkDrafter(cfg, emb, target.lm_head_weight, num_target_layers=target.num_layers)
+    own = _own_copies(tensors, shared, dtype)
+    head = own.get("lm_head.weight", target.lm_head_weight)
+    if "embed_tokens.weight" in own:
+        emb = nn.Embedding.from_pretrained(own["embed_tokens.weight"], freeze=True)
+    drafter = DSparkDrafter(cfg, emb, head, num_target_layers=target.num_layers)
     # a tensor the config leaves no place for (a layer past num_hidden_layers, a Markov head of another kind or
     # rank 0, a confidence head it does not enable) is a config that does not match its weights: refused, as the
     # target's loader does, rather than dropped
@@ -172,6 +173,26 @@ def load_drafter(path, target, *, dtype=None, device=None) -> DSparkDrafter:
                          f"enable_confidence_head or num_hidden_layers do not match the weights?)")
     _load_checked(drafter, tensors, "draft", dtype)
     return drafter.to(device or emb.weight.device).eval()
+
+
+def _own_copies(tensors: dict, shared: list, dtype) -> dict:
+    """The drafter's stored copies of the target's embedding or LM head that differ from the target's (in the
+    target's dtype), in ``dtype`` on the target's device: the drafter uses those, as vLLM does; an equal copy, or
+    none, shares the target's. A copy of another shape is refused."""
+    own = {}
+    for name, ref in shared:
+        t = tensors.get(name)
+        if t is None:
+            continue
+        if t.shape != ref.shape:
+            raise ValueError(f"draft {name} has shape {tuple(t.shape)} but the target's is {tuple(ref.shape)} "
+                             f"(mismatched vocabularies)")
+        if _unreadable_dtype(t, ref.dtype):
+            raise ValueError(f"draft {name}: {t.dtype} for a {ref.dtype} weight (quantized checkpoints are not "
+                             f"supported)")
+        if not torch.equal(t.to(ref.device, ref.dtype), ref.detach()):
+            own[name] = t.to(ref.device, dtype)
+    return own
 
 
 def save_drafter(drafter: DSparkDrafter, path) -> None:

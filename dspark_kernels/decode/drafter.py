@@ -45,10 +45,10 @@ class DrafterConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "DrafterConfig":
+        cfg = _with_dflash_config(cfg)
         missing = [k for k in ("block_size", "mask_token_id", "target_layer_ids") if k not in cfg]
         if missing:
             raise ValueError(f"draft config.json lacks {missing} (not a DSpark/DFlash draft?)")
-        _check_dflash_config(cfg)
         rank = int(cfg.get("markov_rank", 0))
         kind = str(cfg.get("markov_head_type", "vanilla")).lower()
         if rank < 0 or (rank > 0 and kind not in MARKOV_KINDS):
@@ -87,14 +87,16 @@ class DrafterConfig:
         return cfg
 
 
-def _check_dflash_config(cfg: dict) -> None:
-    """vLLM's DFlash / DSpark drafts read ``mask_token_id`` and ``target_layer_ids`` from ``dflash_config``, this
-    loader from the top level: a config where the two differ is refused rather than read one way here."""
+def _with_dflash_config(cfg: dict) -> dict:
+    """``mask_token_id`` and ``target_layer_ids`` where vLLM's DFlash / DSpark drafts read them: from
+    ``dflash_config``, else from the top level. A config that gives one of them both ways, differently, is
+    refused rather than read one way here and another there."""
     inner = cfg.get("dflash_config") or {}
-    differ = [k for k in ("mask_token_id", "target_layer_ids") if k in inner and inner[k] != cfg[k]]
+    differ = [k for k in ("mask_token_id", "target_layer_ids") if k in inner and k in cfg and inner[k] != cfg[k]]
     if differ:
         raise ValueError(f"draft config.json gives {differ} at the top level ({[cfg[k] for k in differ]}) and "
                          f"otherwise in dflash_config ({[inner[k] for k in differ]})")
+    return {**cfg, **{k: inner[k] for k in ("mask_token_id", "target_layer_ids") if k in inner}}
 
 
 def check_layer_ids(layer_ids, num_target_layers: int) -> None:
