@@ -59,7 +59,7 @@ GOALS = [
 ]
 
 
-CASE_KEYS = ["N", "K", "V", "P", "dtype", "mode", "form", "w2", "top_k", "conf", "head", "sched", "r",
+CASE_KEYS = ["N", "K", "V", "P", "dtype", "mode", "form", "w2", "top_k", "conf", "head", "sched", "active", "r",
              "d"]  # a case's name
 SHARDS = 4   # the vocabulary-parallel rows: shard 1 of P = 4
 BACKENDS = ["cuda", "triton", "cpu", "reference", "flashinfer", "cublas"]
@@ -260,12 +260,18 @@ def accept_prefix_scan_cases(dev, grid):
 
 
 def schedule_verify_lens_cases(dev, grid):
+    """Every request active, then with the ``active`` mask the decode step passes: a quarter of the batch inactive
+    (finished requests, or an engine's padding to a graph size; at N = 1 the one request stays active)."""
     table = dk.CostTable([1, 64, 256, 1024], [10.0, 11.0, 14.0, 30.0])
-    for n, k, mode in itertools.product(grid["N"], grid["K"], ["exact", "argmax"]):
-        def inputs(n=n, k=k):
-            return dict(survival=torch.rand(n, k, generator=_gen(3)).cumprod(-1).to(dev))
-        yield Case("schedule_verify_lens", dict(N=n, K=k, sched=mode), floors.schedule_verify_lens(n, k), inputs,
-                   lambda b, x, m=mode: dk.schedule_verify_lens(x["survival"], cost_table=table, mode=m, backend=b))
+    for n, k, frac, mode in itertools.product(grid["N"], grid["K"], [1.0, 0.75], ["exact", "argmax"]):
+        def inputs(n=n, k=k, frac=frac):
+            active = None if frac == 1.0 else torch.arange(n) < max(1, round(frac * n))
+            return dict(survival=torch.rand(n, k, generator=_gen(3)).cumprod(-1).to(dev),
+                        active=None if active is None else active.to(dev))
+        params = dict(N=n, K=k, sched=mode) if frac == 1.0 else dict(N=n, K=k, sched=mode, active=frac)
+        yield Case("schedule_verify_lens", params, floors.schedule_verify_lens(n, k, masked=frac != 1.0), inputs,
+                   lambda b, x, m=mode: dk.schedule_verify_lens(x["survival"], cost_table=table, mode=m,
+                                                                active=x["active"], backend=b))
 
 
 def _shard_key(dev):

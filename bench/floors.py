@@ -136,11 +136,14 @@ def accept_prefix_scan(n: int, k: int, *, block_table: bool = True, block_size: 
 
 
 def schedule_verify_lens(n: int, k: int, *, table_points: int = 4, from_conf: bool = False,
-                         budget: Optional[Sequence[int]] = None) -> Floor:
-    """The survival (or conf_logits + STS temperatures) [N, K] float32 once, the cost table, an optional budget
-    survival [N', K'], and the outputs (verify_lens int32 [N], cu_seqlens int32 [N+1], Theta float32)."""
+                         budget: Optional[Sequence[int]] = None, masked: bool = False) -> Floor:
+    """The survival (or conf_logits + STS temperatures) [N, K] float32 once, the active mask bool [N] when given,
+    the cost table, an optional budget survival [N', K'], and the outputs (verify_lens int32 [N], cu_seqlens int32
+    [N+1], Theta float32)."""
     f = Floor("schedule_verify_lens")
     f.add("conf_logits" if from_conf else "survival", n * k * F32)
+    if masked:
+        f.add("active", n * BOOL)
     if from_conf:
         f.add("sts_temperatures", k * F32)
     f.add("cost table", 2 * table_points * I64)

@@ -223,7 +223,7 @@ def test_a_run_stopped_from_outside_keeps_the_cases_it_timed(tmp_path, monkeypat
                                                                 floor_bytes=1, status="skipped", note="-")])
     run.main(argv)  # a whole run: the complete record replaces the partial one
     doc = json.loads((tmp_path / "t.json").read_text())
-    assert doc["settings"]["complete"] is True and len(doc["rows"]) == 2
+    assert doc["settings"]["complete"] is True and len(doc["rows"]) == 4   # N = 1: two modes, with and without a mask
 
 
 def test_preset_must_be_chosen():

@@ -177,10 +177,11 @@ def test_run_goals_times_the_plan_in_order_into_one_record(tmp_path):
     (path,) = tmp_path.glob("*_x_goals.json")
     doc = json.loads(path.read_text())
     assert path.name == doc["machine_id"] + "_x_goals.json" and doc["settings"]["preset"] == "goals"
-    cases = [(r["op"], r["N"], r.get("sched")) for r in doc["rows"]]
-    # the plan's order: the scheduler before the scan (cases.GOALS), every N of the headline grid
-    assert cases == [("schedule_verify_lens", n, s) for n in (1, 8, 64, 256) for s in ("exact", "argmax")] + \
-        [("accept_prefix_scan", n, None) for n in (1, 8, 64, 256)]
+    cases = [(r["op"], r["N"], r.get("sched"), r.get("active")) for r in doc["rows"]]
+    # the plan's order: the scheduler (unmasked, then a quarter inactive) before the scan (cases.GOALS), every N of
+    # the headline grid
+    assert cases == [("schedule_verify_lens", n, s, a) for n in (1, 8, 64, 256) for a in (None, 0.75)
+                     for s in ("exact", "argmax")] + [("accept_prefix_scan", n, None, None) for n in (1, 8, 64, 256)]
     assert {r["backend"] for r in doc["rows"]} == {"triton"} and all(r["status"] == "ok" for r in doc["rows"])
 
 
@@ -213,4 +214,4 @@ def test_the_goals_plan_times_only_what_a_goal_reads(monkeypatch):
     unread = [r for r in timed if not any(op == r["op"] and all(r.get(k) == v for k, v in case.items())
                                           for op, case in read)]
     assert unread == []
-    assert len(timed) == 78   # the plan's cases (one CUDA row each)
+    assert len(timed) == 86   # the plan's cases (one CUDA row each)

@@ -869,32 +869,43 @@ PROFILE_TABLE = dk.CostTable([1, 8, 16, 32, 64, 128, 256, 512], [5.0, 5.1, 5.2, 
 
 
 @pytest.mark.parametrize("n,k", [(1, 7), (8, 7), (256, 7), (64, 16)])
-@pytest.mark.parametrize("mode", ["exact", "argmax", "budget"])
+@pytest.mark.parametrize("mode", ["exact", "argmax", "budget", "masked"])
 def test_cuda_access_is_ideal(cuda_device, n, k, mode):
     """The harness's access rule (python_tests/access.py) on the decode shapes: every warp reads 32 consecutive
-    survivals per load, no shared-memory access of the sort, the curve, the cost table or the admissions has a
-    bank conflict; one launch, one CTA, no grid barrier, the survival (and the budget) and the cost table read
-    once, only the outputs written."""
+    survivals (and active flags) per load, no shared-memory access of the sort, the curve, the cost table or the
+    admissions has a bank conflict; one launch, one CTA, no grid barrier, the survival (and the budget) and the
+    cost table read once, the mask's bytes fetched once, only the outputs written. "masked": the last quarter of
+    the requests inactive (an engine's padding to a graph size) and every third one finished."""
     if cuda_device.type != "cpu":
         pytest.skip("the harness's counters")
     from access import ideal_access
     g = torch.Generator().manual_seed(n * k)
     surv = torch.cumprod(torch.rand(n, k, generator=g) * 0.3 + 0.7, dim=1)
-    kw = dict(cost_table=PROFILE_TABLE, mode="exact" if mode == "exact" else "argmax")
+    kw = dict(cost_table=PROFILE_TABLE, mode="argmax" if mode in ("argmax", "budget") else "exact")
     budget = torch.cumprod(torch.rand(n, k, generator=g) * 0.3 + 0.7, dim=1) if mode == "budget" else None
     if budget is not None:
         kw.update(budget_survival=budget, min_gain=0.05)
+    active = None
+    if mode == "masked":
+        active = (torch.arange(n) < max(1, 3 * n // 4)) & (torch.arange(n) % 3 != 2)
+        kw.update(active=active)
     out, rec = ideal_access(lambda: dk.schedule_verify_lens(surv, backend="cuda", **kw))
     ref = dk.schedule_verify_lens(surv, backend="reference", **kw)
     assert torch.equal(out.verify_lens, ref.verify_lens) and torch.equal(out.cu_seqlens, ref.cu_seqlens)
     (launch,) = rec.launches
     assert launch["ctas"] == 1 and launch["grid_barriers"] == 0
     # barriers: load 1, bitonic 10 at 512 threads (none in one warp), curve 1, pick 1, admissions 2; a budget's
-    # curve adds its own 13 (3 in one warp)
+    # curve adds its own 13 (3 in one warp), a mask 2 (the count of active requests published, and the block
+    # scan of cu_seqlens)
     one_warp = launch["threads"] == 32
-    assert launch["barriers"] == (5 if one_warp else 15) + (0 if budget is None else (3 if one_warp else 13))
-    inputs = surv.numel() * 4 * (2 if budget is not None else 1) + len(PROFILE_TABLE.token_counts) * 8
-    assert launch["bytes_read"] == launch["unique_bytes_read"] == inputs
+    assert launch["barriers"] == (5 if one_warp else 15) + (0 if budget is None else (3 if one_warp else 13)) + \
+        (0 if active is None else 2)
+    inputs = surv.numel() * 4 * (2 if budget is not None else 1) + len(PROFILE_TABLE.token_counts) * 8 + \
+        (0 if active is None else n)
+    # an active flag is read once per element of its row (the keys), once to count the active rows and once for
+    # cu_seqlens, each time by a warp over consecutive bytes: the unique bytes, DRAM's share, stay the inputs
+    rereads = 0 if active is None else (k + 1) * n
+    assert launch["unique_bytes_read"] == inputs and launch["bytes_read"] == inputs + rereads
     assert launch["bytes_written"] == 4 * n + 4 * (n + 1) + 4
 
 
