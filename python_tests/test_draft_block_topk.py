@@ -153,18 +153,31 @@ def test_cuda_topk_nan_and_inf_logits(cuda_device, simt_check):
     assert_nan_and_inf_logits(cuda_device, "cuda", simt_check)
 
 
-def assert_samples_follow_the_topk_softmax(dev, run, backend, trials, vocab=40, top_k=10, k=1, temp=0.8):
-    """Chi-square of each position's drafts against softmax(logits / T) over the candidates (zero elsewhere), summed
-    over the requests (later positions: their logits depend on the previous draft)."""
-    base, _, head, _, _, _ = make_triton_case("vanilla", 1, k, vocab, 4, 3, torch.float32, "greedy", "none", seed=9)
-    head = dk.MarkovHead("vanilla", head.w1.to(dev), head.w2.to(dev))
+def topk_law_case(form, vocab, k):
+    """One request's inputs for the law tests, and the width of the token ids: a float W2 ("dense"), an fp8 W2 with
+    row scales ("fp8"), or ``vocab`` draft ids mapped into 2 vocab + 3 target ids ("reduced")."""
+    args = ("vanilla", 1, k, vocab, 4, 3, torch.float32, "greedy", "none")
+    if form == "reduced":
+        vt = 2 * vocab + 3
+        return reduced_case(*args[:4], vt, *args[4:], seed=9), vt
+    return (fp8_case if form == "fp8" else make_triton_case)(*args, seed=9), vocab
+
+
+def assert_samples_follow_the_topk_softmax(dev, run, backend, trials, vocab=40, top_k=10, k=1, temp=0.8,
+                                           form="dense"):
+    """Chi-square of each position's drafts against softmax(logits / T) over the candidates (zero elsewhere: off the
+    candidates, and off the map of a reduced head), summed over the requests (later positions: their logits depend
+    on the previous draft)."""
+    (base, _, head, _, _, _), width = topk_law_case(form, vocab, k)
+    head = dataclasses.replace(head, **{f.name: getattr(head, f.name).to(dev) for f in dataclasses.fields(head)
+                                        if isinstance(getattr(head, f.name), torch.Tensor)})
     out = run(lambda: dk.draft_block(base.expand(trials, -1, -1).to(dev), torch.full((trials,), 7, device=dev), head,
                                      temperature=temp, seed=4, top_k=top_k, return_logits=True, backend=backend))
     tokens, logits, cand = out.tokens.cpu(), out.logits.cpu(), out.candidates.cpu()
     for j in range(k):
-        expected = torch.zeros(trials, vocab, dtype=torch.float64).scatter(
+        expected = torch.zeros(trials, width, dtype=torch.float64).scatter(
             1, cand[:, j], torch.softmax(logits[:, j] / temp, -1).double()).sum(0)
-        observed, on = counts(tokens[:, j], vocab), expected > 0
+        observed, on = counts(tokens[:, j], width), expected > 0
         assert observed[~on].sum() == 0, j
         assert passes(observed[on], expected[on]), j
         assert not passes(observed[on].flip(0), expected[on]), j  # the check can fail
@@ -174,23 +187,26 @@ def assert_samples_follow_the_topk_softmax(dev, run, backend, trials, vocab=40, 
                                rtol=1e-5, atol=2e-5)
 
 
-def test_topk_samples_follow_the_draft_softmax():
-    assert_samples_follow_the_topk_softmax(torch.device("cpu"), lambda fn: fn(), "reference", 20000)
+@pytest.mark.parametrize("form", ["dense", "fp8", "reduced"])
+def test_topk_samples_follow_the_draft_softmax(form):
+    assert_samples_follow_the_topk_softmax(torch.device("cpu"), lambda fn: fn(), "reference", 20000, form=form)
 
 
 @pytest.mark.harness_slow  # a statistical test through the SIMT harness: CI's slow leg (quick on a GPU)
-def test_cuda_topk_samples_follow_the_draft_softmax(cuda_device):
+@pytest.mark.parametrize("form", ["dense", "fp8", "reduced"])
+def test_cuda_topk_samples_follow_the_draft_softmax(cuda_device, form):
     """One schedule (the exact-equality tests compare schedules): a CTA walks each of the 1500 requests."""
-    assert_samples_follow_the_topk_softmax(cuda_device, lambda fn: fn(), "cuda", 1500)
+    assert_samples_follow_the_topk_softmax(cuda_device, lambda fn: fn(), "cuda", 1500, form=form)
 
 
 @pytest.mark.parametrize("backend", [pytest.param("triton", marks=INTERPRETED)])  # ~12 s in the interpreter
-def test_triton_topk_samples_follow_the_draft_softmax(triton_device, backend):
+@pytest.mark.parametrize("form", ["dense", "fp8", "reduced"])
+def test_triton_topk_samples_follow_the_draft_softmax(triton_device, backend, form):
     """Null hypothesis: the Triton kernels' top-k drafts follow softmax(logits / T) over each row's candidates, at
     both positions of the walk; 200 requests over top-4 of V = 6 at T = 3, where a sampler at T = 1, 1.5 or 6 fails
     the same test."""
     assert_samples_follow_the_topk_softmax(triton_device, lambda fn: fn(), backend, 200, vocab=6, top_k=4, k=2,
-                                           temp=3.0)
+                                           temp=3.0, form=form)
 
 
 def simulate_topk(method, trials, top_k, shift=0, length=2, k=3, vocab=12, temp=1.0, seed=0):
