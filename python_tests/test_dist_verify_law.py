@@ -120,8 +120,13 @@ def test_sharded_one_call_is_lossless(lockstep, method, layout, use_logprobs):
         (method, layout, use_logprobs)), against_reference=True, temps=TEMPS, verify=lockstep)
 
 
+# one-hot drafts: their CUDA pieces equal the reference pieces exactly (test_distributed.py, every mode), whose law
+# the test above holds; their law through the harness (a minute each in CI's slow leg) runs on a GPU only
+CUDA_CASES = [pytest.param(*c, marks=pytest.mark.gpu) if c[1] == "onehot" else c for c in CASES]
+
+
 @pytest.mark.harness_slow   # the stats pass through the SIMT harness: a CTA per (row, chunk) of every rank
-@pytest.mark.parametrize("method,layout,use_logprobs", CASES)
+@pytest.mark.parametrize("method,layout,use_logprobs", CUDA_CASES)
 def test_sharded_one_call_is_lossless_with_the_cuda_pieces(lockstep, cuda_device, method, layout, use_logprobs):
     """Null hypothesis: as test_sharded_one_call_is_lossless, each rank's stats, decide and residual pieces through
     the CUDA kernels."""
