@@ -159,7 +159,7 @@ def test_quick_on_cpu(tmp_path):
     take half the run) keep it short on a busy machine (the timeout only guards against a hang)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     p = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--quick", "--device", "cpu",
-                        "--min-reps", "2", "--max-reps", "3", "--min-time", "0", "--N", "1", "8",
+                        "--min-reps", "2", "--max-reps", "3", "--min-time", "0", "--N", "1", "8", "--threads", "1",
                         "--out-dir", str(tmp_path), "--name", "t"],
                        capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
