@@ -4,9 +4,8 @@ Target: Hugging Face Qwen3ForCausalLM / LlamaForCausalLM layout (``model.layers.
 ``lm_head.weight`` unless tied). Drafter: DeepSpec's ``Qwen3DSparkModel`` layout (no prefix: ``layers.*``, ``fc``,
 ``hidden_norm``, ``norm``, ``markov_head.markov_w1/markov_w2/gate_proj/joint_proj``, ``confidence_head.proj``;
 ``embed_tokens`` / ``lm_head`` are optional there: the target's are used, unless the drafter stores copies that
-differ from them, as vLLM reads such a drafter). Every tensor is checked (names,
-shapes, dtypes: quantized storage is refused) before anything is copied: a bad folder raises ``ValueError`` and
-leaves nothing half-built.
+differ from them, as vLLM reads such a drafter). Every tensor is checked (names, shapes, dtypes: quantized storage
+is refused) before anything is copied: a bad folder raises ``ValueError`` and leaves nothing half-built.
 """
 
 from __future__ import annotations
