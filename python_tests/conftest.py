@@ -48,7 +48,7 @@ def _sass_report() -> str:
 if os.path.isfile(_sass_report()):  # the harness sizes grids with the GPU build's registers (CI writes the report)
     os.environ.setdefault("DSPARK_SIMT_REGISTERS", _sass_report())
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n: the workers share the cores, and so do their children
-    # (a subprocess of torch's default thread count, beside a busy worker, ran five times slower)
+    # (a subprocess of torch's default thread count, beside a busy worker, ran four times slower)
     _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     torch.set_num_threads(_share)
     os.environ.setdefault("OMP_NUM_THREADS", str(_share))
